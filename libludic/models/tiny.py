@@ -125,11 +125,10 @@ def init_model(out_dir: Union[str, Path], size: str = "tiny", seed: int = 0) -> 
         max_position_embeddings=s.max_position_embeddings,
         max_window_layers=s.num_hidden_layers,
         tie_word_embeddings=True,
-        rope_theta=10000.0,
         bos_token_id=None,
         eos_token_id=IM_END_ID,
         pad_token_id=PAD_ID,
-        torch_dtype="float32",
+        dtype="float32",
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)

@@ -1,0 +1,80 @@
+"""Agent = ChatClient + ContextStrategy + Parser.
+
+``act()`` asks the model for one reply and parses it: it returns ``(ParseResult, info)``
+where ``info["turns"]`` lists every model call made (one for a plain Agent; a ToolAgent
+may make several), each an ``AgentTurn`` with the response (text, token ids, logprobs,
+policy_version) and the tool messages it caused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from libludic.context.base import ContextStrategy
+from libludic.context.full_dialog import FullDialog
+from libludic.inference.client import ChatClient
+from libludic.inference.request import ChatCompletionRequest, ReturnSpec
+from libludic.inference.sampling import SamplingConfig
+from libludic.parsers import Parser, ParseResult, identity_parser
+from libludic.types import ChatResponse, Message
+
+
+@dataclass
+class AgentTurn:
+    """One model call inside ``act()``."""
+
+    response: ChatResponse
+    tool_messages: List[Message] = field(default_factory=list)
+
+
+class Agent:
+    def __init__(
+        self,
+        client: ChatClient,
+        ctx: Optional[ContextStrategy] = None,
+        parser: Optional[Parser] = None,
+        sampling: Optional[SamplingConfig] = None,
+        return_spec: Optional[ReturnSpec] = None,
+        model: Optional[str] = None,
+    ) -> None:
+        self.client = client
+        self.ctx = ctx if ctx is not None else FullDialog()
+        self.parser = parser if parser is not None else identity_parser
+        self.sampling = sampling if sampling is not None else SamplingConfig()
+        self.return_spec = return_spec if return_spec is not None else ReturnSpec.for_rl()
+        self.model = model
+        self._calls = 0
+
+    def reset(self, system_prompt: Optional[str] = None) -> None:
+        self.ctx.reset(system_prompt)
+        self._calls = 0
+
+    def on_env_reset(self, obs: str, info: Dict[str, Any]) -> None:
+        self.ctx.on_env_reset(obs, info)
+
+    def on_after_step(self, obs: str, info: Dict[str, Any]) -> None:
+        self.ctx.on_after_step(obs, info)
+
+    def _request(self, messages: List[Message], seed: Optional[int]) -> ChatCompletionRequest:
+        # Each call of an episode gets its own seed so multi-turn sampling is reproducible.
+        call_seed = None if seed is None else seed * 1000 + self._calls
+        self._calls += 1
+        return ChatCompletionRequest(
+            messages=messages,
+            sampling=self.sampling,
+            return_spec=self.return_spec,
+            model=self.model,
+            seed=call_seed,
+        )
+
+    async def _call(self, seed: Optional[int]) -> ChatResponse:
+        messages = self.ctx.on_before_act()
+        response, _ = await self.client.complete(self._request(messages, seed))
+        self.ctx.on_after_act(response)
+        return response
+
+    async def act(self, *, seed: Optional[int] = None) -> Tuple[ParseResult, Dict[str, Any]]:
+        response = await self._call(seed)
+        parsed = self.parser(response.text)
+        return parsed, {"turns": [AgentTurn(response)], "response": response}

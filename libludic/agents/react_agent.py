@@ -1,0 +1,31 @@
+"""ReActAgent: think, optionally call tools, then act.
+
+Each model call must open with ``<think>...</think>``; after it comes either one or more
+``<tool_call>{...}</tool_call>`` blocks (tools run, results come back, the agent thinks
+again) or the final answer, which goes through the agent's parser. A call that does
+not open with a think block ends the turn as a parse failure with feedback.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+from libludic.agents.tool_agent import ToolAgent
+from libludic.parsers import ParseResult, compose_parsers, think_prefix_parser
+
+REACT_SYSTEM_PROMPT = (
+    "Think step by step inside <think>...</think>. Then either call a tool with "
+    '<tool_call>{"name": ..., "arguments": {...}}</tool_call> or give your final answer.'
+)
+
+
+class ReActAgent(ToolAgent):
+    def __init__(self, *args: Any, think_error_reward: float = -1.0, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.parser = compose_parsers(think_prefix_parser(error_reward=think_error_reward), self.parser)
+
+    def reset(self, system_prompt: Optional[str] = None) -> None:
+        super().reset(system_prompt if system_prompt is not None else REACT_SYSTEM_PROMPT)
+
+    async def act(self, *, seed: Optional[int] = None) -> Tuple[ParseResult, Dict[str, Any]]:
+        return await super().act(seed=seed)

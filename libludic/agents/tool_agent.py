@@ -1,0 +1,158 @@
+"""ToolAgent: an Agent that may call registered Python tools before it answers.
+
+Tool calls come back either as OpenAI ``tool_calls`` on the response (servers that
+parse them) or in the text as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+(Qwen's format). Each call's arguments are validated against the tool's JSON schema
+(derived from its signature) before it runs; the result, or a clear error, goes back
+as a ``tool`` message and the model is called again, up to ``max_tool_rounds`` times.
+The reply without tool calls is parsed as the action.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple, get_type_hints
+
+from libludic.agents.base_agent import Agent, AgentTurn
+from libludic.parsers import ParseResult
+from libludic.types import ChatResponse, Message
+
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
+
+
+class ToolArgumentError(ValueError):
+    pass
+
+
+@dataclass
+class Tool:
+    name: str
+    fn: Callable[..., Any]
+    description: str
+    parameters: Dict[str, Any]  # JSON schema of the arguments object
+
+    @classmethod
+    def from_function(cls, fn: Callable[..., Any], name: Optional[str] = None) -> "Tool":
+        hints = get_type_hints(fn)
+        props: Dict[str, Any] = {}
+        required: List[str] = []
+        for pname, p in inspect.signature(fn).parameters.items():
+            t = hints.get(pname, str)
+            if t not in _JSON_TYPES:
+                raise TypeError(f"tool {fn.__name__}: parameter {pname} has unsupported type {t}")
+            props[pname] = {"type": _JSON_TYPES[t]}
+            if p.default is inspect.Parameter.empty:
+                required.append(pname)
+        schema = {"type": "object", "properties": props, "required": required, "additionalProperties": False}
+        return cls(name or fn.__name__, fn, (fn.__doc__ or "").strip(), schema)
+
+    def openai_schema(self) -> Dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+    def validate(self, args: Any) -> Dict[str, Any]:
+        if not isinstance(args, dict):
+            raise ToolArgumentError(f"{self.name}: arguments must be a JSON object, got {type(args).__name__}")
+        props = self.parameters["properties"]
+        unknown = sorted(set(args) - set(props))
+        if unknown:
+            raise ToolArgumentError(f"{self.name}: unknown argument(s) {unknown}; expected {sorted(props)}")
+        missing = [r for r in self.parameters["required"] if r not in args]
+        if missing:
+            raise ToolArgumentError(f"{self.name}: missing required argument(s) {missing}")
+        for k, v in args.items():
+            want = props[k]["type"]
+            ok = {
+                "integer": isinstance(v, int) and not isinstance(v, bool),
+                "number": isinstance(v, (int, float)) and not isinstance(v, bool),
+                "string": isinstance(v, str),
+                "boolean": isinstance(v, bool),
+                "array": isinstance(v, list),
+                "object": isinstance(v, dict),
+            }[want]
+            if not ok:
+                raise ToolArgumentError(f"{self.name}: argument {k!r} must be {want}, got {v!r}")
+        return args
+
+
+def parse_tool_calls(response: ChatResponse) -> List[Tuple[str, Any]]:
+    """(name, arguments) pairs from structured tool_calls or ``<tool_call>`` text blocks.
+
+    A block whose JSON cannot be decoded yields ``("", error message)`` so the agent can
+    be told what was wrong.
+    """
+    calls: List[Tuple[str, Any]] = []
+    for tc in response.tool_calls or []:
+        fn = tc.get("function", tc)
+        raw = fn.get("arguments", {})
+        try:
+            args = json.loads(raw) if isinstance(raw, str) else raw
+        except json.JSONDecodeError as e:
+            calls.append(("", f"arguments are not valid JSON: {e}"))
+            continue
+        calls.append((str(fn.get("name", "")), args))
+    if calls:
+        return calls
+    for block in _TOOL_CALL.findall(response.text):
+        try:
+            obj = json.loads(block)
+        except json.JSONDecodeError as e:
+            calls.append(("", f"tool call is not valid JSON: {e}"))
+            continue
+        if not isinstance(obj, dict):
+            calls.append(("", "tool call must be a JSON object with 'name' and 'arguments'"))
+            continue
+        calls.append((str(obj.get("name", "")), obj.get("arguments", {})))
+    return calls
+
+
+class ToolAgent(Agent):
+    def __init__(self, *args: Any, tools: Optional[List[Callable[..., Any]]] = None, max_tool_rounds: int = 4, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.tools: Dict[str, Tool] = {}
+        for fn in tools or []:
+            self.register_tool(fn)
+        if max_tool_rounds < 0:
+            raise ValueError(f"max_tool_rounds={max_tool_rounds} must be >= 0")
+        self.max_tool_rounds = max_tool_rounds
+
+    def register_tool(self, fn: Callable[..., Any], name: Optional[str] = None) -> Tool:
+        tool = Tool.from_function(fn, name)
+        self.tools[tool.name] = tool
+        return tool
+
+    def run_tool(self, name: str, args: Any) -> str:
+        if name not in self.tools:
+            return f"error: unknown tool {name!r}; available: {sorted(self.tools)}"
+        try:
+            valid = self.tools[name].validate(args)
+            return str(self.tools[name].fn(**valid))
+        except ToolArgumentError as e:
+            return f"error: {e}"
+        except Exception as e:  # the tool's own failure is reported to the model, not raised
+            return f"error: {name} raised {type(e).__name__}: {e}"
+
+    async def act(self, *, seed: Optional[int] = None) -> Tuple[ParseResult, Dict[str, Any]]:
+        turns: List[AgentTurn] = []
+        for _ in range(self.max_tool_rounds + 1):
+            response = await self._call(seed)
+            calls = parse_tool_calls(response)
+            if not calls or len(turns) == self.max_tool_rounds:
+                turns.append(AgentTurn(response))
+                break
+            tool_msgs: List[Message] = []
+            for name, args in calls:
+                out = args if name == "" else self.run_tool(name, args)
+                msg: Message = {"role": "tool", "content": f"{name}: {out}" if name else f"error: {out}"}
+                tool_msgs.append(msg)
+                self.ctx.add_message(msg)
+            turns.append(AgentTurn(response, tool_msgs))
+        final = turns[-1].response
+        parsed = self.parser(final.text)
+        return parsed, {"turns": turns, "response": final}

@@ -1,0 +1,190 @@
+"""In-process ChatClient on a transformers causal LM: a real backend for laptops and tests.
+
+Concurrent ``complete()`` calls are gathered into one batched generation (left-padded,
+KV-cached), at most ``max_batch_size`` rows, run in a worker thread so the event loop
+stays free. Semantics match the vLLM server:
+
+* completion token ids include the EOS token that ended the reply; text excludes it;
+* ``completion_logprobs`` are raw chosen-token logprobs, ``log_softmax(logits)[token]``
+  before temperature/top-p (vLLM's default), the quantity the losses compare against;
+* a stop string ends generation; the text is cut before it, the ids keep its tokens;
+* ``seed`` seeds a per-row generator, so a request is reproducible alone or in a batch;
+* ``policy_version`` starts at 0 and becomes the version given to ``sync_weights``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+
+import torch
+
+from libludic.inference.request import ChatCompletionRequest
+from libludic.types import ChatResponse
+
+
+@dataclass
+class _Pending:
+    request: ChatCompletionRequest
+    future: "asyncio.Future[ChatResponse]"
+    prompt_ids: List[int] = field(default_factory=list)
+
+
+class HFChatClient:
+    def __init__(
+        self,
+        model_dir: Optional[Union[str, Path]] = None,
+        *,
+        model: Any = None,
+        tokenizer: Any = None,
+        device: str = "cpu",
+        max_batch_size: int = 32,
+        policy_version: int = 0,
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if model is None or tokenizer is None:
+            if model_dir is None:
+                raise ValueError("HFChatClient needs model_dir, or both model and tokenizer")
+            if not Path(model_dir).exists():
+                raise FileNotFoundError(f"model dir {model_dir} does not exist; build one with `ludic model init DIR`")
+        self.tokenizer: Any = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(model_dir))
+        self.model: Any = model if model is not None else AutoModelForCausalLM.from_pretrained(str(model_dir))
+        self.model.to(device).eval()  # type: ignore[arg-type]
+        self.device = device
+        self.max_batch_size = max_batch_size
+        self.policy_version = policy_version
+        eos = getattr(self.model.generation_config, "eos_token_id", None) or self.tokenizer.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos])
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self._queue: List[_Pending] = []
+        self._worker: Optional[asyncio.Task[None]] = None
+        self._weights_lock = threading.Lock()
+
+    def prompt_ids(self, messages: List[Dict[str, str]]) -> List[int]:
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    async def complete(self, request: ChatCompletionRequest) -> Tuple[ChatResponse, Dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        p = _Pending(request, loop.create_future(), self.prompt_ids(list(request.messages)))  # type: ignore[arg-type]
+        self._queue.append(p)
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._drain())
+        return await p.future, {"backend": "hf"}
+
+    async def _drain(self) -> None:
+        while self._queue:
+            await asyncio.sleep(0)  # let concurrent callers enqueue before a batch forms
+            batch, self._queue = self._queue[: self.max_batch_size], self._queue[self.max_batch_size :]
+            try:
+                outs = await asyncio.to_thread(self._generate, batch)
+            except Exception as e:  # every waiter hears about the failure
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(e)
+                continue
+            for p, o in zip(batch, outs):
+                if not p.future.done():
+                    p.future.set_result(o)
+
+    async def get_policy_version(self) -> int:
+        return self.policy_version
+
+    def sync_weights(self, params: Mapping[str, Any], timeout_s: float = 600.0, version: Optional[int] = None) -> str:
+        with self._weights_lock:
+            missing = [k for k in params if k not in self.model.state_dict()]
+            if missing:
+                raise KeyError(f"unknown parameter names {missing[:5]}")
+            self.model.load_state_dict(dict(params), strict=False)
+            self.policy_version = self.policy_version + 1 if version is None else int(version)
+        return f"policy_version={self.policy_version}"
+
+    @torch.no_grad()
+    def _generate(self, batch: List[_Pending]) -> List[ChatResponse]:
+        with self._weights_lock:
+            version = self.policy_version
+            return self._generate_locked(batch, version)
+
+    def _generate_locked(self, batch: List[_Pending], version: int) -> List[ChatResponse]:
+        B = len(batch)
+        lens = [len(p.prompt_ids) for p in batch]
+        T = max(lens)
+        ids = torch.full((B, T), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, T), dtype=torch.long)
+        for i, p in enumerate(batch):  # left padding
+            ids[i, T - lens[i] :] = torch.tensor(p.prompt_ids)
+            mask[i, T - lens[i] :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        gens = []
+        for p in batch:
+            g = torch.Generator(device="cpu")
+            g.manual_seed(p.request.seed if p.request.seed is not None else torch.seed() % 2**63)
+            gens.append(g)
+        max_new = [p.request.sampling.max_tokens for p in batch]
+        stops = []
+        for p in batch:
+            s = p.request.sampling.stop
+            stops.append([] if s is None else [s] if isinstance(s, str) else list(s))
+        out_ids: List[List[int]] = [[] for _ in range(B)]
+        out_lp: List[List[float]] = [[] for _ in range(B)]
+        finish: List[Optional[str]] = [None] * B
+        cut_text: List[Optional[str]] = [None] * B
+        past = None
+        step_ids, step_pos = ids, pos
+        for _t in range(max(max_new)):
+            out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            logits = out.logits[:, -1, :].float()  # [B, V]
+            logp = torch.log_softmax(logits, dim=-1)
+            nxt = torch.full((B,), self.pad_id, dtype=torch.long)
+            for i, p in enumerate(batch):
+                if finish[i] is not None:
+                    continue
+                sp = p.request.sampling
+                if sp.temperature == 0:
+                    tok = int(torch.argmax(logits[i]))
+                else:
+                    probs = torch.softmax(logits[i] / sp.temperature, dim=-1)
+                    if sp.top_p < 1.0:
+                        sp_sorted, idx = torch.sort(probs, descending=True)
+                        keep = sp_sorted.cumsum(-1) - sp_sorted < sp.top_p
+                        probs = torch.zeros_like(probs).scatter(0, idx[keep], sp_sorted[keep])
+                    tok = int(torch.multinomial(probs.cpu(), 1, generator=gens[i]))
+                nxt[i] = tok
+                out_ids[i].append(tok)
+                out_lp[i].append(float(logp[i, tok]))
+                if tok in self.eos_ids:
+                    finish[i] = "stop"
+                elif stops[i]:
+                    text = str(self.tokenizer.decode(out_ids[i], skip_special_tokens=True))
+                    hit = [text.find(s) for s in stops[i] if s in text]
+                    if hit:
+                        finish[i], cut_text[i] = "stop", text[: min(hit)]
+                if finish[i] is None and len(out_ids[i]) >= max_new[i]:
+                    finish[i] = "length"
+            if all(f is not None for f in finish):
+                break
+            step_ids = nxt.view(B, 1).to(self.device)
+            mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=self.device)], dim=1)
+            step_pos = (step_pos[:, -1:] + 1)
+        results = []
+        for i, p in enumerate(batch):
+            cut = cut_text[i]
+            text = cut if cut is not None else str(self.tokenizer.decode(out_ids[i], skip_special_tokens=True))
+            rs = p.request.return_spec
+            results.append(
+                ChatResponse(
+                    text=text,
+                    finish_reason=finish[i] or "length",
+                    prompt_token_ids=list(p.prompt_ids) if rs.return_token_ids else None,
+                    completion_token_ids=list(out_ids[i]) if rs.return_token_ids else None,
+                    completion_logprobs=list(out_lp[i]) if rs.return_chosen_logprobs else None,
+                    policy_version=version,
+                )
+            )
+        return results

@@ -1,0 +1,66 @@
+"""InteractionProtocol: runs one episode of agents in an env and returns rollouts.
+
+A protocol returns one Rollout per agent that acted. Rules shared by the protocols:
+
+* A reply that fails to parse does not step the env: the step gets the parser's penalty
+  as reward, the parser's feedback as next observation, ``info["parse_error"]=True``,
+  and the agent tries again (it counts against ``max_steps``).
+* A step's reward is ``env_reward + parse_reward``; both are kept in ``info``.
+* Tool calls made inside one ``act()`` become their own steps (``info["kind"]=
+  "tool_call"``, reward 0) so every model call has a trace the trainer can use.
+* Hitting ``max_steps`` before the env ends marks the last step ``truncated`` with
+  ``info["truncation_reason"]="max_steps"``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Dict, List, Optional
+
+from libludic.agents.base_agent import AgentTurn
+from libludic.envs.env import LudicEnv
+from libludic.parsers import ParseResult
+from libludic.types import Rollout, Step
+
+
+class InteractionProtocol(ABC):
+    @abstractmethod
+    async def run(
+        self,
+        env: LudicEnv[Any, Any, Any],
+        *,
+        max_steps: int,
+        env_seed: Optional[int] = None,
+        sampling_seed: Optional[int] = None,
+    ) -> List[Rollout]: ...
+
+
+def tool_steps(turns: List[AgentTurn], start_index: int, obs: str, agent_id: Optional[str]) -> List[Step]:
+    """Steps for the tool-calling turns (all but the last) of one act()."""
+    steps: List[Step] = []
+    for turn in turns[:-1]:
+        tool_obs = "\n".join(m["content"] for m in turn.tool_messages)
+        steps.append(
+            Step(
+                index=start_index + len(steps),
+                prev_obs=obs,
+                action=turn.response.text,
+                next_obs=tool_obs,
+                reward=0.0,
+                info={"kind": "tool_call", "finish_reason": turn.response.finish_reason},
+                trace=turn.response.trace(),
+                policy_version=turn.response.policy_version,
+                agent_id=agent_id,
+            )
+        )
+        obs = tool_obs
+    return steps
+
+
+def action_info(parsed: ParseResult, turn: AgentTurn) -> Dict[str, Any]:
+    return {
+        "kind": "action",
+        "parse_error": not parsed.ok,
+        "parse_reward": parsed.reward,
+        "finish_reason": turn.response.finish_reason,
+    }

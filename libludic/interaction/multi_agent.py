@@ -1,0 +1,104 @@
+"""The multi-agent loop: every active agent acts (concurrently), then the env steps.
+
+Each agent keeps its own context and produces its own Rollout. Rewards an agent
+receives while it is not acting (e.g. the opponent's winning move) are added to that
+agent's last step, so the episode's total reward per agent is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Dict, List, Optional
+
+from libludic.agents.base_agent import Agent
+from libludic.envs.env import LudicEnv
+from libludic.interaction.base import InteractionProtocol, action_info, tool_steps
+from libludic.types import Rollout, Step
+
+
+class MultiAgentProtocol(InteractionProtocol):
+    def __init__(self, agents: Dict[str, Agent], system_prompts: Optional[Dict[str, str]] = None):
+        if not agents:
+            raise ValueError("MultiAgentProtocol needs at least one agent")
+        self.agents = agents
+        self.system_prompts = system_prompts or {}
+
+    async def run(
+        self,
+        env: LudicEnv[Any, Any, Any],
+        *,
+        max_steps: int,
+        env_seed: Optional[int] = None,
+        sampling_seed: Optional[int] = None,
+    ) -> List[Rollout]:
+        missing = [a for a in env.agent_ids if a not in self.agents]
+        if missing:
+            raise ValueError(f"no agent given for env roles {missing}; pass agents={{role: Agent}} for each")
+        first = env.reset(seed=env_seed)
+        obs: Dict[str, str] = {}
+        for aid, agent in self.agents.items():
+            agent.reset(self.system_prompts.get(aid, env.suggested_system_prompt))
+            if aid in first:
+                o, i = first[aid]
+                obs[aid] = o
+                agent.on_env_reset(o, i)
+        steps: Dict[str, List[Step]] = {aid: [] for aid in self.agents}
+        ended = False
+        for _t in range(max_steps):
+            active = list(env.active_agents)
+            if not active:
+                ended = True
+                break
+            seeds = {a: None if sampling_seed is None else sampling_seed * 100 + k for k, a in enumerate(active)}
+            results = await asyncio.gather(*(self.agents[a].act(seed=seeds[a]) for a in active))
+            actions: Dict[str, str] = {}
+            acted: Dict[str, Step] = {}
+            for aid, (parsed, ainfo) in zip(active, results):
+                turns = ainfo["turns"]
+                steps[aid].extend(tool_steps(turns, len(steps[aid]), obs[aid], aid))
+                final = turns[-1]
+                sinfo = action_info(parsed, final)
+                step = Step(len(steps[aid]), obs[aid], final.response.text, None, parsed.reward,
+                            info=sinfo, trace=final.response.trace(),
+                            policy_version=final.response.policy_version, agent_id=aid)
+                steps[aid].append(step)
+                if parsed.action is None:
+                    fb = parsed.obs or "Invalid format."
+                    step.next_obs = fb
+                    sinfo["env_reward"] = 0.0
+                    self.agents[aid].on_after_step(fb, {})
+                    obs[aid] = fb
+                else:
+                    actions[aid] = parsed.action
+                    acted[aid] = step
+            if not actions:
+                continue
+            outcomes = env.step(actions)
+            for aid, out in outcomes.items():
+                if aid not in self.agents:
+                    continue
+                if aid in acted:
+                    st = acted[aid]
+                    st.info.update(out.info)
+                    st.info["env_reward"] = out.reward
+                    st.reward += out.reward
+                    st.next_obs = out.obs
+                    st.terminated, st.truncated = out.terminated, out.truncated
+                elif steps[aid]:
+                    last = steps[aid][-1]
+                    last.reward += out.reward
+                    last.info["env_reward"] = last.info.get("env_reward", 0.0) + out.reward
+                    last.terminated = last.terminated or out.terminated
+                    last.truncated = last.truncated or out.truncated
+                obs[aid] = out.obs
+                if not (out.terminated or out.truncated):
+                    self.agents[aid].on_after_step(out.obs, out.info)
+            if outcomes and all(o.terminated or o.truncated for o in outcomes.values()):
+                ended = True
+                break
+        if not ended:
+            for aid in steps:
+                if steps[aid]:
+                    steps[aid][-1].truncated = True
+                    steps[aid][-1].info["truncation_reason"] = "max_steps"
+        return [Rollout(steps=s, meta={"agent_id": aid}) for aid, s in steps.items() if s]

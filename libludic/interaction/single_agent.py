@@ -1,0 +1,80 @@
+"""The single-agent loop: reset, then act/step until the env ends or max_steps."""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+from libludic.agents.base_agent import Agent
+from libludic.envs.env import LudicEnv
+from libludic.interaction.base import InteractionProtocol, action_info, tool_steps
+from libludic.types import Rollout, Step
+
+
+class SingleAgentSyncProtocol(InteractionProtocol):
+    def __init__(self, agent: Agent, stop_on_parse_error: bool = False, system_prompt: Optional[str] = None):
+        self.agent = agent
+        self.stop_on_parse_error = stop_on_parse_error
+        self.system_prompt = system_prompt
+
+    async def run(
+        self,
+        env: LudicEnv[Any, Any, Any],
+        *,
+        max_steps: int,
+        env_seed: Optional[int] = None,
+        sampling_seed: Optional[int] = None,
+    ) -> List[Rollout]:
+        if max_steps < 1:
+            raise ValueError(f"max_steps={max_steps} must be >= 1")
+        if len(env.agent_ids) != 1:
+            raise ValueError(
+                f"SingleAgentSyncProtocol needs a one-agent env; {type(env).__name__} has agents "
+                f"{env.agent_ids}: use MultiAgentProtocol"
+            )
+        agent_id = env.agent_ids[0]
+        obs, info = env.reset(seed=env_seed)[agent_id]
+        self.agent.reset(self.system_prompt if self.system_prompt is not None else env.suggested_system_prompt)
+        self.agent.on_env_reset(obs, info)
+        steps: List[Step] = []
+        ended = False
+        for _ in range(max_steps):
+            parsed, ainfo = await self.agent.act(seed=sampling_seed)
+            turns = ainfo["turns"]
+            steps.extend(tool_steps(turns, len(steps), obs, agent_id))
+            final = turns[-1]
+            prev_obs = obs if len(turns) == 1 else steps[-1].next_obs or obs
+            sinfo = action_info(parsed, final)
+            if parsed.action is None:
+                feedback = parsed.obs or "Invalid format."
+                sinfo["env_reward"] = 0.0
+                steps.append(
+                    Step(len(steps), prev_obs, final.response.text, feedback, parsed.reward,
+                         info=sinfo, trace=final.response.trace(),
+                         policy_version=final.response.policy_version, agent_id=agent_id)
+                )
+                self.agent.on_after_step(feedback, {})
+                obs = feedback
+                if self.stop_on_parse_error:
+                    steps[-1].truncated = True
+                    steps[-1].info["truncation_reason"] = "parse_error"
+                    ended = True
+                    break
+                continue
+            out = env.step({agent_id: parsed.action})[agent_id]
+            sinfo.update(out.info)
+            sinfo["env_reward"] = out.reward
+            steps.append(
+                Step(len(steps), prev_obs, final.response.text, out.obs, out.reward + parsed.reward,
+                     truncated=out.truncated, terminated=out.terminated, info=sinfo,
+                     trace=final.response.trace(), policy_version=final.response.policy_version,
+                     agent_id=agent_id)
+            )
+            if out.terminated or out.truncated:
+                ended = True
+                break
+            self.agent.on_after_step(out.obs, out.info)
+            obs = out.obs
+        if not ended and steps:
+            steps[-1].truncated = True
+            steps[-1].info["truncation_reason"] = "max_steps"
+        return [Rollout(steps=steps, meta={"agent_id": agent_id})]

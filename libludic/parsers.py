@@ -1,0 +1,159 @@
+"""Parsers turn raw model text into an action plus a format reward.
+
+``Parser = Callable[[str], ParseResult]``. On success ``action`` is the extracted action
+and ``reward`` the format bonus (``success_reward``); on failure ``action`` is None,
+``reward`` the penalty (``error_reward``) and ``obs`` a feedback message the protocol
+shows the agent instead of stepping the environment.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Union
+
+
+@dataclass(frozen=True)
+class ParseResult:
+    action: Optional[str]
+    reward: float
+    obs: Optional[str]
+
+    @property
+    def ok(self) -> bool:
+        return self.action is not None
+
+
+Parser = Callable[[str], ParseResult]
+
+
+def identity_parser(text: str) -> ParseResult:
+    """Accept the text as the action (stripped), no format reward."""
+    return ParseResult(action=text.strip(), reward=0.0, obs=None)
+
+
+def xml_parser(
+    tag: str,
+    exact: bool = False,
+    success_reward: float = 0.0,
+    error_reward: float = -1.0,
+) -> Parser:
+    """Extract the content of ``<tag>...</tag>``.
+
+    exact=True: the whole (stripped) output must be a single ``<tag>...</tag>`` element.
+    exact=False: the last such element anywhere in the output is taken.
+    """
+    if not re.fullmatch(r"[A-Za-z_][\w\-]*", tag):
+        raise ValueError(f"xml_parser tag {tag!r} is not a valid XML tag name")
+    elem = re.compile(rf"<{tag}>(.*?)</{tag}>", re.DOTALL)
+    whole = re.compile(rf"\s*<{tag}>(.*?)</{tag}>\s*", re.DOTALL)
+
+    def parse(text: str) -> ParseResult:
+        if exact:
+            m = whole.fullmatch(text)
+            if m is None or f"<{tag}>" in m.group(1):
+                return ParseResult(
+                    None, error_reward, f"Invalid format: reply with exactly <{tag}>...</{tag}> and nothing else."
+                )
+            return ParseResult(m.group(1).strip(), success_reward, None)
+        found = elem.findall(text)
+        if not found:
+            return ParseResult(None, error_reward, f"Invalid format: put your answer inside <{tag}>...</{tag}>.")
+        return ParseResult(found[-1].strip(), success_reward, None)
+
+    return parse
+
+
+def think_prefix_parser(success_reward: float = 0.0, error_reward: float = -1.0) -> Parser:
+    """Require the output to open with a ``<think>...</think>`` block; the action is the rest."""
+    pat = re.compile(r"\s*<think>(.*?)</think>(.*)", re.DOTALL)
+
+    def parse(text: str) -> ParseResult:
+        m = pat.fullmatch(text)
+        if m is None:
+            return ParseResult(None, error_reward, "Invalid format: start with <think>...</think>, then answer.")
+        rest = m.group(2).strip()
+        if not rest:
+            return ParseResult(None, error_reward, "Invalid format: nothing after </think>.")
+        return ParseResult(rest, success_reward, None)
+
+    return parse
+
+
+def _last_boxed(text: str) -> Optional[str]:
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    i = start + len("\\boxed{")
+    depth = 1
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i:j]
+    return None  # unbalanced braces
+
+
+def boxed_parser(success_reward: float = 0.0, error_reward: float = -1.0) -> Parser:
+    """Extract the content of the last ``\\boxed{...}`` (nested braces allowed)."""
+
+    def parse(text: str) -> ParseResult:
+        got = _last_boxed(text)
+        if got is None:
+            return ParseResult(None, error_reward, "Invalid format: give the final answer as \\boxed{...}.")
+        return ParseResult(got.strip(), success_reward, None)
+
+    return parse
+
+
+def compose_parsers(*parsers: Parser) -> Parser:
+    """Chain parsers: each parses the previous one's action; rewards add up.
+
+    The first failure stops the chain and returns its penalty (plus the rewards of the
+    parsers that succeeded before it) and its feedback.
+    """
+    if not parsers:
+        raise ValueError("compose_parsers needs at least one parser")
+
+    def parse(text: str) -> ParseResult:
+        total = 0.0
+        current = text
+        for p in parsers:
+            r = p(current)
+            total += r.reward
+            if r.action is None:
+                return ParseResult(None, total, r.obs)
+            current = r.action
+        return ParseResult(current, total, None)
+
+    return parse
+
+
+ParserSpec = Union[None, str, Mapping[str, Any]]
+
+
+def make_parser(spec: ParserSpec) -> Parser:
+    """Build a parser from plain data (what crosses the wire in a ProtocolSpec).
+
+    ``None``/``"identity"``; ``"boxed"``; ``"think"``; ``{"kind": "xml", "tag": "move",
+    "exact": false, ...}``; ``{"kind": "compose", "parsers": [spec, ...]}``.
+    """
+    if spec is None or spec == "identity":
+        return identity_parser
+    if isinstance(spec, str):
+        spec = {"kind": spec}
+    kind = spec.get("kind")
+    kw = {k: v for k, v in spec.items() if k != "kind"}
+    if kind == "identity":
+        return identity_parser
+    if kind == "xml":
+        return xml_parser(**kw)
+    if kind == "boxed":
+        return boxed_parser(**kw)
+    if kind == "think":
+        return think_prefix_parser(**kw)
+    if kind == "compose":
+        return compose_parsers(*[make_parser(s) for s in kw.get("parsers", [])])
+    raise ValueError(f"unknown parser kind {kind!r}; use identity, xml, boxed, think or compose")

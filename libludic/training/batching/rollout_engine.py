@@ -1,0 +1,137 @@
+"""RolloutEngine: turns RolloutRequests into Rollouts, many episodes at once.
+
+Registries map a spec ``kind`` to a factory: ``env_registry[kind](**env.kwargs) ->
+LudicEnv`` and ``protocol_registry[kind](inference=InferenceSpec|None, **kwargs) ->
+InteractionProtocol``. A fresh env and protocol (with fresh agents) is built for every
+episode, so episodes share no state and may run concurrently.
+
+Determinism: episode ``i`` of a request uses env seed ``env_seed`` when
+``same_env_seed`` else ``env_seed + i``, and sampling seed ``sampling_seed + i``; with a
+backend that honours per-request seeds the same requests give the same rollouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+from libludic.envs.env import LudicEnv
+from libludic.inference.request import InferenceSpec
+from libludic.interaction.base import InteractionProtocol
+from libludic.training.types import RolloutRequest, SAWBatch
+from libludic.types import Rollout
+
+EnvFactory = Callable[..., LudicEnv[Any, Any, Any]]
+ProtocolFactory = Callable[..., InteractionProtocol]
+
+
+class RolloutEngine:
+    def __init__(
+        self,
+        env_registry: Mapping[str, EnvFactory],
+        protocol_registry: Mapping[str, ProtocolFactory],
+    ) -> None:
+        self.env_registry = dict(env_registry)
+        self.protocol_registry = dict(protocol_registry)
+
+    def _make(self, req: RolloutRequest) -> tuple[LudicEnv[Any, Any, Any], InteractionProtocol]:
+        if req.env.kind not in self.env_registry:
+            raise KeyError(
+                f"request {req.id}: unknown env kind {req.env.kind!r}; registered: {sorted(self.env_registry)}"
+            )
+        if req.protocol.kind not in self.protocol_registry:
+            raise KeyError(
+                f"request {req.id}: unknown protocol kind {req.protocol.kind!r}; "
+                f"registered: {sorted(self.protocol_registry)}"
+            )
+        env = self.env_registry[req.env.kind](**req.env.kwargs)
+        proto = self.protocol_registry[req.protocol.kind](inference=req.inference, **req.protocol.kwargs)
+        return env, proto
+
+    async def run_episode(self, req: RolloutRequest, episode: int, max_steps: int) -> List[Rollout]:
+        env_seed: Optional[int] = None
+        if req.env_seed is not None:
+            env_seed = req.env_seed if req.same_env_seed else req.env_seed + episode
+        sampling_seed = None if req.sampling_seed is None else req.sampling_seed + episode
+        env, proto = self._make(req)
+        try:
+            rollouts = await proto.run(env, max_steps=max_steps, env_seed=env_seed, sampling_seed=sampling_seed)
+        finally:
+            env.close()
+        for r in rollouts:
+            meta: Dict[str, Any] = dict(req.meta)
+            meta.update(r.meta)
+            meta.update(
+                request_id=req.id,
+                episode_index=episode,
+                env_kind=req.env.kind,
+                env_seed=env_seed,
+                sampling_seed=sampling_seed,
+            )
+            meta.setdefault("group_id", req.meta.get("group_id"))
+            r.meta = meta
+        return rollouts
+
+    async def generate_rollouts(
+        self,
+        requests: Sequence[RolloutRequest],
+        max_steps: int,
+        concurrency: int = 8,
+    ) -> List[Rollout]:
+        """Run every episode of every request, at most ``concurrency`` at once.
+
+        Rollouts come back in request order, then episode order. The first episode that
+        raises cancels the rest and the error propagates (nothing partial is returned).
+        """
+        if concurrency < 1:
+            raise ValueError(f"concurrency={concurrency} must be >= 1")
+        sem = asyncio.Semaphore(concurrency)
+        jobs = [(req, i) for req in requests for i in range(req.num_episodes)]
+
+        async def one(req: RolloutRequest, i: int) -> List[Rollout]:
+            async with sem:
+                return await self.run_episode(req, i, max_steps)
+
+        tasks = [asyncio.create_task(one(r, i)) for r, i in jobs]
+        try:
+            results = await asyncio.gather(*tasks)
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        return [r for rs in results for r in rs]
+
+    async def generate_batch(
+        self,
+        requests: Sequence[RolloutRequest],
+        algorithm: Any,
+        max_steps: int = 1,
+        concurrency: int = 8,
+        sample_filter: Optional[Callable[..., bool]] = None,
+    ) -> SAWBatch:
+        """Rollouts -> credit (algorithm.credit_assigner) -> SAWItems -> SAWBatch."""
+        from libludic.training.batching.saw import rollouts_to_saw_items
+
+        rollouts = await self.generate_rollouts(requests, max_steps, concurrency)
+        if algorithm.preprocess is not None:
+            rollouts = algorithm.preprocess(rollouts)
+        weights = algorithm.credit_assigner.compute(rollouts)
+        items = rollouts_to_saw_items(rollouts, weights)
+        if sample_filter is not None:
+            items = [it for it in items if sample_filter(it)]
+        rewards = [r.total_reward for r in rollouts]
+        return SAWBatch(
+            items=items,
+            meta={
+                "num_rollouts": len(rollouts),
+                "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+            },
+        )
+
+
+def inference_overrides(inference: Optional[InferenceSpec]) -> Dict[str, Any]:
+    """Agent keyword arguments taken from a request's InferenceSpec."""
+    if inference is None:
+        return {}
+    return {"sampling": inference.sampling, "return_spec": inference.return_spec, "model": inference.model}

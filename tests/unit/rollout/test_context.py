@@ -1,0 +1,38 @@
+import pytest
+
+from libludic.context.full_dialog import FullDialog
+from libludic.context.truncated_thinking import TruncatedThinkingContext
+from libludic.types import ChatResponse
+
+
+def test_full_dialog_keeps_history_with_system_prompt():
+    c = FullDialog()
+    c.reset("sys")
+    c.on_env_reset("q1", {})
+    c.on_after_act(ChatResponse(text="a1"))
+    c.on_after_step("q2", {})
+    assert c.on_before_act() == [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "q2"},
+    ]
+    c.reset(None)
+    assert c.on_before_act() == []
+
+
+def test_truncated_thinking_cuts_old_thinking_but_keeps_latest():
+    c = TruncatedThinkingContext(max_thinking_chars=3, placeholder="~")
+    c.reset(None)
+    c.on_env_reset("q", {})
+    c.on_after_act(ChatResponse(text="<think>abcdefg</think>move 1"))
+    c.on_after_step("q2", {})
+    c.on_after_act(ChatResponse(text="<think>hijklmn</think>move 2"))
+    msgs = c.on_before_act()
+    assert msgs[1]["content"] == "<think>abc~</think>move 1"
+    assert msgs[3]["content"] == "<think>hijklmn</think>move 2"
+
+
+def test_truncated_thinking_rejects_negative_budget():
+    with pytest.raises(ValueError):
+        TruncatedThinkingContext(max_thinking_chars=-1)

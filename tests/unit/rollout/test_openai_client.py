@@ -1,0 +1,161 @@
+"""OpenAIChatClient against a local fake OpenAI server (uvicorn on a free port)."""
+
+import threading
+import time
+from typing import Any, Dict, List
+
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from libludic.inference.client import InferenceError
+from libludic.inference.openai_client import OpenAIChatClient
+from libludic.inference.request import ChatCompletionRequest, ReturnSpec
+from tests.conftest import free_port
+
+
+class FakeServer:
+    def __init__(self) -> None:
+        self.app = FastAPI()
+        self.bodies: List[Dict[str, Any]] = []
+        self.fail_next: List[int] = []  # status codes to answer before succeeding
+        self.mode = "ok"
+        app = self.app
+
+        @app.get("/v1/models")
+        async def models() -> Dict[str, Any]:
+            return {"data": [{"id": "tiny"}]}
+
+        @app.get("/v1/policy_version")
+        async def pv() -> Dict[str, Any]:
+            return {"policy_version": 7}
+
+        @app.post("/v1/chat/completions")
+        async def chat(req: Request) -> Response:
+            body = await req.json()
+            self.bodies.append(body)
+            if self.fail_next:
+                code = self.fail_next.pop(0)
+                return JSONResponse({"error": "boom"}, status_code=code)
+            if self.mode == "malformed":
+                return PlainTextResponse("{not json", media_type="application/json")
+            if self.mode == "no_ids":
+                return JSONResponse({"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}]})
+            return JSONResponse(
+                {
+                    "policy_version": 4,
+                    "prompt_token_ids": [257, 49],
+                    "choices": [
+                        {
+                            "message": {"role": "assistant", "content": "hi"},
+                            "finish_reason": "length",
+                            "token_ids": [104, 105],
+                            "logprobs": {"content": [{"token": "h", "logprob": -0.25}, {"token": "i", "logprob": -1.5}]},
+                        }
+                    ],
+                },
+                headers={"X-Ludic-Policy-Version": "4"},
+            )
+
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> "FakeServer":
+        self.thread.start()
+        deadline = time.time() + 10
+        while not self.server.started and time.time() < deadline:
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *a: Any) -> None:
+        self.server.should_exit = True
+        self.thread.join(5)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with FakeServer() as s:
+        yield s
+
+
+@pytest.fixture(autouse=True)
+def _reset(server):
+    server.fail_next, server.mode = [], "ok"
+
+
+def req() -> ChatCompletionRequest:
+    return ChatCompletionRequest(messages=[{"role": "user", "content": "1"}], seed=9)
+
+
+async def test_parses_token_ids_logprobs_version_and_sends_rl_fields(server):
+    c = OpenAIChatClient(server.url)
+    resp, info = await c.complete(req())
+    assert resp.text == "hi" and resp.finish_reason == "length"
+    assert resp.prompt_token_ids == [257, 49] and resp.completion_token_ids == [104, 105]
+    assert resp.completion_logprobs == [-0.25, -1.5] and resp.policy_version == 4
+    body = server.bodies[-1]
+    assert body["model"] == "tiny" and body["seed"] == 9
+    assert body["return_token_ids"] is True and body["logprobs"] is True and body["top_logprobs"] == 1
+    assert body["temperature"] == 0.7 and body["max_tokens"] == 256
+    assert await c.get_policy_version() == 7 and await c.health() is False  # no /health on the fake
+    await c.aclose()
+
+
+async def test_retries_5xx_then_succeeds(server):
+    server.fail_next = [503, 500]
+    c = OpenAIChatClient(server.url, max_retries=3, backoff_s=0.01)
+    resp, _ = await c.complete(req())
+    assert resp.text == "hi" and len(server.bodies) >= 3
+    await c.aclose()
+
+
+async def test_gives_up_after_bounded_retries(server):
+    server.fail_next = [503] * 10
+    n0 = len(server.bodies)
+    c = OpenAIChatClient(server.url, max_retries=2, backoff_s=0.01)
+    with pytest.raises(InferenceError, match="after 3 attempts.*HTTP 503"):
+        await c.complete(req())
+    assert len(server.bodies) - n0 == 3
+    await c.aclose()
+
+
+async def test_4xx_fails_at_once_with_server_message(server):
+    server.fail_next = [400]
+    n0 = len(server.bodies)
+    c = OpenAIChatClient(server.url, backoff_s=0.01)
+    with pytest.raises(InferenceError, match="HTTP 400.*boom"):
+        await c.complete(req())
+    assert len(server.bodies) - n0 == 1
+    await c.aclose()
+
+
+async def test_malformed_json_is_a_clear_error(server):
+    server.mode = "malformed"
+    c = OpenAIChatClient(server.url)
+    with pytest.raises(InferenceError, match="malformed JSON"):
+        await c.complete(req())
+    await c.aclose()
+
+
+async def test_missing_token_ids_is_an_error_when_asked(server):
+    server.mode = "no_ids"
+    c = OpenAIChatClient(server.url)
+    with pytest.raises(InferenceError, match="did not return token ids"):
+        await c.complete(req())
+    r = ChatCompletionRequest(messages=[{"role": "user", "content": "1"}], return_spec=ReturnSpec())
+    resp, _ = await c.complete(r)
+    assert resp.text == "hi" and resp.completion_token_ids is None
+    await c.aclose()
+
+
+async def test_server_down_is_a_clear_error():
+    c = OpenAIChatClient(f"http://127.0.0.1:{free_port()}", max_retries=1, backoff_s=0.01, model="m")
+    with pytest.raises(InferenceError, match="is the server up"):
+        await c.complete(req())
+    await c.aclose()
