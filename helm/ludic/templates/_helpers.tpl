@@ -1,0 +1,395 @@
+{{/* vim: set filetype=mustache: */}}
+
+{{- define "ludic.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "ludic.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Name of a component's resources: <fullname>-<component>. Call with (dict "root" $ "component" "actor") */}}
+{{- define "ludic.componentName" -}}
+{{- printf "%s-%s" (include "ludic.fullname" .root) .component | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "ludic.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "ludic.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: ludic
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels of a component. Call with (dict "root" $ "component" "actor") */}}
+{{- define "ludic.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "ludic.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* All labels of a component's resources */}}
+{{- define "ludic.componentLabels" -}}
+{{ include "ludic.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "ludic.annotations" -}}
+{{- with .Values.commonAnnotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Image reference. Call with (dict "root" $ "image" .Values.actor.image) */}}
+{{- define "ludic.image" -}}
+{{- $registry := default .image.registry .root.Values.global.imageRegistry -}}
+{{- $ref := printf "%s/%s" $registry .image.repository -}}
+{{- if not $registry -}}{{- $ref = .image.repository -}}{{- end -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" $ref .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $ref (.image.tag | default .root.Chart.AppVersion | toString) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "ludic.imagePullSecrets" -}}
+{{- with .Values.global.imagePullSecrets }}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ . }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "ludic.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "ludic.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "ludic.runId" -}}
+{{- default .Release.Name .Values.runId -}}
+{{- end -}}
+
+{{/* ---------- secrets ---------- */}}
+
+{{- define "ludic.authSecretName" -}}
+{{- default (printf "%s-auth" (include "ludic.fullname" .)) .Values.auth.existingSecret -}}
+{{- end -}}
+
+{{- define "ludic.authSecretKey" -}}
+{{- if .Values.auth.existingSecret -}}{{ .Values.auth.existingSecretTokenKey }}{{- else -}}auth-token{{- end -}}
+{{- end -}}
+
+{{/* Redis password Secret name, or "" when external Redis runs without AUTH */}}
+{{- define "ludic.redisSecretName" -}}
+{{- if .Values.redis.enabled -}}
+{{- default (printf "%s-redis" (include "ludic.fullname" .)) .Values.redis.auth.existingSecret -}}
+{{- else if .Values.externalRedis.existingSecret -}}
+{{- .Values.externalRedis.existingSecret -}}
+{{- else if .Values.externalRedis.password -}}
+{{- printf "%s-redis" (include "ludic.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "ludic.redisSecretKey" -}}
+{{- if .Values.redis.enabled -}}
+{{- if .Values.redis.auth.existingSecret -}}{{ .Values.redis.auth.existingSecretPasswordKey }}{{- else -}}redis-password{{- end -}}
+{{- else if .Values.externalRedis.existingSecret -}}
+{{- .Values.externalRedis.existingSecretPasswordKey -}}
+{{- else -}}redis-password{{- end -}}
+{{- end -}}
+
+{{/* The chart creates the Redis Secret itself (bundled without existingSecret, or external with an inline password) */}}
+{{- define "ludic.createRedisSecret" -}}
+{{- if .Values.redis.enabled -}}
+{{- if not .Values.redis.auth.existingSecret -}}true{{- end -}}
+{{- else if and .Values.externalRedis.password (not .Values.externalRedis.existingSecret) -}}true{{- end -}}
+{{- end -}}
+
+{{/* A value kept across upgrades: the given one, else the one already in the cluster, else random.
+     Call with (dict "root" $ "secret" name "key" key "value" given) */}}
+{{- define "ludic.secretValue" -}}
+{{- if .value -}}
+{{- .value | b64enc -}}
+{{- else -}}
+{{- $existing := lookup "v1" "Secret" .root.Release.Namespace .secret -}}
+{{- if and $existing (hasKey $existing.data .key) -}}
+{{- index $existing.data .key -}}
+{{- else -}}
+{{- randAlphaNum 40 | b64enc -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* ---------- Redis connection ---------- */}}
+
+{{- define "ludic.redisHost" -}}
+{{- printf "%s-redis.%s.svc.cluster.local" (include "ludic.fullname" .) .Release.Namespace -}}
+{{- end -}}
+
+{{/* Parsed external URL: scheme, host (host:port), path (/db) */}}
+{{- define "ludic.externalRedisParts" -}}
+{{- $u := urlParse .Values.externalRedis.url -}}
+{{- if not (has $u.scheme (list "redis" "rediss")) -}}
+{{- fail (printf "externalRedis.url %q must start with redis:// or rediss://" .Values.externalRedis.url) -}}
+{{- end -}}
+{{- if $u.userinfo -}}
+{{- fail "externalRedis.url must not carry credentials; put the password in externalRedis.existingSecret" -}}
+{{- end -}}
+{{- toJson $u -}}
+{{- end -}}
+
+{{/* LUDIC_REDIS_URL; the password is expanded by the kubelet from $(REDIS_PASSWORD), never rendered */}}
+{{- define "ludic.redisUrl" -}}
+{{- $secret := include "ludic.redisSecretName" . -}}
+{{- $auth := ternary ":$(REDIS_PASSWORD)@" "" (ne $secret "") -}}
+{{- if .Values.redis.enabled -}}
+{{- printf "redis://%s%s:%d/0" $auth (include "ludic.redisHost" .) (int .Values.redis.containerPorts.redis) -}}
+{{- else -}}
+{{- $u := include "ludic.externalRedisParts" . | fromJson -}}
+{{- printf "%s://%s%s%s" $u.scheme $auth $u.host (default "/0" $u.path) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* host:port for KEDA */}}
+{{- define "ludic.redisAddress" -}}
+{{- if .Values.redis.enabled -}}
+{{- printf "%s:%d" (include "ludic.redisHost" .) (int .Values.redis.containerPorts.redis) -}}
+{{- else -}}
+{{- $u := include "ludic.externalRedisParts" . | fromJson -}}
+{{- if contains ":" $u.host -}}{{ $u.host }}{{- else -}}{{ printf "%s:6379" $u.host }}{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "ludic.redisTLS" -}}
+{{- if .Values.redis.enabled -}}false{{- else -}}{{- $u := include "ludic.externalRedisParts" . | fromJson -}}{{ eq $u.scheme "rediss" }}{{- end -}}
+{{- end -}}
+
+{{- define "ludic.redisDb" -}}
+{{- if .Values.redis.enabled -}}0{{- else -}}{{- $u := include "ludic.externalRedisParts" . | fromJson -}}{{ default "0" (trimPrefix "/" $u.path) }}{{- end -}}
+{{- end -}}
+
+{{/* ---------- env blocks (secrets only by reference) ---------- */}}
+
+{{- define "ludic.env.redis" -}}
+{{- $secret := include "ludic.redisSecretName" . -}}
+{{- if $secret }}
+- name: REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ include "ludic.redisSecretKey" . }}
+{{- end }}
+- name: LUDIC_REDIS_URL
+  value: {{ include "ludic.redisUrl" . | quote }}
+- name: LUDIC_RUN_ID
+  value: {{ include "ludic.runId" . | quote }}
+{{- end -}}
+
+{{- define "ludic.env.authToken" -}}
+- name: LUDIC_AUTH_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "ludic.authSecretName" . }}
+      key: {{ include "ludic.authSecretKey" . }}
+{{- end -}}
+
+{{/* Inference replicas: one headless-Service name; clients expand it to every pod address */}}
+{{- define "ludic.env.inferenceUrls" -}}
+- name: LUDIC_INFERENCE_URLS
+  value: {{ printf "http://%s.%s.svc.cluster.local:%d" (include "ludic.componentName" (dict "root" . "component" "inference")) .Release.Namespace (int .Values.inference.containerPorts.http) | quote }}
+{{- end -}}
+
+{{- define "ludic.env.config" -}}
+- name: LUDIC_CONFIG
+  value: /etc/ludic/config.yaml
+{{- end -}}
+
+{{/* User env map + extraEnvVars. Call with the component values */}}
+{{- define "ludic.env.extra" -}}
+{{- range $k, $v := .env }}
+- name: {{ $k }}
+  value: {{ $v | toString | quote }}
+{{- end }}
+{{- with .extraEnvVars }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* ---------- pods ---------- */}}
+
+{{/* One probe. Call with (dict "probe" .Values.x.livenessProbe "handler" (dict ...)) */}}
+{{- define "ludic.probe" -}}
+{{- $p := omit .probe "enabled" -}}
+{{- toYaml (merge $p .handler) -}}
+{{- end -}}
+
+{{/* liveness/readiness/startup probes as HTTP GET. Call with (dict "values" .Values.actor "path" "/metrics" "port" "metrics") */}}
+{{- define "ludic.httpProbes" -}}
+{{- $handler := dict "httpGet" (dict "path" .path "port" .port) -}}
+{{- if .values.livenessProbe.enabled }}
+livenessProbe:
+  {{- include "ludic.probe" (dict "probe" .values.livenessProbe "handler" $handler) | nindent 2 }}
+{{- end }}
+{{- if .values.readinessProbe.enabled }}
+readinessProbe:
+  {{- include "ludic.probe" (dict "probe" .values.readinessProbe "handler" $handler) | nindent 2 }}
+{{- end }}
+{{- if .values.startupProbe.enabled }}
+startupProbe:
+  {{- include "ludic.probe" (dict "probe" .values.startupProbe "handler" $handler) | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* prometheus.io annotations + checksums + user annotations. Call with (dict "root" $ "values" .Values.actor "port" 9101 "path" "/metrics") */}}
+{{- define "ludic.podAnnotations" -}}
+{{- if .root.Values.metrics.podAnnotations }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .port | quote }}
+prometheus.io/path: {{ .path | quote }}
+{{- end }}
+checksum/config: {{ toYaml .root.Values.config | sha256sum }}
+{{- with .values.podAnnotations }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* scheduling + security. Call with the component values */}}
+{{- define "ludic.podScheduling" -}}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .podSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* resources with the nvidia.com/gpu limit added. Call with (dict "resources" .resources "gpus" .gpus) */}}
+{{- define "ludic.resources" -}}
+{{- $res := deepCopy (.resources | default dict) -}}
+{{- if gt (int .gpus) 0 -}}
+{{- $limits := deepCopy (get $res "limits" | default dict) -}}
+{{- $_ := set $limits "nvidia.com/gpu" (int .gpus) -}}
+{{- $_ := set $res "limits" $limits -}}
+{{- end -}}
+{{- toYaml $res -}}
+{{- end -}}
+
+{{- define "ludic.configMapName" -}}
+{{- default (printf "%s-config" (include "ludic.fullname" .)) .Values.existingConfigMap -}}
+{{- end -}}
+
+{{/* PodDisruptionBudget. Call with (dict "root" $ "component" "actor" "values" .Values.actor) */}}
+{{- define "ludic.pdb" -}}
+{{- if .values.pdb.create }}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ include "ludic.componentName" . }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "ludic.componentLabels" . | nindent 4 }}
+spec:
+  {{- if not (eq (toString .values.pdb.minAvailable) "") }}
+  minAvailable: {{ .values.pdb.minAvailable }}
+  {{- else }}
+  maxUnavailable: {{ .values.pdb.maxUnavailable }}
+  {{- end }}
+  selector:
+    matchLabels:
+      {{- include "ludic.selectorLabels" . | nindent 6 }}
+{{- end }}
+{{- end -}}
+
+{{/* Metrics Service for a component. Call with (dict "root" $ "component" "actor" "port" 9101 "portName" "metrics" "headless" false) */}}
+{{- define "ludic.metricsService" -}}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ include "ludic.componentName" . }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "ludic.componentLabels" . | nindent 4 }}
+spec:
+  type: ClusterIP
+  {{- if .headless }}
+  clusterIP: None
+  {{- end }}
+  ports:
+    - name: {{ .portName }}
+      port: {{ .port }}
+      targetPort: {{ .portName }}
+      protocol: TCP
+  selector:
+    {{- include "ludic.selectorLabels" . | nindent 4 }}
+{{- end -}}
+
+{{/* ---------- model volume (inference + learner) ---------- */}}
+
+{{/* initContainers writing the demo model when no claim is given. Call with (dict "root" $ "values" <component values>) */}}
+{{- define "ludic.modelInit" -}}
+{{- $m := .root.Values.inference.model -}}
+{{- if and (not $m.existingClaim) $m.init.enabled }}
+initContainers:
+  # `ludic model init` is deterministic (fixed seed): inference and learner build the same
+  # version-0 weights without sharing a volume.
+  - name: model-init
+    image: {{ include "ludic.image" (dict "root" .root "image" .values.image) }}
+    imagePullPolicy: {{ .values.image.pullPolicy }}
+    args: ["model", "init", {{ printf "/models/%s" $m.name | quote }}, "--size", {{ $m.init.size | quote }}]
+    resources:
+      requests:
+        cpu: 100m
+        memory: 256Mi
+      limits:
+        memory: 2Gi
+    {{- with .values.containerSecurityContext }}
+    securityContext:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    volumeMounts:
+      - name: models
+        mountPath: /models
+{{- end }}
+{{- end -}}
+
+{{- define "ludic.modelVolume" -}}
+{{- $m := .root.Values.inference.model -}}
+- name: models
+{{- if $m.existingClaim }}
+  persistentVolumeClaim:
+    claimName: {{ $m.existingClaim }}
+    readOnly: true
+{{- else }}
+  emptyDir: {}
+{{- end }}
+{{- end -}}

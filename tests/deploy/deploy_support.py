@@ -1,0 +1,139 @@
+"""Shared helpers for the offline deployment checks (no Docker engine, no cluster).
+
+The chart is rendered by Helm's own Go engine (helm-python-sdk: libhelm_c over the Helm SDK),
+so template errors, `fail` calls and values.schema.json are enforced exactly as `helm install`
+would; rendered objects are then validated with kubernetes-validate against a pinned
+Kubernetes OpenAPI schema.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "ludic"
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+SCENARIOS = [p.name.removesuffix("-values.yaml") for p in CI_VALUES]
+RELEASE, NAMESPACE = "rl", "ludic"
+# Kubernetes versions the rendered manifests are validated against: the chart's kubeVersion
+# floor (Chart.yaml ">=1.29.0-0") and a current release.
+K8S_VERSIONS = ("1.29.0", "1.33.0")
+# Custom resources: kubernetes-validate ships only the core API schemas.
+CRD_KINDS = {"ServiceMonitor", "ScaledObject", "TriggerAuthentication"}
+WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
+# Metric names the services export (issue #8); dashboards and rules may use nothing else.
+KNOWN_METRICS = {
+    "ludic_learner_step",
+    "ludic_learner_loss",
+    "ludic_learner_samples_per_second",
+    "ludic_learner_tokens_per_second",
+    "ludic_learner_stale_dropped_total",
+    "ludic_learner_publish_seconds_bucket",
+    "ludic_learner_publish_seconds_sum",
+    "ludic_learner_publish_seconds_count",
+    "ludic_learner_replica_acked_version",
+    "ludic_learner_policy_version",
+    "ludic_actor_episodes_total",
+    "ludic_actor_reward_bucket",
+    "ludic_actor_reward_sum",
+    "ludic_actor_reward_count",
+    "ludic_credit_items_total",
+    "ludic_credit_deadlettered_total",
+    "ludic_stream_length",
+    "ludic_inference_policy_version",
+    "ludic_inference_weight_updates_total",
+    "ludic_inference_requests_total",
+}
+
+Doc = Dict[str, Any]
+
+
+def scenario_values(scenario: str) -> Dict[str, Any]:
+    if scenario == "default":
+        return {}
+    return yaml.safe_load((CHART / "ci" / f"{scenario}-values.yaml").read_text()) or {}
+
+
+@functools.cache
+def _chart():
+    helm_python = pytest.importorskip("helm_python", reason="helm-python-sdk not installed")
+    return helm_python.Chart.load(str(CHART))
+
+
+def render(values: Dict[str, Any]) -> Dict[str, str]:
+    """Template path -> rendered text (raises helm_python.HelmError on failure)."""
+    return _chart().render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+def parse_docs(rendered: Dict[str, str]) -> List[Doc]:
+    docs: List[Doc] = []
+    for path, text in sorted(rendered.items()):
+        if path.endswith(".txt"):  # NOTES.txt
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                doc["_template"] = (
+                    path  # where it came from, for messages (dropped before validation)
+                )
+                docs.append(doc)
+    return docs
+
+
+@functools.cache
+def _rendered_json(scenario: str) -> str:
+    return json.dumps(parse_docs(render(scenario_values(scenario))))
+
+
+def rendered(scenario: str) -> List[Doc]:
+    """Parsed documents of one scenario (a fresh copy; tests may mutate it)."""
+    return json.loads(_rendered_json(scenario))
+
+
+def by_kind(docs: List[Doc], kind: str) -> List[Doc]:
+    return [d for d in docs if d.get("kind") == kind]
+
+
+def find(docs: List[Doc], kind: str, component: str) -> Doc:
+    for d in docs:
+        labels = d["metadata"].get("labels") or {}
+        if d.get("kind") == kind and labels.get("app.kubernetes.io/component") == component:
+            return d
+    raise AssertionError(f"no {kind} for component {component!r} in the rendered chart")
+
+
+def containers(workload: Doc) -> List[Doc]:
+    return workload["spec"]["template"]["spec"]["containers"]
+
+
+def developers_table() -> Dict[str, Tuple[int, List[str]]]:
+    """service -> (metrics port, LUDIC_* variables it reads), from DEVELOPERS.md's table."""
+    text = (ROOT / "DEVELOPERS.md").read_text()
+    table: Dict[str, Tuple[int, List[str]]] = {}
+    for line in text.splitlines():
+        m = re.match(
+            r"^\|\s*(inference|actor|credit|learner|feeder)\s*\|.*?\|\s*(\d+)[^|]*\|([^|]*)\|", line
+        )
+        if m:
+            table[m.group(1)] = (int(m.group(2)), re.findall(r"LUDIC_[A-Z_]+", m.group(3)))
+    assert set(table) == {"inference", "actor", "credit", "learner", "feeder"}, (
+        f"could not read the services table from DEVELOPERS.md (got {sorted(table)})"
+    )
+    return table
+
+
+def promtool() -> str:
+    exe = shutil.which("promtool")
+    if not exe:
+        pytest.skip(
+            "promtool not found on PATH: install Debian's `prometheus` package "
+            "(make system-deps) to run the Prometheus config/rules checks"
+        )
+    return exe

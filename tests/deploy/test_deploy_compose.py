@@ -1,0 +1,397 @@
+"""compose.yaml + deploy/prometheus + deploy/grafana, checked without a Docker engine.
+
+Validated here: the Compose Specification JSON schema (check-jsonschema's vendored copy),
+cross-references (depends_on, profiles, volumes/configs/secrets), Prometheus targets against
+compose services and DEVELOPERS.md ports, LUDIC_* variables against the documented contract,
+and the Grafana dashboard's queries. Image builds, container start-up, health transitions,
+GPU reservations and DNS discovery of scaled replicas need a real Docker engine.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+import yaml
+from deploy_support import KNOWN_METRICS, ROOT, developers_table, promtool
+
+# No conftest.py in tests/deploy on purpose: a second `conftest` module would shadow
+# tests/conftest.py for modules that do `from conftest import free_port`.
+
+
+@pytest.fixture(scope="module")
+def compose() -> Dict[str, Any]:
+    return yaml.safe_load((ROOT / "compose.yaml").read_text())
+
+
+LUDIC_SERVICES = ("inference", "actor", "credit", "learner", "feeder")
+
+
+def check_jsonschema(path: Path) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("check-jsonschema")
+    if not exe.exists():
+        pytest.skip("check-jsonschema is not installed in this environment")
+    return subprocess.run(
+        [str(exe), "--builtin-schema", "vendor.compose-spec", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_compose_file_matches_the_compose_specification():
+    res = check_jsonschema(ROOT / "compose.yaml")
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_compose_schema_check_rejects_a_broken_file(tmp_path, compose):
+    broken = copy.deepcopy(compose)
+    broken["services"]["actor"]["enviroment"] = {"LUDIC_RUN_ID": "x"}  # typo'd key
+    broken["services"]["redis"]["depends_on"] = {"inference": {"condition": "when_ready"}}
+    path = tmp_path / "compose.yaml"
+    path.write_text(yaml.safe_dump(broken))
+    res = check_jsonschema(path)
+    assert res.returncode != 0
+    assert "enviroment" in res.stdout + res.stderr
+
+
+# ---------------------------------------------------------------- cross-references
+
+
+def enabled_services(compose: Dict[str, Any], profiles: List[str]) -> Dict[str, Any]:
+    return {
+        n: s
+        for n, s in compose["services"].items()
+        if not s.get("profiles") or set(s["profiles"]) & set(profiles)
+    }
+
+
+def dependency_problems(compose: Dict[str, Any]) -> List[str]:
+    """depends_on that Compose would refuse: an undefined service, or (per active profile set)
+    a required dependency disabled by its profile ("depends on undefined service")."""
+    problems: List[str] = []
+    defined = set(compose["services"])
+    for profiles in ([], ["gpu"]):
+        enabled = enabled_services(compose, profiles)
+        for name, svc in enabled.items():
+            deps = svc.get("depends_on", {})
+            deps = {d: {} for d in deps} if isinstance(deps, list) else deps
+            for dep, cfg in deps.items():
+                if dep not in defined:
+                    problems.append(f"{name} depends on undefined service {dep}")
+                elif dep not in enabled and cfg.get("required", True):
+                    problems.append(f"profiles {profiles}: {name} requires disabled service {dep}")
+    return problems
+
+
+def test_depends_on_names_defined_services_under_every_profile(compose):
+    assert not dependency_problems(compose)
+
+
+def test_dependency_check_catches_undefined_and_profile_gated_services(compose):
+    broken = copy.deepcopy(compose)
+    broken["services"]["credit"]["depends_on"]["redis-typo"] = {"condition": "service_healthy"}
+    broken["services"]["actor"]["depends_on"]["inference-gpu"]["required"] = True
+    problems = dependency_problems(broken)
+    assert any("undefined service redis-typo" in p for p in problems)
+    assert any("requires disabled service inference-gpu" in p for p in problems)
+
+
+def test_dependencies_wait_for_health(compose):
+    for name in ("actor", "credit", "learner", "feeder"):
+        deps = compose["services"][name]["depends_on"]
+        assert deps["redis"]["condition"] == "service_healthy", name
+    for name in ("actor", "learner"):
+        assert (
+            compose["services"][name]["depends_on"]["inference"]["condition"] == "service_healthy"
+        )
+
+
+def test_named_volumes_configs_and_secrets_are_declared(compose):
+    for name, svc in compose["services"].items():
+        for vol in svc.get("volumes", []):
+            source = vol.split(":")[0]
+            if not source.startswith((".", "/", "$")):
+                assert source in compose["volumes"], f"{name}: undeclared volume {source}"
+        for cfg in svc.get("configs", []):
+            assert cfg["source"] in compose["configs"]
+            assert (ROOT / compose["configs"][cfg["source"]]["file"]).exists()
+        for sec in svc.get("secrets", []):
+            assert (sec if isinstance(sec, str) else sec["source"]) in compose["secrets"]
+        for vol in svc.get("volumes", []):
+            if vol.startswith("./"):
+                assert (ROOT / vol.split(":")[0]).exists(), f"{name}: missing bind source {vol}"
+
+
+def test_services_run_the_documented_commands_and_ports(compose):
+    table = developers_table()
+    svcs = compose["services"]
+    for name, (port, _) in table.items():
+        for variant in (name, f"{name}-gpu"):
+            if variant in svcs:
+                argv = svcs[variant].get("entrypoint", []) + svcs[variant]["command"]
+                assert name in argv, f"{variant} does not run `ludic {name}`"
+                assert str(port) in svcs[variant]["expose"], f"{variant} does not expose {port}"
+    assert svcs["inference"]["command"][:2] == ["inference", "--model"]
+    assert svcs["inference"]["command"][2].startswith("/models/")
+
+
+def test_actor_is_scalable(compose):
+    actor = compose["services"]["actor"]
+    assert "container_name" not in actor and "ports" not in actor
+    assert not any("container_name" in s for s in compose["services"].values())
+
+
+def test_redis_persists_and_takes_its_password_from_a_secret(compose):
+    redis = compose["services"]["redis"]
+    cmd = " ".join(redis["command"])
+    assert "--appendonly yes" in cmd and "/run/secrets/redis_password" in cmd
+    assert any(v.endswith(":/data") for v in redis["volumes"])
+    assert compose["secrets"]["redis_password"] == {"environment": "REDIS_PASSWORD"}
+
+
+def test_long_running_services_have_healthchecks_and_restart_policies(compose):
+    for name, svc in compose["services"].items():
+        if name == "model-init":
+            assert svc["restart"] == "no"
+            continue
+        assert svc.get("restart") in ("unless-stopped", "always", "on-failure"), name
+        assert svc.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+
+
+def test_gpu_profile_reserves_nvidia_devices_and_keeps_dns_names(compose):
+    svcs = compose["services"]
+    for name, alias in (("inference-gpu", "inference"), ("learner-gpu", "learner")):
+        svc = svcs[name]
+        assert svc["profiles"] == ["gpu"]
+        (dev,) = svc["deploy"]["resources"]["reservations"]["devices"]
+        assert dev["driver"] == "nvidia" and dev["capabilities"] == ["gpu"]
+        assert alias in svc["networks"]["default"]["aliases"]
+    for name in LUDIC_SERVICES:
+        assert not svcs[name].get("profiles"), f"{name} must run by default (CPU)"
+        assert "deploy" not in svcs[name], f"CPU service {name} must not reserve devices"
+    assert "torchrun" in svcs["learner-gpu"]["entrypoint"]
+
+
+# ---------------------------------------------------------------- environment contract
+
+
+def ludic_env(compose: Dict[str, Any]) -> Dict[str, str]:
+    out: Dict[str, str] = {}
+    for name, svc in compose["services"].items():
+        env = svc.get("environment", {})
+        env = dict(e.split("=", 1) for e in env) if isinstance(env, list) else env
+        for key, value in env.items():
+            if key.startswith("LUDIC_"):
+                out[f"{name}:{key}"] = str(value)
+    return out
+
+
+def undocumented_env(compose: Dict[str, Any]) -> List[str]:
+    docs = (ROOT / "DEVELOPERS.md").read_text()
+    deployment = ROOT / "docs" / "deployment.md"
+    docs += deployment.read_text() if deployment.exists() else ""
+    documented = set(re.findall(r"LUDIC_[A-Z_]+", docs))
+    return sorted({k.split(":")[1] for k in ludic_env(compose)} - documented)
+
+
+def test_every_ludic_env_var_is_documented(compose):
+    assert not undocumented_env(compose)
+
+
+def test_env_documentation_check_catches_an_unknown_variable(compose):
+    broken = copy.deepcopy(compose)
+    broken["services"]["actor"]["environment"]["LUDIC_ACTOR_SPEED"] = "11"
+    assert undocumented_env(broken) == ["LUDIC_ACTOR_SPEED"]
+
+
+def test_services_get_the_variables_developers_md_says_they_read(compose):
+    env = ludic_env(compose)
+    optional = {"LUDIC_MAX_LAG", "LUDIC_MODEL_DIR"}  # defaulted by the service / given as --model
+    for name, (_, reads) in developers_table().items():
+        for var in set(reads) - optional:
+            assert f"{name}:{var}" in env, f"{name} does not get {var}"
+
+
+def test_no_secret_is_written_in_the_compose_file(compose):
+    for key, value in ludic_env(compose).items():
+        if key.endswith(("AUTH_TOKEN", "REDIS_URL")):
+            assert "${" in value and ":?" in value, f"{key} must come from .env (${{VAR:?...}})"
+    for name, svc in compose["services"].items():
+        for key, value in (svc.get("environment") or {}).items():
+            if re.search(r"PASSWORD|TOKEN|SECRET", key) and not key.startswith("TOKENIZERS"):
+                assert str(value).startswith("${") and ":?" in str(value), f"{name}:{key} is inline"
+
+
+# ---------------------------------------------------------------- Prometheus targets
+
+
+def scrape_targets(prom: Dict[str, Any]) -> List[tuple]:
+    out = []
+    for job in prom["scrape_configs"]:
+        for sc in job.get("static_configs", []):
+            for t in sc["targets"]:
+                host, port = t.rsplit(":", 1)
+                out.append((job["job_name"], host, int(port)))
+        for sd in job.get("dns_sd_configs", []):
+            for host in sd["names"]:
+                out.append((job["job_name"], host, int(sd["port"])))
+    return out
+
+
+def target_problems(compose: Dict[str, Any], prom: Dict[str, Any]) -> List[str]:
+    problems = []
+    svcs = compose["services"]
+    names = {n: n for n in svcs}
+    for n, s in svcs.items():  # network aliases answer for a service too (gpu variants)
+        for alias in (s.get("networks", {}).get("default") or {}).get("aliases", []):
+            names.setdefault(alias, n)
+    for job, host, port in scrape_targets(prom):
+        if host not in names:
+            problems.append(f"{job}: {host} is not a compose service")
+            continue
+        owners = [
+            n
+            for n, s in svcs.items()
+            if n == host
+            or host in ((s.get("networks", {}).get("default") or {}).get("aliases", []))
+        ]
+        for owner in owners:
+            exposed = {
+                int(str(p).split(":")[-1].split("/")[0]) for p in svcs[owner].get("expose", [])
+            }
+            if port not in exposed:
+                problems.append(f"{job}: {owner} does not expose {port}")
+    return problems
+
+
+@pytest.fixture(scope="module")
+def prometheus_config() -> Dict[str, Any]:
+    return yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+
+
+def test_every_scrape_target_is_a_compose_service_and_port(compose, prometheus_config):
+    assert not target_problems(compose, prometheus_config)
+
+
+def test_every_ludic_service_is_scraped_on_its_documented_port(prometheus_config):
+    targets = {(h, p) for _, h, p in scrape_targets(prometheus_config)}
+    for name, (port, _) in developers_table().items():
+        assert (name, port) in targets, f"{name}:{port} is not scraped"
+
+
+def test_target_check_catches_a_wrong_port(compose, prometheus_config):
+    broken = copy.deepcopy(prometheus_config)
+    broken["scrape_configs"][1]["dns_sd_configs"][0]["port"] = 9999
+    broken["scrape_configs"].append(
+        {"job_name": "x", "static_configs": [{"targets": ["nohost:1"]}]}
+    )
+    problems = target_problems(compose, broken)
+    assert any("does not expose 9999" in p for p in problems)
+    assert any("nohost is not a compose service" in p for p in problems)
+
+
+def test_prometheus_and_grafana_mounts_point_at_deploy(compose):
+    prom = compose["services"]["prometheus"]
+    assert "./deploy/prometheus:/etc/prometheus:ro" in prom["volumes"]
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prom["command"]
+    graf = compose["services"]["grafana"]
+    assert "./deploy/grafana/provisioning:/etc/grafana/provisioning:ro" in graf["volumes"]
+
+
+# ---------------------------------------------------------------- Grafana
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> Dict[str, Any]:
+    return json.loads((ROOT / "deploy/grafana/dashboards/ludic.json").read_text())
+
+
+def dashboard_exprs(dashboard: Dict[str, Any]) -> Dict[str, List[str]]:
+    return {p["title"]: [t["expr"] for t in p.get("targets", [])] for p in dashboard["panels"]}
+
+
+def test_dashboard_shows_the_required_signals(dashboard):
+    exprs = " ".join(e for es in dashboard_exprs(dashboard).values() for e in es)
+    for metric in (
+        "ludic_actor_reward",
+        "ludic_learner_samples_per_second",
+        "ludic_learner_tokens_per_second",
+        "ludic_stream_length",
+        "ludic_learner_stale_dropped_total",
+        "ludic_learner_replica_acked_version",
+        "ludic_learner_publish_seconds_bucket",
+    ):
+        assert metric in exprs, f"dashboard lacks {metric}"
+    lag = dashboard_exprs(dashboard)["Policy version lag per replica"]
+    assert any("ludic_learner_policy_version" in e for e in lag)
+    legends = [
+        t["legendFormat"]
+        for p in dashboard["panels"]
+        if p["title"] == "Policy version lag per replica"
+        for t in p["targets"]
+    ]
+    assert legends == ["{{replica}}"]
+
+
+def test_dashboard_uses_only_exported_metrics(dashboard):
+    used = set()
+    for es in dashboard_exprs(dashboard).values():
+        for e in es:
+            used |= set(re.findall(r"\bludic_[a-z_]+\b", e))
+    assert used <= KNOWN_METRICS, used - KNOWN_METRICS
+
+
+def test_dashboard_datasource_is_the_provisioned_one(dashboard):
+    ds = yaml.safe_load(
+        (ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text()
+    )
+    (source,) = ds["datasources"]
+    assert source["url"] == "http://prometheus:9090"
+    (var,) = dashboard["templating"]["list"]
+    assert var["current"]["value"] == source["uid"]
+    prov = yaml.safe_load((ROOT / "deploy/grafana/provisioning/dashboards/ludic.yml").read_text())
+    graf = {
+        v.split(":")[1]: v.split(":")[0]
+        for v in (
+            yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["grafana"]["volumes"]
+        )
+    }
+    assert graf[prov["providers"][0]["options"]["path"]] == "./deploy/grafana/dashboards"
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_dashboard_queries_are_valid_promql(dashboard, tmp_path):
+    """promtool parses every panel query (wrapped as recording rules)."""
+    exe = promtool()
+    exprs = [e for es in dashboard_exprs(dashboard).values() for e in es]
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [
+                    {"record": f"dashboard:query_{i}", "expr": e} for i, e in enumerate(exprs)
+                ],
+            }
+        ]
+    }
+    path = tmp_path / "dashboard_rules.yml"
+    path.write_text(yaml.safe_dump(rules))
+    res = subprocess.run(
+        [exe, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    # and the same check rejects a broken query
+    rules["groups"][0]["rules"][0]["expr"] = "sum(rate(ludic_actor_reward_sum[5m])"
+    path.write_text(yaml.safe_dump(rules))
+    res = subprocess.run(
+        [exe, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode != 0

@@ -1,0 +1,682 @@
+"""helm/ludic: rendered with Helm's Go engine for every ci/ scenario, linted, validated.
+
+What runs offline here: template rendering + `fail` guards + values.schema.json (Helm engine),
+`helm lint --strict`, and kubernetes-validate (strict, pinned versions) on every core object.
+Custom resources (ServiceMonitor, ScaledObject, TriggerAuthentication) have no schema offline:
+they are checked structurally below. Scheduling, GPUs, PVC binding, NetworkPolicy enforcement
+and KEDA/prometheus-operator behaviour need a real cluster.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import re
+from typing import Any, Dict, List
+
+import pytest
+import yaml
+from deploy_support import (
+    CHART,
+    CRD_KINDS,
+    K8S_VERSIONS,
+    NAMESPACE,
+    SCENARIOS,
+    WORKLOAD_KINDS,
+    Doc,
+    by_kind,
+    containers,
+    developers_table,
+    find,
+    parse_docs,
+    render,
+    rendered,
+    scenario_values,
+)
+
+helm_python = pytest.importorskip("helm_python", reason="helm-python-sdk not installed")
+kubernetes_validate = pytest.importorskip(
+    "kubernetes_validate", reason="kubernetes-validate not installed"
+)
+
+ALL = ["default", *SCENARIOS]
+SECRET_ENV = {"LUDIC_AUTH_TOKEN", "REDIS_PASSWORD", "REDISCLI_AUTH"}
+
+
+def test_every_issue_scenario_has_a_ci_values_file():
+    assert set(SCENARIOS) >= {"cpu-minimal", "gpu", "external-redis", "keda"}
+
+
+# ---------------------------------------------------------------- lint + schema validation
+
+
+@pytest.mark.parametrize("scenario", ALL)
+def test_helm_lint_strict_is_clean(scenario):
+    report = helm_python.lint(
+        str(CHART),
+        scenario_values(scenario),
+        strict=True,
+        namespace=NAMESPACE,
+        kube_version="v1.33.0",
+    )
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not report["errors"] and not problems, json.dumps(report, indent=1)
+
+
+def k8s_errors(doc: Doc, version: str) -> List[str]:
+    """kubernetes-validate (strict: unknown fields are errors) -> list of messages."""
+    doc = {k: v for k, v in doc.items() if k != "_template"}
+    try:
+        kubernetes_validate.validate(doc, version, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        return [
+            f"{doc['kind']}/{doc['metadata']['name']}: {'.'.join(map(str, e.path))}: {e.message}"
+        ]
+    return []
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("scenario", ALL)
+def test_rendered_objects_match_kubernetes_schema(scenario, version):
+    docs = [d for d in rendered(scenario) if d["kind"] not in CRD_KINDS]
+    assert docs
+    errors = [e for d in docs for e in k8s_errors(d, version)]
+    assert not errors, "\n".join(errors)
+
+
+def test_kubernetes_validate_rejects_a_broken_object():
+    """The validator is live: an unknown field and a wrong type are both reported."""
+    dep = copy.deepcopy(find(rendered("cpu-minimal"), "Deployment", "actor"))
+    dep["spec"]["replicas"] = "three"
+    assert k8s_errors(dep, K8S_VERSIONS[-1])
+    dep = copy.deepcopy(find(rendered("cpu-minimal"), "Deployment", "actor"))
+    containers(dep)[0]["livenessProbes"] = {}  # typo'd field: strict mode must reject it
+    assert k8s_errors(dep, K8S_VERSIONS[-1])
+
+
+def test_only_known_custom_resources_skip_schema_validation():
+    kinds = {d["kind"] for s in ALL for d in rendered(s)}
+    unknown = set()
+    for kind in kinds - CRD_KINDS:
+        doc = next(d for s in ALL for d in rendered(s) if d["kind"] == kind)
+        try:
+            kubernetes_validate.validate(
+                {k: v for k, v in doc.items() if k != "_template"}, K8S_VERSIONS[-1], strict=True
+            )
+        except kubernetes_validate.SchemaNotFoundError:
+            unknown.add(kind)
+    assert not unknown, (
+        f"kinds without an offline schema that are not checked structurally: {unknown}"
+    )
+
+
+# ---------------------------------------------------------------- custom resources (structural)
+
+
+def crd_problems(docs: List[Doc]) -> List[str]:
+    problems: List[str] = []
+    deployments = {d["metadata"]["name"] for d in by_kind(docs, "Deployment")}
+    trigger_auths = {d["metadata"]["name"] for d in by_kind(docs, "TriggerAuthentication")}
+    for sm in by_kind(docs, "ServiceMonitor"):
+        spec = sm.get("spec", {})
+        if sm.get("apiVersion") != "monitoring.coreos.com/v1":
+            problems.append(
+                f"ServiceMonitor {sm['metadata']['name']}: apiVersion {sm.get('apiVersion')}"
+            )
+        if not spec.get("selector", {}).get("matchLabels"):
+            problems.append(f"ServiceMonitor {sm['metadata']['name']}: no selector.matchLabels")
+        for ep in spec.get("endpoints") or [{}]:
+            if not isinstance(ep.get("port"), str):
+                problems.append(
+                    f"ServiceMonitor {sm['metadata']['name']}: endpoint without a port name"
+                )
+            if not re.fullmatch(r"\d+(ms|s|m|h)", str(ep.get("interval", "30s"))):
+                problems.append(
+                    f"ServiceMonitor {sm['metadata']['name']}: bad interval {ep.get('interval')}"
+                )
+    for so in by_kind(docs, "ScaledObject"):
+        spec = so.get("spec", {})
+        name = so["metadata"]["name"]
+        if so.get("apiVersion") != "keda.sh/v1alpha1":
+            problems.append(f"ScaledObject {name}: apiVersion {so.get('apiVersion')}")
+        if spec.get("scaleTargetRef", {}).get("name") not in deployments:
+            problems.append(f"ScaledObject {name}: scaleTargetRef is not a rendered Deployment")
+        if spec.get("minReplicaCount", 0) > spec.get("maxReplicaCount", 100):
+            problems.append(f"ScaledObject {name}: minReplicaCount > maxReplicaCount")
+        for trig in spec.get("triggers") or []:
+            meta = trig.get("metadata", {})
+            if trig.get("type") != "redis-streams":
+                problems.append(f"ScaledObject {name}: trigger type {trig.get('type')}")
+            # KEDA trigger metadata is map[string]string
+            if not all(isinstance(v, str) for v in meta.values()):
+                problems.append(f"ScaledObject {name}: non-string trigger metadata {meta}")
+            if not {"address", "stream", "consumerGroup", "lagCount"} <= set(meta):
+                problems.append(
+                    f"ScaledObject {name}: redis-streams trigger lacks address/stream/consumerGroup/lagCount"
+                )
+            ref = trig.get("authenticationRef", {}).get("name")
+            if ref is not None and ref not in trigger_auths:
+                problems.append(f"ScaledObject {name}: authenticationRef {ref} is not rendered")
+            if "password" in meta:
+                problems.append(f"ScaledObject {name}: inline password in trigger metadata")
+    for ta in by_kind(docs, "TriggerAuthentication"):
+        for ref in ta.get("spec", {}).get("secretTargetRef") or []:
+            if not {"parameter", "name", "key"} <= set(ref):
+                problems.append(
+                    f"TriggerAuthentication {ta['metadata']['name']}: incomplete secretTargetRef"
+                )
+    return problems
+
+
+@pytest.mark.parametrize("scenario", ALL)
+def test_custom_resources_are_structurally_sound(scenario):
+    assert not crd_problems(rendered(scenario))
+
+
+def test_keda_scenario_scales_actors_on_the_requests_stream():
+    docs = rendered("keda")
+    (so,) = by_kind(docs, "ScaledObject")
+    meta = so["spec"]["triggers"][0]["metadata"]
+    assert meta["stream"] == "ludic:exp42:requests"  # runId from ci/keda-values.yaml
+    assert (
+        so["spec"]["scaleTargetRef"]["name"]
+        == find(docs, "Deployment", "actor")["metadata"]["name"]
+    )
+    # the autoscaler owns the replica count
+    assert "replicas" not in find(docs, "Deployment", "actor")["spec"]
+    assert not by_kind(docs, "HorizontalPodAutoscaler")
+
+
+def test_structural_crd_check_catches_mistakes():
+    docs = rendered("keda")
+    so = by_kind(docs, "ScaledObject")[0]
+    so["spec"]["scaleTargetRef"]["name"] = "nope"
+    so["spec"]["triggers"][0]["metadata"]["lagCount"] = 32
+    assert len(crd_problems(docs)) == 2
+
+
+# ---------------------------------------------------------------- GPUs, replicas
+
+
+def gpu_limit(container: Doc) -> Any:
+    return ((container.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu")
+
+
+def test_gpu_scenario_requests_gpus_for_inference_and_learner():
+    docs = rendered("gpu")
+    values = scenario_values("gpu")
+    inference = find(docs, "Deployment", "inference")
+    learner = find(docs, "StatefulSet", "learner")
+    assert gpu_limit(containers(inference)[0]) == values["inference"]["gpus"] == 1
+    assert gpu_limit(containers(learner)[0]) == values["learner"]["gpus"] == 4
+    # torchrun starts one rank per GPU of the node
+    args = containers(learner)[0]["args"]
+    assert containers(learner)[0]["command"] == ["torchrun"]
+    assert "--nproc_per_node=4" in args
+    assert args[-3:] == ["-m", "libludic.cli", "learner"]
+    # nothing else asks for a GPU
+    others = [
+        c["name"]
+        for d in docs
+        if d["kind"] in WORKLOAD_KINDS
+        for c in containers(d)
+        if gpu_limit(c) and c["name"] not in ("inference", "learner")
+    ]
+    assert not others
+
+
+def test_cpu_scenario_requests_no_gpu_and_runs_cpu_ranks():
+    docs = rendered("cpu-minimal")
+    for d in docs:
+        if d["kind"] in WORKLOAD_KINDS:
+            for c in containers(d):
+                assert gpu_limit(c) is None, f"{d['metadata']['name']}/{c['name']} asks for a GPU"
+    learner = containers(find(docs, "StatefulSet", "learner"))[0]
+    assert "--nproc_per_node=2" in learner["args"]
+
+
+@pytest.mark.parametrize("scenario", ["cpu-minimal", "gpu", "external-redis"])
+def test_actor_replicas_come_from_values(scenario):
+    expected = scenario_values(scenario)["actor"]["replicaCount"]
+    assert find(rendered(scenario), "Deployment", "actor")["spec"]["replicas"] == expected
+
+
+def test_actor_replicas_are_independent_of_other_components():
+    docs = parse_docs(render({"actor": {"replicaCount": 11}, "inference": {"replicaCount": 3}}))
+    assert find(docs, "Deployment", "actor")["spec"]["replicas"] == 11
+    assert find(docs, "Deployment", "inference")["spec"]["replicas"] == 3
+    assert find(docs, "Deployment", "credit")["spec"]["replicas"] == 1
+
+
+def test_hpa_owns_actor_replicas_when_enabled():
+    docs = parse_docs(
+        render({"actor": {"autoscaling": {"hpa": {"enabled": True, "maxReplicas": 9}}}})
+    )
+    (hpa,) = by_kind(docs, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["maxReplicas"] == 9
+    assert (
+        hpa["spec"]["scaleTargetRef"]["name"]
+        == find(docs, "Deployment", "actor")["metadata"]["name"]
+    )
+    assert "replicas" not in find(docs, "Deployment", "actor")["spec"]
+    assert not k8s_errors(hpa, K8S_VERSIONS[-1])
+
+
+# ---------------------------------------------------------------- secrets
+
+
+def secret_literals(values: Dict[str, Any]) -> List[str]:
+    out = [
+        values.get("auth", {}).get("token", ""),
+        values.get("redis", {}).get("auth", {}).get("password", ""),
+        values.get("externalRedis", {}).get("password", ""),
+    ]
+    return [s for s in out if s]
+
+
+def secret_leaks(docs: List[Doc], literals: List[str]) -> List[str]:
+    """Secret values outside Secret objects, and secret env vars not taken from a Secret."""
+    leaks: List[str] = []
+    needles = literals + [base64.b64encode(s.encode()).decode() for s in literals]
+    for d in docs:
+        if d["kind"] == "Secret":
+            continue
+        text = json.dumps(d)
+        leaks += [
+            f"{d['kind']}/{d['metadata']['name']} contains a secret value"
+            for n in needles
+            if n in text
+        ]
+        if d["kind"] not in WORKLOAD_KINDS:
+            continue
+        pod = d["spec"]["template"]["spec"]
+        for c in pod["containers"] + pod.get("initContainers", []):
+            for env in c.get("env", []):
+                where = f"{d['metadata']['name']}/{c['name']} env {env['name']}"
+                if env["name"] in SECRET_ENV and "secretKeyRef" not in env.get("valueFrom", {}):
+                    leaks.append(f"{where} is not a secretKeyRef")
+                if (
+                    env["name"] == "LUDIC_REDIS_URL"
+                    and "@" in env.get("value", "")
+                    and ":$(REDIS_PASSWORD)@" not in env["value"]
+                ):
+                    leaks.append(f"{where} carries credentials")
+    return leaks
+
+
+@pytest.mark.parametrize("scenario", ALL)
+def test_secrets_are_never_inline(scenario):
+    docs = rendered(scenario)
+    assert not secret_leaks(docs, secret_literals(scenario_values(scenario)))
+
+
+@pytest.mark.parametrize("scenario", ALL)
+def test_secret_refs_point_at_rendered_or_existing_secrets(scenario):
+    docs = rendered(scenario)
+    values = scenario_values(scenario)
+    known = {d["metadata"]["name"] for d in by_kind(docs, "Secret")}
+    known |= {values.get(k, {}).get("existingSecret") for k in ("auth", "externalRedis")}
+    known |= {values.get("redis", {}).get("auth", {}).get("existingSecret")}
+    for d in docs:
+        if d["kind"] in WORKLOAD_KINDS:
+            for c in containers(d):
+                for env in c.get("env", []):
+                    ref = env.get("valueFrom", {}).get("secretKeyRef")
+                    if ref:
+                        assert ref["name"] in known, (
+                            f"{c['name']}: {env['name']} -> unknown Secret {ref['name']}"
+                        )
+
+
+def test_inline_secret_values_land_only_in_secret_objects():
+    docs = rendered("cpu-minimal")
+    token = scenario_values("cpu-minimal")["auth"]["token"]
+    (auth,) = [d for d in by_kind(docs, "Secret") if "auth-token" in d.get("data", {})]
+    assert base64.b64decode(auth["data"]["auth-token"]).decode() == token
+
+
+def test_gpu_scenario_creates_no_secret_when_existing_ones_are_given():
+    assert not by_kind(rendered("gpu"), "Secret")
+
+
+def test_secret_leak_check_catches_an_inline_token():
+    docs = rendered("cpu-minimal")
+    token = scenario_values("cpu-minimal")["auth"]["token"]
+    inference = find(docs, "Deployment", "inference")
+    containers(inference)[0]["env"][0] = {"name": "LUDIC_AUTH_TOKEN", "value": token}
+    leaks = secret_leaks(docs, [token])
+    assert any("contains a secret value" in x for x in leaks)
+    assert any("is not a secretKeyRef" in x for x in leaks)
+
+
+# ---------------------------------------------------------------- probes, ports
+
+
+def probe_problems(docs: List[Doc]) -> List[str]:
+    problems: List[str] = []
+    for d in docs:
+        if d["kind"] not in WORKLOAD_KINDS:
+            continue
+        for c in containers(d):  # init containers run to completion and take no probes
+            ports = {p.get("name") for p in c.get("ports", [])}
+            for kind in ("livenessProbe", "readinessProbe"):
+                probe = c.get(kind)
+                if not probe:
+                    problems.append(f"{d['metadata']['name']}/{c['name']}: no {kind}")
+                    continue
+                port = probe.get("httpGet", {}).get("port")
+                if isinstance(port, str) and port not in ports:
+                    problems.append(
+                        f"{d['metadata']['name']}/{c['name']}: {kind} port {port} not declared"
+                    )
+    return problems
+
+
+@pytest.mark.parametrize("scenario", ALL)
+def test_every_container_has_liveness_and_readiness_probes(scenario):
+    assert not probe_problems(rendered(scenario))
+
+
+def test_probe_check_catches_a_missing_probe():
+    docs = rendered("cpu-minimal")
+    del containers(find(docs, "Deployment", "credit"))[0]["readinessProbe"]
+    assert probe_problems(docs) == ["rl-ludic-credit/credit: no readinessProbe"]
+
+
+@pytest.mark.parametrize("scenario", ["cpu-minimal"])
+def test_ports_and_commands_follow_developers_md(scenario):
+    table = developers_table()
+    docs = rendered(scenario)
+    for service, (port, reads) in table.items():
+        kind = "StatefulSet" if service == "learner" else "Deployment"
+        c = containers(find(docs, kind, service))[0]
+        assert port in {p["containerPort"] for p in c["ports"]}, service
+        argv = c.get("command", []) + c["args"]
+        assert service in argv, f"{service}: container does not run `ludic {service}`: {argv}"
+        env = {e["name"] for e in c.get("env", [])}
+        missing = set(reads) - env - {"LUDIC_MODEL_DIR", "LUDIC_MAX_LAG"}
+        assert not missing, f"{service} lacks {missing}"
+    inference = containers(find(docs, "Deployment", "inference"))[0]
+    assert inference["args"][:2] == ["inference", "--model"]
+    assert inference["args"][2].startswith("/models/")
+
+
+# ---------------------------------------------------------------- ServiceMonitor
+
+
+def selects(selector: Dict[str, str], labels: Dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def servicemonitor_problems(docs: List[Doc]) -> List[str]:
+    problems: List[str] = []
+    services = by_kind(docs, "Service")
+    workloads = [d for d in docs if d["kind"] in WORKLOAD_KINDS]
+    for sm in by_kind(docs, "ServiceMonitor"):
+        name = sm["metadata"]["name"]
+        matched = [
+            s
+            for s in services
+            if s["metadata"]["namespace"] in sm["spec"]["namespaceSelector"]["matchNames"]
+            and selects(sm["spec"]["selector"]["matchLabels"], s["metadata"].get("labels", {}))
+        ]
+        if not matched:
+            problems.append(f"{name}: selects no Service")
+        for svc in matched:
+            port_names = {p["name"]: p for p in svc["spec"]["ports"]}
+            pods = [
+                w
+                for w in workloads
+                if selects(svc["spec"]["selector"], w["spec"]["template"]["metadata"]["labels"])
+            ]
+            pod_ports = {
+                p.get("name") for w in pods for c in containers(w) for p in c.get("ports", [])
+            }
+            for ep in sm["spec"]["endpoints"]:
+                if ep["port"] not in port_names:
+                    problems.append(
+                        f"{name}: port {ep['port']!r} not on Service {svc['metadata']['name']}"
+                    )
+                elif port_names[ep["port"]]["targetPort"] not in pod_ports:
+                    problems.append(f"{name}: Service targetPort not a named container port")
+    return problems
+
+
+def test_servicemonitors_select_named_metrics_ports():
+    docs = rendered("gpu")
+    sms = by_kind(docs, "ServiceMonitor")
+    assert {d["metadata"]["labels"]["app.kubernetes.io/component"] for d in sms} == {
+        "inference",
+        "actor",
+        "credit",
+        "learner",
+        "feeder",
+    }
+    assert all(d["metadata"]["labels"]["release"] == "kube-prometheus-stack" for d in sms)
+    assert not servicemonitor_problems(docs)
+
+
+def test_servicemonitor_check_catches_a_wrong_port_name():
+    docs = rendered("gpu")
+    by_kind(docs, "ServiceMonitor")[0]["spec"]["endpoints"][0]["port"] = "web"
+    assert any("port 'web'" in p for p in servicemonitor_problems(docs))
+
+
+@pytest.mark.parametrize("scenario", ALL)
+def test_ludic_pods_carry_prometheus_annotations(scenario):
+    for d in rendered(scenario):
+        comp = d["metadata"]["labels"].get("app.kubernetes.io/component")
+        if d["kind"] in WORKLOAD_KINDS and comp != "redis":
+            ann = d["spec"]["template"]["metadata"]["annotations"]
+            port = int(ann["prometheus.io/port"])
+            assert ann["prometheus.io/scrape"] == "true"
+            assert port in {p["containerPort"] for p in containers(d)[0]["ports"]}
+
+
+# ---------------------------------------------------------------- NetworkPolicy, PDB
+
+
+def policy_for(docs: List[Doc], component: str) -> Doc:
+    return find(docs, "NetworkPolicy", component)
+
+
+@pytest.mark.parametrize("scenario", ALL)
+def test_network_policies_guard_inference_and_redis(scenario):
+    docs = rendered(scenario)
+    values = scenario_values(scenario)
+    guarded = ["inference", "learner"] + (
+        ["redis"] if values.get("redis", {}).get("enabled", True) else []
+    )
+    for comp in guarded:
+        np = policy_for(docs, comp)
+        kind = "StatefulSet" if comp in ("learner", "redis") else "Deployment"
+        pod_labels = find(docs, kind, comp)["spec"]["template"]["metadata"]["labels"]
+        assert selects(np["spec"]["podSelector"]["matchLabels"], pod_labels), comp
+        assert np["spec"]["policyTypes"] == ["Ingress"]
+        for rule in np["spec"]["ingress"]:
+            # an ingress rule without `from` admits every pod in the cluster
+            assert rule.get("from"), f"{comp}: rule open to everyone: {rule}"
+    inference_np = policy_for(docs, "inference")
+    peers = [
+        p.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/component")
+        for r in inference_np["spec"]["ingress"]
+        for p in r["from"]
+    ]
+    assert {"actor", "learner"} <= set(peers)
+    assert "credit" not in peers and "feeder" not in peers  # they never call inference
+    if "redis" in guarded:
+        (rule,) = policy_for(docs, "redis")["spec"]["ingress"]
+        expr = rule["from"][0]["podSelector"]["matchExpressions"][0]
+        assert sorted(expr["values"]) == ["actor", "credit", "feeder", "learner"]
+        assert rule["ports"] == [{"port": "redis", "protocol": "TCP"}]
+
+
+def test_pod_disruption_budgets_cover_scaled_components():
+    docs = rendered("gpu")
+    covered = {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]
+        for d in by_kind(docs, "PodDisruptionBudget")
+    }
+    assert {"inference", "actor", "learner"} <= covered
+
+
+def test_learner_keeps_checkpoints_on_a_pvc():
+    learner = find(rendered("gpu"), "StatefulSet", "learner")
+    (claim,) = learner["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "200Gi"
+    mounts = {m["name"]: m["mountPath"] for m in containers(learner)[0]["volumeMounts"]}
+    assert mounts[claim["metadata"]["name"]] == "/checkpoints"
+
+
+def test_bundled_redis_persists_with_aof():
+    redis = find(rendered("default"), "StatefulSet", "redis")
+    args = containers(redis)[0]["args"]
+    assert args[args.index("--appendonly") + 1] == "yes"
+    assert "$(REDIS_PASSWORD)" in args
+    assert redis["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+
+
+def test_external_redis_url_is_built_without_rendering_the_password():
+    actor = containers(find(rendered("external-redis"), "Deployment", "actor"))[0]
+    env = {e["name"]: e for e in actor["env"]}
+    assert (
+        env["LUDIC_REDIS_URL"]["value"]
+        == "rediss://:$(REDIS_PASSWORD)@redis.example.internal:6380/2"
+    )
+    assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": "managed-redis",
+        "key": "password",
+    }
+    components = {
+        d["metadata"]["labels"].get("app.kubernetes.io/component")
+        for d in rendered("external-redis")
+    }
+    assert "redis" not in components  # no bundled Redis objects
+
+
+# ---------------------------------------------------------------- values.schema.json
+
+
+BAD_VALUES = [
+    ({"actor": {"replicaCount": -1}}, "minimum"),
+    ({"actor": {"replicaCount": "three"}}, "want integer"),
+    ({"inference": {"gpus": 1.5}}, "want integer"),
+    ({"learner": {"replicaCount": 2}}, "maximum"),
+    ({"actor": {"env": {"LUDIC_AUTH_TOKEN": "plain"}}}, "LUDIC_AUTH_TOKEN"),
+    ({"redis": {"appendfsync": "sometimes"}}, "appendfsync"),
+    ({"externalRedis": {"url": "redis://user:pw@redis:6379/0"}}, "does not match pattern"),
+    ({"inference": {"image": {"digest": "latest"}}}, "does not match pattern"),
+    ({"actor": {"replicaCoutn": 3}}, "replicaCoutn"),
+    ({"typo": True}, "typo"),
+]
+
+
+@pytest.mark.parametrize("values,message", BAD_VALUES, ids=[m for _, m in BAD_VALUES])
+def test_schema_rejects_bad_values_at_render(values, message):
+    with pytest.raises(helm_python.HelmValuesError, match=re.escape(message)):
+        render(values)
+
+
+@pytest.mark.parametrize("values,_", BAD_VALUES)
+def test_schema_rejects_bad_values_with_jsonschema(values, _):
+    """The same schema, read by Python's jsonschema: portable to other Helm versions."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    merged = _chart_merge(values)
+    assert list(jsonschema.Draft7Validator(schema).iter_errors(merged))
+
+
+def _chart_merge(values):
+    base = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def merge(a, b):
+        for k, v in b.items():
+            a[k] = (
+                merge(a.get(k, {}), v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
+            )
+        return a
+
+    return merge(base, copy.deepcopy(values))
+
+
+@pytest.mark.parametrize("scenario", ALL)
+def test_schema_accepts_defaults_and_ci_values(scenario):
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    errors = [
+        e.message
+        for e in jsonschema.Draft7Validator(schema).iter_errors(
+            _chart_merge(scenario_values(scenario))
+        )
+    ]
+    assert not errors
+
+
+@pytest.mark.parametrize(
+    "values,message",
+    [
+        (
+            {"actor": {"autoscaling": {"hpa": {"enabled": True}, "keda": {"enabled": True}}}},
+            "not both",
+        ),
+        ({"redis": {"enabled": False}}, "externalRedis.url"),
+        (
+            {"redis": {"enabled": False}, "externalRedis": {"url": "http://redis:6379"}},
+            "does not match pattern",
+        ),
+    ],
+)
+def test_template_guards_fail_with_a_fix(values, message):
+    with pytest.raises(helm_python.HelmError, match=re.escape(message)):
+        render(values)
+
+
+def test_every_value_is_documented_with_a_param_comment():
+    text = (CHART / "values.yaml").read_text()
+    documented = set(re.findall(r"^\s*## @param (\S+)", text, flags=re.M))
+
+    def leaves(node, prefix=""):
+        for k, v in node.items():
+            path = f"{prefix}{k}"
+            if isinstance(v, dict) and v:
+                yield from leaves(v, path + ".")
+            else:
+                yield path
+
+    undocumented = [
+        p
+        for p in leaves(yaml.safe_load(text))
+        if not any(p == d or p.startswith(d + ".") for d in documented)
+    ]
+    assert not undocumented, undocumented
+
+
+def test_each_component_block_has_the_same_shape():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    keys = {
+        "image",
+        "replicaCount",
+        "resources",
+        "env",
+        "livenessProbe",
+        "readinessProbe",
+        "startupProbe",
+        "nodeSelector",
+        "tolerations",
+        "affinity",
+    }
+    for comp in ("inference", "actor", "credit", "learner", "feeder", "redis"):
+        assert keys <= set(values[comp]), f"{comp} misses {keys - set(values[comp])}"
+
+
+def test_scrapers_reach_metrics_ports_only_when_selected():
+    docs = rendered("gpu")
+    monitoring = {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    for comp, port in (("inference", "http"), ("learner", "metrics")):
+        rules = policy_for(docs, comp)["spec"]["ingress"]
+        scrape = [r for r in rules if {"namespaceSelector": monitoring} in r["from"]]
+        assert scrape and scrape[0]["ports"] == [{"port": port, "protocol": "TCP"}], comp
+    for rule in policy_for(rendered("cpu-minimal"), "inference")["spec"]["ingress"]:
+        assert all("namespaceSelector" not in peer for peer in rule["from"])
