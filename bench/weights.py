@@ -1,0 +1,177 @@
+"""Weight publication benchmark: the `small` model's state dict over each plane.
+
+Starts one real ``ludic inference`` server (vLLM, CPU here) on a free port, then times
+  raw     a plain loopback HTTP POST of the same safetensors bytes to a sink (the floor),
+  http    push_http -> POST /v1/weights (serialise, send, validate, pause, reload, resume),
+  gloo    CollectiveWeightSender.send (handshake, broadcast, validate, pause, reload, resume),
+and reads how long generation admission was paused from the server's
+``ludic_inference_weight_pause_seconds`` histogram. ``--quick`` does one round of each; the
+vLLM start-up (~20-60 s on 2 shared cores) dominates and is included in the wall time.
+
+Last line: ``RESULT weights http_s=... collective_s=... mb_per_s=... pause_s=... ratio=...``
+with ratio = http_s / raw_s (how much slower a real update is than moving the bytes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import os
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests" / "integration"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Sink(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:  # noqa: N802 (http.server API)
+        n = int(self.headers["Content-Length"])
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = self.rfile.readinto(view[got:])
+            if not k:
+                break
+            got += k
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def timed(fn: Callable[[], object], reps: int) -> float:
+    out: List[float] = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def pause_sum(url: str) -> float:
+    import httpx
+
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith("ludic_inference_weight_pause_seconds_sum"):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def main(argv: List[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="one round per plane")
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args(argv)
+    reps = 1 if args.quick else args.reps
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    t_start = time.perf_counter()
+
+    import httpx
+    import torch
+    from inference_server import InferenceServer
+    from safetensors.torch import load_file
+
+    from libludic.distributed.weight_sync import (
+        CollectiveWeightSender,
+        push_http,
+        to_safetensors_bytes,
+    )
+    from libludic.models.tiny import init_model
+
+    tmp = Path(tempfile.mkdtemp(prefix="ludic-bench-weights-"))
+    model_dir = init_model(tmp / "small", size="small", seed=0)
+    base = load_file(str(model_dir / "model.safetensors"))
+    g = torch.Generator().manual_seed(0)
+    # distinct weights per version, made before any clock starts (2 warm-ups + 2 planes)
+    sds: Dict[int, Dict[str, torch.Tensor]] = {
+        v: {k: torch.randn(t.shape, generator=g) * 0.05 for k, t in base.items()}
+        for v in range(2 * reps + 3)
+    }
+
+    def weights(v: int) -> Dict[str, torch.Tensor]:
+        return sds[v]
+
+    payload = to_safetensors_bytes(weights(0))
+    mb = len(payload) / 1e6
+
+    # raw loopback HTTP floor, same bytes
+    sink = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), _Sink)
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    sink_url = f"http://127.0.0.1:{sink.server_address[1]}/"
+    with httpx.Client() as c:
+        raw_s = timed(lambda: c.post(sink_url, content=payload).raise_for_status(), max(reps, 3))
+    sink.shutdown()
+
+    token = "bench-token"
+    srv = InferenceServer(model_dir, free_port(), token, tmp / "server.log", [])
+    t0 = time.perf_counter()
+    srv.start()
+    startup_s = time.perf_counter() - t0
+    sender = None
+    try:
+        version = [0]
+
+        def http_once() -> None:
+            version[0] += 1
+            push_http(srv.url, weights(version[0]), version[0], token)
+
+        http_once()  # warm-up: first reload pays one-off costs in the worker
+        p0 = pause_sum(srv.url)
+        http_s = timed(http_once, reps)
+        http_pause = (pause_sum(srv.url) - p0) / reps
+
+        sender = CollectiveWeightSender(
+            [srv.url], "127.0.0.1", free_port(), token=token, backend="gloo", timeout_s=120
+        )
+        sender.init()
+
+        def coll_once() -> None:
+            version[0] += 1
+            sender.send(weights(version[0]), version[0])
+
+        coll_once()  # warm-up
+        p0 = pause_sum(srv.url)
+        coll_s = timed(coll_once, reps)
+        coll_pause = (pause_sum(srv.url) - p0) / reps
+    finally:
+        if sender is not None:
+            sender.close()
+        srv.stop()
+
+    shutil.rmtree(tmp, ignore_errors=True)  # kept (with server.log) only if something failed
+    pause_s = max(http_pause, coll_pause)
+    total = time.perf_counter() - t_start
+    print(f"payload            {mb:.2f} MB ({len(base)} tensors, small model)")
+    print(f"vLLM start-up      {startup_s:.1f} s (not part of any plane's time)")
+    print(f"raw loopback HTTP  {raw_s:.4f} s  {mb / raw_s:.0f} MB/s")
+    print(f"http plane         {http_s:.4f} s  {mb / http_s:.0f} MB/s  pause {http_pause:.4f} s")
+    print(f"gloo collective    {coll_s:.4f} s  {mb / coll_s:.0f} MB/s  pause {coll_pause:.4f} s")
+    print(f"wall time          {total:.1f} s (reps={reps})")
+    print(
+        f"RESULT weights http_s={http_s:.4f} collective_s={coll_s:.4f} "
+        f"mb_per_s={mb / http_s:.1f} pause_s={pause_s:.4f} ratio={http_s / raw_s:.2f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,381 @@
+"""Learner side of the two weight planes of ``ludic inference`` (see services/inference/README.md).
+
+HTTP plane: ``push_http(url, state_dict, version, token)`` serialises the state dict to
+safetensors bytes (HF parameter names) and POSTs them to ``/v1/weights?version=N``.
+
+Collective plane: ``CollectiveWeightSender`` builds a process group that is *separate* from
+the learner's default one (its own TCPStore + ``ProcessGroupGloo``, or vLLM's
+``PyNcclCommunicator`` over a ``StatelessProcessGroup`` for NCCL). The learner's rank 0 is
+rank 0 of that group; replica ``i`` of ``urls`` is rank ``i + 1``. One update is a round::
+
+    learner                                   replica r (HTTP handler)
+    POST /collective/update {names,dtypes,    validate names/dtypes/shapes + version,
+          shapes, round}  ------------------> take the update lock, store ack/{round}/{r}
+    wait for every ack (or HTTP error)
+    store go/{round} = "go" | "abort"  ----->  read go/{round}
+    broadcast tensor_0 .. tensor_k  -------->  receive, check finite, reload, reply 200
+
+A replica that rejects the metadata never enters the broadcast, so the learner aborts the
+round instead of hanging. Control keys travel through the group's TCPStore as plain strings
+(no pickle).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import datetime as _dt
+import json
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import httpx
+import torch
+
+# torch dtype <-> the names used on the wire (torch's own spelling, without "torch.").
+WIRE_DTYPES: Dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+DTYPE_NAMES: Dict[torch.dtype, str] = {v: k for k, v in WIRE_DTYPES.items()}
+
+ACK_OK = "ok"
+GO = "go"
+ABORT = "abort"
+
+
+class WeightSyncError(RuntimeError):
+    """A replica refused an update (carries the HTTP status and the server's reason)."""
+
+    def __init__(self, message: str, status: Optional[int] = None):
+        super().__init__(message)
+        self.status = status
+
+
+def _full_tensor(t: Any) -> torch.Tensor:
+    # FSDP2 DTensor shards gather with full_tensor(); plain tensors pass through.
+    full = getattr(t, "full_tensor", None)
+    out = full() if callable(full) else t
+    return out.detach()
+
+
+def to_safetensors_bytes(state_dict: Mapping[str, Any]) -> bytes:
+    """HF-named state dict -> safetensors bytes (contiguous CPU copies; tied tensors split)."""
+    from safetensors.torch import save
+
+    flat = {k: _full_tensor(v).to("cpu").contiguous().clone() for k, v in state_dict.items()}
+    return save(flat)
+
+
+def _raise_for_reply(url: str, resp: httpx.Response) -> None:
+    if resp.status_code == 200:
+        return
+    try:
+        detail = resp.json().get("detail", resp.text)
+    except ValueError:
+        detail = resp.text
+    raise WeightSyncError(f"{url}: HTTP {resp.status_code}: {detail}", resp.status_code)
+
+
+def push_http(
+    url: str,
+    state_dict: Mapping[str, Any],
+    version: int,
+    token: Optional[str],
+    timeout_s: float = 600.0,
+) -> int:
+    """POST ``state_dict`` (safetensors bytes) to ``{url}/v1/weights?version=N``.
+
+    Returns the policy version the replica now serves (== ``version``); raises
+    ``WeightSyncError`` (with ``.status``: 401/403/409/4xx/5xx) when it refuses.
+    """
+    body = to_safetensors_bytes(state_dict)
+    headers = {"Content-Type": "application/octet-stream"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    base = url.rstrip("/")
+    resp = httpx.post(
+        f"{base}/v1/weights",
+        params={"version": int(version)},
+        content=body,
+        headers=headers,
+        timeout=timeout_s,
+    )
+    _raise_for_reply(base, resp)
+    return int(resp.json()["policy_version"])
+
+
+# --------------------------------------------------------------------------- groups
+
+
+def _local_address_towards(host: str, port: int) -> str:
+    """The local IP the kernel would use to reach ``host`` (gloo must bind to it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((host, port))
+            return str(s.getsockname()[0])
+        except OSError:
+            return host
+
+
+@dataclass
+class WeightGroup:
+    """One rank of the weight-broadcast group; ``broadcast(t, src=0)`` in place."""
+
+    rank: int
+    world_size: int
+    backend: str
+    store: Any  # torch.distributed.Store used for the control keys
+    device: torch.device
+    _pg: Any = None
+    _comm: Any = None
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
+        if self.backend == "gloo":
+            self._pg.broadcast(tensor, src).wait()
+        else:
+            self._comm.broadcast(tensor, src=src)
+            torch.cuda.current_stream().synchronize()
+
+    def close(self) -> None:
+        self._pg = None
+        self._comm = None
+        self.store = None
+
+
+def open_weight_group(
+    master_address: str,
+    master_port: int,
+    rank: int,
+    world_size: int,
+    backend: str,
+    timeout_s: float = 300.0,
+) -> WeightGroup:
+    """Join (rank > 0) or host (rank 0) the weight-broadcast group; blocks until all joined.
+
+    Never touches torch.distributed's default group, so it can live next to the learner's
+    FSDP2 group. gloo binds to the interface that routes to ``master_address`` (or
+    ``GLOO_SOCKET_IFNAME`` if set).
+    """
+    import os
+
+    from torch.distributed import PrefixStore, TCPStore
+
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside world_size {world_size}")
+    timeout = _dt.timedelta(seconds=timeout_s)
+    store = TCPStore(
+        master_address,
+        int(master_port),
+        world_size,
+        is_master=(rank == 0),
+        timeout=timeout,
+        wait_for_workers=False,
+    )
+    if backend == "gloo":
+        from torch.distributed import ProcessGroupGloo
+
+        ifname = os.environ.get("GLOO_SOCKET_IFNAME")
+        if ifname:
+            dev = ProcessGroupGloo.create_device(interface=ifname)
+        else:
+            host = (
+                master_address if rank == 0 else _local_address_towards(master_address, master_port)
+            )
+            dev = ProcessGroupGloo.create_device(hostname=host)
+        opts = ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+        opts._devices = [dev]
+        opts._timeout = timeout
+        pg = ProcessGroupGloo(PrefixStore("ludic/gloo", store), rank, world_size, opts)
+        return WeightGroup(rank, world_size, backend, store, torch.device("cpu"), _pg=pg)
+
+    if not torch.cuda.is_available():
+        raise ValueError("backend 'nccl' needs a CUDA device on this process; use 'gloo'")
+    # vLLM's own NCCL machinery: PyNcclCommunicator over a StatelessProcessGroup that shares
+    # our TCPStore (under a prefix), so it never touches the default process group.
+    from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+    from vllm.distributed.utils import StatelessProcessGroup
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    spg = StatelessProcessGroup(
+        rank=rank, world_size=world_size, store=PrefixStore("ludic/nccl", store)
+    )
+    comm = PyNcclCommunicator(spg, device=device)
+    return WeightGroup(rank, world_size, backend, store, device, _comm=comm)
+
+
+def wait_key(store: Any, key: str, timeout_s: float, poll_s: float = 0.005) -> str:
+    """Block until ``key`` exists in ``store`` and return its value (str)."""
+    deadline = time.monotonic() + timeout_s
+    while not store.check([key]):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {key!r} in the weight-group store after {timeout_s:.0f} s")
+        time.sleep(poll_s)
+    return bytes(store.get(key)).decode()
+
+
+# --------------------------------------------------------------------------- sender
+
+
+@dataclass
+class CollectiveWeightSender:
+    """Rank 0 of the weight-broadcast group, talking to one or more inference replicas.
+
+    ``init()`` performs the HTTP handshake (POST /v1/weights/collective/init to every
+    replica while joining as rank 0); ``send(state_dict, version)`` runs one round (see the
+    module docstring) and returns the version every replica now serves.
+    """
+
+    urls: Sequence[str]
+    master_address: str
+    master_port: int
+    token: Optional[str] = None
+    backend: str = "gloo"
+    timeout_s: float = 600.0
+    group: Optional[WeightGroup] = None
+    _round: int = 0
+    _http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=None))
+
+    @property
+    def world_size(self) -> int:
+        return 1 + len(self.urls)
+
+    def _headers(self) -> Dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def _post(self, url: str, path: str, **kw: Any) -> httpx.Response:
+        return self._http.post(
+            url.rstrip("/") + path, headers=self._headers(), timeout=self.timeout_s, **kw
+        )
+
+    def init(self) -> None:
+        if self.group is not None:
+            raise RuntimeError("CollectiveWeightSender.init() called twice")
+        with cf.ThreadPoolExecutor(max(1, len(self.urls))) as pool:
+            futs = [
+                pool.submit(
+                    self._post,
+                    url,
+                    "/v1/weights/collective/init",
+                    json={
+                        "master_address": self.master_address,
+                        "master_port": self.master_port,
+                        "world_size": self.world_size,
+                        "backend": self.backend,
+                        "rank": i + 1,
+                    },
+                )
+                for i, url in enumerate(self.urls)
+            ]
+            try:
+                self.group = open_weight_group(
+                    self.master_address,
+                    self.master_port,
+                    0,
+                    self.world_size,
+                    self.backend,
+                    timeout_s=self.timeout_s,
+                )
+            except Exception:
+                # A replica refused (e.g. 401): surface its reason rather than the timeout.
+                for url, f in zip(self.urls, futs):
+                    if f.done() and f.exception() is None:
+                        _raise_for_reply(url, f.result())
+                raise
+            for url, f in zip(self.urls, futs):
+                _raise_for_reply(url, f.result())
+
+    def send(self, state_dict: Mapping[str, Any], version: int) -> int:
+        if self.group is None:
+            raise RuntimeError("call CollectiveWeightSender.init() before send()")
+        group = self.group
+        tensors = {k: _full_tensor(v).to(group.device).contiguous() for k, v in state_dict.items()}
+        names: List[str] = list(tensors)
+        for n in names:
+            if tensors[n].dtype not in DTYPE_NAMES:
+                raise ValueError(f"{n}: dtype {tensors[n].dtype} cannot be sent")
+        meta = {
+            "names": names,
+            "dtypes": [DTYPE_NAMES[tensors[n].dtype] for n in names],
+            "shapes": [list(tensors[n].shape) for n in names],
+            "round": self._round + 1,
+        }
+        self._round += 1
+        rnd = self._round
+        store = group.store
+        with cf.ThreadPoolExecutor(max(1, len(self.urls))) as pool:
+            futs = [
+                pool.submit(
+                    self._post,
+                    url,
+                    "/v1/weights/collective/update",
+                    params={"version": int(version)},
+                    content=json.dumps(meta).encode(),
+                )
+                for url in self.urls
+            ]
+            refusals = self._collect_acks(rnd, futs)
+            store.set(f"go/{rnd}", ABORT if refusals else GO)
+            if refusals:
+                for f in futs:
+                    f.result()
+                raise WeightSyncError("; ".join(refusals), _first_status(futs))
+            for n in names:
+                group.broadcast(tensors[n], src=0)
+            for url, f in zip(self.urls, futs):
+                _raise_for_reply(url, f.result())
+            return int(futs[0].result().json()["policy_version"]) if futs else int(version)
+
+    def _collect_acks(self, rnd: int, futs: List[cf.Future]) -> List[str]:
+        """Wait until every replica acked round ``rnd`` or answered; return refusals."""
+        store = self.group.store if self.group else None
+        assert store is not None
+        pending = set(range(len(self.urls)))
+        refusals: List[str] = []
+        deadline = time.monotonic() + self.timeout_s
+        while pending:
+            for i in list(pending):
+                key = f"ack/{rnd}/{i + 1}"
+                if store.check([key]):
+                    val = bytes(store.get(key)).decode()
+                    if val != ACK_OK:
+                        refusals.append(f"{self.urls[i]}: {val}")
+                    pending.discard(i)
+                elif futs[i].done():
+                    exc = futs[i].exception()
+                    if exc is not None:
+                        refusals.append(f"{self.urls[i]}: {exc!r}")
+                    else:
+                        r = futs[i].result()
+                        refusals.append(f"{self.urls[i]}: HTTP {r.status_code}: {r.text}")
+                    pending.discard(i)
+            if time.monotonic() > deadline:
+                refusals.append(f"no answer from {[self.urls[i] for i in pending]}")
+                break
+            if pending:
+                time.sleep(0.005)
+        return refusals
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+        self._http.close()
+
+
+def _first_status(futs: List[cf.Future]) -> Optional[int]:
+    for f in futs:
+        if f.done() and f.exception() is None and f.result().status_code != 200:
+            return int(f.result().status_code)
+    return None

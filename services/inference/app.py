@@ -1,0 +1,372 @@
+"""FastAPI app of ``ludic inference``: vLLM's OpenAI serving + versioned weight updates.
+
+``create_app(settings, engine=None)`` builds the app; with ``engine=None`` the lifespan
+starts a real ``LudicEngine`` (vLLM), otherwise the given engine (or a fake with the same
+attributes: ``version``, ``lock``, ``spec``, ``swap``, ``probe``, ``serving``) is used.
+The OpenAI endpoints delegate to vLLM's own ``OpenAIServingCompletion`` /
+``OpenAIServingChat`` / ``OpenAIServingModels`` and add ``policy_version``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Dict, Optional
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+
+from libludic.distributed.weight_sync import WIRE_DTYPES
+from services.inference.collective import CollectiveReceiver
+from services.inference.engine import COLLECTOR, LudicEngine, SwapError, VersionCollector
+from services.inference.metrics import InferenceMetrics
+from services.inference.schemas import (
+    CollectiveInitRequest,
+    CollectiveInitResponse,
+    CollectiveUpdateRequest,
+    HealthResponse,
+    PolicyVersionResponse,
+)
+from services.inference.settings import InferenceSettings
+from services.inference.validation import WeightValidationError, decode_and_validate
+
+log = logging.getLogger("ludic.inference")
+VERSION_HEADER = "X-Ludic-Policy-Version"
+
+
+def _http_error(status: int, detail: str) -> HTTPException:
+    return HTTPException(status_code=status, detail=detail)
+
+
+async def read_body_once(request: Request, max_bytes: int) -> bytearray:
+    """Stream the body into one buffer (pre-sized from Content-Length when given)."""
+    cl = request.headers.get("content-length")
+    if cl is not None:
+        try:
+            size = int(cl)
+        except ValueError as e:
+            raise _http_error(400, f"bad Content-Length {cl!r}") from e
+        if size > max_bytes:
+            raise _http_error(413, f"body of {size} bytes exceeds max_weight_bytes={max_bytes}")
+        buf = bytearray(size)
+        pos = 0
+        async for chunk in request.stream():
+            end = pos + len(chunk)
+            if end > size:
+                raise _http_error(400, "body is longer than its Content-Length")
+            buf[pos:end] = chunk
+            pos = end
+        if pos != size:
+            raise _http_error(400, f"body truncated: got {pos} of {size} bytes")
+        return buf
+    buf = bytearray()
+    async for chunk in request.stream():
+        buf += chunk
+        if len(buf) > max_bytes:
+            raise _http_error(413, f"body exceeds max_weight_bytes={max_bytes}")
+    return buf
+
+
+def create_app(
+    settings: InferenceSettings,
+    engine: Optional[Any] = None,
+    metrics: Optional[InferenceMetrics] = None,
+) -> FastAPI:
+    metrics = metrics or (engine.metrics if engine is not None else InferenceMetrics())
+    receiver = CollectiveReceiver(timeout_s=settings.collective_timeout_s)
+    holder: Dict[str, Any] = {"engine": engine}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = holder["engine"] is None
+        if owned:
+            holder["engine"] = await LudicEngine.start(settings, metrics)
+        metrics.policy_version.set(holder["engine"].version)
+        try:
+            yield
+        finally:
+            if owned:
+                await holder["engine"].shutdown()
+
+    app = FastAPI(title="ludic inference", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.receiver = receiver
+
+    def eng() -> Any:
+        e = holder["engine"]
+        if e is None:
+            raise _http_error(503, "engine is starting")
+        return e
+
+    if not settings.weight_updates_allowed:
+        log.warning(
+            "no auth token configured: weight updates will be refused (403); set "
+            "LUDIC_AUTH_TOKEN or --auth-token-file"
+        )
+    elif settings.insecure_no_auth and not settings.auth_token:
+        log.warning("--insecure-no-auth: ANYONE who can reach this port can replace the weights")
+
+    def authorize(request: Request) -> None:
+        token = settings.auth_token
+        if not token:
+            if settings.insecure_no_auth:
+                return
+            raise _http_error(
+                403,
+                "weight updates are disabled: the server has no auth token; start it with "
+                "LUDIC_AUTH_TOKEN or --auth-token-file (or --insecure-no-auth for local tests)",
+            )
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), token.encode()
+        ):
+            raise HTTPException(
+                status_code=401,
+                detail="missing or wrong bearer token (Authorization: Bearer <token>)",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    def versioned(body: Any, version: int, status: int = 200) -> JSONResponse:
+        return JSONResponse(body, status_code=status, headers={VERSION_HEADER: str(version)})
+
+    # ------------------------------------------------------------------ status
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        e = holder["engine"]
+        if e is None:
+            body = HealthResponse(status="unhealthy", policy_version=0, reason="starting")
+            return JSONResponse(body.model_dump(), status_code=503)
+        ok, reason = await e.probe()
+        body = HealthResponse(
+            status="ok" if ok else "unhealthy", policy_version=e.version, reason=reason
+        )
+        return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/policy_version", response_model=PolicyVersionResponse)
+    async def policy_version() -> JSONResponse:
+        v = eng().version
+        return versioned(PolicyVersionResponse(policy_version=v).model_dump(), v)
+
+    # ------------------------------------------------------------------ OpenAI
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        e = eng()
+        listing = await e.serving.openai_serving_models.show_available_models()
+        return versioned(listing.model_dump(), e.version)
+
+    async def _openai(raw_request: Request, endpoint: str) -> Response:
+        e = eng()
+        if endpoint == "completions":
+            from vllm.entrypoints.openai.completion.protocol import CompletionRequest as Req
+
+            handler = e.serving.openai_serving_completion
+        else:
+            from vllm.entrypoints.openai.chat_completion.protocol import (
+                ChatCompletionRequest as Req,
+            )
+
+            handler = e.serving.openai_serving_chat
+        try:
+            req = Req.model_validate(await raw_request.json())
+        except (ValidationError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            metrics.requests.labels(endpoint, "400").inc()
+            msg = exc.errors() if isinstance(exc, ValidationError) else str(exc)
+            return JSONResponse(
+                {"error": {"message": str(msg), "type": "BadRequestError", "code": 400}},
+                status_code=400,
+            )
+        if handler is None:
+            raise _http_error(404, f"the model does not support /v1/{endpoint}")
+        collector = VersionCollector()
+        started_version = e.version
+        token = COLLECTOR.set(collector)
+        try:
+            gen = await (
+                handler.create_completion(req, raw_request)
+                if endpoint == "completions"
+                else handler.create_chat_completion(req, raw_request)
+            )
+        finally:
+            COLLECTOR.reset(token)
+        from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+
+        if isinstance(gen, ErrorResponse):
+            metrics.requests.labels(endpoint, str(gen.error.code)).inc()
+            return JSONResponse(gen.model_dump(), status_code=gen.error.code)
+        if hasattr(gen, "model_dump"):
+            data = gen.model_dump()
+            version, mixed = collector.policy_version(e.version)
+            data["policy_version"] = version
+            if mixed:  # cannot happen under the drain policy; say so rather than hide it
+                data["policy_versions"] = sorted(set(collector.versions))
+            choices = data.get("choices") or []
+            if choices and choices[0].get("prompt_token_ids") is not None:
+                data["prompt_token_ids"] = choices[0]["prompt_token_ids"]
+            if data.get("prompt_token_ids") is None:
+                data.pop("prompt_token_ids", None)
+            metrics.generated_tokens.inc(collector.tokens)
+            metrics.requests.labels(endpoint, "200").inc()
+            return versioned(data, version)
+        metrics.requests.labels(endpoint, "200").inc()
+        return StreamingResponse(
+            _versioned_stream(gen, e, collector, metrics),
+            media_type="text/event-stream",
+            headers={VERSION_HEADER: str(started_version)},
+        )
+
+    @app.post("/v1/completions")
+    async def completions(raw_request: Request) -> Response:
+        return await _openai(raw_request, "completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(raw_request: Request) -> Response:
+        return await _openai(raw_request, "chat")
+
+    # ------------------------------------------------------------------ weights (HTTP)
+    def _outcome(plane: str, outcome: str) -> None:
+        metrics.weight_updates.labels(plane, outcome).inc()
+
+    async def _apply(
+        e: Any, plane: str, version: int, tensors: Dict[str, Any], payload: Any, t0: float
+    ) -> JSONResponse:
+        """Caller holds e.lock and has validated everything."""
+        try:
+            pause_s = await e.swap(version, tensors, payload)
+        except SwapError as exc:
+            _outcome(plane, "error")
+            raise _http_error(exc.status, str(exc)) from exc
+        _outcome(plane, "ok")
+        metrics.policy_version.set(version)
+        metrics.weight_update_seconds.labels(plane).observe(time.monotonic() - t0)
+        log.info(
+            "policy_version=%d via %s: %.3f s total, admission paused %.3f s",
+            version,
+            plane,
+            time.monotonic() - t0,
+            pause_s,
+        )
+        return versioned({"policy_version": version, "pause_s": round(pause_s, 6)}, version)
+
+    def _conflict(e: Any, plane: str, version: int) -> HTTPException:
+        _outcome(plane, "conflict")
+        return _http_error(
+            409,
+            f"version {version} is not greater than the served policy_version {e.version}; "
+            "send a larger version",
+        )
+
+    @app.post("/v1/weights", dependencies=[Depends(authorize)])
+    async def post_weights(request: Request, version: int = Query(..., ge=0)) -> JSONResponse:
+        t0 = time.monotonic()
+        e = eng()
+        if version <= e.version:  # cheap refusal before reading a large body
+            raise _conflict(e, "http", version)
+        buf = await read_body_once(request, settings.max_weight_bytes)
+        metrics.weight_bytes.labels("http").inc(len(buf))
+        t_read = time.monotonic()
+        try:
+            tensors = await asyncio.to_thread(decode_and_validate, buf, e.spec)
+        except WeightValidationError as exc:
+            _outcome("http", "rejected")
+            raise _http_error(exc.status, str(exc)) from exc
+        log.info(
+            "weights v%d: %d bytes read in %.3f s, validated in %.3f s",
+            version,
+            len(buf),
+            t_read - t0,
+            time.monotonic() - t_read,
+        )
+        async with e.lock:
+            if version <= e.version:
+                raise _conflict(e, "http", version)
+            return await _apply(e, "http", version, tensors, buf, t0)
+
+    # ------------------------------------------------------------------ weights (collective)
+    @app.post("/v1/weights/collective/init", dependencies=[Depends(authorize)])
+    async def collective_init(req: CollectiveInitRequest) -> JSONResponse:
+        try:
+            group = await receiver.init(req)
+        except ValueError as exc:
+            raise _http_error(400, str(exc)) from exc
+        except Exception as exc:  # rendezvous failures (timeout, refused) -> 502 with reason
+            raise _http_error(
+                502,
+                f"could not join the weight group at {req.master_address}:{req.master_port}: "
+                f"{type(exc).__name__}: {exc}",
+            ) from exc
+        body = CollectiveInitResponse(
+            rank=group.rank, world_size=group.world_size, backend=group.backend
+        )
+        return JSONResponse(body.model_dump())
+
+    @app.post("/v1/weights/collective/update", dependencies=[Depends(authorize)])
+    async def collective_update(request: Request, version: int = Query(..., ge=0)) -> JSONResponse:
+        t0 = time.monotonic()
+        e = eng()
+        raw = await request.body()
+        try:
+            req = CollectiveUpdateRequest.model_validate_json(raw)
+        except ValidationError as exc:
+            _outcome("collective", "rejected")
+            raise HTTPException(status_code=422, detail=json.loads(exc.json())) from exc
+        if not receiver.ready:
+            raise _http_error(
+                400, "no weight group: POST /v1/weights/collective/init before updates"
+            )
+        rnd = req.round
+        try:
+            for name, dt, shape in zip(req.names, req.dtypes, req.shapes):
+                e.spec.check_meta(name, WIRE_DTYPES[dt], tuple(shape))
+        except WeightValidationError as exc:
+            receiver.ack(rnd, f"rejected: {exc}")
+            _outcome("collective", "rejected")
+            raise _http_error(exc.status, str(exc)) from exc
+        async with e.lock:
+            if version <= e.version:
+                receiver.ack(rnd, f"conflict: version {version} <= {e.version}")
+                raise _conflict(e, "collective", version)
+            receiver.ack(rnd)
+            if not await receiver.wait_go(rnd):
+                _outcome("collective", "aborted")
+                raise _http_error(409, "round aborted by the sender (another replica refused)")
+            tensors = await receiver.receive(req)
+            metrics.weight_bytes.labels("collective").inc(
+                sum(t.numel() * t.element_size() for t in tensors.values())
+            )
+            try:
+                await asyncio.to_thread(e.spec.check_tensors, tensors)
+            except WeightValidationError as exc:
+                _outcome("collective", "rejected")
+                raise _http_error(exc.status, str(exc)) from exc
+            return await _apply(e, "collective", version, tensors, None, t0)
+
+    return app
+
+
+async def _versioned_stream(
+    gen: AsyncIterator[str], e: Any, collector: VersionCollector, metrics: InferenceMetrics
+) -> AsyncIterator[str]:
+    """Add ``policy_version`` to every SSE data chunk (the engine's version when the chunk
+    is produced: under the drain policy no swap happens while this request runs)."""
+    async for chunk in gen:
+        if chunk.startswith("data: {"):
+            try:
+                obj = json.loads(chunk[len("data: ") :])
+            except json.JSONDecodeError:
+                yield chunk
+                continue
+            obj["policy_version"] = collector.policy_version(e.version)[0]
+            yield "data: " + json.dumps(obj) + "\n\n"
+        else:
+            yield chunk
+    metrics.generated_tokens.inc(collector.tokens)

@@ -1,0 +1,280 @@
+"""``LudicEngine``: vLLM's AsyncLLM plus a policy version and an atomic weight swap.
+
+Swap policy (the contract of POST /v1/weights, see README.md): the new weights are fully
+received and validated first; then, under one asyncio lock,
+
+    pause_generation(mode="wait")   # admission paused; in-flight requests finish on old weights
+    collective_rpc(reload)          # every worker reloads in place
+    update_weight_version(N)        # vLLM labels every later output token with N
+    resume_generation()             # queued requests start, on the new weights
+
+so each request is served by exactly one version. The version of a response is read from
+vLLM's per-token weight-version spans (``CompletionOutput.weight_versions``), which a
+wrapper around ``AsyncLLM.generate`` collects per HTTP request through a ContextVar.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Dict, Iterable, List, Optional, Tuple
+
+import torch
+
+from services.inference.metrics import InferenceMetrics
+from services.inference.settings import InferenceSettings
+from services.inference.validation import ParamSpec, complete_partial
+
+log = logging.getLogger("ludic.inference")
+
+WORKER_EXTENSION = "services.inference.worker_ext.LudicWorkerExtension"
+
+
+class SwapError(RuntimeError):
+    """The engine could not apply an already validated update (``status``: 503 or 500)."""
+
+    def __init__(self, message: str, status: int = 500):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class VersionCollector:
+    """Weight versions and token counts of the generations of one HTTP request."""
+
+    versions: List[int] = field(default_factory=list)
+    tokens: int = 0
+
+    def add(self, output: Any) -> None:
+        for comp in getattr(output, "outputs", None) or []:
+            self.tokens += len(comp.token_ids or ())
+            for span in getattr(comp, "weight_versions", None) or []:
+                if span.end > span.start:
+                    self.versions.append(_as_version(span.version))
+
+    def policy_version(self, current: int) -> Tuple[int, bool]:
+        """(version that produced the tokens, whether they span several versions)."""
+        if not self.versions:
+            return current, False
+        return min(self.versions), len(set(self.versions)) > 1
+
+
+COLLECTOR: contextvars.ContextVar[Optional[VersionCollector]] = contextvars.ContextVar(
+    "ludic_version_collector", default=None
+)
+
+
+def _as_version(label: Any) -> int:
+    try:
+        return int(label)
+    except (TypeError, ValueError):
+        return 0  # vLLM's initial label is "default": the weights loaded at start
+
+
+class WeightShadow:
+    """Current HF-format value of every parameter: received tensors, else the checkpoint."""
+
+    def __init__(self, spec: ParamSpec):
+        self.spec = spec
+        self.overrides: Dict[str, torch.Tensor] = {}
+
+    def get(self, names: Iterable[str]) -> Dict[str, torch.Tensor]:
+        from safetensors import safe_open
+
+        out: Dict[str, torch.Tensor] = {}
+        by_file: Dict[Any, List[str]] = {}
+        for n in names:
+            if n in self.overrides:
+                out[n] = self.overrides[n]
+            else:
+                by_file.setdefault(self.spec.files[n], []).append(n)
+        for path, ns in by_file.items():
+            with safe_open(str(path), framework="pt") as f:
+                for n in ns:
+                    out[n] = f.get_tensor(n)
+        return out
+
+    def update(self, tensors: Dict[str, torch.Tensor]) -> None:
+        self.overrides.update(tensors)
+
+
+def _to_payload(tensors: Dict[str, torch.Tensor]) -> bytes:
+    from safetensors.torch import save
+
+    return save({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()})
+
+
+class LudicEngine:
+    """Owns the AsyncLLM, vLLM's OpenAI serving objects, the version and the update lock."""
+
+    def __init__(
+        self,
+        settings: InferenceSettings,
+        llm: Any,
+        serving: Any,
+        spec: ParamSpec,
+        metrics: InferenceMetrics,
+    ):
+        self.settings = settings
+        self.llm = llm
+        self.serving = serving  # starlette State filled by vLLM's init_app_state
+        self.spec = spec
+        self.shadow = WeightShadow(spec)
+        self.metrics = metrics
+        self.version = 0
+        self.lock = asyncio.Lock()
+        self._probe_at = -1e9
+        self._probe_result: Tuple[bool, str] = (False, "not probed yet")
+        self._wrap_generate()
+
+    # ------------------------------------------------------------------ start/stop
+    @classmethod
+    async def start(cls, settings: InferenceSettings, metrics: InferenceMetrics) -> "LudicEngine":
+        from starlette.datastructures import State
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        argv = [
+            "--model", settings.model,
+            "--worker-extension-cls", WORKER_EXTENSION,
+            "--dtype", settings.dtype,
+            "--seed", str(settings.seed),
+            "--tensor-parallel-size", str(settings.tensor_parallel_size),
+            "--gpu-memory-utilization", str(settings.gpu_memory_utilization),
+        ]  # fmt: skip
+        if settings.max_model_len:
+            argv += ["--max-model-len", str(settings.max_model_len)]
+        if settings.enforce_eager:
+            argv += ["--enforce-eager"]
+        if settings.served_model_name:
+            argv += ["--served-model-name", settings.served_model_name]
+        argv += list(settings.vllm_args)
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+        engine_args = AsyncEngineArgs.from_cli_args(args)
+        llm = AsyncLLM.from_engine_args(engine_args)
+        try:
+            await llm.update_weight_version("0")
+            state = State()
+            await init_app_state(llm, state, args, await llm.get_supported_tasks())
+            extra = {llm.model_config.dtype}
+            spec = ParamSpec.from_model_dir(settings.model, extra_dtypes=extra)
+        except BaseException:
+            llm.shutdown()
+            raise
+        return cls(settings, llm, state, spec, metrics)
+
+    async def shutdown(self) -> None:
+        self.llm.shutdown()
+
+    # ------------------------------------------------------------------ generation
+    def _wrap_generate(self) -> None:
+        """Shadow ``llm.generate`` on the instance so vLLM's serving code (which calls it)
+        reports each finished output to the HTTP request's VersionCollector."""
+        original = self.llm.generate
+
+        def generate(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+            collector = COLLECTOR.get()  # read now: the serving code calls us eagerly
+            agen = original(*args, **kwargs)
+            if collector is None:
+                return agen
+            return _tracked(agen, collector)
+
+        self.llm.generate = generate
+
+    # ------------------------------------------------------------------ health
+    async def probe(self) -> Tuple[bool, str]:
+        """Engine check + a 1-token greedy generation, cached ``health_cache_s``."""
+        now = time.monotonic()
+        if now - self._probe_at < self.settings.health_cache_s:
+            return self._probe_result
+        if self.lock.locked() and self._probe_result[0]:
+            return True, "weight update in progress"
+        try:
+            await asyncio.wait_for(self._probe_once(), self.settings.probe_timeout_s)
+            result = (True, "")
+        except Exception as e:  # the probe's job is to turn any failure into a 503
+            result = (False, f"{type(e).__name__}: {e}")
+        self._probe_at, self._probe_result = time.monotonic(), result
+        return result
+
+    async def _probe_once(self) -> None:
+        from vllm import SamplingParams
+
+        if self.llm.errored:
+            raise RuntimeError("vLLM engine is dead")
+        await self.llm.check_health()
+        finished = False
+        async for out in self.llm.generate(
+            {"prompt_token_ids": [0]},
+            SamplingParams(max_tokens=1, temperature=0.0),
+            request_id=f"ludic-health-{uuid.uuid4().hex}",
+        ):
+            finished = out.finished
+        if not finished:
+            raise RuntimeError("probe generation did not finish")
+
+    # ------------------------------------------------------------------ weights
+    async def swap(
+        self,
+        version: int,
+        tensors: Dict[str, torch.Tensor],
+        payload: Optional[Any] = None,
+    ) -> float:
+        """Apply validated ``tensors`` as ``version``; caller holds ``self.lock``.
+
+        ``payload``: the same tensors already as safetensors bytes (the HTTP body), to
+        avoid re-serialising. Returns the seconds admission was paused.
+        """
+        assert self.lock.locked(), "swap() must run under engine.lock"
+        missing = complete_partial(tensors, self.spec)
+        forwarded = {k: v for k, v in tensors.items() if k not in self.spec.aliases}
+        if missing:
+            full = dict(forwarded)
+            full.update(self.shadow.get(missing))
+            payload = _to_payload(full)
+        elif payload is None or len(forwarded) != len(tensors):
+            payload = _to_payload(forwarded)
+
+        t0 = time.monotonic()
+        try:
+            await asyncio.wait_for(
+                self.llm.pause_generation(mode="wait", clear_cache=True),
+                self.settings.drain_timeout_s,
+            )
+        except TimeoutError as e:
+            await self.llm.resume_generation()
+            raise SwapError(
+                f"in-flight requests did not drain within {self.settings.drain_timeout_s} s; "
+                "nothing changed, retry later or raise --drain-timeout-s",
+                503,
+            ) from e
+        try:
+            await self.llm.collective_rpc("ludic_load_safetensors", args=(payload,))
+            await self.llm.update_weight_version(str(version))
+        except Exception as e:
+            # Put the previous values back so the served weights match self.version (the
+            # shadow still holds them: it is only updated after a successful reload).
+            old = self.shadow.get(list(forwarded) + list(missing or ()))
+            await self.llm.collective_rpc("ludic_load_safetensors", args=(_to_payload(old),))
+            await self.llm.resume_generation()
+            raise SwapError(f"reload failed, previous weights restored: {e}") from e
+        self.version = version
+        self.shadow.update(forwarded)
+        await self.llm.resume_generation()
+        pause_s = time.monotonic() - t0
+        self.metrics.weight_pause_seconds.observe(pause_s)
+        return pause_s
+
+
+async def _tracked(agen: AsyncIterator[Any], collector: VersionCollector) -> AsyncIterator[Any]:
+    async for out in agen:
+        if out.finished:
+            collector.add(out)
+        yield out

@@ -1,0 +1,74 @@
+"""Request/response models of the Ludic-specific endpoints.
+
+The OpenAI endpoints reuse vLLM's own protocol models (``CompletionRequest``,
+``ChatCompletionRequest``); the server adds ``policy_version`` to their responses.
+"""
+
+from __future__ import annotations
+
+from typing import List, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from libludic.distributed.weight_sync import WIRE_DTYPES
+
+
+class PolicyVersionResponse(BaseModel):
+    policy_version: int
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok", "unhealthy"]
+    policy_version: int
+    reason: str = ""
+
+
+class CollectiveInitRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    master_address: str = Field(min_length=1)
+    master_port: int = Field(gt=0, lt=65536)
+    world_size: int = Field(ge=2)
+    backend: Literal["gloo", "nccl"] = "gloo"
+    # Ludic extension of the contract: this replica's rank (learner is 0). Default 1 for
+    # the common one-replica case; CollectiveWeightSender sends i + 1 for replica i.
+    rank: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _rank_in_world(self) -> "CollectiveInitRequest":
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank {self.rank} must be < world_size {self.world_size}")
+        return self
+
+
+class CollectiveInitResponse(BaseModel):
+    rank: int
+    world_size: int
+    backend: str
+
+
+class CollectiveUpdateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    names: List[str] = Field(min_length=1)
+    dtypes: List[str]
+    shapes: List[List[int]]
+    # Round number chosen by the sender; keys the ack/go handshake in the group's store.
+    round: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _same_lengths(self) -> "CollectiveUpdateRequest":
+        n = len(self.names)
+        if len(self.dtypes) != n or len(self.shapes) != n:
+            raise ValueError(
+                f"names/dtypes/shapes must have equal lengths, got {n}/{len(self.dtypes)}/"
+                f"{len(self.shapes)}"
+            )
+        if len(set(self.names)) != n:
+            raise ValueError("names contains duplicates")
+        bad = sorted({d for d in self.dtypes if d not in WIRE_DTYPES})
+        if bad:
+            raise ValueError(f"unknown dtype(s) {bad}; use one of {sorted(WIRE_DTYPES)}")
+        if any(d < 0 for s in self.shapes for d in s):
+            raise ValueError("shapes must be non-negative")
+        return self

@@ -1,0 +1,190 @@
+"""Settings of ``ludic inference``: flags > LUDIC_* environment > YAML file > defaults.
+
+Everything is resolved and checked in ``load_settings(argv)``; a bad value raises
+``SettingsError`` whose message is the one line ``main`` prints before exiting 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+
+class SettingsError(ValueError):
+    """A configuration problem, phrased as one line naming the value and the fix."""
+
+
+@dataclass
+class InferenceSettings:
+    model: str  # model directory (HF layout, safetensors weights)
+    host: str = "0.0.0.0"
+    port: int = 8000
+    served_model_name: Optional[str] = None  # default: the model path, as vLLM does
+    auth_token: Optional[str] = field(default=None, repr=False)
+    insecure_no_auth: bool = False
+    dtype: str = "auto"
+    max_model_len: Optional[int] = None
+    gpu_memory_utilization: float = 0.85
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = True
+    seed: int = 0
+    max_weight_bytes: int = 64 * 1024**3  # refuse larger bodies with 413
+    health_cache_s: float = 5.0
+    probe_timeout_s: float = 30.0
+    drain_timeout_s: float = 600.0  # max wait for in-flight requests before a swap
+    collective_timeout_s: float = 600.0
+    graceful_shutdown_s: float = 30.0
+    log_level: str = "info"
+    vllm_args: List[str] = field(default_factory=list)  # passed through to vLLM's parser
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise SettingsError("no model: pass --model DIR or set LUDIC_MODEL_DIR")
+        d = Path(self.model)
+        if not d.is_dir():
+            raise SettingsError(f"model directory {self.model!r} does not exist; pass --model DIR")
+        if not (d / "config.json").exists():
+            raise SettingsError(
+                f"{self.model!r} has no config.json; point --model at an HF model directory "
+                "(e.g. one written by `ludic model init DIR`)"
+            )
+        if not any(d.glob("*.safetensors")):
+            raise SettingsError(f"{self.model!r} has no *.safetensors weights")
+        if not 0 < self.port < 65536:
+            raise SettingsError(f"port {self.port} out of range 1..65535")
+        if self.max_weight_bytes <= 0:
+            raise SettingsError("max_weight_bytes must be > 0")
+        if self.tensor_parallel_size < 1:
+            raise SettingsError("tensor_parallel_size must be >= 1")
+
+    @property
+    def weight_updates_allowed(self) -> bool:
+        return bool(self.auth_token) or self.insecure_no_auth
+
+    def public_dict(self) -> Dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["auth_token"] = "<set>" if self.auth_token else None
+        return d
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(InferenceSettings)}
+_BOOL_TRUE = {"1", "true", "yes", "on"}
+
+
+def _coerce(name: str, raw: Any) -> Any:
+    """Environment/YAML value -> the field's type (errors name the key)."""
+    default = _FIELDS[name].default
+    typ = _FIELDS[name].type
+    try:
+        if name == "vllm_args":
+            return raw.split() if isinstance(raw, str) else [str(x) for x in raw]
+        if isinstance(default, bool) or typ == "bool":
+            return raw if isinstance(raw, bool) else str(raw).strip().lower() in _BOOL_TRUE
+        if isinstance(default, int) or "int" in str(typ):
+            return int(raw) if raw is not None else None
+        if isinstance(default, float) or "float" in str(typ):
+            return float(raw)
+    except (TypeError, ValueError) as e:
+        raise SettingsError(f"setting {name}={raw!r}: {e}") from e
+    return raw
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ludic inference",
+        description="vLLM inference service with versioned in-place weight updates",
+    )
+    p.add_argument("--config", help="YAML file with any of the settings below (snake_case keys)")
+    p.add_argument("--model", help="model directory (env LUDIC_MODEL_DIR)")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--served-model-name")
+    p.add_argument(
+        "--auth-token-file", help="file holding the bearer token (else LUDIC_AUTH_TOKEN)"
+    )
+    p.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        default=None,
+        help="accept weight updates without a token (local experiments only)",
+    )
+    p.add_argument("--dtype")
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--gpu-memory-utilization", type=float)
+    p.add_argument("--tensor-parallel-size", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--max-weight-bytes", type=int)
+    p.add_argument("--drain-timeout-s", type=float)
+    p.add_argument("--log-level")
+    p.add_argument(
+        "--vllm-arg",
+        action="append",
+        dest="vllm_args",
+        help="extra vLLM engine flag, repeatable (e.g. --vllm-arg=--max-num-seqs=64)",
+    )
+    return p
+
+
+def load_settings(
+    argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None
+) -> InferenceSettings:
+    env = os.environ if environ is None else environ
+    args = _build_parser().parse_args(list(argv or []))
+    values: Dict[str, Any] = {}
+
+    cfg_path = args.config or env.get("LUDIC_INFERENCE_CONFIG")
+    if cfg_path:
+        import yaml
+
+        try:
+            data = yaml.safe_load(Path(cfg_path).read_text()) or {}
+        except FileNotFoundError as e:
+            raise SettingsError(f"config file {cfg_path!r} does not exist") from e
+        except yaml.YAMLError as e:
+            raise SettingsError(f"config file {cfg_path!r} is not valid YAML: {e}") from e
+        if not isinstance(data, dict):
+            raise SettingsError(f"config file {cfg_path!r} must hold a mapping")
+        data = data.get("inference", data)
+        unknown = sorted(set(data) - set(_FIELDS) - {"auth_token_file"})
+        if unknown:
+            raise SettingsError(
+                f"config file {cfg_path!r}: unknown key(s) {unknown}; known: {sorted(_FIELDS)}"
+            )
+        for k, v in data.items():
+            if k == "auth_token_file":
+                values["auth_token"] = _read_token(v)
+            elif k != "auth_token":  # never from a file that may be committed
+                values[k] = _coerce(k, v)
+
+    for name in _FIELDS:
+        key = "LUDIC_" + name.upper()
+        if key in env and name != "model":
+            values[name] = _coerce(name, env[key])
+    if env.get("LUDIC_MODEL_DIR"):
+        values["model"] = env["LUDIC_MODEL_DIR"]
+    if env.get("LUDIC_AUTH_TOKEN"):
+        values["auth_token"] = env["LUDIC_AUTH_TOKEN"]
+
+    for name in _FIELDS:
+        v = getattr(args, name, None)
+        if v is not None:
+            values[name] = v
+    if args.auth_token_file:
+        values["auth_token"] = _read_token(args.auth_token_file)
+
+    values.setdefault("model", "")
+    return InferenceSettings(**values)
+
+
+def _read_token(path: str) -> str:
+    try:
+        tok = Path(path).read_text().strip()
+    except OSError as e:
+        raise SettingsError(f"cannot read auth token file {path!r}: {e.strerror}") from e
+    if not tok:
+        raise SettingsError(f"auth token file {path!r} is empty")
+    return tok

@@ -1,0 +1,242 @@
+"""Validation of weight updates against the served checkpoint, before the engine sees them.
+
+A safetensors body is ``u64 little-endian N | N bytes of JSON header | data``; every header
+entry ``{"dtype", "shape", "data_offsets": [b, e]}`` must satisfy
+``e - b == prod(shape) * itemsize(dtype)`` with ``0 <= b <= e <= len(data)``.
+``ParamSpec`` holds ``name -> (shape, accepted dtypes)`` read from the model directory's own
+safetensors headers (no tensor is loaded). Errors carry an HTTP status: 400 for a body that
+is not valid safetensors, 422 for a valid body that does not fit the model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
+
+import torch
+
+# safetensors dtype codes -> torch dtypes.
+ST_DTYPES: Dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+class WeightValidationError(ValueError):
+    """A weight update that must be refused; ``status`` is the HTTP status to answer."""
+
+    def __init__(self, message: str, status: int = 422):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str
+    dtype: torch.dtype
+    shape: Tuple[int, ...]
+    begin: int  # offset inside the data section
+    end: int
+
+
+def parse_safetensors_header(buf: memoryview | bytes | bytearray) -> Tuple[int, List[TensorEntry]]:
+    """Return ``(data_start, entries)`` of a complete safetensors buffer or raise (400)."""
+    mv = memoryview(buf)
+    total = len(mv)
+    if total < 8:
+        raise WeightValidationError(
+            f"body is {total} bytes; a safetensors file starts with an 8-byte header length",
+            400,
+        )
+    (n,) = struct.unpack("<Q", mv[:8])
+    if n > MAX_HEADER_BYTES or 8 + n > total:
+        raise WeightValidationError(
+            f"safetensors header claims {n} bytes but the body has {total - 8} after the "
+            "length field (truncated or not safetensors)",
+            400,
+        )
+    try:
+        header = json.loads(bytes(mv[8 : 8 + n]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise WeightValidationError(f"safetensors header is not valid JSON: {e}", 400) from e
+    if not isinstance(header, dict):
+        raise WeightValidationError("safetensors header must be a JSON object", 400)
+    data_start = 8 + n
+    data_len = total - data_start
+    entries: List[TensorEntry] = []
+    max_end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(info, dict):
+            raise WeightValidationError(f"{name}: header entry is not an object", 400)
+        code, shape, offs = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if code not in ST_DTYPES:
+            raise WeightValidationError(
+                f"{name}: dtype {code!r} is not supported; use one of {sorted(ST_DTYPES)}", 422
+            )
+        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+            raise WeightValidationError(f"{name}: shape {shape!r} is not a list of ints", 400)
+        if not (
+            isinstance(offs, list)
+            and len(offs) == 2
+            and all(isinstance(o, int) for o in offs)
+            and 0 <= offs[0] <= offs[1]
+        ):
+            raise WeightValidationError(f"{name}: bad data_offsets {offs!r}", 400)
+        dtype = ST_DTYPES[code]
+        nbytes = math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
+        if offs[1] - offs[0] != nbytes:
+            raise WeightValidationError(
+                f"{name}: data_offsets span {offs[1] - offs[0]} bytes but shape {shape} of "
+                f"{code} needs {nbytes}",
+                400,
+            )
+        if offs[1] > data_len:
+            raise WeightValidationError(
+                f"{name}: data ends at byte {offs[1]} but the body holds only {data_len} "
+                "data bytes (truncated upload?)",
+                400,
+            )
+        max_end = max(max_end, offs[1])
+        entries.append(TensorEntry(name, dtype, tuple(shape), offs[0], offs[1]))
+    if max_end != data_len:
+        raise WeightValidationError(
+            f"safetensors data section has {data_len} bytes but the tensors cover {max_end} "
+            "(corrupt body)",
+            400,
+        )
+    if not entries:
+        raise WeightValidationError("the update holds no tensors", 422)
+    return data_start, entries
+
+
+def tensor_view(buf: memoryview | bytearray, data_start: int, e: TensorEntry) -> torch.Tensor:
+    """Zero-copy view of one entry (``buf`` must stay alive and should be writable)."""
+    if e.end == e.begin:
+        return torch.empty(e.shape, dtype=e.dtype)
+    mv = memoryview(buf)[data_start + e.begin : data_start + e.end]
+    return torch.frombuffer(mv, dtype=e.dtype).reshape(e.shape)
+
+
+@dataclass
+class ParamSpec:
+    """What the served checkpoint accepts: name -> (shape, accepted dtypes)."""
+
+    shapes: Dict[str, Tuple[int, ...]]
+    dtypes: Dict[str, FrozenSet[torch.dtype]]
+    files: Dict[str, Path] = field(default_factory=dict)  # name -> shard holding it
+    aliases: Dict[str, str] = field(default_factory=dict)  # e.g. tied lm_head -> embed
+
+    @classmethod
+    def from_model_dir(
+        cls, model_dir: str | Path, extra_dtypes: Iterable[torch.dtype] = ()
+    ) -> "ParamSpec":
+        """Read every ``*.safetensors`` header under ``model_dir`` (no tensor data)."""
+        d = Path(model_dir)
+        shards = sorted(d.glob("*.safetensors"))
+        if not shards:
+            raise FileNotFoundError(f"{d}: no *.safetensors files (weights must be safetensors)")
+        extra = frozenset(extra_dtypes)
+        shapes: Dict[str, Tuple[int, ...]] = {}
+        dtypes: Dict[str, FrozenSet[torch.dtype]] = {}
+        files: Dict[str, Path] = {}
+        for shard in shards:
+            with open(shard, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(n))
+            for name, info in header.items():
+                if name == "__metadata__":
+                    continue
+                shapes[name] = tuple(info["shape"])
+                dtypes[name] = frozenset({ST_DTYPES[info["dtype"]]}) | extra
+                files[name] = shard
+        aliases: Dict[str, str] = {}
+        cfg_path = d / "config.json"
+        if cfg_path.exists():
+            cfg = json.loads(cfg_path.read_text())
+            tied = cfg.get("tie_word_embeddings", False)
+            if tied and "lm_head.weight" not in shapes and "model.embed_tokens.weight" in shapes:
+                aliases["lm_head.weight"] = "model.embed_tokens.weight"
+                shapes["lm_head.weight"] = shapes["model.embed_tokens.weight"]
+                dtypes["lm_head.weight"] = dtypes["model.embed_tokens.weight"]
+        return cls(shapes, dtypes, files, aliases)
+
+    def check_meta(self, name: str, dtype: torch.dtype, shape: Tuple[int, ...]) -> None:
+        if name not in self.shapes:
+            close = [k for k in self.shapes if k.split(".")[-2:] == name.split(".")[-2:]][:3]
+            hint = f"; did you mean one of {close}?" if close else ""
+            raise WeightValidationError(
+                f"unknown parameter {name!r} (use the HF names of the served checkpoint){hint}",
+                422,
+            )
+        if tuple(shape) != self.shapes[name]:
+            raise WeightValidationError(
+                f"{name}: shape {list(shape)} does not match the model's {list(self.shapes[name])}",
+                422,
+            )
+        if dtype not in self.dtypes[name]:
+            ok = sorted(str(t).removeprefix("torch.") for t in self.dtypes[name])
+            raise WeightValidationError(
+                f"{name}: dtype {str(dtype).removeprefix('torch.')} not accepted; send {ok}", 422
+            )
+
+    def check_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Names, shapes, dtypes, then finiteness of every floating tensor."""
+        if not tensors:
+            raise WeightValidationError("the update holds no tensors", 422)
+        for name, t in tensors.items():
+            self.check_meta(name, t.dtype, tuple(t.shape))
+        for name, t in tensors.items():
+            if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+                bad = int((~torch.isfinite(t)).sum())
+                raise WeightValidationError(
+                    f"{name}: {bad} non-finite value(s) (NaN/Inf); refusing the whole update",
+                    422,
+                )
+
+
+def decode_and_validate(buf: bytearray, spec: ParamSpec) -> Dict[str, torch.Tensor]:
+    """Parse a safetensors body, check it against ``spec``; return zero-copy tensors."""
+    data_start, entries = parse_safetensors_header(buf)
+    for e in entries:
+        spec.check_meta(e.name, e.dtype, e.shape)
+    tensors = {e.name: tensor_view(buf, data_start, e) for e in entries}
+    spec.check_tensors(tensors)
+    return tensors
+
+
+def module_of(name: str) -> str:
+    """``model.layers.0.self_attn.q_proj.weight`` -> ``model.layers.0.self_attn``.
+
+    vLLM fuses siblings under one module (q/k/v -> qkv_proj, gate/up -> gate_up_proj), so a
+    partial update is completed with the current values of every parameter of the touched
+    modules before it is reloaded.
+    """
+    parts = name.split(".")
+    return ".".join(parts[:-2]) if len(parts) > 2 else ""
+
+
+def complete_partial(names: Iterable[str], spec: ParamSpec) -> Optional[List[str]]:
+    """Names that must be added to a partial update (None if it is already complete)."""
+    given = set(names)
+    touched = {module_of(n) for n in given}
+    missing = [
+        n
+        for n in spec.shapes
+        if n not in spec.aliases and n not in given and module_of(n) in touched
+    ]
+    return missing or None

@@ -1,0 +1,419 @@
+"""``ludic inference`` end to end: one real vLLM server (tiny model, CPU) for the module.
+
+Tests run in file order and share the server, so versions only go up; each test reads the
+current version instead of assuming one.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Dict, Iterator, List, Tuple
+
+import httpx
+import pytest
+import torch
+from conftest import free_port
+from inference_server import REPO, InferenceServer
+from safetensors.torch import load_file, save
+
+from libludic.distributed.weight_sync import (
+    CollectiveWeightSender,
+    WeightSyncError,
+    push_http,
+)
+from libludic.models.tiny import encode_bytes
+
+pytestmark = pytest.mark.integration
+
+TOKEN = "test-token-123"
+PROMPT = "12+34="
+
+
+@pytest.fixture(scope="module")
+def server(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[InferenceServer]:
+    log = tmp_path_factory.mktemp("inference") / "server.log"
+    srv = InferenceServer(tiny_model_dir, free_port(), TOKEN, log)
+    srv.start()
+    yield srv
+    rc = srv.stop()
+    assert rc == 0, f"server did not exit cleanly on SIGTERM (rc={rc}):\n{srv.tail()}"
+
+
+@pytest.fixture(scope="module")
+def base_sd(tiny_model_dir: Path) -> Dict[str, torch.Tensor]:
+    return load_file(str(tiny_model_dir / "model.safetensors"))
+
+
+def random_sd(base: Dict[str, torch.Tensor], seed: int) -> Dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(v.shape, generator=g) * 0.5 for k, v in base.items()}
+
+
+def version(srv: InferenceServer) -> int:
+    return int(httpx.get(srv.url + "/v1/policy_version").json()["policy_version"])
+
+
+def greedy(srv: InferenceServer, n: int = 16) -> Tuple[List[int], List[float], int]:
+    r = httpx.post(
+        srv.url + "/v1/completions",
+        json={
+            "prompt": PROMPT,
+            "max_tokens": n,
+            "temperature": 0,
+            "logprobs": 1,
+            "return_token_ids": True,
+            "ignore_eos": True,
+        },
+        timeout=120,
+    )
+    r.raise_for_status()
+    body = r.json()
+    assert int(r.headers["X-Ludic-Policy-Version"]) == body["policy_version"]
+    ch = body["choices"][0]
+    return ch["token_ids"], ch["logprobs"]["token_logprobs"], body["policy_version"]
+
+
+def auth(token: str = TOKEN) -> Dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+# ---------------------------------------------------------------------------- generation
+
+
+def test_completion_token_ids_and_logprobs_match_text(
+    server: InferenceServer, tiny_model_dir: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    r = httpx.post(
+        server.url + "/v1/completions",
+        json={
+            "prompt": PROMPT,
+            "max_tokens": 12,
+            "temperature": 0,
+            "logprobs": 3,
+            "return_token_ids": True,
+        },
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["policy_version"] == 0 and r.headers["X-Ludic-Policy-Version"] == "0"
+    assert body["prompt_token_ids"] == encode_bytes(PROMPT)  # byte tokenizer: id == byte
+    ch = body["choices"][0]
+    ids = ch["token_ids"]
+    assert 0 < len(ids) <= 12
+    assert tok.decode(ids) == ch["text"]
+    lp = ch["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(ids)
+    for chosen, top in zip(lp["token_logprobs"], lp["top_logprobs"]):
+        # greedy: the chosen token is the most likely one, so its logprob is the top one
+        assert chosen <= 0.0
+        assert chosen == pytest.approx(max(top.values()), abs=1e-5)
+
+
+def test_chat_completion_token_ids(server: InferenceServer, tiny_model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    msgs = [{"role": "user", "content": "hi"}]
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        json={
+            "messages": msgs,
+            "max_tokens": 6,
+            "temperature": 0,
+            "logprobs": True,
+            "top_logprobs": 2,
+            "return_token_ids": True,
+        },
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["policy_version"] == version(server)
+    # <|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n
+    expected = [257, *encode_bytes("user\nhi"), 258, 10, 257, *encode_bytes("assistant\n")]
+    assert body["prompt_token_ids"] == expected
+    ch = body["choices"][0]
+    assert len(ch["logprobs"]["content"]) == len(ch["token_ids"])
+    assert tok.decode(ch["token_ids"], skip_special_tokens=True) == ch["message"]["content"]
+
+
+def test_streaming_chunks_carry_policy_version(server: InferenceServer) -> None:
+    req = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    full = httpx.post(server.url + "/v1/completions", json=req, timeout=120).json()
+    chunks = []
+    with httpx.stream(
+        "POST", server.url + "/v1/completions", json={**req, "stream": True}, timeout=120
+    ) as r:
+        assert r.status_code == 200
+        assert r.headers["X-Ludic-Policy-Version"] == str(full["policy_version"])
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[len("data: ") :]))
+    assert chunks and all(c["policy_version"] == full["policy_version"] for c in chunks)
+    assert (
+        "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+        == full["choices"][0]["text"]
+    )
+
+
+def test_models_health_and_version(server: InferenceServer) -> None:
+    models = httpx.get(server.url + "/v1/models").json()
+    assert models["data"] and models["data"][0]["id"]
+    h = httpx.get(server.url + "/health")
+    assert h.status_code == 200 and h.json()["status"] == "ok"
+    assert httpx.get(server.url + "/v1/policy_version").json() == {"policy_version": 0}
+
+
+# ---------------------------------------------------------------------------- HTTP plane
+
+
+def test_http_update_bumps_version_and_changes_greedy_output(
+    server: InferenceServer, base_sd: Dict[str, torch.Tensor]
+) -> None:
+    before_ids, _, v0 = greedy(server)
+    assert push_http(server.url, random_sd(base_sd, seed=1), v0 + 1, TOKEN) == v0 + 1
+    after_ids, _, v1 = greedy(server)
+    assert v1 == v0 + 1 == version(server)
+    assert after_ids != before_ids
+
+
+def _body(tensors: Dict[str, torch.Tensor]) -> bytes:
+    return save({k: v.contiguous() for k, v in tensors.items()})
+
+
+def _bad_requests(
+    base: Dict[str, torch.Tensor],
+) -> Dict[str, Tuple[bytes, Dict[str, str], int, int]]:
+    """name -> (body, headers, version offset from current, expected status)."""
+    good = _body(random_sd(base, seed=99))
+    norm = base["model.norm.weight"]
+    nan = norm.clone()
+    nan[3] = float("nan")
+    header_len = struct.unpack("<Q", good[:8])[0]
+    return {
+        "unknown_name": (_body({"model.nope.weight": norm}), auth(), 1, 422),
+        "wrong_shape": (_body({"model.norm.weight": torch.ones(7)}), auth(), 1, 422),
+        "wrong_dtype": (_body({"model.norm.weight": norm.to(torch.float16)}), auth(), 1, 422),
+        "non_finite": (_body({"model.norm.weight": nan}), auth(), 1, 422),
+        "truncated": (good[: len(good) - 100], auth(), 1, 400),
+        "corrupt_header": (good[:8] + b"{" * header_len + good[8 + header_len :], auth(), 1, 400),
+        "not_safetensors": (b"hello", auth(), 1, 400),
+        "same_version": (good, auth(), 0, 409),
+        "older_version": (good, auth(), -1, 409),
+        "no_token": (good, {}, 1, 401),
+        "wrong_token": (good, auth("nope"), 1, 401),
+    }
+
+
+def test_bad_updates_change_nothing(
+    server: InferenceServer, base_sd: Dict[str, torch.Tensor]
+) -> None:
+    ref_ids, ref_lp, v = greedy(server)
+    for case, (body, headers, dv, status) in _bad_requests(base_sd).items():
+        r = httpx.post(
+            server.url + "/v1/weights",
+            params={"version": v + dv},
+            content=body,
+            headers=headers,
+            timeout=60,
+        )
+        assert r.status_code == status, f"{case}: {r.status_code} {r.text}"
+        assert r.json()["detail"], case  # a reason is given
+        ids, lp, v_now = greedy(server)
+        assert v_now == v == version(server), case
+        assert ids == ref_ids, case
+        assert lp == pytest.approx(ref_lp, abs=1e-6), case
+
+
+def test_partial_update_changes_only_what_it_names(
+    server: InferenceServer, base_sd: Dict[str, torch.Tensor]
+) -> None:
+    ref_ids, ref_lp, v = greedy(server)
+    # One projection of a fused qkv module: the server completes it with current k/v values.
+    q = torch.randn(base_sd["model.layers.1.self_attn.q_proj.weight"].shape) * 2.0
+    assert (
+        push_http(server.url, {"model.layers.1.self_attn.q_proj.weight": q}, v + 1, TOKEN) == v + 1
+    )
+    ids, lp, v1 = greedy(server)
+    assert v1 == v + 1
+    assert lp != pytest.approx(ref_lp, abs=1e-4)
+
+
+def test_in_flight_generation_finishes_on_old_weights(
+    server: InferenceServer, base_sd: Dict[str, torch.Tensor]
+) -> None:
+    v = version(server)
+    result: Dict[str, object] = {}
+
+    def long_generation() -> None:
+        r = httpx.post(
+            server.url + "/v1/completions",
+            json={"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "ignore_eos": True},
+            timeout=120,
+        )
+        result["body"] = r.json()
+        result["done"] = time.monotonic()
+
+    t = threading.Thread(target=long_generation)
+    t.start()
+    time.sleep(0.5)  # the request is decoding now
+    push_start = time.monotonic()
+    assert push_http(server.url, random_sd(base_sd, seed=5), v + 1, TOKEN) == v + 1
+    update_done = time.monotonic()
+    t.join(120)
+    body = result["body"]
+    assert isinstance(body, dict)
+    # drain policy: the in-flight request finished first, entirely on the old weights
+    assert body["policy_version"] == v
+    assert body["usage"]["completion_tokens"] == 400
+    # it was still running when the update arrived, and the update waited for it
+    assert push_start < result["done"] <= update_done  # type: ignore[operator]
+    assert greedy(server)[2] == v + 1
+
+
+def test_concurrent_updates_are_serialised(
+    server: InferenceServer, base_sd: Dict[str, torch.Tensor]
+) -> None:
+    v = version(server)
+    sds = {v + i: random_sd(base_sd, seed=100 + i) for i in range(1, 5)}
+
+    def push(ver: int) -> int:
+        try:
+            return push_http(server.url, sds[ver], ver, TOKEN)
+        except WeightSyncError as e:
+            assert e.status == 409, e
+            return -1
+
+    with cf.ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(push, sorted(sds)))
+    accepted = [g for g in got if g > 0]
+    assert accepted, got
+    final = version(server)
+    assert final == max(accepted)
+    final_ids, final_lp, _ = greedy(server)
+    # The served weights are exactly the last accepted update (no tensor of another update
+    # mixed in): re-pushing those weights under a new version leaves the output unchanged.
+    assert push_http(server.url, sds[final], final + 1, TOKEN) == final + 1
+    ids, lp, _ = greedy(server)
+    assert ids == final_ids and lp == pytest.approx(final_lp, abs=1e-6)
+
+
+# ---------------------------------------------------------------------------- collective plane
+
+
+def test_gloo_collective_matches_http_plane(
+    server: InferenceServer, base_sd: Dict[str, torch.Tensor]
+) -> None:
+    weights = random_sd(base_sd, seed=7)
+    v = version(server)
+    push_http(server.url, weights, v + 1, TOKEN)
+    http_ids, http_lp, _ = greedy(server)
+    push_http(server.url, random_sd(base_sd, seed=8), v + 2, TOKEN)
+    assert greedy(server)[0] != http_ids
+
+    sender = CollectiveWeightSender(
+        [server.url], "127.0.0.1", free_port(), token=TOKEN, backend="gloo", timeout_s=120
+    )
+    try:
+        sender.init()
+        assert sender.send(weights, v + 3) == v + 3
+        ids, lp, v3 = greedy(server)
+        assert v3 == v + 3
+        assert ids == http_ids
+        assert lp == pytest.approx(http_lp, abs=1e-6)
+
+        # same rules as HTTP: bad name / non-finite / old version change nothing
+        nan = dict(weights)
+        nan["model.norm.weight"] = nan["model.norm.weight"].clone().fill_(float("inf"))
+        for bad, ver, status in [
+            ({"model.nope": torch.zeros(3)}, v + 4, 422),
+            (nan, v + 4, 422),
+            (weights, v + 3, 409),
+        ]:
+            with pytest.raises(WeightSyncError) as ei:
+                sender.send(bad, ver)
+            assert ei.value.status == status, ei.value
+            assert greedy(server)[:3] == (ids, pytest.approx(lp, abs=1e-6), v + 3)
+        # the group survives refusals
+        assert sender.send(random_sd(base_sd, seed=9), v + 5) == v + 5
+    finally:
+        sender.close()
+
+
+def test_collective_requires_auth(server: InferenceServer) -> None:
+    body = {"master_address": "127.0.0.1", "master_port": 1, "world_size": 2, "backend": "gloo"}
+    r = httpx.post(server.url + "/v1/weights/collective/init", json=body)
+    assert r.status_code == 401
+    r = httpx.post(
+        server.url + "/v1/weights/collective/update",
+        params={"version": 10**6},
+        content=json.dumps({"names": ["x"], "dtypes": ["float32"], "shapes": [[1]]}),
+        headers=auth("bad"),
+    )
+    assert r.status_code == 401
+
+
+def test_metrics(server: InferenceServer) -> None:
+    text = httpx.get(server.url + "/metrics").text
+    v = version(server)
+    for name in (
+        "ludic_inference_requests_total",
+        "ludic_inference_generated_tokens_total",
+        "ludic_inference_weight_updates_total",
+        "ludic_inference_weight_update_seconds_bucket",
+        "ludic_inference_weight_bytes_received_total",
+    ):
+        assert name in text, name
+    assert f"ludic_inference_policy_version {float(v)}" in text
+    updates = [
+        ln for ln in text.splitlines() if ln.startswith("ludic_inference_weight_updates_total{")
+    ]
+    for plane, outcome in [
+        ("http", "ok"),
+        ("http", "rejected"),
+        ("http", "conflict"),
+        ("collective", "ok"),
+    ]:
+        assert any(f'plane="{plane}"' in ln and f'outcome="{outcome}"' in ln for ln in updates), (
+            plane,
+            outcome,
+            updates,
+        )
+    assert "vllm:" in text  # vLLM's own metrics are exported too
+
+
+# ---------------------------------------------------------------------------- start-up errors
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--model", "/definitely/not/here"], "does not exist"),
+        (["--model", str(REPO)], "no config.json"),
+        (["--model", str(REPO), "--config", "/no/such.yaml"], "does not exist"),
+    ],
+)
+def test_startup_errors_exit_nonzero_with_one_line(args: List[str], needle: str) -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "services.inference.main", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], p.stderr

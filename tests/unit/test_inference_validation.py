@@ -1,0 +1,260 @@
+"""Weight-update validation, settings and the auth/version rules of the inference app.
+
+No vLLM: the app is built around a fake engine that records swaps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from safetensors.torch import save, save_file
+
+from services.inference.app import create_app
+from services.inference.metrics import InferenceMetrics
+from services.inference.settings import InferenceSettings, SettingsError, load_settings
+from services.inference.validation import (
+    ParamSpec,
+    WeightValidationError,
+    complete_partial,
+    decode_and_validate,
+    module_of,
+    parse_safetensors_header,
+)
+
+SHAPES = {
+    "model.embed_tokens.weight": (10, 4),
+    "model.norm.weight": (4,),
+    "model.layers.0.self_attn.q_proj.weight": (4, 4),
+    "model.layers.0.self_attn.k_proj.weight": (2, 4),
+    "model.layers.0.input_layernorm.weight": (4,),
+}
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    save_file({k: torch.zeros(s) for k, s in SHAPES.items()}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"tie_word_embeddings": True}))
+    return tmp_path
+
+
+@pytest.fixture
+def spec(model_dir: Path) -> ParamSpec:
+    return ParamSpec.from_model_dir(model_dir)
+
+
+def body(tensors: Dict[str, torch.Tensor]) -> bytearray:
+    return bytearray(save(tensors))
+
+
+# ---------------------------------------------------------------------------- safetensors parsing
+
+
+def test_spec_reads_checkpoint_headers_and_tied_alias(spec: ParamSpec) -> None:
+    assert spec.shapes["model.norm.weight"] == (4,)
+    assert spec.dtypes["model.norm.weight"] == frozenset({torch.float32})
+    assert spec.aliases == {"lm_head.weight": "model.embed_tokens.weight"}
+
+
+def test_valid_body_decodes_zero_copy(spec: ParamSpec) -> None:
+    buf = body({"model.norm.weight": torch.arange(4.0)})
+    out = decode_and_validate(buf, spec)
+    torch.testing.assert_close(out["model.norm.weight"], torch.arange(4.0))
+    buf[-4:] = struct.pack("<f", 9.0)  # views share the buffer: no second copy
+    assert out["model.norm.weight"][3].item() == 9.0
+
+
+@pytest.mark.parametrize(
+    "mangle, match",
+    [
+        (lambda b: b[:5], "8-byte header length"),
+        (lambda b: b[:-3], "truncated|corrupt"),
+        (lambda b: b[:8] + b"x" * (len(b) - 8), "not valid JSON|truncated"),
+        (lambda b: struct.pack("<Q", 10**12) + b[8:], "truncated or not safetensors"),
+        (lambda b: b + b"\0" * 8, "corrupt body"),
+    ],
+)
+def test_corrupt_bodies_are_400(spec: ParamSpec, mangle: Any, match: str) -> None:
+    good = bytes(body({"model.norm.weight": torch.ones(4)}))
+    with pytest.raises(WeightValidationError, match=match) as ei:
+        decode_and_validate(bytearray(mangle(good)), spec)
+    assert ei.value.status == 400
+
+
+def test_offsets_must_match_shape() -> None:
+    header = json.dumps({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}).encode()
+    buf = struct.pack("<Q", len(header)) + header + b"\0" * 8
+    with pytest.raises(WeightValidationError, match="needs 12") as ei:
+        parse_safetensors_header(buf)
+    assert ei.value.status == 400
+
+
+@pytest.mark.parametrize(
+    "tensors, match",
+    [
+        ({"model.nope.weight": torch.ones(4)}, "unknown parameter"),
+        ({"model.norm.weight": torch.ones(5)}, r"shape \[5\] does not match the model's \[4\]"),
+        ({"model.norm.weight": torch.ones(4, dtype=torch.float16)}, "dtype float16 not accepted"),
+        ({"model.norm.weight": torch.tensor([1.0, float("nan"), 1.0, 1.0])}, "1 non-finite"),
+        ({"model.norm.weight": torch.tensor([1.0, float("inf"), 1.0, 1.0])}, "1 non-finite"),
+    ],
+)
+def test_bad_tensors_are_422(spec: ParamSpec, tensors: Dict[str, torch.Tensor], match: str) -> None:
+    with pytest.raises(WeightValidationError, match=match) as ei:
+        decode_and_validate(body(tensors), spec)
+    assert ei.value.status == 422
+
+
+def test_served_dtype_is_also_accepted(model_dir: Path) -> None:
+    spec = ParamSpec.from_model_dir(model_dir, extra_dtypes=[torch.bfloat16])
+    decode_and_validate(body({"model.norm.weight": torch.ones(4, dtype=torch.bfloat16)}), spec)
+
+
+def test_partial_updates_are_completed_per_module(spec: ParamSpec) -> None:
+    # q_proj alone: vLLM fuses q/k/v, so k_proj's current value must ride along.
+    assert module_of("model.layers.0.self_attn.q_proj.weight") == "model.layers.0.self_attn"
+    assert complete_partial(["model.layers.0.self_attn.q_proj.weight"], spec) == [
+        "model.layers.0.self_attn.k_proj.weight"
+    ]
+    assert complete_partial(list(SHAPES), spec) is None
+
+
+# ---------------------------------------------------------------------------- settings
+
+
+def test_settings_precedence_flags_over_env_over_yaml(model_dir: Path, tmp_path: Path) -> None:
+    cfg = tmp_path / "inf.yaml"
+    cfg.write_text(f"model: {model_dir}\nport: 7001\nmax_model_len: 64\n")
+    env = {"LUDIC_PORT": "7002", "LUDIC_AUTH_TOKEN": "tok"}
+    s = load_settings(["--config", str(cfg), "--max-model-len", "128"], env)
+    assert (s.port, s.max_model_len, s.auth_token) == (7002, 128, "tok")
+    assert s.public_dict()["auth_token"] == "<set>"
+
+
+@pytest.mark.parametrize(
+    "argv, env, match",
+    [
+        ([], {}, "no model"),
+        (["--model", "/nope"], {}, "does not exist"),
+        ([], {"LUDIC_MODEL_DIR": "/nope"}, "does not exist"),
+        (["--auth-token-file", "/nope/token"], {"LUDIC_MODEL_DIR": "."}, "cannot read auth token"),
+    ],
+)
+def test_settings_errors_name_the_fix(argv: List[str], env: Dict[str, str], match: str) -> None:
+    with pytest.raises(SettingsError, match=match):
+        load_settings(argv, env)
+
+
+def test_yaml_unknown_key_is_rejected(model_dir: Path, tmp_path: Path) -> None:
+    cfg = tmp_path / "inf.yaml"
+    cfg.write_text(f"model: {model_dir}\nportt: 1\n")
+    with pytest.raises(SettingsError, match="unknown key"):
+        load_settings(["--config", str(cfg)], {})
+
+
+# ---------------------------------------------------------------------------- app rules (fake engine)
+
+
+class FakeEngine:
+    """Same surface as LudicEngine for the weight endpoints; records swaps."""
+
+    def __init__(self, spec: ParamSpec):
+        self.spec = spec
+        self.version = 0
+        self.lock = asyncio.Lock()
+        self.swaps: List[Tuple[int, List[str]]] = []
+        self.metrics = InferenceMetrics()
+        self.serving = None
+
+    async def swap(self, version: int, tensors: Dict[str, Any], payload: Optional[Any]) -> float:
+        assert self.lock.locked()
+        self.swaps.append((version, sorted(tensors)))
+        self.version = version
+        return 0.0
+
+    async def probe(self) -> Tuple[bool, str]:
+        return True, ""
+
+
+def client(model_dir: Path, spec: ParamSpec, **kw: Any) -> Tuple[TestClient, FakeEngine]:
+    eng = FakeEngine(spec)
+    settings = InferenceSettings(model=str(model_dir), **kw)
+    return TestClient(create_app(settings, engine=eng)), eng
+
+
+GOOD = bytes(save({"model.norm.weight": torch.ones(4)}))
+
+
+def test_update_ok_and_version_rules(model_dir: Path, spec: ParamSpec) -> None:
+    c, eng = client(model_dir, spec, auth_token="s3cret")
+    h = {"Authorization": "Bearer s3cret"}
+    r = c.post("/v1/weights?version=3", content=GOOD, headers=h)
+    assert r.status_code == 200 and r.json()["policy_version"] == 3
+    assert r.headers["X-Ludic-Policy-Version"] == "3"
+    assert c.get("/v1/policy_version").json() == {"policy_version": 3}
+    for v in (3, 2, 0):
+        r = c.post(f"/v1/weights?version={v}", content=GOOD, headers=h)
+        assert r.status_code == 409 and "not greater" in r.json()["detail"]
+    assert eng.swaps == [(3, ["model.norm.weight"])]
+
+
+@pytest.mark.parametrize("header", [None, "Bearer wrong", "Basic s3cret", "s3cret"])
+def test_wrong_or_missing_token_is_401(
+    model_dir: Path, spec: ParamSpec, header: Optional[str]
+) -> None:
+    c, eng = client(model_dir, spec, auth_token="s3cret")
+    h = {"Authorization": header} if header else {}
+    assert c.post("/v1/weights?version=1", content=GOOD, headers=h).status_code == 401
+    assert c.post("/v1/weights/collective/init", json={}, headers=h).status_code == 401
+    assert eng.swaps == [] and eng.version == 0
+
+
+def test_no_token_configured_refuses_updates(model_dir: Path, spec: ParamSpec) -> None:
+    c, eng = client(model_dir, spec)
+    r = c.post("/v1/weights?version=1", content=GOOD)
+    assert r.status_code == 403 and "LUDIC_AUTH_TOKEN" in r.json()["detail"]
+    c2, eng2 = client(model_dir, spec, insecure_no_auth=True)
+    assert c2.post("/v1/weights?version=1", content=GOOD).status_code == 200
+    assert eng.swaps == [] and eng2.version == 1
+
+
+def test_invalid_body_never_reaches_the_engine(model_dir: Path, spec: ParamSpec) -> None:
+    c, eng = client(model_dir, spec, insecure_no_auth=True)
+    bad = bytes(save({"model.norm.weight": torch.full((4,), float("nan"))}))
+    assert c.post("/v1/weights?version=1", content=bad).status_code == 422
+    assert c.post("/v1/weights?version=1", content=GOOD[:-1]).status_code == 400
+    assert c.post("/v1/weights?version=-1", content=GOOD).status_code == 422
+    assert eng.swaps == [] and eng.version == 0
+
+
+def test_body_over_limit_is_413(model_dir: Path, spec: ParamSpec) -> None:
+    c, eng = client(model_dir, spec, insecure_no_auth=True, max_weight_bytes=16)
+    assert c.post("/v1/weights?version=1", content=GOOD).status_code == 413
+    assert eng.swaps == []
+
+
+def test_collective_update_validates_metadata(model_dir: Path, spec: ParamSpec) -> None:
+    c, eng = client(model_dir, spec, insecure_no_auth=True)
+    meta = {"names": ["a", "b"], "dtypes": ["float32"], "shapes": [[1], [1]]}
+    assert c.post("/v1/weights/collective/update?version=1", json=meta).status_code == 422
+    meta = {"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[4]]}
+    r = c.post("/v1/weights/collective/update?version=1", json=meta)
+    assert r.status_code == 400 and "collective/init" in r.json()["detail"]
+    bad_init = {"master_address": "127.0.0.1", "master_port": 1, "world_size": 2, "rank": 2}
+    assert c.post("/v1/weights/collective/init", json=bad_init).status_code == 422
+    assert eng.swaps == []
+
+
+def test_health_and_metrics_without_vllm(model_dir: Path, spec: ParamSpec) -> None:
+    c, _ = client(model_dir, spec, auth_token="t")
+    assert c.get("/health").json()["status"] == "ok"
+    c.post("/v1/weights?version=1", content=GOOD, headers={"Authorization": "Bearer t"})
+    text = c.get("/metrics").text
+    assert "ludic_inference_weight_bytes_received_total" in text
+    assert "ludic_inference_policy_version 1.0" in text
