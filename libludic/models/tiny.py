@@ -2,9 +2,9 @@
 
 Token ids 0..255 are the raw bytes (GPT-2 byte-to-unicode alphabet, so id == byte value),
 followed by three specials: ``<|endoftext|>`` (pad), ``<|im_start|>`` and ``<|im_end|>``
-(end of a chat turn, the EOS a generation stops on). The chat template is Qwen's
-``<|im_start|>{role}\\n{content}<|im_end|>\\n``. Both transformers and vLLM load the
-directory as any other Qwen2 checkpoint.
+(end of a chat turn, the EOS a generation stops on). The chat template is compact:
+``<|im_start|>{role initial}{content}<|im_end|>`` (see CHAT_TEMPLATE). Both transformers
+and vLLM load the directory as any other Qwen2 checkpoint.
 """
 
 from __future__ import annotations
@@ -21,11 +21,15 @@ SPECIAL_TOKENS = [PAD_TOKEN, IM_START, IM_END]
 PAD_ID, IM_START_ID, IM_END_ID = 256, 257, 258
 VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
 
+# Compact chat template: one special token opens a turn, one letter names the role
+# (s/u/a/t = system/user/assistant/tool), <|im_end|> closes it. A two-digit addition is
+# ~14 tokens instead of ~45 with Qwen's "<|im_start|>user\n...<|im_end|>\n" template, which
+# makes the CPU demo's SFT and RL ~3x cheaper; multi-turn and roles still work.
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{{ '<|im_start|>' + message['role'][0] + message['content'] + '<|im_end|>' }}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>a' }}{% endif %}"
 )
 
 

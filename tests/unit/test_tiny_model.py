@@ -21,7 +21,7 @@ def test_model_init_loads_and_generates(tmp_path):
     assert tok("ab+é", add_special_tokens=False)["input_ids"] == encode_bytes("ab+é") == [97, 98, 43, 195, 169]
     assert tok.eos_token_id == IM_END_ID and tok.pad_token_id == PAD_ID
     text = tok.apply_chat_template([{"role": "user", "content": "1+1="}], add_generation_prompt=True, tokenize=False)
-    assert text == "<|im_start|>user\n1+1=<|im_end|>\n<|im_start|>assistant\n"
+    assert text == "<|im_start|>u1+1=<|im_end|><|im_start|>a"
     ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
     gen = model.generate(ids, max_new_tokens=4, do_sample=False)
     assert gen.shape[1] > ids.shape[1]
