@@ -1,7 +1,11 @@
 """Synthetic arithmetic task: the demo's environment.
 
 A problem is ``"a+b="`` (or ``-``, ``*``) with operands of ``digits`` digits drawn from a
-seeded generator, so a seed names a problem exactly. The agent answers with the result;
+seeded generator, so a seed names a problem exactly. Two-digit addition has only 8,100
+distinct problems, so seeds alone cannot hold anything out: ``split`` partitions the
+problem space itself. A problem is an *eval* problem when ``(7*a + 3*b) % 10 == 0``
+(10% of all problems); ``split="train"`` never yields one, ``split="eval"`` only yields
+them, ``split=None`` yields anything. The agent answers with the result;
 reward is 1.0 for an exact match of the stripped answer and 0.0 otherwise. With
 ``partial_credit=True`` a wrong answer of the right length earns
 ``matching_digits / len(answer)`` (scaled by ``partial_scale``), which gives a denser
@@ -24,8 +28,19 @@ class ArithmeticProblem:
     answer: str  # e.g. "46"
 
 
-def generate_problem(seed: int, digits: int = 2, ops: Sequence[str] = ("+",)) -> ArithmeticProblem:
+SPLITS = (None, "train", "eval")
+
+
+def in_eval_split(a: int, b: int) -> bool:
+    return (7 * a + 3 * b) % 10 == 0
+
+
+def generate_problem(
+    seed: int, digits: int = 2, ops: Sequence[str] = ("+",), split: Optional[str] = None
+) -> ArithmeticProblem:
     """The problem named by ``seed`` (deterministic across processes and machines)."""
+    if split not in SPLITS:
+        raise ValueError(f"split={split!r} must be None, 'train' or 'eval'")
     if digits < 1:
         raise ValueError(f"digits={digits} must be >= 1")
     for op in ops:
@@ -34,7 +49,10 @@ def generate_problem(seed: int, digits: int = 2, ops: Sequence[str] = ("+",)) ->
     rng = random.Random(seed)
     lo = 0 if digits == 1 else 10 ** (digits - 1)
     hi = 10**digits - 1
-    a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+    while True:  # rejection sampling keeps the draw a pure function of the seed
+        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+        if split is None or in_eval_split(a, b) == (split == "eval"):
+            break
     op = ops[rng.randrange(len(ops))]
     if op == "-" and b > a:
         a, b = b, a
@@ -62,7 +80,11 @@ class ArithmeticEnv(SingleAgentEnv):
         partial_credit: bool = False,
         partial_scale: float = 0.5,
         system_prompt: Optional[str] = None,
+        split: Optional[str] = None,
     ) -> None:
+        if split not in SPLITS:
+            raise ValueError(f"ArithmeticEnv split={split!r} must be None, 'train' or 'eval'")
+        self.split = split
         self.digits = digits
         self.ops = tuple(ops)
         self.partial_credit = partial_credit
@@ -76,7 +98,7 @@ class ArithmeticEnv(SingleAgentEnv):
 
     def env_reset(self, *, seed: Optional[int] = None) -> Tuple[Obs, Info]:
         s = random.randrange(2**31) if seed is None else seed
-        self.problem = generate_problem(s, self.digits, self.ops)
+        self.problem = generate_problem(s, self.digits, self.ops, self.split)
         return self.problem.question, {"seed": s, "answer": self.problem.answer}
 
     def env_step(self, action: str) -> StepOutcome:

@@ -64,8 +64,10 @@ class InferenceSpec:
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "InferenceSpec":
+        rs = d.get("return_spec")
         return cls(
             sampling=SamplingConfig.from_dict(d.get("sampling") or {}),
-            return_spec=ReturnSpec.from_dict(d.get("return_spec") or {}),
+            # a missing return_spec means the dataclass default (for_rl), not "return nothing"
+            return_spec=ReturnSpec.for_rl() if rs is None else ReturnSpec.from_dict(rs),
             model=d.get("model"),
         )

@@ -23,6 +23,25 @@ def test_generate_problem_ops_and_validation():
         generate_problem(1, digits=0)
 
 
+def test_splits_partition_the_problem_space():
+    from libludic.envs.arithmetic import in_eval_split
+
+    def operands(p):
+        a, b = p.question[:-1].split("+")
+        return int(a), int(b)
+
+    train = {generate_problem(s, split="train").question for s in range(2000)}
+    evals = {generate_problem(s, split="eval").question for s in range(2000)}
+    assert train and evals and not (train & evals)
+    assert all(in_eval_split(*operands(generate_problem(s, split="eval"))) for s in range(100))
+    assert generate_problem(5, split="eval") == generate_problem(5, split="eval")
+    # about 10% of all problems are eval problems
+    frac = sum(in_eval_split(*operands(generate_problem(s))) for s in range(2000)) / 2000
+    assert 0.07 < frac < 0.13
+    with pytest.raises(ValueError, match="split"):
+        generate_problem(1, split="test")
+
+
 def test_score_answer_exact_and_partial():
     assert score_answer(" 46 ", "46") == 1.0
     assert score_answer("47", "46") == 0.0

@@ -1,0 +1,194 @@
+"""Settings dataclasses loadable from flags, ``LUDIC_*`` environment and a YAML file.
+
+Precedence (later wins): dataclass defaults < YAML file < environment < command-line flags.
+
+* YAML: ``--config PATH`` or ``LUDIC_CONFIG``. Keys of the service's own section
+  (``actor:``, ``credit:``, ...) apply; top-level keys that name a field apply too (so one
+  file can hold shared ``redis_url`` / ``run_id``). An unknown key in the service's
+  section is an error naming the key.
+* Environment: field ``foo_bar`` reads ``LUDIC_FOO_BAR``.
+* Flags: ``--foo-bar VALUE`` (booleans: ``--foo-bar`` / ``--no-foo-bar``).
+
+Lists come from YAML lists or comma-separated strings; dicts from YAML maps or JSON.
+Each field's help text is ``field(metadata={"help": ...})``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+import typing
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type, TypeVar
+
+T = TypeVar("T")
+ENV_PREFIX = "LUDIC_"
+_TRUE = {"1", "true", "yes", "on", "y"}
+_FALSE = {"0", "false", "no", "off", "n", ""}
+_SECRET_WORDS = ("token", "password", "secret", "api_key")
+
+
+def _base_type(tp: Any) -> Tuple[Any, bool]:
+    """(underlying type, optional?) of a field annotation."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return (args[0] if len(args) == 1 else str), True
+    return tp, False
+
+
+def coerce(name: str, tp: Any, value: Any) -> Any:
+    """Convert a YAML/env/flag value to the field's type; errors name the field."""
+    base, optional = _base_type(tp)
+    if value is None or (optional and isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+        if optional:
+            return None
+        raise ValueError(f"setting {name!r} may not be empty")
+    origin = typing.get_origin(base) or base
+    try:
+        if origin is bool:
+            if isinstance(value, bool):
+                return value
+            s = str(value).strip().lower()
+            if s in _TRUE:
+                return True
+            if s in _FALSE:
+                return False
+            raise ValueError(f"expected a boolean (true/false), got {value!r}")
+        if origin in (list, List, Sequence, tuple):
+            args = typing.get_args(base)
+            item_tp = args[0] if args else str
+            if isinstance(value, str):
+                s = value.strip()
+                items: List[Any] = json.loads(s) if s.startswith("[") else [v for v in s.split(",") if v.strip()]
+            else:
+                items = list(value)
+            return [coerce(name, item_tp, v.strip() if isinstance(v, str) else v) for v in items]
+        if origin in (dict, Dict, Mapping):
+            if isinstance(value, str):
+                value = json.loads(value) if value.strip() else {}
+            if not isinstance(value, dict):
+                raise ValueError(f"expected a mapping, got {type(value).__name__}")
+            return dict(value)
+        if origin is int:
+            if isinstance(value, bool):
+                raise ValueError("expected an integer, got a boolean")
+            return int(value)
+        if origin is float:
+            return float(value)
+        if origin is str:
+            return str(value)
+        if origin is Any:
+            return value
+    except (TypeError, ValueError, json.JSONDecodeError) as e:
+        raise ValueError(f"setting {name!r}: cannot read {value!r} as {tp}: {e}") from e
+    return value
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def load_settings(
+    cls: Type[T],
+    argv: Optional[Sequence[str]],
+    *,
+    service: str,
+    description: str = "",
+    environ: Optional[Mapping[str, str]] = None,
+) -> T:
+    """Build ``cls`` (a dataclass) from defaults, YAML, ``LUDIC_*`` env and ``argv``."""
+    env = os.environ if environ is None else environ
+    hints = typing.get_type_hints(cls)
+    fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+    parser = argparse.ArgumentParser(prog=f"ludic {service}", description=description)
+    parser.add_argument("--config", default=None, help="YAML file (default: $LUDIC_CONFIG)")
+    for f in fields:
+        help_ = f.metadata.get("help", "")
+        env_name = ENV_PREFIX + f.name.upper()
+        base, _ = _base_type(hints[f.name])
+        if base is bool:
+            parser.add_argument(
+                _flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                help=f"{help_} [env {env_name}]",
+            )
+        else:
+            parser.add_argument(
+                _flag(f.name), dest=f.name, default=None, help=f"{help_} [env {env_name}]"
+            )
+    args = parser.parse_args(list(argv or []))
+
+    values: Dict[str, Any] = {}
+    cfg_path = args.config or env.get(ENV_PREFIX + "CONFIG")
+    names = {f.name for f in fields}
+    if cfg_path:
+        values.update(read_yaml_section(cfg_path, service, names))
+    for f in fields:
+        raw = env.get(ENV_PREFIX + f.name.upper())
+        if raw is not None:
+            values[f.name] = raw
+    for f in fields:
+        v = getattr(args, f.name)
+        if v is not None:
+            values[f.name] = v
+    if "config_path" in names and cfg_path and "config_path" not in values:
+        values["config_path"] = cfg_path
+    out = {k: coerce(k, hints[k], v) for k, v in values.items()}
+    return cls(**out)
+
+
+def read_yaml(path: str | Path) -> Dict[str, Any]:
+    import yaml
+
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"config file {p} does not exist (from --config / LUDIC_CONFIG)")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"config file {p} is not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {p} must hold a mapping at the top level")
+    return data
+
+
+def read_yaml_section(path: str | Path, service: str, names: set) -> Dict[str, Any]:
+    data = read_yaml(path)
+    out = {k: v for k, v in data.items() if k in names}
+    section = data.get(service)
+    if section is not None:
+        if not isinstance(section, dict):
+            raise ValueError(f"config file {path}: section {service!r} must be a mapping")
+        unknown = sorted(set(section) - names)
+        if unknown:
+            raise ValueError(
+                f"config file {path}: unknown key(s) {unknown} in section {service!r}; "
+                f"known: {sorted(names)}"
+            )
+        out.update(section)
+    return out
+
+
+def redacted(settings: Any) -> Dict[str, Any]:
+    d = dataclasses.asdict(settings)
+    for k in list(d):
+        if any(w in k.lower() for w in _SECRET_WORDS) and d[k]:
+            d[k] = "***"
+    return d
+
+
+def log_settings(log: logging.Logger, service: str, settings: Any) -> None:
+    """Log the whole resolved config once at start-up (secrets redacted)."""
+    log.info("ludic %s config: %s", service, json.dumps(redacted(settings), sort_keys=True, default=str))
+
+
+def setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(
+        level=getattr(logging, str(level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )

@@ -1,0 +1,185 @@
+"""``ludic feeder``: keeps the requests stream topped up from a curriculum config.
+
+See services/feeder/README.md. Each tick: ``n = high_water - XLEN(requests)`` (nothing
+when the backlog is at the mark: backpressure); reserve ``n`` seeds with one
+``INCRBY ludic:{run}:feeder:seed n`` (atomic, persisted: restarts and parallel feeders
+never reuse a seed); for seed ``s`` pick task ``tasks[pick(s)]`` (weighted, a pure
+function of the seed) and XADD one RolloutRequest with ``num_episodes=group_size``,
+``same_env_seed=True``, ``env_seed=s``, ``meta.group_id = request id = "{run_id}-{s}"``.
+A crash between INCRBY and XADD skips seeds, never repeats them; a retried XADD may
+duplicate an entry, which the actors de-duplicate by request id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from prometheus_client import Counter
+
+from libludic import transport
+from libludic.inference.request import InferenceSpec, ReturnSpec
+from libludic.training.types import EnvSpec, ProtocolSpec, RolloutRequest
+from services.common.http import start_http
+from services.common.lifecycle import install_stop_signals, sleep_or_stop, update_stream_gauges
+from services.common.settings import load_settings, log_settings, setup_logging
+
+log = logging.getLogger("ludic.feeder")
+
+REQUESTS = Counter("ludic_feeder_requests_total", "RolloutRequests added", ["task"])
+FULL = Counter("ludic_feeder_backpressure_waits_total", "Ticks skipped: requests stream full")
+ERRORS = Counter("ludic_feeder_errors_total", "Feeder failures by kind", ["kind"])
+
+
+@dataclass
+class Task:
+    """One curriculum entry: what to run and how often (relative ``weight``)."""
+
+    name: str
+    env: EnvSpec
+    protocol: ProtocolSpec
+    inference: Optional[InferenceSpec]
+    weight: float = 1.0
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any], i: int) -> "Task":
+        if "env" not in d or "kind" not in (d["env"] or {}):
+            raise ValueError(f"feeder task #{i} needs env: {{kind: ..., kwargs: {{...}}}}; got {d!r}")
+        w = float(d.get("weight", 1.0))
+        if w <= 0:
+            raise ValueError(f"feeder task #{i} weight={w} must be > 0")
+        inf = d.get("inference")
+        if inf is not None and "return_spec" not in inf:
+            # training needs token ids + logprobs; InferenceSpec.from_dict would default to none
+            inf = {**inf, "return_spec": ReturnSpec.for_rl().to_dict()}
+        return cls(
+            name=str(d.get("name") or d["env"]["kind"]),
+            env=EnvSpec.from_dict(d["env"]),
+            protocol=ProtocolSpec.from_dict(d.get("protocol") or {"kind": "single_agent"}),
+            inference=None if inf is None else InferenceSpec.from_dict(inf),
+            weight=w,
+        )
+
+
+@dataclass
+class FeederSettings:
+    redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={"help": "Redis URL"})
+    run_id: str = field(default="default", metadata={"help": "run namespace of the Redis keys"})
+    tasks: List[Dict[str, Any]] = field(
+        default_factory=lambda: [{"env": {"kind": "arithmetic", "kwargs": {}}}],
+        metadata={"help": "curriculum: list of {name, env, protocol, inference, weight} (YAML)"},
+    )
+    group_size: int = field(default=8, metadata={"help": "episodes per request (one group)"})
+    high_water: int = field(default=64, metadata={"help": "target backlog of the requests stream"})
+    max_requests: int = field(default=0, metadata={"help": "stop after this many (0: forever)"})
+    poll_s: float = field(default=0.5, metadata={"help": "seconds between top-ups"})
+    metrics_port: int = field(default=9104, metadata={"help": "/metrics and /health (0 off)"})
+    log_level: str = field(default="INFO", metadata={"help": "logging level"})
+
+    def __post_init__(self) -> None:
+        if self.group_size < 1:
+            raise ValueError(f"feeder group_size={self.group_size} must be >= 1")
+        if self.high_water < 1:
+            raise ValueError(f"feeder high_water={self.high_water} must be >= 1")
+        if not self.tasks:
+            raise ValueError("feeder needs at least one task; see services/feeder/README.md")
+        self.parsed_tasks = [Task.from_dict(d, i) for i, d in enumerate(self.tasks)]
+
+
+def pick_task(tasks: List[Task], seed: int) -> Task:
+    """Weighted choice that is a pure function of ``seed`` (same seed, same task)."""
+    if len(tasks) == 1:
+        return tasks[0]
+    h = int.from_bytes(hashlib.blake2b(str(seed).encode(), digest_size=8).digest(), "big")
+    x = (h / 2**64) * sum(t.weight for t in tasks)
+    for t in tasks:
+        x -= t.weight
+        if x < 0:
+            return t
+    return tasks[-1]
+
+
+def make_request(settings: FeederSettings, task: Task, seed: int) -> RolloutRequest:
+    rid = f"{settings.run_id}-{seed}"
+    return RolloutRequest(
+        id=rid,
+        env=task.env,
+        protocol=task.protocol,
+        env_seed=seed,
+        sampling_seed=seed * 1000,
+        inference=task.inference,
+        num_episodes=settings.group_size,
+        same_env_seed=True,
+        meta={"group_id": rid, "task": task.name},
+    )
+
+
+async def top_up(r: Any, keys: transport.Keys, settings: FeederSettings, limit: int) -> int:
+    """Add requests until the backlog reaches ``high_water`` (at most ``limit``)."""
+    n = min(settings.high_water - await transport.backlog(r, keys.requests), limit)
+    if n <= 0:
+        return 0
+    last = int(await r.incrby(keys.feeder_seed, n))
+    pipe = r.pipeline(transaction=False)
+    for seed in range(last - n, last):
+        task = pick_task(settings.parsed_tasks, seed)
+        req = make_request(settings, task, seed)
+        pipe.xadd(keys.requests, {"id": req.id, "d": transport.encode_request(req)})
+        REQUESTS.labels(task=task.name).inc()
+    await pipe.execute()
+    return n
+
+
+async def run(settings: FeederSettings, *, stop: Optional[asyncio.Event] = None) -> int:
+    """Feed until ``stop`` (or ``max_requests``). Returns the number of requests added."""
+    stop = stop or asyncio.Event()
+    keys = transport.Keys(settings.run_id)
+    r = transport.connect(settings.redis_url)
+    server = await start_http(settings.metrics_port)
+    added, attempt = 0, 0
+    try:
+        while not stop.is_set():
+            limit = settings.max_requests - added if settings.max_requests > 0 else 1 << 30
+            if limit <= 0:
+                break
+            try:
+                n = await top_up(r, keys, settings, limit)
+                await update_stream_gauges(r, keys)
+                attempt = 0
+            except transport.REDIS_DOWN_ERRORS as e:
+                ERRORS.labels(kind="redis").inc()
+                log.warning("redis unavailable (%s); backing off", e)
+                await transport.backoff_sleep(attempt, stop)
+                attempt += 1
+                continue
+            added += n
+            if n == 0:
+                FULL.inc()
+            await sleep_or_stop(stop, settings.poll_s)
+    finally:
+        if server is not None:
+            server.close()
+        await r.aclose()
+    log.info("feeder added %d request(s)", added)
+    return added
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    settings = load_settings(FeederSettings, argv, service="feeder", description=__doc__.split("\n")[0])
+    setup_logging(settings.log_level)
+    log_settings(log, "feeder", settings)
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        install_stop_signals(stop)
+        await run(settings, stop=stop)
+
+    asyncio.run(go())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

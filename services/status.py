@@ -1,0 +1,117 @@
+"""``ludic status [--json]``: stream depths, pending entries, consumers, versions, actors.
+
+Per stream: length (un-acked backlog: consumers XDEL on ack), the consumer group's
+pending count and lag, and each consumer's pending count and idle time. Also the
+dead-letter count (XLEN of ``deadletter``) with its reasons, the learner's
+``policy_version`` and ``learner_step``, the credit leader and the live actors (heartbeat
+keys that have not expired).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+from collections import Counter
+from typing import Any, Dict, List, Optional
+
+import redis.exceptions as rexc
+
+from libludic import transport
+
+
+def _s(x: Any) -> Any:
+    return x.decode() if isinstance(x, bytes) else x
+
+
+async def collect(redis_url: str, run_id: str, deadletter_sample: int = 1000) -> Dict[str, Any]:
+    keys = transport.Keys(run_id)
+    r = transport.connect(redis_url)
+    try:
+        streams: Dict[str, Any] = {}
+        for name, key in keys.streams().items():
+            info: Dict[str, Any] = {"key": key, "length": int(await r.xlen(key)), "groups": []}
+            try:
+                groups = await r.xinfo_groups(key) if info["length"] or await r.exists(key) else []
+            except rexc.ResponseError:
+                groups = []
+            for g in groups:
+                gname = _s(g["name"])
+                consumers = []
+                for c in await r.xinfo_consumers(key, gname):
+                    consumers.append({
+                        "name": _s(c["name"]),
+                        "pending": int(c["pending"]),
+                        "idle_ms": int(c["idle"]),
+                        "inactive_ms": int(c["inactive"]) if c.get("inactive") is not None else None,
+                    })
+                lag = g.get("lag")
+                info["groups"].append({
+                    "name": gname,
+                    "pending": int(g["pending"]),
+                    "lag": None if lag is None else int(lag),
+                    "last_delivered_id": _s(g.get("last-delivered-id")),
+                    "consumers": consumers,
+                })
+            streams[name] = info
+        reasons: Counter = Counter()
+        for _, fields in await r.xrevrange(keys.deadletter, count=deadletter_sample):
+            reasons[_s(fields.get(b"reason", b"?"))] += 1
+        lease = await r.get(keys.lease("credit"))
+        actors = await transport.alive(r, keys, "actor")
+        return {
+            "run_id": run_id,
+            "streams": streams,
+            "deadletter": {"count": streams["deadletter"]["length"], "recent_reasons": dict(reasons)},
+            "policy_version": await transport.get_int(r, keys.policy_version),
+            "learner_step": await transport.get_int(r, keys.learner_step),
+            "feeder_next_seed": await transport.get_int(r, keys.feeder_seed),
+            "credit_leader": _s(lease),
+            "actors_alive": len(actors),
+            "actors": {k: {kk: vv for kk, vv in v.items() if kk in ("pid", "host", "inflight", "episodes", "ts")} for k, v in actors.items()},
+        }
+    finally:
+        await r.aclose()
+
+
+def render(st: Dict[str, Any]) -> str:
+    lines = [
+        f"run {st['run_id']}: policy_version={st['policy_version']} learner_step={st['learner_step']} "
+        f"actors_alive={st['actors_alive']} credit_leader={st['credit_leader'] or '-'} "
+        f"deadletter={st['deadletter']['count']}",
+        f"{'stream':<11} {'length':>7} {'group':<8} {'pending':>7} {'lag':>5}  consumers (pending/idle s)",
+    ]
+    for name, info in st["streams"].items():
+        groups = info["groups"] or [{"name": "-", "pending": 0, "lag": None, "consumers": []}]
+        for g in groups:
+            cons = ", ".join(
+                f"{c['name']}({c['pending']}/{c['idle_ms'] / 1000:.1f})" for c in g["consumers"]
+            )
+            lag = "-" if g["lag"] is None else str(g["lag"])
+            lines.append(
+                f"{name:<11} {info['length']:>7} {g['name']:<8} {g['pending']:>7} {lag:>5}  {cons or '-'}"
+            )
+    if st["deadletter"]["recent_reasons"]:
+        lines.append("deadletter reasons: " + ", ".join(
+            f"{k}={v}" for k, v in sorted(st["deadletter"]["recent_reasons"].items())))
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="ludic status", description=__doc__.split("\n")[0])
+    p.add_argument("--redis-url", default=os.environ.get("LUDIC_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    p.add_argument("--run-id", default=os.environ.get("LUDIC_RUN_ID", "default"))
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    a = p.parse_args(argv)
+    try:
+        st = asyncio.run(collect(a.redis_url, a.run_id))
+    except transport.REDIS_DOWN_ERRORS as e:
+        print(f"ludic status: cannot reach Redis at {a.redis_url}: {e}", flush=True)
+        return 1
+    print(json.dumps(st, indent=2, sort_keys=True) if a.json else render(st))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

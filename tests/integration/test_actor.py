@@ -1,0 +1,328 @@
+"""`ludic actor` against a real redis-server and a fake OpenAI-compatible HTTP server.
+
+The fake server answers like `ludic inference` (token ids, chosen-token logprobs,
+policy_version) after a configurable delay, so actors can be killed while they hold work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Dict, Iterator, List
+
+import pytest
+from prometheus_client import REGISTRY
+
+from libludic import transport as t
+from libludic.inference.client import InferenceError
+from libludic.inference.request import InferenceSpec
+from libludic.inference.sampling import SamplingConfig
+from libludic.training.types import EnvSpec, RolloutRequest
+from libludic.types import ChatResponse
+from services.actor import main as actor_main
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+class FakeOpenAI:
+    """OpenAI-compatible endpoint: answers "42" (+ EOS) with logprobs -0.1, -0.2, -0.3."""
+
+    def __init__(self, delay_s: float = 0.0, version: int = 0):
+        self.delay_s = delay_s
+        self.version = version
+        self.calls = 0
+        fake = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a: Any) -> None:
+                pass
+
+            def _send(self, obj: Dict[str, Any], code: int = 200) -> None:
+                body = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                if self.path == "/v1/models":
+                    self._send({"data": [{"id": "fake"}]})
+                elif self.path == "/v1/policy_version":
+                    self._send({"policy_version": fake.version})
+                elif self.path == "/health":
+                    self._send({"ok": True})
+                else:
+                    self._send({"error": "not found"}, 404)
+
+            def do_POST(self) -> None:
+                n = int(self.headers.get("Content-Length", 0))
+                body = json.loads(self.rfile.read(n))
+                fake.calls += 1
+                time.sleep(fake.delay_s)
+                prompt = body["messages"][-1]["content"].encode()[:200]
+                ids = [52, 50, 258]
+                self._send({
+                    "choices": [{
+                        "message": {"role": "assistant", "content": "42"},
+                        "finish_reason": "stop",
+                        "token_ids": ids,
+                        "logprobs": {"content": [{"logprob": -0.1 * (i + 1)} for i in range(len(ids))]},
+                    }],
+                    "prompt_token_ids": list(prompt),
+                    "policy_version": fake.version,
+                })
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def fake_openai() -> Iterator[FakeOpenAI]:
+    f = FakeOpenAI()
+    yield f
+    f.close()
+
+
+def request(i: int, **kw: Any) -> RolloutRequest:
+    kw.setdefault("env", EnvSpec("arithmetic", {"digits": 2}))
+    return RolloutRequest(
+        id=f"req-{i}", env_seed=i,
+        inference=InferenceSpec(sampling=SamplingConfig(max_tokens=4)), **kw,
+    )
+
+
+async def feed(r: Any, keys: t.Keys, reqs: List[RolloutRequest]) -> None:
+    await t.ensure_group(r, keys.requests, t.GROUP_ACTORS)
+    for q in reqs:
+        await t.xadd(r, keys.requests, q.id, t.encode_request(q))
+
+
+async def rollouts(r: Any, keys: t.Keys) -> List[Any]:
+    return [t.decode_rollout(f[b"d"]) for _, f in await r.xrange(keys.rollouts)]
+
+
+def spawn_actor(redis_url: str, run_id: str, inference_url: str, *extra: str) -> subprocess.Popen:
+    args = [
+        sys.executable, "-m", "libludic.cli", "actor", "--redis-url", redis_url, "--run-id", run_id,
+        "--inference-urls", inference_url, "--concurrency", "3", "--claim-idle-ms", "1000",
+        "--metrics-port", "0", "--max-lag", "-1", "--heartbeat-ttl-s", "2", "--block-ms", "200",
+        *extra,
+    ]
+    return subprocess.Popen(args, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+async def wait_for(cond: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await cond():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+async def test_kill9_actor_then_peer_finishes_all_and_sigterm_drains(
+    redis_url: str, fake_openai: FakeOpenAI
+) -> None:
+    fake_openai.delay_s = 1.0
+    keys = t.Keys("act1")
+    r = t.connect(redis_url)
+    await feed(r, keys, [request(i) for i in range(6)])
+    procs: List[subprocess.Popen] = []
+    try:
+        a = spawn_actor(redis_url, "act1", fake_openai.url)
+        procs.append(a)
+
+        async def a_holds_work() -> bool:
+            p = await r.xpending(keys.requests, t.GROUP_ACTORS)
+            return int(p["pending"]) >= 2
+
+        await wait_for(a_holds_work, 60, "actor A to claim requests")
+
+        async def one_alive() -> bool:
+            return len(await t.alive(r, keys, "actor")) == 1
+
+        await wait_for(one_alive, 10, "actor A's heartbeat")
+        os.kill(a.pid, signal.SIGKILL)
+        a.wait(10)
+        b = spawn_actor(redis_url, "act1", fake_openai.url)
+        procs.append(b)
+
+        async def all_done() -> bool:
+            return len(await rollouts(r, keys)) >= 6 and await r.xlen(keys.requests) == 0
+
+        await wait_for(all_done, 90, "actor B to finish every request")
+        ros = await rollouts(r, keys)
+        assert sorted(ro.meta["request_id"] for ro in ros) == [f"req-{i}" for i in range(6)]
+        assert all(ro.steps[0].trace.completion_logprobs == pytest.approx([-0.1, -0.2, -0.3]) for ro in ros)
+        # SIGTERM mid-work: B stops claiming, finishes within the grace period, exits 0
+        await feed(r, keys, [request(i) for i in range(6, 8)])
+        await wait_for(a_holds_work, 30, "actor B to claim the new requests")
+        b.send_signal(signal.SIGTERM)
+        assert b.wait(30) == 0, b.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
+        assert len(await rollouts(r, keys)) == 8
+        assert int((await r.xpending(keys.requests, t.GROUP_ACTORS))["pending"]) == 0
+        assert await t.alive(r, keys, "actor") == {}
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        await r.aclose()
+
+
+class FlakyClient:
+    """A ChatClient whose first ``fail`` calls raise InferenceError."""
+
+    def __init__(self, fail: int):
+        self.fail = fail
+        self.calls = 0
+
+    async def complete(self, request: Any) -> Any:
+        self.calls += 1
+        if self.calls <= self.fail:
+            raise InferenceError("replica restarting")
+        return ChatResponse(text="42", prompt_token_ids=[1, 2], completion_token_ids=[52, 50, 258],
+                            completion_logprobs=[-0.1, -0.2, -0.3], policy_version=0), {}
+
+    async def get_policy_version(self) -> int:
+        return 0
+
+    def sync_weights(self, *a: Any, **k: Any) -> str:
+        raise NotImplementedError
+
+
+async def test_actor_deadletters_bad_requests_and_retries_inference_errors(redis_url: str) -> None:
+    keys = t.Keys("act2")
+    r = t.connect(redis_url)
+    await feed(r, keys, [request(0), request(1, env=EnvSpec("no_such_env"))])
+    await t.xadd(r, keys.requests, "junk", b"\x00not msgpack")
+    settings = actor_main.ActorSettings(
+        redis_url=redis_url, run_id="act2", metrics_port=0, claim_idle_ms=300, max_lag=-1,
+        block_ms=100, concurrency=2,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(actor_main.run(settings, client=FlakyClient(fail=1), stop=stop))
+
+    async def settled() -> bool:
+        return await r.xlen(keys.requests) == 0
+
+    await wait_for(settled, 30, "the actor to settle every request")
+    stop.set()
+    stats = await asyncio.wait_for(task, 30)
+    assert stats.retried == 1 and stats.episodes == 1 and stats.deadlettered == 2
+    reasons = sorted(t._s(f[b"reason"]) for _, f in await r.xrange(keys.deadletter))
+    assert reasons == ["bad_msgpack", "episode_error"]
+    (ro,) = await rollouts(r, keys)
+    assert ro.meta["request_id"] == "req-0" and ro.meta["group_rollouts"] == 1
+    await r.aclose()
+
+
+async def test_actor_waits_while_inference_is_stale(redis_url: str) -> None:
+    keys = t.Keys("act3")
+    r = t.connect(redis_url)
+    await feed(r, keys, [request(0)])
+    await t.set_policy_version(r, keys, 5)  # learner at 5, inference (FlakyClient) at 0
+    settings = actor_main.ActorSettings(
+        redis_url=redis_url, run_id="act3", metrics_port=0, max_lag=2, block_ms=100,
+    )
+    before = stale_waits()
+    stop = asyncio.Event()
+    client = FlakyClient(fail=0)
+    fake_inference_version = {"v": 0}
+
+    async def version() -> int:
+        return fake_inference_version["v"]
+
+    client.get_policy_version = version  # type: ignore[method-assign]
+    task = asyncio.create_task(actor_main.run(settings, client=client, stop=stop))
+    await asyncio.sleep(1.0)
+    assert await r.xlen(keys.rollouts) == 0 and stale_waits() == before + 1
+    fake_inference_version["v"] = 3  # lag 5 - 3 = 2 <= max_lag: admitted
+    await wait_for(lambda: _xlen_positive(r, keys.rollouts), 10, "the actor to be admitted")
+    stop.set()
+    await asyncio.wait_for(task, 30)
+    await r.aclose()
+
+
+def stale_waits() -> float:
+    return REGISTRY.get_sample_value("ludic_actor_stale_admission_waits_total") or 0.0
+
+
+async def _xlen_positive(r: Any, key: str) -> bool:
+    return int(await r.xlen(key)) > 0
+
+
+async def test_metrics_and_health_endpoints(redis_url: str) -> None:
+    try:
+        from conftest import free_port  # type: ignore[import-not-found]
+    except ImportError:  # pragma: no cover
+        from tests.conftest import free_port
+    import httpx
+
+    keys = t.Keys("act4")
+    r = t.connect(redis_url)
+    await feed(r, keys, [request(0)])
+    port = free_port()
+    settings = actor_main.ActorSettings(
+        redis_url=redis_url, run_id="act4", metrics_port=port, max_lag=-1, block_ms=100,
+        heartbeat_ttl_s=1.0,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(actor_main.run(settings, client=FlakyClient(fail=0), stop=stop))
+    await wait_for(lambda: _xlen_positive(r, keys.rollouts), 10, "one rollout")
+    await asyncio.sleep(0.5)  # one keepalive tick refreshes the gauges
+    async with httpx.AsyncClient() as http:
+        body = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+        health = await http.get(f"http://127.0.0.1:{port}/health")
+    assert health.status_code == 200
+    for name in ("ludic_actor_episodes_total", "ludic_actor_reward_bucket",
+                 "ludic_actor_tokens_total", "ludic_actor_claim_seconds_bucket",
+                 "ludic_actor_stale_admission_waits_total", 'ludic_stream_length{stream="rollouts"}'):
+        assert name in body, name
+    assert len(await t.alive(r, keys, "actor")) == 1
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    await r.aclose()
+
+
+async def test_inference_pool_round_robin_and_failover() -> None:
+    from libludic.inference.pool import InferencePool
+    from libludic.inference.request import ChatCompletionRequest
+
+    a, b = FakeOpenAI(version=3), FakeOpenAI(version=2)
+    downs: List[str] = []
+    pool = InferencePool([a.url, b.url], max_retries=0, down_for_s=30, on_replica_down=downs.append)
+    req = ChatCompletionRequest(messages=[{"role": "user", "content": "1+1="}])
+    try:
+        for _ in range(4):
+            resp, info = await pool.complete(req)
+            assert resp.completion_token_ids == [52, 50, 258]
+        assert a.calls == 2 and b.calls == 2  # round robin
+        assert await pool.get_policy_version() == 2  # the stalest healthy replica
+        b.close()  # replica b dies
+        for _ in range(4):
+            _, info = await pool.complete(req)
+            assert info["url"] == a.url
+        assert downs == [b.url] and a.calls == 6
+        assert await pool.get_policy_version() == 3  # b is down: only a counts
+    finally:
+        await pool.aclose()
+        a.close()

@@ -1,0 +1,177 @@
+"""`ludic credit` against a real redis-server: group assembly, the incomplete-group
+policy, late rollouts, dead-lettering and leader take-over."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Sequence
+
+import pytest
+
+from libludic import transport as t
+from libludic.types import Rollout, Step, TokenTrace
+from services.credit import main as credit_main
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+def rollout(gid: str, i: int, reward: float) -> Rollout:
+    tr = TokenTrace([257, 49, 43, 50], [51, 258], [-0.25, -0.5])
+    step = Step(0, "1+2=", "3", None, reward, terminated=True, trace=tr, policy_version=1,
+                info={"finish_reason": "stop"})
+    return Rollout(id=f"{gid}-r{i}", steps=[step], meta={"group_id": gid, "request_id": gid})
+
+
+async def add(r: Any, keys: t.Keys, ros: Sequence[Rollout]) -> None:
+    for ro in ros:
+        await t.xadd(r, keys.rollouts, ro.id, t.encode_rollout(ro))
+
+
+async def saw_items(r: Any, keys: t.Keys) -> List[Any]:
+    return [t.decode_saw_item(f[b"d"]) for _, f in await r.xrange(keys.saw)]
+
+
+def settings(redis_url: str, run_id: str, **kw: Any) -> credit_main.CreditSettings:
+    base: Dict[str, Any] = dict(
+        redis_url=redis_url, run_id=run_id, algorithm="grpo", group_size=4, group_timeout_s=1.0,
+        metrics_port=0, block_ms=100, claim_idle_ms=600, lease_ttl_ms=600,
+    )
+    base.update(kw)
+    return credit_main.CreditSettings(**base)
+
+
+async def wait_for(cond: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await cond():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+async def test_groups_complete_partial_dropped_late_and_deadlettered(redis_url: str) -> None:
+    keys = t.Keys("cr1")
+    r = t.connect(redis_url)
+    await t.ensure_group(r, keys.rollouts, t.GROUP_CREDIT)
+    a = [rollout("A", i, rw) for i, rw in enumerate([1.0, 0.0, 0.0, 1.0])]
+    b = [rollout("B", i, rw) for i, rw in enumerate([1.0, 0.0, 0.0])]  # one short
+    c = [rollout("C", 0, 1.0)]  # three short
+    await add(r, keys, [a[0], b[0], a[1], c[0], b[1], a[2], a[1], b[2], a[3]])  # a[1] twice
+    await t.xadd(r, keys.rollouts, "junk", b"\x92\x01")  # a msgpack list, not an envelope
+    stop = asyncio.Event()
+    task = asyncio.create_task(credit_main.run(settings(redis_url, "cr1"), stop=stop))
+
+    async def settled() -> bool:
+        return await r.xlen(keys.rollouts) == 0
+
+    await wait_for(settled, 20, "every rollout to be acked")
+    await add(r, keys, [rollout("C", 1, 0.0)])  # arrives after C was dropped
+    await wait_for(settled, 10, "the late rollout to be acked")
+    stop.set()
+    worker = await asyncio.wait_for(task, 10)
+
+    items = await saw_items(r, keys)
+    by_group: Dict[str, List[Any]] = {}
+    for it in items:
+        by_group.setdefault(it.meta["group_id"], []).append(it)
+    # A complete: GRPO weight A_i = R_i - mean(R) = R_i - 0.5
+    assert sorted(it.weight for it in by_group["A"]) == pytest.approx([-0.5, -0.5, 0.5, 0.5])
+    # B partial (3 >= min_partial_group=2): mean = 1/3 -> weights 2/3, -1/3, -1/3
+    assert sorted(it.weight for it in by_group["B"]) == pytest.approx([-1 / 3, -1 / 3, 2 / 3])
+    assert "C" not in by_group  # dropped: 1 < min_partial_group
+    assert worker.outcomes == {
+        "complete": 1, "partial": 1, "dropped": 1, "late": 1, "duplicate_rollout": 1
+    }
+    assert worker.items_written == 7
+    (_, dl), = await r.xrange(keys.deadletter)
+    assert dl[b"reason"] == b"bad_msgpack"
+    # the trace's logprobs sit on the action tokens, zeros on the state
+    it = by_group["A"][0]
+    assert it.action_mask == [0, 0, 0, 0, 1, 1]
+    assert it.attachments.actor_logprobs == [0.0] * 4 + [-0.25, -0.5]
+    assert int((await r.xpending(keys.rollouts, t.GROUP_CREDIT))["pending"]) == 0
+    await r.aclose()
+
+
+async def test_standby_takes_over_when_the_leader_is_killed(redis_url: str) -> None:
+    keys = t.Keys("cr2")
+    r = t.connect(redis_url)
+    await t.ensure_group(r, keys.rollouts, t.GROUP_CREDIT)
+    d = [rollout("D", i, float(i)) for i in range(4)]
+    await add(r, keys, d[:2])
+    leader = spawn_credit(redis_url, "cr2", "--consumer", "leader", "--group-timeout-s", "60",
+                          "--lease-ttl-ms", "600", "--claim-idle-ms", "600")
+    stop2 = asyncio.Event()
+    t2 = None
+    try:
+        async def leader_holds_two() -> bool:
+            return int((await r.xpending(keys.rollouts, t.GROUP_CREDIT))["pending"]) == 2
+
+        await wait_for(leader_holds_two, 90, "the leader to buffer half of group D")
+        s2 = settings(redis_url, "cr2", consumer="standby", group_timeout_s=60)
+        t2 = asyncio.create_task(credit_main.run(s2, stop=stop2))
+        await asyncio.sleep(0.5)
+        assert await r.get(keys.lease("credit")) == b"leader"  # the standby waits
+        os.kill(leader.pid, signal.SIGKILL)  # dies holding an incomplete group, nothing acked
+        leader.wait(10)
+        await add(r, keys, d[2:])
+
+        async def done() -> bool:
+            return await r.xlen(keys.saw) == 4
+
+        await wait_for(done, 20, "the standby to take over and finish group D")
+        assert await r.get(keys.lease("credit")) == b"standby"
+        stop2.set()
+        w2 = await asyncio.wait_for(t2, 10)
+        assert w2.outcomes == {"complete": 1}
+        # GRPO on rewards 0,1,2,3: mean 1.5 -> weights -1.5, -0.5, 0.5, 1.5
+        weights = sorted(it.weight for it in await saw_items(r, keys))
+        assert weights == pytest.approx([-1.5, -0.5, 0.5, 1.5])
+        assert int((await r.xpending(keys.rollouts, t.GROUP_CREDIT))["pending"]) == 0
+    finally:
+        stop2.set()
+        if leader.poll() is None:
+            leader.kill()
+            leader.wait(10)
+        if t2 is not None:
+            await asyncio.wait_for(asyncio.gather(t2, return_exceptions=True), 10)
+        await r.aclose()
+
+
+def spawn_credit(redis_url: str, run_id: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "libludic.cli", "credit", "--metrics-port", "0",
+         "--block-ms", "200", *extra],
+        cwd=REPO, stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO), "LUDIC_REDIS_URL": redis_url,
+             "LUDIC_RUN_ID": run_id},
+    )
+
+
+async def test_credit_cli_processes_a_group_and_exits_on_sigterm(redis_url: str) -> None:
+    keys = t.Keys("cr3")
+    r = t.connect(redis_url)
+    await add(r, keys, [rollout("E", i, float(i % 2)) for i in range(2)])
+    proc = spawn_credit(redis_url, "cr3", "--group-size", "2")
+    try:
+        async def done() -> bool:
+            return await r.xlen(keys.saw) == 2
+
+        await wait_for(done, 90, "the credit CLI to write group E")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        err = proc.stderr.read().decode()  # type: ignore[union-attr]
+        assert "ludic credit config:" in err and '"group_size": 2' in err  # logged once at start
+        assert await r.get(keys.lease("credit")) is None  # released on exit
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        await r.aclose()

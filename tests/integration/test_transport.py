@@ -1,0 +1,255 @@
+"""Stream semantics against a real redis-server: claim-over after kill -9, de-dup on
+redelivery, dead-lettering, backpressure, admission control, heartbeats and leases."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from libludic import transport as t
+from libludic.training.types import EnvSpec, RolloutRequest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+STREAM, OUT, DL, GROUP = "ludic:{t}:in", "ludic:{t}:out", "ludic:{t}:deadletter", "g"
+
+
+def consumer(r, name: str, **kw) -> t.StreamConsumer:
+    kw.setdefault("claim_idle_ms", 300)
+    kw.setdefault("claim_every_s", 0.05)
+    return t.StreamConsumer(r, STREAM, GROUP, name, DL, **kw)
+
+
+async def echo_once(c: t.StreamConsumer, n: int = 10, block_ms: int = 100) -> int:
+    """One read + commit pass of a worker that copies each request to OUT (de-dup by id)."""
+    done = 0
+    for e in await c.read(n, block_ms=block_ms):
+        try:
+            req = t.decode_request(e.payload)
+        except t.CodecError as err:
+            await c.dead_letter(e, err.reason, err.detail)
+            continue
+        await c.commit([e], [(req.id, e.payload)], OUT, f"ludic:{{t}}:done:echo:{req.id}")
+        done += 1
+    return done
+
+
+async def out_ids(r) -> List[str]:
+    return [t._s(f[b"id"]) for _, f in await r.xrange(OUT)]
+
+
+async def add_requests(r, n: int, start: int = 0) -> List[str]:
+    ids = []
+    for i in range(start, start + n):
+        req = RolloutRequest(env=EnvSpec("arithmetic"), env_seed=i, id=f"req-{i}")
+        await t.xadd(r, STREAM, req.id, t.encode_request(req))
+        ids.append(req.id)
+    return ids
+
+
+async def pending(r) -> int:
+    return int((await r.xpending(STREAM, GROUP))["pending"])
+
+
+VICTIM = textwrap.dedent(
+    """
+    import asyncio, sys
+    from libludic import transport as t
+
+    async def main(url):
+        r = t.connect(url)
+        c = t.StreamConsumer(r, "ludic:{t}:in", "g", "victim", "ludic:{t}:deadletter")
+        await c.ensure_group()
+        entries = await c.read(6, block_ms=5000)
+        for e in entries[:2]:  # finish two, hold the rest un-acked
+            await c.commit([e], [(e.item_id, e.payload)], "ludic:{t}:out",
+                           "ludic:{t}:done:echo:" + e.item_id)
+        print("HOLDING", len(entries) - 2, flush=True)
+        await asyncio.sleep(3600)
+
+    asyncio.run(main(sys.argv[1]))
+    """
+)
+
+
+async def test_kill9_consumer_entries_are_claimed_and_finished_once(redis_url: str) -> None:
+    r = t.connect(redis_url)
+    await t.ensure_group(r, STREAM, GROUP)
+    ids = await add_requests(r, 10)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", VICTIM, redis_url], stdout=subprocess.PIPE, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)  # type: ignore[union-attr]
+        assert line.decode().split() == ["HOLDING", "4"]
+        assert await pending(r) == 4
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    rescuer = consumer(r, "rescuer")
+    deadline = time.monotonic() + 20
+    while len(await out_ids(r)) < 10 and time.monotonic() < deadline:
+        await echo_once(rescuer)
+    got = await out_ids(r)
+    assert sorted(got) == sorted(ids)  # nothing lost, nothing twice
+    assert await pending(r) == 0 and await r.xlen(STREAM) == 0
+    await r.aclose()
+
+
+async def test_redelivery_is_deduplicated(redis_url: str) -> None:
+    r = t.connect(redis_url)
+    await t.ensure_group(r, STREAM, GROUP)
+    await add_requests(r, 1)
+    # (1) a slow consumer: A reads, B claims after the idle timeout and commits, A commits late
+    a, b = consumer(r, "A"), consumer(r, "B")
+    (ea,) = await a.read(1, block_ms=100)
+    await asyncio.sleep(0.4)
+    (eb,) = await b.read(1, block_ms=100)
+    assert eb.id == ea.id and eb.claimed
+    assert await b.commit([eb], [("req-0", eb.payload)], OUT, "ludic:{t}:done:echo:req-0") == 1
+    assert await a.commit([ea], [("req-0", ea.payload)], OUT, "ludic:{t}:done:echo:req-0") == -1
+    # (2) the producer retried its XADD: the same request id arrives twice
+    await add_requests(r, 1)
+    assert await echo_once(a) == 1
+    assert await out_ids(r) == ["req-0"]
+    assert await pending(r) == 0 and await r.xlen(STREAM) == 0
+    await r.aclose()
+
+
+async def test_malformed_entries_are_deadlettered_counted_and_acked(redis_url: str) -> None:
+    r = t.connect(redis_url)
+    await t.ensure_group(r, STREAM, GROUP)
+    bad = {
+        "bad_msgpack": b"\xc1garbage",
+        "unknown_schema_version": t._pack({"schema_version": 99, "kind": "rollout_request", "body": {}}),
+        "missing_field": t._pack({"schema_version": 1, "kind": "rollout_request", "body": {"id": "x"}}),
+    }
+    src = {}
+    for reason, payload in bad.items():
+        src[reason] = await t.xadd(r, STREAM, f"bad-{reason}", payload)
+    await add_requests(r, 1)
+    counted: List[str] = []
+    c = consumer(r, "w", on_deadletter=counted.append)
+    while len(counted) < 3 or not await out_ids(r):
+        await echo_once(c)
+    assert sorted(counted) == sorted(bad)
+    dl = {t._s(f[b"reason"]): f for _, f in await r.xrange(DL)}
+    for reason, sid in src.items():
+        assert t._s(dl[reason][b"source_id"]) == sid
+        assert t._s(dl[reason][b"source_stream"]) == STREAM
+        assert dl[reason][b"d"] == bad[reason]
+    assert await out_ids(r) == ["req-0"]
+    assert await pending(r) == 0 and await r.xlen(STREAM) == 0
+    await r.aclose()
+
+
+async def test_poison_entry_deadlettered_after_max_deliveries(redis_url: str) -> None:
+    r = t.connect(redis_url)
+    await t.ensure_group(r, STREAM, GROUP)
+    await add_requests(r, 1)
+    c = consumer(r, "crashy", claim_idle_ms=100, max_deliveries=3)
+    seen = 0
+    deadline = time.monotonic() + 10
+    while await r.xlen(DL) == 0 and time.monotonic() < deadline:
+        seen += len(await c.read(1, block_ms=50))  # never acks: a worker that keeps dying
+        await asyncio.sleep(0.12)
+    assert seen == 3  # delivered max_deliveries times, then dead-lettered
+    (_, f), = await r.xrange(DL)
+    assert f[b"reason"] == b"max_deliveries"
+    assert await pending(r) == 0
+    await r.aclose()
+
+
+async def test_backpressure_holds_producer_and_trims_nothing(redis_url: str) -> None:
+    r = t.connect(redis_url)
+    await t.ensure_group(r, STREAM, GROUP)
+    waits: List[int] = []
+    produced: List[str] = []
+
+    async def producer() -> None:
+        for i in range(20):
+            await t.wait_below(r, STREAM, 5, poll_s=0.02, on_wait=waits.append)
+            produced.extend(await add_requests(r, 1, start=i))
+
+    task = asyncio.create_task(producer())
+    await asyncio.sleep(0.5)
+    assert not task.done() and len(produced) == 5 and await r.xlen(STREAM) == 5
+    assert waits and max(waits) == 5
+    c = consumer(r, "w")
+    while len(await out_ids(r)) < 20:
+        await echo_once(c, n=3)
+        assert await r.xlen(STREAM) <= 5
+    await asyncio.wait_for(task, 5)
+    assert sorted(await out_ids(r)) == sorted(produced)
+    await r.aclose()
+
+
+async def test_touch_keeps_inflight_work_from_being_claimed(redis_url: str) -> None:
+    r = t.connect(redis_url)
+    await t.ensure_group(r, STREAM, GROUP)
+    await add_requests(r, 1)
+    a, b = consumer(r, "A"), consumer(r, "B")
+    (ea,) = await a.read(1)
+    for _ in range(6):  # 0.6 s > claim_idle_ms, but A keeps touching
+        await asyncio.sleep(0.1)
+        assert await a.touch([ea]) == 1
+        assert await b.claim_stale(10) == []
+    await asyncio.sleep(0.4)
+    (eb,) = await b.claim_stale(10)
+    assert eb.id == ea.id
+    assert await a.touch([ea]) == 0  # A never steals it back
+    await r.aclose()
+
+
+async def test_admission_control_waits_for_inference_to_catch_up(redis_url: str) -> None:
+    r = t.connect(redis_url)
+    keys = t.Keys("adm")
+    assert await t.set_policy_version(r, keys, 5) == 5
+    assert await t.set_policy_version(r, keys, 3) == 5  # never goes back
+    inference = {"v": 2}
+    waits: List[int] = []
+
+    async def inf_version() -> int:
+        return inference["v"]
+
+    adm = t.AdmissionController(r, keys, max_lag=2, inference_version=inf_version, poll_s=0.02,
+                                on_wait=lambda: waits.append(1))
+    task = asyncio.create_task(adm.admit())
+    await asyncio.sleep(0.2)
+    assert not task.done() and waits == [1]  # 5 - 2 = 3 > max_lag: one counted wait
+    inference["v"] = 3
+    assert await asyncio.wait_for(task, 2) == 3
+    assert await adm.admit() == 3 and waits == [1]
+    await r.aclose()
+
+
+async def test_heartbeats_and_lease(redis_url: str) -> None:
+    r = t.connect(redis_url)
+    keys = t.Keys("hb")
+    await t.beat(r, keys, "actor", "a1", 0.3, {"pid": 1})
+    await t.beat(r, keys, "actor", "a2", 5.0, {"pid": 2})
+    assert set(await t.alive(r, keys, "actor")) == {"a1", "a2"}
+    await asyncio.sleep(0.5)
+    assert set(await t.alive(r, keys, "actor")) == {"a2"}
+    l1 = t.Lease(r, keys.lease("credit"), "c1", ttl_ms=300)
+    l2 = t.Lease(r, keys.lease("credit"), "c2", ttl_ms=300)
+    assert await l1.hold() and not await l2.hold() and await l1.hold()
+    await asyncio.sleep(0.4)  # c1 stopped renewing
+    assert await l2.hold() and not await l1.hold()
+    await l2.release()
+    assert await l1.hold()
+    await r.aclose()

@@ -1,0 +1,260 @@
+"""The wire codec: round trips, packed arrays, and one rejection test per malformed kind."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+
+from libludic import transport as t
+from libludic.inference.request import InferenceSpec
+from libludic.inference.sampling import SamplingConfig
+from libludic.training.types import (
+    EnvSpec,
+    ProtocolSpec,
+    RolloutRequest,
+    SampleAttachments,
+    SAWItem,
+)
+from libludic.types import Rollout, Step, TokenTrace
+
+
+def make_request() -> RolloutRequest:
+    return RolloutRequest(
+        env=EnvSpec("arithmetic", {"digits": 2, "ops": ["+", "-"]}),
+        protocol=ProtocolSpec("single_agent", {"parser": None}),
+        env_seed=7,
+        sampling_seed=7000,
+        inference=InferenceSpec(sampling=SamplingConfig(temperature=1.0, max_tokens=8)),
+        num_episodes=4,
+        meta={"group_id": "g7", "task": "add"},
+        same_env_seed=True,
+    )
+
+
+def make_rollout(n_prompt: int = 12, n_completion: int = 5) -> Rollout:
+    rng = np.random.default_rng(0)
+    lp = (-rng.random(n_completion) * 3).astype(np.float32).tolist()
+    tr = TokenTrace(
+        prompt_token_ids=list(range(n_prompt)),
+        completion_token_ids=[258, 65, 2**31 - 1, 0, 1][:n_completion],
+        completion_logprobs=lp,
+    )
+    steps = [
+        Step(0, "12+34=", "46", None, 1.0, terminated=True,
+             info={"parse_error": False, "finish_reason": "stop"}, trace=tr, policy_version=3),
+        Step(1, "x", "y", "z", -0.5, trace=None, policy_version=None, agent_id="b"),
+    ]
+    return Rollout(steps=steps, meta={"group_id": "g7", "request_id": "r1", "env_seed": 7})
+
+
+def make_item(n: int = 16) -> SAWItem:
+    n_state = n // 2
+    return SAWItem(
+        input_ids=list(range(100, 100 + n)),
+        attention_mask=[1] * n,
+        action_mask=[0] * n_state + [1] * (n - n_state),
+        weight=-0.25,
+        meta={"item_id": "r1:0", "group_id": "g7", "reward": 1.0},
+        attachments=SampleAttachments(
+            actor_logprobs=[0.0] * n_state + [-0.5] * (n - n_state),
+            ref_logprobs=None,
+            policy_version=3,
+        ),
+    )
+
+
+def test_request_round_trip() -> None:
+    req = make_request()
+    assert t.decode_request(t.encode_request(req)) == req
+
+
+def test_rollout_round_trip_with_packed_traces() -> None:
+    ro = make_rollout()
+    data = t.encode_rollout(ro)
+    back = t.decode_rollout(data)
+    assert back.to_dict() == ro.to_dict()  # logprobs were float32 already: exact
+    # token arrays travel as bin of little-endian int32, not as msgpack int lists
+    raw = msgpack.unpackb(data, raw=False)
+    trace = raw["body"]["steps"][0]["trace"]
+    assert isinstance(trace["prompt_token_ids"], bytes) and len(trace["prompt_token_ids"]) == 12 * 4
+    assert isinstance(trace["completion_logprobs"], bytes) and len(trace["completion_logprobs"]) == 5 * 4
+    assert raw["schema_version"] == t.SCHEMA_VERSION and raw["kind"] == "rollout"
+
+
+def test_float64_logprobs_round_to_float32() -> None:
+    ro = make_rollout()
+    ro.steps[0].trace.completion_logprobs = [-0.1234567891234] * 5  # type: ignore[union-attr]
+    back = t.decode_rollout(t.encode_rollout(ro))
+    # float32 keeps ~7 significant digits: |err| <= 2^-24 * 0.123 ~ 7e-9
+    assert back.steps[0].trace.completion_logprobs == pytest.approx([-0.1234567891234] * 5, abs=1e-8)  # type: ignore[union-attr]
+
+
+def test_saw_item_round_trip_and_size() -> None:
+    it = make_item(4096)
+    data = t.encode_saw_item(it)
+    back = t.decode_saw_item(data)
+    assert back.to_dict() == it.to_dict()
+    # 4096 tokens: 4 B ids + 1 B + 1 B masks + 4 B logprobs = 10 B/token, plus a small header
+    assert 4096 * 10 <= len(data) < 4096 * 10 + 400
+
+
+def test_token_id_out_of_int32_range_is_an_encode_error() -> None:
+    it = make_item(4)
+    it.input_ids[0] = 2**31
+    with pytest.raises(ValueError, match="int32"):
+        t.encode_saw_item(it)
+
+
+# ---- rejections: each malformed kind -> CodecError(reason) ----------------------------
+
+
+def _env(body: object, *, version: object = t.SCHEMA_VERSION, kind: str = "rollout") -> bytes:
+    return msgpack.packb({"schema_version": version, "kind": kind, "body": body}, use_bin_type=True)
+
+
+def test_rejects_bad_msgpack() -> None:
+    with pytest.raises(t.CodecError) as ei:
+        t.decode_rollout(b"\xc1\xff not msgpack")
+    assert ei.value.reason == "bad_msgpack"
+
+
+def test_rejects_truncated_payload() -> None:
+    data = t.encode_rollout(make_rollout())
+    with pytest.raises(t.CodecError, match="bad_msgpack"):
+        t.decode_rollout(data[:-7])
+
+
+def test_rejects_trailing_bytes() -> None:
+    with pytest.raises(t.CodecError, match="bad_msgpack"):
+        t.decode_request(t.encode_request(make_request()) + b"\x00")
+
+
+def test_rejects_non_bytes_payload() -> None:
+    with pytest.raises(t.CodecError, match="bad_msgpack"):
+        t.decode_request(None)
+
+
+def test_rejects_top_level_not_a_map() -> None:
+    with pytest.raises(t.CodecError, match="expected a map"):
+        t.decode_request(msgpack.packb([1, 2, 3]))
+
+
+def test_rejects_ext_types() -> None:
+    data = msgpack.packb({"schema_version": 1, "kind": "rollout", "body": msgpack.ExtType(5, b"x")})
+    with pytest.raises(t.CodecError, match="ext type 5"):
+        t.decode_rollout(data)
+
+
+def test_rejects_invalid_utf8() -> None:
+    # a str header (0xa2, 2 bytes) holding invalid UTF-8: raw=False refuses it
+    data = b"\x81\xa2\xff\xfe\x01"
+    with pytest.raises(t.CodecError, match="bad_msgpack"):
+        t.decode_rollout(data)
+
+
+def test_rejects_non_string_map_keys() -> None:
+    data = msgpack.packb({1: 2})
+    with pytest.raises(t.CodecError, match="bad_msgpack"):
+        t.decode_rollout(data)
+
+
+def test_rejects_unknown_schema_version() -> None:
+    with pytest.raises(t.CodecError) as ei:
+        t.decode_rollout(_env(make_rollout().to_dict(), version=99))
+    assert ei.value.reason == "unknown_schema_version"
+    assert "99" in str(ei.value)
+
+
+def test_rejects_missing_schema_version() -> None:
+    data = msgpack.packb({"kind": "rollout", "body": {}})
+    with pytest.raises(t.CodecError) as ei:
+        t.decode_rollout(data)
+    assert ei.value.reason == "missing_field"
+
+
+def test_rejects_wrong_kind() -> None:
+    with pytest.raises(t.CodecError) as ei:
+        t.decode_rollout(t.encode_request(make_request()))
+    assert ei.value.reason == "wrong_kind"
+
+
+def test_rejects_missing_body() -> None:
+    data = msgpack.packb({"schema_version": t.SCHEMA_VERSION, "kind": "rollout"})
+    with pytest.raises(t.CodecError, match="missing_field"):
+        t.decode_rollout(data)
+
+
+@pytest.mark.parametrize("drop", ["steps", "id"])
+def test_rejects_rollout_missing_field(drop: str) -> None:
+    d = msgpack.unpackb(t.encode_rollout(make_rollout()), raw=False)["body"]
+    del d[drop]
+    with pytest.raises(t.CodecError) as ei:
+        t.decode_rollout(_env(d))
+    assert ei.value.reason == "missing_field" and drop in ei.value.detail
+
+
+def test_rejects_request_missing_env() -> None:
+    d = make_request().to_dict()
+    del d["env"]
+    with pytest.raises(t.CodecError, match="missing_field"):
+        t.decode_request(_env(d, kind="rollout_request"))
+
+
+@pytest.mark.parametrize("drop", ["input_ids", "action_mask", "weight"])
+def test_rejects_saw_missing_field(drop: str) -> None:
+    d = msgpack.unpackb(t.encode_saw_item(make_item()), raw=False)["body"]
+    del d[drop]
+    with pytest.raises(t.CodecError, match="missing_field"):
+        t.decode_saw_item(_env(d, kind="saw_item"))
+
+
+def test_rejects_token_ids_as_int_list() -> None:
+    d = msgpack.unpackb(t.encode_saw_item(make_item()), raw=False)["body"]
+    d["input_ids"] = list(range(16))  # the old list form is not accepted
+    with pytest.raises(t.CodecError, match="bad_field"):
+        t.decode_saw_item(_env(d, kind="saw_item"))
+
+
+def test_rejects_ragged_packed_array() -> None:
+    d = msgpack.unpackb(t.encode_saw_item(make_item()), raw=False)["body"]
+    d["input_ids"] = d["input_ids"][:-1]  # 63 bytes: not a multiple of 4
+    with pytest.raises(t.CodecError, match="not a multiple of 4"):
+        t.decode_saw_item(_env(d, kind="saw_item"))
+
+
+def test_rejects_misaligned_lengths() -> None:
+    d = msgpack.unpackb(t.encode_saw_item(make_item()), raw=False)["body"]
+    d["action_mask"] = d["action_mask"][:-1]
+    with pytest.raises(t.CodecError, match="bad_field"):
+        t.decode_saw_item(_env(d, kind="saw_item"))
+
+
+def test_rejects_wrong_weight_type() -> None:
+    d = msgpack.unpackb(t.encode_saw_item(make_item()), raw=False)["body"]
+    d["weight"] = "high"
+    with pytest.raises(t.CodecError, match="bad_field"):
+        t.decode_saw_item(_env(d, kind="saw_item"))
+
+
+def test_rejects_steps_not_a_list() -> None:
+    d = msgpack.unpackb(t.encode_rollout(make_rollout()), raw=False)["body"]
+    d["steps"] = {"a": 1}
+    with pytest.raises(t.CodecError, match="bad_field"):
+        t.decode_rollout(_env(d))
+
+
+def test_unencodable_meta_names_the_fix() -> None:
+    ro = make_rollout()
+    ro.meta["obj"] = object()
+    with pytest.raises(ValueError, match="meta/info values"):
+        t.encode_rollout(ro)
+
+
+def test_keys_are_namespaced_with_a_hash_tag() -> None:
+    k = t.Keys("run1")
+    assert k.requests == "ludic:{run1}:requests"
+    assert k.policy_version == "ludic:{run1}:policy_version"
+    assert k.heartbeat("actor", "a1") == "ludic:{run1}:heartbeat:actor:a1"
+    with pytest.raises(ValueError, match="LUDIC_RUN_ID"):
+        t.Keys("bad:id")
