@@ -36,16 +36,50 @@ def make_context(kind: str = "full", **kwargs: Any) -> ContextStrategy:
     raise ValueError(f"unknown context kind {kind!r}; use 'full' or 'truncated_thinking'")
 
 
-def _code_exec_env(**kw: Any) -> Any:
-    from libludic.envs.code_exec.env import CodeExecEnv
-
-    return CodeExecEnv(**kw)
+_PROBLEM_CACHE: Dict[str, Any] = {}
 
 
-def _dataset_qa_env(**kw: Any) -> Any:
-    from libludic.envs.dataset_qa_env import DatasetQAEnv
+def code_exec_env(problems_path: str, config: Optional[Dict[str, Any]] = None, system_prompt: Optional[str] = None) -> Any:
+    """CodeExecEnv from plain data: a JSONL of problems and CodeExecConfig fields."""
+    from libludic.envs.code_exec.config import CodeExecConfig
+    from libludic.envs.code_exec.env import DEFAULT_SYSTEM_PROMPT, CodeExecEnv, load_problems
 
-    return DatasetQAEnv(**kw)
+    if problems_path not in _PROBLEM_CACHE:
+        _PROBLEM_CACHE[problems_path] = load_problems(problems_path)
+    return CodeExecEnv(
+        _PROBLEM_CACHE[problems_path],
+        config=CodeExecConfig(**(config or {})),
+        system_prompt=DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt,
+    )
+
+
+def dataset_qa_env(
+    path: Optional[str] = None,
+    hf: Optional[Dict[str, Any]] = None,
+    format: str = "plain",
+    verifier: str = "exact",
+    **kw: Any,
+) -> Any:
+    """DatasetQAEnv from plain data: a local file (``path``) or a HF dataset (``hf``:
+    {name, split, config_name}); ``format="gsm8k"`` takes the answer after ``####`` and
+    compares numbers; ``verifier`` is ``"exact"`` or ``"numeric"``."""
+    from libludic.envs import dataset_qa_env as dq
+
+    if format not in ("plain", "gsm8k"):
+        raise ValueError(f"dataset_qa format={format!r}: use 'plain' or 'gsm8k'")
+    verifiers = {"exact": dq.exact_match_verifier, "numeric": dq.numeric_verifier}
+    if verifier not in verifiers:
+        raise ValueError(f"dataset_qa verifier={verifier!r}: use one of {sorted(verifiers)}")
+    kw["verifier"] = dq.numeric_verifier if format == "gsm8k" else verifiers[verifier]
+    if format == "gsm8k":
+        kw["answer_extractor"] = dq.gsm8k_extract_answer
+    if (path is None) == (hf is None):
+        raise ValueError("dataset_qa needs exactly one of path=<local file> or hf={name, split}")
+    key = repr((path, sorted((hf or {}).items()), format))
+    if key not in _PROBLEM_CACHE:
+        src = dq.DatasetQAEnv.from_file(path, **kw) if path else dq.DatasetQAEnv.from_hf(**(hf or {}), **kw)
+        _PROBLEM_CACHE[key] = src.rows
+    return dq.DatasetQAEnv(_PROBLEM_CACHE[key], **kw)
 
 
 def default_env_registry() -> Dict[str, EnvFactory]:
@@ -56,8 +90,8 @@ def default_env_registry() -> Dict[str, EnvFactory]:
         "arithmetic": ArithmeticEnv,
         "tic_tac_toe": TicTacToeEnv,
         "tic_tac_toe_2p": TwoPlayerTicTacToeEnv,
-        "code_exec": _code_exec_env,
-        "dataset_qa": _dataset_qa_env,
+        "code_exec": code_exec_env,
+        "dataset_qa": dataset_qa_env,
     }
 
 
