@@ -16,6 +16,13 @@ from typing import Iterator
 
 import pytest
 
+try:  # one intra-op thread: on a loaded 2-core machine torch's spinning threads make small
+    import torch  # models ~50x slower; subprocesses (vLLM, torchrun ranks) choose their own
+
+    torch.set_num_threads(1)
+except ImportError:  # pragma: no cover
+    pass
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

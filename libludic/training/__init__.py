@@ -1,0 +1,41 @@
+"""Training side: credit assignment, losses, algorithms, batch sources, Trainer.
+
+Names are re-exported lazily (``from libludic.training import Trainer, make_grpo``) so
+that importing ``libludic.training.types`` (as the services do) does not load torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Trainer": "libludic.training.trainer",
+    "TrainerConfig": "libludic.training.config",
+    "CheckpointConfig": "libludic.training.checkpoint",
+    "CheckpointManager": "libludic.training.checkpoint",
+    "RLAlgorithm": "libludic.training.algorithm",
+    "make_reinforce": "libludic.training.algorithm",
+    "make_grpo": "libludic.training.algorithm",
+    "make_sft": "libludic.training.algorithm",
+    "make_scalerl": "libludic.training.algorithm",
+    "make_cispo": "libludic.training.algorithm",
+    "RolloutEngine": "libludic.training.batching.rollout_engine",
+    "RolloutBatchSource": "libludic.training.batching.rollout_batch_source",
+    "OfflineBatchSource": "libludic.training.batching.offline",
+    "PipelineBatchSource": "libludic.training.batching.pipeline",
+    "RolloutRequest": "libludic.training.types",
+    "EnvSpec": "libludic.training.types",
+    "ProtocolSpec": "libludic.training.types",
+    "SAWItem": "libludic.training.types",
+    "SAWBatch": "libludic.training.types",
+    "BatchSource": "libludic.training.types",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'libludic.training' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -176,7 +176,8 @@ def read_yaml_section(path: str | Path, service: str, names: set) -> Dict[str, A
 def redacted(settings: Any) -> Dict[str, Any]:
     d = dataclasses.asdict(settings)
     for k in list(d):
-        if any(w in k.lower() for w in _SECRET_WORDS) and d[k]:
+        words = k.lower().split("_")
+        if any(w in words or k.lower().endswith(w) for w in _SECRET_WORDS) and d[k] and not k.endswith("_budget"):
             d[k] = "***"
     return d
 

@@ -1,0 +1,470 @@
+"""PolicyPublishers: make the learner's weights the served policy on every inference replica.
+
+Replicas. :class:`ReplicaSet` turns base URLs (``LUDIC_INFERENCE_URLS``) into replica URLs
+on every publish: a URL whose host resolves to several addresses (a Kubernetes headless
+Service, ``docker compose --scale``) stands for one replica per address
+(``http://10.0.0.7:8000``); a host with one address, or an IP literal, is kept as written.
+Resolution happens again on each publish, so replicas that come and go are followed.
+
+Success and failure. ``publish(state_dict, version)`` returns only when **every** replica
+serves ``version`` and raises :class:`PublishError` (naming each failed replica and why)
+otherwise. Every wait is bounded: a replica is tried at most ``max_attempts`` times with
+exponential backoff, each attempt limited to ``attempt_timeout_s`` (connect: at most
+``connect_timeout_s``) and the whole publish to ``total_timeout_s``; after that the
+replica counts as failed. A 409 (version not greater) is resolved by asking the replica's
+``/v1/policy_version``: already at ``version`` (a retry of an update whose reply was lost)
+counts as acknowledged. 400/401/403/413/422 are configuration errors and are not retried.
+What the *learner* does with a failed publish (continue, count, stop after N in a row) is
+the service's policy (services/learner/main.py).
+
+``on_result(replica, version_or_None, error_or_None)`` is called once per replica per
+publish (for metrics / status); ``acked`` maps replica -> last acknowledged version.
+
+Planes:
+
+* :class:`HttpPolicyPublisher` serialises the state dict to safetensors *once* and POSTs the
+  bytes to ``/v1/weights?version=N`` of every replica in parallel (the wire format of
+  ``weight_sync.push_http``).
+* :class:`BroadcastPolicyPublisher`: HTTP control plane + collective data plane
+  (``weight_sync.CollectiveWeightSender``: gloo on CPU, NCCL on GPU). The group is
+  (re)built when the replica set changes or after a failed round; a round is all-or-nothing
+  (a replica that refuses aborts it for all), retried up to ``max_attempts`` times.
+* :class:`Rank0OnlyPublisher` wraps either under torch.distributed: every rank calls
+  ``publish`` (they all took part in gathering the full state dict), only rank 0 talks to
+  the replicas, and the outcome is broadcast so every rank returns or raises alike.
+
+LoRA: the Trainer's ``full_state_dict()`` already merges the adapters (W + B A * scale,
+base-layer names), so every publisher ships full merged weights; inference never sees
+adapters.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import functools
+import ipaddress
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import torch
+
+from libludic.distributed import weight_sync as ws
+
+log = logging.getLogger(__name__)
+
+ResultFn = Callable[[str, Optional[int], Optional[str]], None]
+Resolver = Callable[[str, int], List[str]]
+_PERMANENT = {400, 401, 403, 413, 422}
+
+
+class PublishError(RuntimeError):
+    """Not every replica acknowledged ``version``; ``failures`` maps replica -> reason."""
+
+    def __init__(self, version: int, failures: Mapping[str, str], acked: Sequence[str] = ()):
+        self.version = version
+        self.failures = dict(failures)
+        self.acked = list(acked)
+        detail = "; ".join(f"{u}: {why}" for u, why in self.failures.items())
+        super().__init__(
+            f"publish of policy version {version} failed on {len(self.failures)} replica(s) "
+            f"({len(self.acked)} acknowledged): {detail}"
+        )
+
+
+# ---------------------------------------------------------------------------- replicas
+
+
+def _default_resolver(host: str, port: int) -> List[str]:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    out: List[str] = []
+    for fam, _, _, _, sa in infos:
+        if fam in (socket.AF_INET, socket.AF_INET6) and sa[0] not in out:
+            out.append(str(sa[0]))
+    return out
+
+
+@dataclass
+class ReplicaSet:
+    """Base URLs -> replica URLs, re-resolved on every call of :meth:`resolve`."""
+
+    urls: Sequence[str]
+    resolver: Resolver = _default_resolver
+
+    def __post_init__(self) -> None:
+        self.urls = [u.strip().rstrip("/") for u in self.urls if u and u.strip()]
+        for u in self.urls:
+            p = urlsplit(u)
+            if p.scheme not in ("http", "https") or not p.hostname:
+                raise ValueError(
+                    f"inference URL {u!r} is not an http(s) base URL; use e.g. "
+                    "LUDIC_INFERENCE_URLS=http://inference:8000"
+                )
+
+    def resolve(self) -> List[str]:
+        out: List[str] = []
+        for u in self.urls:
+            for r in self._expand(u):
+                if r not in out:
+                    out.append(r)
+        return out
+
+    def _expand(self, url: str) -> List[str]:
+        p = urlsplit(url)
+        host = p.hostname or ""
+        try:
+            ipaddress.ip_address(host)
+            return [url]
+        except ValueError:
+            pass
+        port = p.port or (443 if p.scheme == "https" else 80)
+        try:
+            addrs = self.resolver(host, port)
+        except OSError as e:  # keep the name: the publish then fails with a clear reason
+            log.warning("cannot resolve inference host %s (%s); using the URL as given", host, e)
+            return [url]
+        if len(addrs) <= 1:
+            return [url]
+        out = []
+        for a in addrs:
+            h = f"[{a}]" if ":" in a else a
+            netloc = f"{h}:{p.port}" if p.port else h
+            out.append(urlunsplit((p.scheme, netloc, p.path, p.query, p.fragment)))
+        return out
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+@dataclass
+class RetryPolicy:
+    max_attempts: int = 3
+    attempt_timeout_s: float = 120.0
+    connect_timeout_s: float = 5.0
+    total_timeout_s: float = 300.0
+    backoff_s: float = 0.5
+    backoff_cap_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts={self.max_attempts} must be >= 1")
+        for name in ("attempt_timeout_s", "connect_timeout_s", "total_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be > 0")
+
+    def delay(self, attempt: int) -> float:
+        return float(min(self.backoff_cap_s, self.backoff_s * (2 ** max(0, attempt - 1))))
+
+
+def _reason(resp: httpx.Response) -> str:
+    try:
+        detail = resp.json().get("detail", resp.text)
+    except ValueError:
+        detail = resp.text
+    return f"HTTP {resp.status_code}: {str(detail)[:300]}"
+
+
+def replica_version(url: str, timeout_s: float = 5.0, token: Optional[str] = None) -> int:
+    """``GET {url}/v1/policy_version`` (raises on any failure)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    r = httpx.get(url.rstrip("/") + "/v1/policy_version", timeout=timeout_s, headers=headers)
+    r.raise_for_status()
+    return int(r.json()["policy_version"])
+
+
+def replica_versions(urls: Sequence[str], timeout_s: float = 5.0) -> Dict[str, Optional[int]]:
+    """Version of every replica (None where it could not be read), queried in parallel."""
+    if not urls:
+        return {}
+    with cf.ThreadPoolExecutor(min(16, len(urls))) as pool:
+        futs = {u: pool.submit(replica_version, u, timeout_s) for u in urls}
+        out: Dict[str, Optional[int]] = {}
+        for u, f in futs.items():
+            try:
+                out[u] = f.result()
+            except Exception as e:  # unreachable replica: unknown version
+                log.warning("cannot read the policy version of %s: %s", u, e)
+                out[u] = None
+        return out
+
+
+# ---------------------------------------------------------------------------- HTTP plane
+
+
+@dataclass
+class HttpPolicyPublisher:
+    """Safetensors over ``POST /v1/weights?version=N`` to every replica in parallel."""
+
+    replicas: ReplicaSet
+    token: Optional[str] = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    on_result: Optional[ResultFn] = None
+    acked: Dict[str, int] = field(default_factory=dict)
+    last_replicas: List[str] = field(default_factory=list)
+
+    def _headers(self) -> Dict[str, str]:
+        h = {"Content-Type": "application/octet-stream"}
+        if self.token:
+            h["Authorization"] = f"Bearer {self.token}"
+        return h
+
+    def _push_one(self, url: str, body: bytes, version: int, deadline: float) -> Tuple[bool, str]:
+        """(acknowledged?, last reason) after at most max_attempts bounded attempts."""
+        why = "not tried"
+        for attempt in range(1, self.retry.max_attempts + 1):
+            left = deadline - time.monotonic()
+            if left <= 0.05:
+                return False, f"{why} (publish deadline {self.retry.total_timeout_s:.0f}s reached)"
+            t = min(self.retry.attempt_timeout_s, left)
+            timeout = httpx.Timeout(t, connect=min(self.retry.connect_timeout_s, t))
+            try:
+                resp = httpx.post(
+                    f"{url}/v1/weights",
+                    params={"version": int(version)},
+                    content=body,
+                    headers=self._headers(),
+                    timeout=timeout,
+                )
+                if resp.status_code == 200:
+                    got = int(resp.json()["policy_version"])
+                    if got == version:
+                        return True, ""
+                    why = f"replica answered 200 with policy_version={got}, expected {version}"
+                elif resp.status_code == 409:
+                    cur = replica_version(url, min(5.0, left), self.token)
+                    if cur == version:
+                        return True, ""
+                    why = f"HTTP 409: replica serves version {cur}, learner publishes {version}"
+                    if cur > version:
+                        return False, why + " (replica is ahead; another learner publishing?)"
+                elif resp.status_code in _PERMANENT:
+                    return False, _reason(resp)
+                else:
+                    why = _reason(resp)
+            except (httpx.HTTPError, OSError, ValueError, KeyError) as e:
+                why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            if attempt < self.retry.max_attempts:
+                log.warning(
+                    "publish v%d to %s attempt %d/%d failed: %s; retrying",
+                    version,
+                    url,
+                    attempt,
+                    self.retry.max_attempts,
+                    why,
+                )
+                time.sleep(min(self.retry.delay(attempt), max(0.0, deadline - time.monotonic())))
+        return False, f"{why} (after {self.retry.max_attempts} attempts)"
+
+    def publish(self, state_dict: Mapping[str, torch.Tensor], version: Optional[int]) -> None:
+        if version is None:
+            raise ValueError("HttpPolicyPublisher.publish needs an explicit version")
+        version = int(version)
+        urls = self.replicas.resolve()
+        self.last_replicas = urls
+        if not urls:
+            raise PublishError(version, {"<none>": "no inference replicas resolved"})
+        body = ws.to_safetensors_bytes(state_dict)
+        deadline = time.monotonic() + self.retry.total_timeout_s
+        failures: Dict[str, str] = {}
+        ok: List[str] = []
+        pool = cf.ThreadPoolExecutor(min(32, len(urls)))
+        try:
+            futs = {u: pool.submit(self._push_one, u, body, version, deadline) for u in urls}
+            for u, f in futs.items():
+                try:  # _push_one is bounded by the deadline; the margin covers its last reply
+                    acked, why = f.result(timeout=max(0.1, deadline - time.monotonic()) + 5.0)
+                except cf.TimeoutError:
+                    acked, why = False, f"no answer within {self.retry.total_timeout_s:.0f}s"
+                self._record(u, version if acked else None, None if acked else why)
+                (ok.append(u) if acked else failures.__setitem__(u, why))
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        if failures:
+            raise PublishError(version, failures, ok)
+
+    def _record(self, url: str, version: Optional[int], why: Optional[str]) -> None:
+        if version is not None:
+            self.acked[url] = version
+        if self.on_result is not None:
+            self.on_result(url, version, why)
+
+    def close(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------- collective plane
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class BroadcastPolicyPublisher:
+    """HTTP control plane + one collective broadcast of the tensors to every replica.
+
+    ``master_address`` must be reachable from the replicas (the learner's pod IP / host
+    name); ``master_port`` 0 picks a free port at every group (re)build.
+    """
+
+    replicas: ReplicaSet
+    master_address: str
+    master_port: int = 0
+    token: Optional[str] = None
+    backend: str = "gloo"
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    on_result: Optional[ResultFn] = None
+    acked: Dict[str, int] = field(default_factory=dict)
+    last_replicas: List[str] = field(default_factory=list)
+    _sender: Any = None
+    _urls: List[str] = field(default_factory=list)
+
+    def _close_sender(self) -> None:
+        if self._sender is not None:
+            try:
+                self._sender.close()
+            except Exception as e:  # a broken group must not block the rebuild
+                log.warning("closing the weight-broadcast group failed: %s", e)
+            self._sender = None
+
+    def _ensure_sender(self, urls: List[str], timeout_s: float) -> Any:
+        if self._sender is not None and urls == self._urls:
+            return self._sender
+        self._close_sender()
+        port = self.master_port or _free_port()
+        sender = ws.CollectiveWeightSender(
+            urls=list(urls),
+            master_address=self.master_address,
+            master_port=port,
+            token=self.token,
+            backend=self.backend,
+            timeout_s=timeout_s,
+        )
+        _bounded(sender.init, timeout_s + 5.0, "collective init")
+        self._sender, self._urls = sender, list(urls)
+        return sender
+
+    def publish(self, state_dict: Mapping[str, torch.Tensor], version: Optional[int]) -> None:
+        if version is None:
+            raise ValueError("BroadcastPolicyPublisher.publish needs an explicit version")
+        version = int(version)
+        urls = self.replicas.resolve()
+        self.last_replicas = urls
+        if not urls:
+            raise PublishError(version, {"<none>": "no inference replicas resolved"})
+        deadline = time.monotonic() + self.retry.total_timeout_s
+        why = "not tried"
+        for attempt in range(1, self.retry.max_attempts + 1):
+            left = deadline - time.monotonic()
+            if left <= 0.05:
+                break
+            t = min(self.retry.attempt_timeout_s, left)
+            try:
+                sender = self._ensure_sender(urls, t)
+                sender.timeout_s = t
+                _bounded(
+                    functools.partial(sender.send, state_dict, version), t + 5.0, "collective send"
+                )
+                for u in urls:
+                    self._record(u, version, None)
+                return
+            except Exception as e:  # any failure: rebuild the group, retry within the budget
+                why = f"{type(e).__name__}: {e}"
+                self._close_sender()
+                if attempt < self.retry.max_attempts:
+                    log.warning(
+                        "collective publish v%d attempt %d/%d failed: %s; retrying",
+                        version,
+                        attempt,
+                        self.retry.max_attempts,
+                        why,
+                    )
+                    time.sleep(
+                        min(self.retry.delay(attempt), max(0.0, deadline - time.monotonic()))
+                    )
+        for u in urls:
+            self._record(u, None, why)
+        raise PublishError(version, {u: why for u in urls})
+
+    def _record(self, url: str, version: Optional[int], why: Optional[str]) -> None:
+        if version is not None:
+            self.acked[url] = version
+        if self.on_result is not None:
+            self.on_result(url, version, why)
+
+    def close(self) -> None:
+        self._close_sender()
+
+
+def _bounded(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """Run ``fn`` in a daemon thread; TimeoutError if it does not return in ``timeout_s``
+    (the thread is abandoned: collective calls have no cancel, the group is rebuilt)."""
+    box: Dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["v"] = fn()
+        except BaseException as e:  # re-raised in the caller's thread
+            box["e"] = e
+
+    th = threading.Thread(target=run, name=f"ludic-{what}", daemon=True)
+    th.start()
+    th.join(timeout_s)
+    if th.is_alive():
+        raise TimeoutError(f"{what} did not finish within {timeout_s:.0f}s")
+    if "e" in box:
+        raise box["e"]
+    return box.get("v")
+
+
+# ---------------------------------------------------------------------------- ranks
+
+
+@dataclass
+class Rank0OnlyPublisher:
+    """Only rank 0 publishes; the outcome is shared so every rank returns or raises alike.
+
+    Every rank must call ``publish`` with its (gathered) full state dict; ranks other than
+    0 ignore it. ``device`` is where the one-int outcome tensor lives (CPU for gloo, the
+    rank's GPU for NCCL).
+    """
+
+    inner: Any
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    def publish(self, state_dict: Mapping[str, torch.Tensor], version: Optional[int]) -> None:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            self.inner.publish(state_dict, version)
+            return
+        err: Optional[BaseException] = None
+        code = 0  # 0 ok, 1 PublishError, 2 any other error
+        if dist.get_rank() == 0:
+            try:
+                self.inner.publish(state_dict, version)
+            except Exception as e:  # shared with the other ranks below, then re-raised
+                err, code = e, (1 if isinstance(e, PublishError) else 2)
+        flag = torch.tensor([code], dtype=torch.int32, device=self.device)
+        dist.broadcast(flag, 0)
+        if err is not None:
+            raise err
+        code = int(flag.item())
+        if code == 1:
+            raise PublishError(
+                int(version or 0), {"<rank 0>": "publish failed on rank 0 (see its log)"}
+            )
+        if code == 2:
+            raise RuntimeError("publish raised an unexpected error on rank 0 (see its log)")
+
+    def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if callable(close):
+            close()

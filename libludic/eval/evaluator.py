@@ -1,0 +1,59 @@
+"""Evaluator: run held-out episodes through a rollout engine and score them.
+
+Requests are run with ``ReturnSpec.for_eval()`` semantics (token ids, no logprobs: the
+episodes are never trained on). Reported, over all episodes:
+
+    eval/reward_mean = mean_i R_i
+    eval/pass_rate   = mean_i [R_i >= pass_threshold]   (threshold 1.0: fully correct)
+    eval/num_episodes
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+from libludic.inference.request import InferenceSpec, ReturnSpec
+from libludic.training.types import RolloutRequest
+
+Requests = Union[Sequence[RolloutRequest], Callable[[], Sequence[RolloutRequest]]]
+
+
+def as_eval_request(req: RolloutRequest) -> RolloutRequest:
+    """A copy of ``req`` that asks only for token ids (``ReturnSpec.for_eval()``)."""
+    inf = req.inference if req.inference is not None else InferenceSpec()
+    inf = dataclasses.replace(inf, return_spec=ReturnSpec.for_eval())
+    return RolloutRequest.from_dict({**req.to_dict(), "inference": inf.to_dict()})
+
+
+@dataclass
+class Evaluator:
+    engine: Any  # has async generate_rollouts(requests, max_steps, concurrency)
+    requests: Requests
+    max_steps: int = 1
+    concurrency: Optional[int] = None  # None: the Trainer's eval_concurrency (or 32)
+    pass_threshold: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 1 or (self.concurrency is not None and self.concurrency < 1):
+            raise ValueError(
+                f"Evaluator.max_steps={self.max_steps} and concurrency={self.concurrency} "
+                "must be >= 1"
+            )
+
+    async def evaluate(self) -> Dict[str, float]:
+        reqs = self.requests() if callable(self.requests) else self.requests
+        reqs = [as_eval_request(r) for r in reqs]
+        if not reqs:
+            raise ValueError("Evaluator has no requests to run")
+        rollouts = await self.engine.generate_rollouts(
+            reqs, max_steps=self.max_steps, concurrency=self.concurrency or 32
+        )
+        rewards: List[float] = [r.total_reward for r in rollouts]
+        n = len(rewards)
+        return {
+            "eval/reward_mean": sum(rewards) / n if n else 0.0,
+            "eval/pass_rate": sum(1 for x in rewards if x >= self.pass_threshold) / n if n else 0.0,
+            "eval/num_episodes": float(n),
+        }

@@ -1,0 +1,423 @@
+"""PipelineBatchSource: SAWItems from the Redis ``saw`` stream -> macro-batches for the Trainer.
+
+Reading (rank 0 only). One consumer of group ``learner`` on ``ludic:{run}:saw`` with a
+*stable* name (``learner-0`` by default, the same across restarts). ``start()`` first
+re-reads this consumer's own pending entries (``XREADGROUP ... 0``, stream order), then new
+ones (``>``). Stale claiming (XAUTOCLAIM) is deliberately *not* used: the learner's own
+pending entries are items it trained but has not committed yet, and claiming them back
+would train them twice.
+
+Batches. A macro-batch is the next ``batch_size`` *fresh* items in stream order; it never
+closes on a timeout, so the batch sequence depends only on the stream content (this is what
+makes a resumed run retrain exactly the batches it lost). An item is fresh iff it has no
+policy_version or ``policy_version >= version_fn() - max_lag`` (``version_fn`` = the
+learner's current policy version at the moment the batch is formed, i.e. at the start of
+the step); stale items are acked at once, counted in ``stale_dropped`` (the caller exports
+``ludic_learner_stale_dropped_total``) and never trained. Undecodable entries go to the
+dead-letter stream.
+
+Exactly-once effect (acks). An entry is acked (XACK + XDEL) only once the optimizer step
+that used it is *committed*:
+
+* ``mark_trained()`` after ``Trainer.train_step`` moves the batch handed out last to the
+  trained-but-uncommitted list;
+* ``commit()`` acks that list. The service calls it after every step when checkpointing is
+  off, and right after a checkpoint is saved when it is on (so an item is acked iff it is
+  inside a saved checkpoint).
+
+``state_dict()`` (stored by ``Trainer.save_checkpoint`` in the checkpoint's extra) holds
+``last_committed_id``: the largest stream id of any trained item. Because entries are taken
+strictly in stream-id order, every entry with an id <= it is in the checkpoint. After
+``--resume`` (``load_state_dict``), a pending entry with id <= ``last_committed_id`` (the
+process died between saving the checkpoint and acking) is acked without training, and every
+later pending entry is retrained, in the original order and batches. So each item's update
+is in the final model exactly once, provided the stream is only consumed by this learner.
+
+Ranks (torch.distributed initialised). Rank 0 reads Redis and broadcasts every batch as
+msgpack bytes in a uint8 tensor (no pickle: ``broadcast_object_list`` would pickle). With
+``shard=True`` (default, FSDP2 data parallel) rank ``r`` trains the contiguous shard
+``r`` of ``world_size`` near-equal shards; the Trainer normalises the loss over all ranks
+and FSDP2 averages gradients, so the update equals single-process training on the whole
+batch (up to float rounding). ``batch_size`` must then be >= world_size. With
+``shard=False`` every rank gets the whole batch (same update, world_size times the compute;
+for replicated setups). While rank 0 waits for items it broadcasts a keep-alive every
+``block_ms`` and all ranks all-reduce their stop flags, so a SIGTERM on any rank stops all of
+them at the same point (``next_batch`` raises :class:`SourceStopped` everywhere) and no
+collective waits long enough to hit the process-group timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import msgpack
+import torch
+import torch.distributed as dist
+
+from libludic import transport
+from libludic.training.types import SAWBatch, SAWItem
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONSUMER = "learner-0"
+_MSG_BATCH, _MSG_WAIT = "batch", "wait"
+
+
+class SourceStopped(Exception):
+    """Raised by ``next_batch`` on every rank once a stop was requested."""
+
+
+def stream_id_key(eid: str) -> Tuple[int, int]:
+    """``"1700000000000-3"`` -> (1700000000000, 3), for comparing stream ids."""
+    ms, _, seq = eid.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _dist() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def broadcast_bytes(data: Optional[bytes], device: torch.device, src: int = 0) -> bytes:
+    """Broadcast ``data`` (given on ``src``) to every rank as a uint8 tensor; returns it."""
+    me = dist.get_rank()
+    n = torch.tensor(
+        [len(data) if me == src and data is not None else 0], dtype=torch.int64, device=device
+    )
+    dist.broadcast(n, src)
+    size = int(n.item())
+    if me == src:
+        assert data is not None
+        buf = (
+            torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+            if size
+            else torch.empty(0, dtype=torch.uint8, device=device)
+        )
+    else:
+        buf = torch.empty(size, dtype=torch.uint8, device=device)
+    if size:
+        dist.broadcast(buf, src)
+    return bytes(buf.cpu().numpy().tobytes()) if me != src else (data or b"")
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank if ``flag`` is True on any rank (all-reduce MAX)."""
+    if not _dist():
+        return flag
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def shard_bounds(n: int, world: int, rank: int) -> Tuple[int, int]:
+    """[start, end) of shard ``rank`` when ``n`` items are split into ``world`` contiguous,
+    near-equal shards (the first ``n % world`` shards get one more)."""
+    base, extra = divmod(n, world)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+@dataclass
+class PipelineBatchSource:
+    """A BatchSource over the ``saw`` stream (see the module docstring for the contract).
+
+    ``redis``/``keys`` are needed on rank 0 only (pass None elsewhere).
+    ``version_fn()`` returns the learner's current policy version; ``stop_fn()`` True asks
+    ``next_batch`` to give up waiting (raising :class:`SourceStopped`).
+    """
+
+    redis: Any
+    keys: Optional[transport.Keys]
+    batch_size: int
+    version_fn: Callable[[], int] = lambda: 0
+    max_lag: Optional[int] = None
+    consumer: str = DEFAULT_CONSUMER
+    block_ms: int = 1000
+    shard: bool = True
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    stop_fn: Callable[[], bool] = lambda: False
+    on_stale: Optional[Callable[[int], None]] = None
+    # --- state (checkpointed via state_dict) ---
+    last_committed_id: Optional[str] = None
+    items_trained: int = 0
+    stale_dropped: int = 0
+    recovered_acked: int = 0  # pending entries <= last_committed_id acked on resume
+    _replay_cursor: Optional[str] = field(default="0", init=False)  # None: reading ">"
+    _buffer: List[Tuple[transport.Entry, SAWItem]] = field(default_factory=list, init=False)
+    _handed: List[Tuple[str, str]] = field(default_factory=list, init=False)  # (entry id, item id)
+    _uncommitted: List[str] = field(default_factory=list, init=False)
+    _max_trained_id: Optional[str] = field(default=None, init=False)
+    _sc: Optional[transport.StreamConsumer] = field(default=None, init=False)
+    _last_seen: Optional[str] = field(default=None, init=False)
+    _read_errors: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"PipelineBatchSource.batch_size={self.batch_size} must be >= 1")
+        if self.max_lag is not None and self.max_lag < 0:
+            raise ValueError(f"PipelineBatchSource.max_lag={self.max_lag} must be >= 0 or None")
+        world = dist.get_world_size() if _dist() else 1
+        if self.shard and self.batch_size < world:
+            raise ValueError(
+                f"batch_size={self.batch_size} < world_size={world}: every rank needs a non-empty "
+                "shard; raise batch_size or run fewer ranks"
+            )
+        self.rank = dist.get_rank() if _dist() else 0
+        self.world = world
+        if self.rank == 0:
+            if self.redis is None or self.keys is None:
+                raise ValueError("PipelineBatchSource on rank 0 needs redis and keys")
+            self._sc = transport.StreamConsumer(
+                self.redis,
+                self.keys.saw,
+                transport.GROUP_LEARNER,
+                self.consumer,
+                self.keys.deadletter,
+            )
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Position after the last trained batch (saved in checkpoints; JSON-able)."""
+        last = self._max_trained_id or self.last_committed_id
+        return {
+            "last_committed_id": last,
+            "items_trained": self.items_trained,
+            "stale_dropped": self.stale_dropped,
+            "consumer": self.consumer,
+        }
+
+    def load_state_dict(self, sd: Dict[str, Any]) -> None:
+        self.last_committed_id = sd.get("last_committed_id")
+        self._max_trained_id = self.last_committed_id
+        self.items_trained = int(sd.get("items_trained", 0))
+        self.stale_dropped = int(sd.get("stale_dropped", 0))
+        if sd.get("consumer") not in (None, self.consumer):
+            log.warning(
+                "checkpoint was written by consumer %r, this learner reads as %r: entries "
+                "pending on %r are not re-read; keep the consumer name stable across restarts",
+                sd.get("consumer"),
+                self.consumer,
+                sd.get("consumer"),
+            )
+
+    @property
+    def uncommitted(self) -> int:
+        """Trained entries not acked yet."""
+        return len(self._uncommitted)
+
+    # ------------------------------------------------------------------ rank-0 reading
+
+    async def start(self) -> None:
+        """Create the consumer group if needed and restart reading at this consumer's own
+        pending entries (rank 0; a no-op elsewhere)."""
+        if self.rank != 0:
+            return
+        assert self._sc is not None
+        await self._sc.ensure_group()
+        self._replay_cursor = "0"
+
+    def _committed(self, eid: str) -> bool:
+        return self.last_committed_id is not None and stream_id_key(eid) <= stream_id_key(
+            self.last_committed_id
+        )
+
+    async def _read(self, count: int) -> List[transport.Entry]:
+        assert self.keys is not None
+        stream = self.keys.saw
+        start = ">" if self._replay_cursor is None else self._replay_cursor
+        try:
+            res = await self.redis.xreadgroup(
+                transport.GROUP_LEARNER,
+                self.consumer,
+                {stream: start},
+                count=count,
+                block=None if self._replay_cursor is not None else self.block_ms,
+            )
+        except transport.REDIS_DOWN_ERRORS as e:
+            # A lost XREADGROUP '>' reply may have moved entries into our PEL unseen: re-read
+            # our pending entries after the last one we saw, then go on with '>'.
+            log.warning("redis unavailable while reading %s (%s); retrying", stream, e)
+            self._replay_cursor = self._last_seen or "0"
+            await transport.backoff_sleep(self._read_errors)
+            self._read_errors += 1
+            return []
+        except Exception as e:  # NOGROUP: redis restarted without persistence
+            if "NOGROUP" not in str(e):
+                raise
+            log.warning("group %s on %s missing; recreating", transport.GROUP_LEARNER, stream)
+            assert self._sc is not None
+            await self._sc.ensure_group()
+            return []
+        raw: List[Any] = []
+        if isinstance(res, dict):
+            for v in res.values():
+                for msgs in v:
+                    raw.extend(msgs)
+        else:
+            for _, msgs in res or []:
+                raw.extend(msgs)
+        out: List[transport.Entry] = []
+        deleted: List[str] = []
+        self._read_errors = 0
+        for eid, fields in raw:
+            eid_s = transport._s(eid)
+            if self._last_seen is None or stream_id_key(eid_s) > stream_id_key(self._last_seen):
+                self._last_seen = eid_s
+            if self._replay_cursor is not None:
+                self._replay_cursor = eid_s
+            if not fields:  # deleted while pending: just drop it from the PEL
+                deleted.append(eid_s)
+                continue
+            out.append(transport.Entry(eid_s, dict(fields)))
+        if deleted:
+            await self.redis.xack(stream, transport.GROUP_LEARNER, *deleted)
+        if self._replay_cursor is not None and not raw:
+            log.info("re-read all pending entries of %s; reading new ones", self.consumer)
+            self._replay_cursor = None
+        return out
+
+    async def _fill(self) -> None:
+        """Read until the buffer holds ``batch_size`` fresh items or one read came back empty."""
+        assert self._sc is not None
+        while len(self._buffer) < self.batch_size:
+            entries = await self._read(self.batch_size - len(self._buffer))
+            if not entries and self._replay_cursor is None:
+                return
+            stale: List[transport.Entry] = []
+            recovered: List[transport.Entry] = []
+            floor = None if self.max_lag is None else self.version_fn() - self.max_lag
+            for e in entries:
+                if self._committed(e.id):
+                    recovered.append(e)
+                    continue
+                try:
+                    item = transport.decode_saw_item(e.payload)
+                except transport.CodecError as err:
+                    await self._sc.dead_letter(e, err.reason, err.detail)
+                    continue
+                if not item.item_id:
+                    item.meta["item_id"] = e.item_id or e.id
+                pv = item.policy_version
+                if floor is not None and pv is not None and pv < floor:
+                    stale.append(e)
+                    continue
+                self._buffer.append((e, item))
+            if recovered:
+                await self._sc.ack(recovered)
+                self.recovered_acked += len(recovered)
+                log.info("acked %d pending entries already in the checkpoint", len(recovered))
+            if stale:
+                await self._sc.ack(stale)
+                self.stale_dropped += len(stale)
+                if self.on_stale is not None:
+                    self.on_stale(len(stale))
+
+    async def _take_batch_rank0(self) -> Optional[List[Tuple[transport.Entry, SAWItem]]]:
+        """One fill attempt (blocks up to ``block_ms``); the batch if complete, else None."""
+        if len(self._buffer) < self.batch_size:
+            await self._fill()
+        if len(self._buffer) < self.batch_size:
+            return None
+        batch, self._buffer = self._buffer[: self.batch_size], self._buffer[self.batch_size :]
+        return batch
+
+    # ------------------------------------------------------------------ BatchSource
+
+    async def next_batch(self) -> SAWBatch:
+        """The next macro-batch (this rank's shard of it when sharding across ranks)."""
+        if self._handed:
+            raise RuntimeError(
+                "next_batch() called before mark_trained() for the previous batch; call "
+                "mark_trained() once the step that used it finished"
+            )
+        while True:
+            batch: Optional[List[Tuple[transport.Entry, SAWItem]]] = None
+            if self.rank == 0:
+                batch = await self._take_batch_rank0()
+            if not _dist():
+                if batch is not None:
+                    return self._hand_out(batch, [it for _, it in batch])
+                if self.stop_fn():
+                    raise SourceStopped()
+                continue
+            # every rank: rank 0 tells whether a batch is ready (payloads) or to keep waiting
+            msg: Optional[bytes] = None
+            if self.rank == 0:
+                if batch is None:
+                    msg = msgpack.packb({"k": _MSG_WAIT})
+                else:
+                    msg = msgpack.packb(
+                        {
+                            "k": _MSG_BATCH,
+                            "items": [e.payload for e, _ in batch],
+                            "ids": [it.item_id for _, it in batch],
+                        },
+                        use_bin_type=True,
+                    )
+            got = msgpack.unpackb(broadcast_bytes(msg, self.device), raw=False, strict_map_key=True)
+            if got["k"] == _MSG_WAIT:
+                if any_rank(self.stop_fn(), self.device):
+                    raise SourceStopped()
+                await asyncio.sleep(0)
+                continue
+            payloads: List[bytes] = got["items"]
+            if self.shard:
+                lo, hi = shard_bounds(len(payloads), self.world, self.rank)
+            else:
+                lo, hi = 0, len(payloads)
+            if self.rank == 0:
+                assert batch is not None
+                mine = [it for _, it in batch[lo:hi]]
+                return self._hand_out(batch, mine)
+            items = []
+            for p, iid in zip(payloads[lo:hi], got["ids"][lo:hi], strict=True):
+                it = transport.decode_saw_item(p)
+                it.meta.setdefault("item_id", iid)
+                if not it.item_id:
+                    it.meta["item_id"] = iid
+                items.append(it)
+            self._handed = [("", i) for i in got["ids"]]
+            return SAWBatch(items=items, meta={"batch_item_ids": list(got["ids"])})
+
+    def _hand_out(
+        self, batch: Sequence[Tuple[transport.Entry, SAWItem]], mine: List[SAWItem]
+    ) -> SAWBatch:
+        self._handed = [(e.id, it.item_id) for e, it in batch]
+        return SAWBatch(items=mine, meta={"batch_item_ids": [it.item_id for _, it in batch]})
+
+    # ------------------------------------------------------------------ commit
+
+    def mark_trained(self) -> List[str]:
+        """The batch handed out last was trained (its step finished). Returns its item ids
+        (of the whole batch, every rank)."""
+        ids = [iid for _, iid in self._handed]
+        if self.rank == 0:
+            eids = [eid for eid, _ in self._handed]
+            self._uncommitted.extend(eids)
+            for eid in eids:
+                if self._max_trained_id is None or stream_id_key(eid) > stream_id_key(
+                    self._max_trained_id
+                ):
+                    self._max_trained_id = eid
+        self.items_trained += len(ids)
+        self._handed = []
+        return ids
+
+    async def commit(self) -> int:
+        """Ack every trained entry (call once the steps that used them are committed)."""
+        if self.rank != 0 or not self._uncommitted:
+            self._uncommitted = []
+            return 0
+        assert self._sc is not None and self.keys is not None
+        ids, n = list(self._uncommitted), len(self._uncommitted)
+        sc = self._sc
+        for i in range(0, n, 1000):
+            chunk = [transport.Entry(eid, {}) for eid in ids[i : i + 1000]]
+            await transport.retry_redis(functools.partial(sc.ack, chunk), deadline_s=60)
+        self._uncommitted = []
+        self.last_committed_id = self._max_trained_id
+        return n

@@ -1,0 +1,307 @@
+"""Checkpoints: atomic, self-validating directories of safetensors + JSON (no pickle).
+
+Layout of ``{output_dir}/step_{step:09d}/``::
+
+    model.safetensors       full model state dict (HF names; tied weights stored twice)
+    optimizer.safetensors   optimizer tensors, keys ``state::{param_fqn}::{name}``
+    rng.safetensors         torch CPU (and CUDA) generator states
+    manifest.json           step, file sizes, optimizer scalars/param_groups, python and
+                            numpy RNG states, the caller's ``extra`` dict
+    COMPLETE                written last
+
+A checkpoint is written into a hidden temp directory and renamed into place, so a crash
+leaves either the previous set or a complete new one. On load, a directory without
+COMPLETE, with an unreadable manifest or with a file whose size differs from the manifest is
+*torn*: it is skipped with a warning and the next newest valid one is used.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+COMPLETE = "COMPLETE"
+MANIFEST = "manifest.json"
+_STEP_RE = re.compile(r"^step_(\d+)$")
+
+
+@dataclass
+class CheckpointConfig:
+    output_dir: str
+    every_n_steps: int = 0  # 0 = never save automatically
+    max_to_keep: Optional[int] = 2  # None = keep all
+    save_optimizer: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.output_dir:
+            raise ValueError("CheckpointConfig.output_dir must be a directory path")
+        if self.every_n_steps < 0:
+            raise ValueError(f"CheckpointConfig.every_n_steps={self.every_n_steps} must be >= 0")
+        if self.max_to_keep is not None and self.max_to_keep < 1:
+            raise ValueError(
+                f"CheckpointConfig.max_to_keep={self.max_to_keep} must be >= 1 or None (keep all)"
+            )
+
+
+@dataclass
+class LoadedCheckpoint:
+    step: int
+    path: Path
+    model_state: Dict[str, torch.Tensor]
+    optimizer_state: Optional[Dict[str, Any]]
+    rng_state: Dict[str, Any]
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- RNG state
+
+
+def capture_rng_state() -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+    """(tensor part, JSON part) of the torch / CUDA / python / numpy generator states."""
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"cuda::{i}"] = s
+    ver, state, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()  # type: ignore[misc]
+    js = {
+        "python": [ver, list(state), gauss],
+        "numpy": [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
+    }
+    return tensors, js
+
+
+def restore_rng_state(tensors: Mapping[str, torch.Tensor], js: Mapping[str, Any]) -> None:
+    torch.set_rng_state(tensors["torch"])
+    cuda = sorted((k for k in tensors if k.startswith("cuda::")), key=lambda k: int(k[6:]))
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([tensors[k] for k in cuda])
+    ver, state, gauss = js["python"]
+    random.setstate((ver, tuple(state), gauss))
+    name, keys, pos, has_gauss, cached = js["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+# ---------------------------------------------------------------- optimizer state
+
+
+def _flatten_optimizer(osd: Mapping[str, Any]) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+    """Split an optimizer state dict into safetensors-able tensors and JSON."""
+    tensors: Dict[str, torch.Tensor] = {}
+    scalars: Dict[str, Dict[str, Any]] = {}
+    for pid, st in osd["state"].items():
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor):
+                tensors[f"state::{pid}::{k}"] = v.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(str(pid), {})[k] = v
+    groups = []
+    for g in osd["param_groups"]:
+        gg = {}
+        for k, v in g.items():
+            if isinstance(v, torch.Tensor):
+                v = v.item()
+            gg[k] = list(v) if isinstance(v, tuple) else v
+        groups.append(gg)
+    # state keys are FQN strings (DCP state dicts) or ints (plain optimizer.state_dict())
+    key_kind = "int" if any(isinstance(p, int) for p in osd["state"]) else "str"
+    return tensors, {"scalars": scalars, "param_groups": groups, "key_kind": key_kind}
+
+
+def _unflatten_optimizer(tensors: Mapping[str, torch.Tensor], js: Mapping[str, Any]) -> Dict[str, Any]:
+    conv = int if js.get("key_kind") == "int" else str
+    state: Dict[Any, Dict[str, Any]] = {}
+    for key, t in tensors.items():
+        _, pid, name = key.split("::", 2)
+        state.setdefault(conv(pid), {})[name] = t
+    for pid, sc in js["scalars"].items():
+        state.setdefault(conv(pid), {}).update(sc)
+    groups = []
+    for g in js["param_groups"]:
+        g = dict(g)
+        if "betas" in g:
+            g["betas"] = tuple(g["betas"])
+        if js.get("key_kind") == "int":
+            g["params"] = [int(p) for p in g["params"]]
+        groups.append(g)
+    return {"state": state, "param_groups": groups}
+
+
+def _dedup_storage(sd: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """safetensors refuses shared storage (tied embeddings): copy repeated tensors."""
+    seen: set[int] = set()
+    out: Dict[str, torch.Tensor] = {}
+    for k, v in sd.items():
+        t = v.detach().cpu().contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen:
+            t = t.clone()
+        seen.add(ptr)
+        out[k] = t
+    return out
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------- manager
+
+
+class CheckpointManager:
+    def __init__(self, cfg: CheckpointConfig) -> None:
+        self.cfg = cfg
+        self.root = Path(cfg.output_dir)
+
+    def should_save(self, step: int) -> bool:
+        return self.cfg.every_n_steps > 0 and step > 0 and step % self.cfg.every_n_steps == 0
+
+    def step_dir(self, step: int) -> Path:
+        return self.root / f"step_{step:09d}"
+
+    def save(
+        self,
+        step: int,
+        model_state: Mapping[str, torch.Tensor],
+        optimizer_state: Optional[Mapping[str, Any]] = None,
+        extra: Optional[Mapping[str, Any]] = None,
+    ) -> Path:
+        """Write checkpoint ``step`` atomically (RNG states captured here) and prune old ones."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".tmp-step_{step:09d}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            files: Dict[str, int] = {}
+            save_file(_dedup_storage(model_state), str(tmp / "model.safetensors"))
+            files["model.safetensors"] = 0
+            opt_js: Optional[Dict[str, Any]] = None
+            if optimizer_state is not None and self.cfg.save_optimizer:
+                ot, opt_js = _flatten_optimizer(optimizer_state)
+                save_file(ot, str(tmp / "optimizer.safetensors"))
+                files["optimizer.safetensors"] = 0
+            rng_t, rng_js = capture_rng_state()
+            save_file(rng_t, str(tmp / "rng.safetensors"))
+            files["rng.safetensors"] = 0
+            for name in files:
+                files[name] = (tmp / name).stat().st_size
+            manifest = {
+                "format_version": FORMAT_VERSION,
+                "step": int(step),
+                "files": files,
+                "optimizer": opt_js,
+                "rng": rng_js,
+                "extra": dict(extra or {}),
+            }
+            (tmp / MANIFEST).write_text(json.dumps(manifest))
+            for name in list(files) + [MANIFEST]:
+                with open(tmp / name, "rb") as f:
+                    os.fsync(f.fileno())
+            (tmp / COMPLETE).write_text(str(step))
+            _fsync_dir(tmp)
+            final = self.step_dir(step)
+            if final.exists():  # re-saving a step: move the old one out of the way first
+                old = self.root / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
+                os.rename(final, old)
+                shutil.rmtree(old, ignore_errors=True)
+            os.rename(tmp, final)
+            _fsync_dir(self.root)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self._prune()
+        return final
+
+    def validate(self, path: Path) -> Optional[str]:
+        """None if ``path`` is a complete checkpoint, else why it is torn."""
+        if not (path / COMPLETE).exists():
+            return f"no {COMPLETE} marker"
+        try:
+            m = json.loads((path / MANIFEST).read_text())
+            files = m["files"]
+            int(m["step"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            return f"bad {MANIFEST} ({e})"
+        for name, size in files.items():
+            p = path / name
+            if not p.exists():
+                return f"missing {name}"
+            if p.stat().st_size != size:
+                return f"{name} has {p.stat().st_size} bytes, manifest says {size}"
+        return None
+
+    def list_checkpoints(self) -> List[Path]:
+        """Valid checkpoints, oldest first; torn ones are skipped with a warning."""
+        if not self.root.exists():
+            return []
+        found = []
+        for p in self.root.iterdir():
+            m = _STEP_RE.match(p.name)
+            if not m or not p.is_dir():
+                continue
+            why = self.validate(p)
+            if why is not None:
+                log.warning("skipping torn checkpoint %s: %s", p, why)
+                continue
+            found.append((int(m.group(1)), p))
+        return [p for _, p in sorted(found)]
+
+    def latest(self) -> Optional[Path]:
+        cps = self.list_checkpoints()
+        return cps[-1] if cps else None
+
+    def load(self, path: Optional[Path] = None, restore_rng: bool = True) -> Optional[LoadedCheckpoint]:
+        """Load ``path`` (default: newest valid). Restores the RNG states unless told not to."""
+        if path is None:
+            path = self.latest()
+            if path is None:
+                return None
+        else:
+            why = self.validate(Path(path))
+            if why is not None:
+                raise ValueError(f"checkpoint {path} is torn ({why}); pick another or load latest")
+        path = Path(path)
+        m = json.loads((path / MANIFEST).read_text())
+        model_state = load_file(str(path / "model.safetensors"))
+        opt = None
+        if m.get("optimizer") is not None and (path / "optimizer.safetensors").exists():
+            opt = _unflatten_optimizer(load_file(str(path / "optimizer.safetensors")), m["optimizer"])
+        rng_t = load_file(str(path / "rng.safetensors"))
+        if restore_rng:
+            restore_rng_state(rng_t, m["rng"])
+        return LoadedCheckpoint(
+            step=int(m["step"]),
+            path=path,
+            model_state=model_state,
+            optimizer_state=opt,
+            rng_state={"tensors": rng_t, "json": m["rng"]},
+            extra=dict(m.get("extra") or {}),
+        )
+
+    def _prune(self) -> None:
+        if self.cfg.max_to_keep is None:
+            return
+        cps = self.list_checkpoints()
+        for p in cps[: max(0, len(cps) - self.cfg.max_to_keep)]:
+            shutil.rmtree(p, ignore_errors=True)

@@ -1,0 +1,102 @@
+"""TrainerConfig: every knob of the Trainer, validated at construction.
+
+``model_device`` defaults to "cuda" (the spec's default); on a machine without CUDA the
+Trainer falls back to CPU with a warning instead of failing. ``mixed_precision_dtype``
+("bf16" by default) turns on autocast on CUDA; on CPU autocast stays off unless
+``cpu_autocast=True`` (CPU bf16 matmuls are slower than fp32 on most CPUs).
+
+Fields beyond the spec table (LoRA, ``cpu_autocast``, ``seed``) default to off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+MIXED_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
+
+
+@dataclass
+class TrainerConfig:
+    model_device: str = "cuda"
+    runtime_device: Optional[str] = None  # serving device; None = model_device
+    lr: float = 1e-5
+    weight_decay: float = 0.01
+    betas: Tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    max_grad_norm: Optional[float] = 1.0
+    max_seq_len: int = 1024
+    micro_token_budget: int = 8192  # padded B * T_max tokens per micro-batch
+    sync_every_steps: int = 1  # publish weights every N optimizer steps
+    mixed_precision_dtype: Optional[str] = "bf16"  # "bf16" | "fp16" | "fp32" | None
+    cast_logits_to_fp32: bool = True
+    max_lag: Optional[int] = None  # drop items sampled > max_lag versions ago
+    log_every: int = 1
+    pad_token_id: int = 0
+    eval_at_start: bool = False
+    eval_every_n_steps: Optional[int] = None
+    eval_concurrency: int = 32
+    # --- beyond the spec table ---
+    cpu_autocast: bool = False  # allow autocast on CPU (mixed_precision_dtype must be set)
+    lora_rank: Optional[int] = None  # LoRA via peft when set
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_target_modules: Tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> ValueError:
+            return ValueError(f"TrainerConfig.{name}={getattr(self, name)!r} {why}")
+
+        try:
+            torch.device(self.model_device)
+        except (RuntimeError, TypeError) as e:
+            raise bad("model_device", "is not a torch device (use 'cuda', 'cuda:1', 'cpu')") from e
+        if self.runtime_device is not None:
+            try:
+                torch.device(self.runtime_device)
+            except (RuntimeError, TypeError) as e:
+                raise bad("runtime_device", "is not a torch device") from e
+        if not self.lr > 0:
+            raise bad("lr", "must be > 0")
+        if self.weight_decay < 0:
+            raise bad("weight_decay", "must be >= 0")
+        self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise bad("betas", "must be two floats in [0, 1)")
+        if not self.eps > 0:
+            raise bad("eps", "must be > 0")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise bad("max_grad_norm", "must be > 0 or None (no clipping)")
+        if self.max_seq_len < 2:
+            raise bad("max_seq_len", "must be >= 2")
+        if self.micro_token_budget < 1:
+            raise bad("micro_token_budget", "must be >= 1")
+        if self.sync_every_steps < 1:
+            raise bad("sync_every_steps", "must be >= 1")
+        if self.mixed_precision_dtype is not None and self.mixed_precision_dtype not in MIXED_PRECISION:
+            raise bad("mixed_precision_dtype", f"must be one of {sorted(MIXED_PRECISION)} or None")
+        if self.max_lag is not None and self.max_lag < 0:
+            raise bad("max_lag", "must be >= 0 or None (keep everything)")
+        if self.log_every < 1:
+            raise bad("log_every", "must be >= 1")
+        if self.pad_token_id < 0:
+            raise bad("pad_token_id", "must be >= 0")
+        if self.eval_every_n_steps is not None and self.eval_every_n_steps < 1:
+            raise bad("eval_every_n_steps", "must be >= 1 or None")
+        if self.eval_concurrency < 1:
+            raise bad("eval_concurrency", "must be >= 1")
+        if self.lora_rank is not None and self.lora_rank < 1:
+            raise bad("lora_rank", "must be >= 1 or None")
+        self.lora_target_modules = tuple(self.lora_target_modules)
+
+    @property
+    def autocast_dtype(self) -> Optional[torch.dtype]:
+        return None if self.mixed_precision_dtype is None else MIXED_PRECISION[self.mixed_precision_dtype]
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = asdict(self)
+        d["betas"] = list(self.betas)
+        d["lora_target_modules"] = list(self.lora_target_modules)
+        return d

@@ -1,0 +1,361 @@
+"""Losses: ``compute(logits, batch) -> (loss, stats)`` over a collated (micro-)batch.
+
+Conventions shared by every loss here:
+
+* Shift: ``logits[:, t]`` predicts ``input_ids[:, t+1]``. Per-token quantities live on the
+  shifted grid ``[B, T-1]``: ``logp[:, t] = log pi(input_ids[:, t+1] | input_ids[:, :t+1])``
+  and the token mask is ``action_mask[:, 1:] * attention_mask[:, 1:]``. ``actor_logprobs``
+  / ``ref_logprobs`` are aligned to ``input_ids`` (``[B, T]``) and shifted the same way.
+* ``batch["weight"]`` [B] is the CreditAssigner's weight (advantage) of each sequence.
+* Aggregation (field ``aggregation``), both *sums* divided by a normaliser N:
+    - ``"token"``:    L = sum_{b,t} m_bt l_bt / N_tok      (N_tok = action tokens)
+    - ``"sequence"``: L = sum_b (sum_t m_bt l_bt / n_b) / N_seq  (n_b = tokens of b,
+      N_seq = sequences with at least one action token)
+  N is read from ``batch[NUM_ACTION_TOKENS_KEY]`` / ``batch[NUM_SEQUENCES_KEY]`` when present:
+  the Trainer puts the *macro-batch* totals there, so the sum of micro-batch losses is the
+  full-batch loss exactly (and so is its gradient). Without them N is the micro-batch's own.
+* Stats: detached 0-d tensors under a fixed set of keys per loss (``stat_keys``).
+* Losses compute in the logits' dtype; the Trainer casts logits to fp32 first when
+  ``TrainerConfig.cast_logits_to_fp32`` is set (ratios exp(logp - logp_old) need it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Dict, Mapping, Optional, Protocol, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from libludic.training.typecheck import checked_loss
+
+NUM_ACTION_TOKENS_KEY = "num_action_tokens_total"
+NUM_SEQUENCES_KEY = "num_sequences_total"
+WEIGHT_MEAN_KEY = "weight_mean_total"
+AGGREGATIONS = ("token", "sequence")
+
+Stats = Dict[str, Tensor]
+
+
+class Loss(Protocol):
+    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> Tuple[Tensor, Stats]: ...
+
+
+def token_logprobs(logits: Tensor, input_ids: Tensor) -> Tensor:
+    """log pi(input_ids[:, t+1] | prefix) for t < T-1.   logits [B, T, V] -> [B, T-1]."""
+    lg = logits[:, :-1]
+    tgt = input_ids[:, 1:].unsqueeze(-1)
+    return lg.gather(-1, tgt).squeeze(-1) - torch.logsumexp(lg, dim=-1)
+
+
+def token_mask(batch: Mapping[str, Any], dtype: torch.dtype) -> Tensor:
+    """Action tokens on the shifted grid: [B, T-1]."""
+    return (batch["action_mask"][:, 1:] * batch["attention_mask"][:, 1:]).to(dtype)
+
+
+def _scalar(batch: Mapping[str, Any], key: str, default: Tensor) -> Tensor:
+    v = batch.get(key)
+    if v is None:
+        return default
+    return torch.as_tensor(v, dtype=default.dtype, device=default.device)
+
+
+def aggregate(per_token: Tensor, mask: Tensor, batch: Mapping[str, Any], mode: str) -> Tensor:
+    """Reduce [B, T-1] per-token losses to a scalar (see module docstring)."""
+    if mode == "token":
+        n = _scalar(batch, NUM_ACTION_TOKENS_KEY, mask.sum())
+        return (per_token * mask).sum() / n.clamp(min=1.0)
+    if mode == "sequence":
+        n_b = mask.sum(dim=-1)
+        per_seq = (per_token * mask).sum(dim=-1) / n_b.clamp(min=1.0)
+        n = _scalar(batch, NUM_SEQUENCES_KEY, (n_b > 0).sum().to(mask.dtype))
+        return per_seq.sum() / n.clamp(min=1.0)
+    raise ValueError(f"aggregation={mode!r}; use one of {AGGREGATIONS}")
+
+
+def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    return ((x * mask).sum() / mask.sum().clamp(min=1.0)).detach()
+
+
+def _check_agg(obj: Any) -> None:
+    if obj.aggregation not in AGGREGATIONS:
+        raise ValueError(
+            f"{type(obj).__name__}.aggregation={obj.aggregation!r}; use one of {AGGREGATIONS}"
+        )
+
+
+def _old_logprobs(batch: Mapping[str, Any], who: str) -> Tensor:
+    if "actor_logprobs" not in batch:
+        raise KeyError(
+            f"{who} needs batch['actor_logprobs']; sample with ReturnSpec.for_rl() so "
+            "rollouts carry the actor's chosen-token logprobs"
+        )
+    return batch["actor_logprobs"][:, 1:]
+
+
+@dataclass
+class ReinforceLoss:
+    """L = -agg( w_b * log pi(a_bt | s_bt) ) over action tokens."""
+
+    aggregation: str = "token"
+    needs_actor_logprobs: ClassVar[bool] = False
+    stat_keys: ClassVar[Tuple[str, ...]] = ("loss", "logp_mean", "weight_mean")
+
+    def __post_init__(self) -> None:
+        _check_agg(self)
+
+    @checked_loss
+    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> Tuple[Tensor, Stats]:
+        logp = token_logprobs(logits, batch["input_ids"])
+        m = token_mask(batch, logp.dtype)
+        w = batch["weight"].to(logp.dtype).unsqueeze(-1)  # [B, 1]
+        loss = aggregate(-w * logp, m, batch, self.aggregation)
+        return loss, {
+            "loss": loss.detach(),
+            "logp_mean": masked_mean(logp, m),
+            "weight_mean": batch["weight"].float().mean().detach(),
+        }
+
+
+@dataclass
+class ReinforceBaselineLoss:
+    """L = -agg( (w_b - b) * log pi(a_bt | s_bt) ),  b = mean of w over the macro-batch.
+
+    The baseline is read from ``batch[WEIGHT_MEAN_KEY]`` (set by the Trainer from the whole
+    macro-batch, so micro-batching does not change it); otherwise the micro-batch mean.
+    """
+
+    aggregation: str = "token"
+    needs_actor_logprobs: ClassVar[bool] = False
+    stat_keys: ClassVar[Tuple[str, ...]] = ("loss", "logp_mean", "baseline", "adv_mean")
+
+    def __post_init__(self) -> None:
+        _check_agg(self)
+
+    @checked_loss
+    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> Tuple[Tensor, Stats]:
+        logp = token_logprobs(logits, batch["input_ids"])
+        m = token_mask(batch, logp.dtype)
+        w = batch["weight"].to(logp.dtype)
+        b = _scalar(batch, WEIGHT_MEAN_KEY, w.mean())
+        adv = (w - b).unsqueeze(-1)
+        loss = aggregate(-adv * logp, m, batch, self.aggregation)
+        return loss, {
+            "loss": loss.detach(),
+            "logp_mean": masked_mean(logp, m),
+            "baseline": b.detach(),
+            "adv_mean": adv.mean().detach(),
+        }
+
+
+@dataclass
+class TokenClippedSurrogateLoss:
+    """PPO/GRPO token-level clipped surrogate against the actor's (behaviour) logprobs.
+
+    r_bt = exp(logp_bt - logp_old_bt),  A_b = weight_b
+    obj  = min(r A, clip(r, 1 - eps_clip, 1 + eps_clip_higher) A)
+    dual clip (``dual_clip_c`` = c > 1): for A < 0, obj = max(obj, c A)
+    L    = -agg(obj).   ``eps_clip_higher=None`` means symmetric (= eps_clip).
+    """
+
+    eps_clip: float = 0.2
+    eps_clip_higher: Optional[float] = None
+    dual_clip_c: Optional[float] = None
+    aggregation: str = "token"
+    needs_actor_logprobs: ClassVar[bool] = True
+    stat_keys: ClassVar[Tuple[str, ...]] = (
+        "loss", "logp_mean", "ratio_mean", "clip_frac", "dual_clip_frac", "approx_kl",
+    )
+
+    def __post_init__(self) -> None:
+        _check_agg(self)
+        if not 0.0 <= self.eps_clip < 1.0:
+            raise ValueError(f"eps_clip={self.eps_clip} must be in [0, 1)")
+        if self.eps_clip_higher is not None and self.eps_clip_higher < 0:
+            raise ValueError(f"eps_clip_higher={self.eps_clip_higher} must be >= 0")
+        if self.dual_clip_c is not None and self.dual_clip_c <= 1.0:
+            raise ValueError(f"dual_clip_c={self.dual_clip_c} must be > 1 (or None)")
+
+    @checked_loss
+    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> Tuple[Tensor, Stats]:
+        logp = token_logprobs(logits, batch["input_ids"])
+        old = _old_logprobs(batch, "TokenClippedSurrogateLoss").to(logp.dtype)
+        m = token_mask(batch, logp.dtype)
+        adv = batch["weight"].to(logp.dtype).unsqueeze(-1)
+        log_ratio = logp - old
+        ratio = torch.exp(log_ratio)
+        hi = 1.0 + (self.eps_clip if self.eps_clip_higher is None else self.eps_clip_higher)
+        surr1 = ratio * adv
+        surr2 = ratio.clamp(1.0 - self.eps_clip, hi) * adv
+        obj = torch.minimum(surr1, surr2)
+        dual = torch.zeros_like(obj, dtype=torch.bool)
+        if self.dual_clip_c is not None:
+            floor = self.dual_clip_c * adv
+            dual = (adv < 0) & (obj < floor)
+            obj = torch.where(dual, floor.expand_as(obj), obj)
+        loss = aggregate(-obj, m, batch, self.aggregation)
+        return loss, {
+            "loss": loss.detach(),
+            "logp_mean": masked_mean(logp, m),
+            "ratio_mean": masked_mean(ratio, m),
+            "clip_frac": masked_mean((surr2 < surr1).to(m.dtype), m),
+            "dual_clip_frac": masked_mean(dual.to(m.dtype), m),
+            "approx_kl": masked_mean(ratio - 1.0 - log_ratio, m),
+        }
+
+
+@dataclass
+class CISPOLoss:
+    """CISPO: REINFORCE with a clipped, stop-gradient importance weight.
+
+    r_bt = exp(logp_bt - logp_old_bt)
+    L    = -agg( sg(clip(r, 1 - eps_clip_low, 1 + eps_clip_high)) * A_b * logp_bt )
+    ``eps_clip_low=None`` leaves the ratio unbounded below (the MiniMax-M1 setting). Unlike
+    the PPO surrogate, no token's gradient is zeroed: the weight is clipped, not the update.
+    """
+
+    eps_clip_low: Optional[float] = None
+    eps_clip_high: float = 0.2
+    aggregation: str = "token"
+    needs_actor_logprobs: ClassVar[bool] = True
+    stat_keys: ClassVar[Tuple[str, ...]] = (
+        "loss", "logp_mean", "ratio_mean", "clip_frac", "approx_kl",
+    )
+
+    def __post_init__(self) -> None:
+        _check_agg(self)
+        if self.eps_clip_high < 0:
+            raise ValueError(f"eps_clip_high={self.eps_clip_high} must be >= 0")
+        if self.eps_clip_low is not None and not 0.0 <= self.eps_clip_low <= 1.0:
+            raise ValueError(f"eps_clip_low={self.eps_clip_low} must be in [0, 1] or None")
+
+    @checked_loss
+    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> Tuple[Tensor, Stats]:
+        logp = token_logprobs(logits, batch["input_ids"])
+        old = _old_logprobs(batch, "CISPOLoss").to(logp.dtype)
+        m = token_mask(batch, logp.dtype)
+        adv = batch["weight"].to(logp.dtype).unsqueeze(-1)
+        log_ratio = logp.detach() - old
+        ratio = torch.exp(log_ratio)
+        lo = 0.0 if self.eps_clip_low is None else 1.0 - self.eps_clip_low
+        is_w = ratio.clamp(lo, 1.0 + self.eps_clip_high)
+        loss = aggregate(-is_w * adv * logp, m, batch, self.aggregation)
+        return loss, {
+            "loss": loss.detach(),
+            "logp_mean": masked_mean(logp, m),
+            "ratio_mean": masked_mean(ratio, m),
+            "clip_frac": masked_mean((is_w != ratio).to(m.dtype), m),
+            "approx_kl": masked_mean(ratio - 1.0 - log_ratio, m),
+        }
+
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+@dataclass
+class TokenKLLoss:
+    """coeff * agg(KL estimate) of pi against a reference policy, per action token.
+
+    With lr = logp_ref - logp (Schulman's estimators of KL(pi || ref)):
+    k1 = -lr,   k2 = lr^2 / 2,   k3 = exp(lr) - 1 - lr  (unbiased, always >= 0).
+    Needs ``batch["ref_logprobs"]`` [B, T] (SampleAttachments.ref_logprobs).
+    """
+
+    coeff: float = 1.0
+    estimator: str = "k3"
+    aggregation: str = "token"
+    needs_actor_logprobs: ClassVar[bool] = False
+    stat_keys: ClassVar[Tuple[str, ...]] = ("loss", "kl")
+
+    def __post_init__(self) -> None:
+        _check_agg(self)
+        if self.estimator not in KL_ESTIMATORS:
+            raise ValueError(f"estimator={self.estimator!r}; use one of {KL_ESTIMATORS}")
+
+    @checked_loss
+    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> Tuple[Tensor, Stats]:
+        if batch.get("ref_logprobs") is None:
+            raise KeyError(
+                "TokenKLLoss needs batch['ref_logprobs']; fill SampleAttachments.ref_logprobs "
+                "(reference-model logprobs aligned to input_ids) on every item"
+            )
+        logp = token_logprobs(logits, batch["input_ids"])
+        ref = batch["ref_logprobs"][:, 1:].to(logp.dtype)
+        m = token_mask(batch, logp.dtype)
+        lr = ref - logp
+        if self.estimator == "k1":
+            kl = -lr
+        elif self.estimator == "k2":
+            kl = 0.5 * lr * lr
+        else:
+            kl = torch.exp(lr) - 1.0 - lr
+        loss = self.coeff * aggregate(kl, m, batch, self.aggregation)
+        return loss, {"loss": loss.detach(), "kl": masked_mean(kl, m)}
+
+
+@dataclass
+class MaskedCausalLMCrossEntropyLoss:
+    """SFT negative log-likelihood of the action tokens: L = agg(-logp). Ignores weight."""
+
+    aggregation: str = "token"
+    needs_actor_logprobs: ClassVar[bool] = False
+    stat_keys: ClassVar[Tuple[str, ...]] = ("loss", "nll", "token_accuracy")
+
+    def __post_init__(self) -> None:
+        _check_agg(self)
+
+    @checked_loss
+    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> Tuple[Tensor, Stats]:
+        logp = token_logprobs(logits, batch["input_ids"])
+        m = token_mask(batch, logp.dtype)
+        loss = aggregate(-logp, m, batch, self.aggregation)
+        hit = (logits[:, :-1].argmax(-1) == batch["input_ids"][:, 1:]).to(m.dtype)
+        return loss, {
+            "loss": loss.detach(),
+            "nll": masked_mean(-logp, m),
+            "token_accuracy": masked_mean(hit, m),
+        }
+
+
+@dataclass
+class LossTerm:
+    name: str
+    loss: Any  # a Loss
+    coeff: float = 1.0
+
+
+@dataclass
+class CompositeLoss:
+    """L = sum_i coeff_i * L_i. Stats: ``loss`` plus ``{name}/{key}`` of every term."""
+
+    terms: Sequence[LossTerm]
+
+    def __post_init__(self) -> None:
+        if not self.terms:
+            raise ValueError("CompositeLoss needs at least one LossTerm")
+        names = [t.name for t in self.terms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"CompositeLoss term names must be unique, got {names}")
+
+    @property
+    def needs_actor_logprobs(self) -> bool:  # type: ignore[override]
+        return any(getattr(t.loss, "needs_actor_logprobs", False) for t in self.terms)
+
+    @property
+    def stat_keys(self) -> Tuple[str, ...]:
+        keys = ["loss"]
+        for t in self.terms:
+            keys += [f"{t.name}/{k}" for k in t.loss.stat_keys]
+        return tuple(keys)
+
+    @checked_loss
+    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> Tuple[Tensor, Stats]:
+        total: Optional[Tensor] = None
+        stats: Stats = {}
+        for t in self.terms:
+            li, si = t.loss.compute(logits, batch)
+            total = t.coeff * li if total is None else total + t.coeff * li
+            stats.update({f"{t.name}/{k}": v for k, v in si.items()})
+        assert total is not None
+        stats["loss"] = total.detach()
+        return total, stats

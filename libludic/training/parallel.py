@@ -1,0 +1,148 @@
+"""Device, LoRA and FSDP2 plumbing for the Trainer (kept apart so trainer.py reads as a loop).
+
+FSDP2: when ``torch.distributed`` is initialised the model is sharded with
+``torch.distributed.fsdp.fully_shard``, one call per decoder layer, then one on the root
+(which then owns the embeddings, final norm and the tied LM head). gloo works on CPU, NCCL
+on GPU. Gradients are *averaged* over ranks by FSDP's reduce-scatter.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from libludic.training.config import TrainerConfig
+
+log = logging.getLogger(__name__)
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def init_distributed() -> None:
+    """Join the torchrun process group if not already in one: NCCL with CUDA, gloo without."""
+    if is_distributed():
+        return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``name`` as a torch.device; "cuda" without CUDA falls back to CPU with a warning.
+
+    Under torchrun, a bare "cuda" means ``cuda:{LOCAL_RANK}``.
+    """
+    dev = torch.device(name)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            warnings.warn(
+                f"TrainerConfig.model_device={name!r} but CUDA is not available; training on "
+                "CPU (set model_device='cpu' to silence this)",
+                stacklevel=3,
+            )
+            return torch.device("cpu")
+        if dev.index is None and is_distributed():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return dev
+
+
+def apply_lora(model: nn.Module, cfg: TrainerConfig) -> nn.Module:
+    """Wrap ``model`` with peft LoRA adapters when ``cfg.lora_rank`` is set."""
+    if cfg.lora_rank is None:
+        return model
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as e:  # pragma: no cover - peft is in the dev/lora extras
+        raise ImportError("TrainerConfig.lora_rank needs peft: pip install 'libludic[lora]'") from e
+    lcfg = LoraConfig(
+        r=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha,  # type: ignore[arg-type]
+        lora_dropout=cfg.lora_dropout,
+        target_modules=list(cfg.lora_target_modules),
+        bias="none",
+    )
+    return get_peft_model(model, lcfg)
+
+
+def is_peft(model: nn.Module) -> bool:
+    return hasattr(model, "get_base_model") and hasattr(model, "peft_config")
+
+
+def decoder_layers(model: nn.Module) -> List[nn.Module]:
+    """The repeated blocks to shard one by one: the HF ``_no_split_modules`` classes."""
+    base = model.get_base_model() if is_peft(model) else model  # type: ignore[operator]
+    names = set(getattr(base, "_no_split_modules", None) or [])
+    layers = [
+        m
+        for m in model.modules()
+        if type(m).__name__ in names or type(m).__name__.endswith("DecoderLayer")
+    ]
+    return layers
+
+
+def apply_fsdp2(model: nn.Module, mp_dtype: Optional[torch.dtype] = None) -> nn.Module:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    kw: Dict[str, Any] = {}
+    if mp_dtype is not None:
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=mp_dtype, reduce_dtype=torch.float32)
+    layers = decoder_layers(model)
+    if not layers:
+        log.warning("no decoder layers found in %s; sharding the root module only", type(model).__name__)
+    for layer in layers:
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)
+    return model
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    full = getattr(t, "full_tensor", None)  # DTensor (FSDP2 shard) -> gathered tensor
+    return full() if callable(full) else t
+
+
+def full_state_dict(model: nn.Module, to_cpu: bool = True) -> Dict[str, torch.Tensor]:
+    """Full (unsharded) parameters and buffers under their HF names.
+
+    FSDP2 shards are all-gathered (every rank must call this). For a peft LoRA model the
+    adapters are merged on the fly, W' = W + get_delta_weight(), without touching the
+    live model; LoRA tensors are left out and ``.base_layer`` dropped from names.
+    """
+    out: Dict[str, torch.Tensor] = {}
+    if is_peft(model):
+        from peft.tuners.lora import LoraLayer
+
+        base = model.get_base_model()  # type: ignore[operator]
+        for name, t in base.state_dict().items():
+            if "lora_" in name:
+                continue
+            out[name.replace(".base_layer.", ".")] = _full(t).detach()
+        for mname, mod in base.named_modules():
+            if isinstance(mod, LoraLayer):
+                w = _full(mod.get_base_layer().weight).detach()  # type: ignore[arg-type]
+                for a in mod.active_adapters:
+                    if a in mod.lora_A:
+                        w = w + _full(mod.get_delta_weight(a)).detach()  # type: ignore[attr-defined]
+                out[f"{mname}.weight"] = w
+    else:
+        for name, t in model.state_dict().items():
+            out[name] = _full(t).detach()
+    if to_cpu:
+        out = {k: v.to("cpu") for k, v in out.items()}
+    return out

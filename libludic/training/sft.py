@@ -1,0 +1,194 @@
+"""``ludic sft``: supervised warm start of a model directory on the arithmetic task.
+
+    ludic sft --model DIR --out DIR [--steps 600] [--batch-size 64] [--lr 1e-3]
+              [--digits 2] [--seed 0]
+
+Data: chat samples ``[{"role": "user", "content": "12+34="}, {"role": "assistant",
+"content": "46"}]``; the trained action is the answer followed by ``<|im_end|>``. They are
+written to ``{out}/sft_train.jsonl`` and read back through OfflineBatchSource with
+``make_sft()`` (the same path any SFT run takes).
+
+Held-out split: two-digit addition has only 8100 distinct problems, so the problem space
+itself is split (``libludic.envs.arithmetic``: ``split="train"`` never yields an eval
+problem). Training problems are ``generate_problem(10_000_000 + i, split="train")``;
+evaluation uses ``generate_problem(s, split="eval")`` for seeds ``0..199``, the same
+held-out set `ludic up` evaluates on, so the reported pass rate is on problems never
+trained on (the explicit question filter below is a second guard). ``--seed`` sets the data order and torch's seed.
+
+Output: the trained model and tokenizer in ``--out`` (``save_pretrained``), a progress
+line every ``--log-every`` steps and, at the end, the greedy pass rate on the 200 held-out
+problems (exact match of the stripped decoded answer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+from libludic.envs.arithmetic import generate_problem, score_answer
+from libludic.training.algorithm import make_sft
+from libludic.training.batching.offline import OfflineBatchSource
+from libludic.training.config import TrainerConfig
+from libludic.training.trainer import Trainer
+
+TRAIN_SEED_BASE = 10_000_000
+EVAL_SEEDS = range(0, 200)
+
+
+def chat_record(question: str, answer: str) -> Dict[str, Any]:
+    return {
+        "messages": [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": answer},
+        ]
+    }
+
+
+def write_train_jsonl(path: Path, n: int, digits: int, exclude: set[str]) -> int:
+    """Write ``n`` training samples (fewer if some collide with ``exclude``); returns count."""
+    written = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(n):
+            p = generate_problem(TRAIN_SEED_BASE + i, digits, split="train")
+            if p.question in exclude:
+                continue
+            f.write(json.dumps(chat_record(p.question, p.answer)) + "\n")
+            written += 1
+    return written
+
+
+@torch.no_grad()
+def greedy_pass_rate(
+    model: Any, tokenizer: Any, seeds: Sequence[int], digits: int, batch_size: int = 100
+) -> float:
+    """Fraction of problems whose greedy answer (stripped) equals the target."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    pad = tokenizer.pad_token_id
+    probs = [generate_problem(s, digits, split="eval") for s in seeds]
+    passed = 0
+    for start in range(0, len(probs), batch_size):
+        chunk = probs[start : start + batch_size]
+        prompts = []
+        for p in chunk:
+            enc = tokenizer.apply_chat_template(
+                [{"role": "user", "content": p.question}], add_generation_prompt=True, tokenize=True
+            )
+            prompts.append(list(enc["input_ids"] if hasattr(enc, "keys") else enc))
+        T = max(len(x) for x in prompts)
+        ids = torch.tensor([[pad] * (T - len(x)) + x for x in prompts], device=device)
+        attn = torch.tensor([[0] * (T - len(x)) + [1] * len(x) for x in prompts], device=device)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=attn,
+            max_new_tokens=2 * digits + 3,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=pad,
+        )
+        for p, row in zip(chunk, out[:, T:].tolist(), strict=True):
+            text = tokenizer.decode(row, skip_special_tokens=True)
+            passed += int(score_answer(text, p.answer) == 1.0)
+    model.train(was_training)
+    return passed / max(len(probs), 1)
+
+
+def run_sft(
+    model_dir: str,
+    out_dir: str,
+    *,
+    steps: int = 600,
+    batch_size: int = 64,
+    lr: float = 1e-3,
+    digits: int = 2,
+    seed: int = 0,
+    log_every: int = 50,
+    eval_n: int = 200,
+    device: Optional[str] = None,
+    quiet: bool = False,
+) -> Dict[str, Any]:
+    """Train, save to ``out_dir``, evaluate; returns losses, pass_rate and timings."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(seed)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    eval_seeds = list(EVAL_SEEDS)[:eval_n]
+    exclude = {generate_problem(s, digits, split="eval").question for s in eval_seeds}
+    data = out / "sft_train.jsonl"
+    n = write_train_jsonl(data, steps * batch_size, digits, exclude)
+    source = OfflineBatchSource(data, batch_size=batch_size, tokenizer=tok, algorithm=make_sft(), seed=seed)
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cfg = TrainerConfig(
+        model_device=dev,
+        lr=lr,
+        pad_token_id=int(tok.pad_token_id),
+        max_seq_len=256,
+        mixed_precision_dtype="bf16" if dev.startswith("cuda") else None,
+        log_every=max(log_every, 1),
+    )
+    trainer = Trainer(model=model, algo=make_sft(), batch_source=source, cfg=cfg)
+    say = (lambda *_a, **_k: None) if quiet else print
+    say(f"sft: {n} training samples ({digits}-digit addition), {steps} steps x {batch_size}, lr {lr}, {dev}")
+    losses: List[float] = []
+    t0 = time.perf_counter()
+
+    async def loop() -> None:
+        window: List[float] = []
+        for i in range(1, steps + 1):
+            st = await trainer.train_step()
+            losses.append(st["loss"])
+            window.append(st["loss"])
+            if log_every and (i % log_every == 0 or i == steps):
+                acc = st.get("loss/token_accuracy", float("nan"))
+                say(
+                    f"step {i}/{steps} loss {sum(window) / len(window):.4f} "
+                    f"token_acc {acc:.3f} ({time.perf_counter() - t0:.1f} s)",
+                    flush=True,
+                )
+                window = []
+
+    asyncio.run(loop())
+    train_s = time.perf_counter() - t0
+    trainer.model.save_pretrained(out, safe_serialization=True)  # type: ignore[operator]
+    tok.save_pretrained(out)
+    pass_rate = greedy_pass_rate(trainer.model, tok, eval_seeds, digits) if eval_n else float("nan")
+    say(
+        f"greedy pass rate on {len(eval_seeds)} held-out problems (seeds 0..{len(eval_seeds) - 1}): "
+        f"{pass_rate:.3f}  (training {train_s:.1f} s, model saved to {out})"
+    )
+    return {"losses": losses, "pass_rate": pass_rate, "train_s": train_s, "num_samples": n}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="ludic sft", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="model directory (e.g. from `ludic model init`)")
+    ap.add_argument("--out", required=True, help="where to save the trained model")
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--digits", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument("--eval-n", type=int, default=200, help="held-out problems (seeds 0..N-1)")
+    ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    a = ap.parse_args(argv)
+    if a.steps < 1 or a.batch_size < 1:
+        ap.error("--steps and --batch-size must be >= 1")
+    if not 0 <= a.eval_n <= len(EVAL_SEEDS):
+        ap.error(f"--eval-n must be in [0, {len(EVAL_SEEDS)}]")
+    run_sft(
+        a.model, a.out, steps=a.steps, batch_size=a.batch_size, lr=a.lr, digits=a.digits,
+        seed=a.seed, log_every=a.log_every, eval_n=a.eval_n, device=a.device,
+    )
+    return 0

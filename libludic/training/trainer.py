@@ -1,0 +1,329 @@
+"""Trainer: SAWBatch -> micro-batches -> gradients -> AdamW step -> publish.
+
+One optimizer step (``train_step``):
+
+1. ``batch_source.next_batch()`` gives the macro-batch.
+2. Stale items are dropped (``max_lag``): an item sampled by policy version v is kept iff
+   ``v >= policy_version - max_lag`` (items without a version are kept). ``policy_version``
+   is the trainer's counter, bumped on every publish.
+3. Items are packed into micro-batches of at most ``micro_token_budget`` padded tokens.
+4. Every micro-batch is forwarded and backpropagated. **Exactness of accumulation:** the
+   losses are sums over tokens (or sequences) divided by a normaliser N; the trainer
+   computes N over the whole macro-batch (and over all ranks) and passes it in the batch
+   (``loss.NUM_ACTION_TOKENS_KEY`` / ``NUM_SEQUENCES_KEY``, plus the macro weight mean for
+   baselines), so each micro loss is its *share* of the full-batch loss and the
+   accumulated gradient equals the full-batch gradient up to float rounding. Under FSDP2
+   the loss is multiplied by world_size because the reduce-scatter averages gradients.
+5. Gradients are clipped to ``max_grad_norm``, AdamW steps.
+6. Every ``sync_every_steps`` steps, ``publisher.publish(full_state_dict(), version)``.
+
+Autocast: ``mixed_precision_dtype`` on CUDA; on CPU only with ``cfg.cpu_autocast``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from libludic.distributed.interfaces import PolicyPublisher
+from libludic.training import loss as L
+from libludic.training import parallel
+from libludic.training.algorithm import RLAlgorithm
+from libludic.training.batching.saw import collate, pack_micro_batches
+from libludic.training.checkpoint import CheckpointManager, LoadedCheckpoint
+from libludic.training.config import TrainerConfig
+from libludic.training.types import BatchSource, SAWItem
+
+log = logging.getLogger(__name__)
+
+
+class Trainer:
+    def __init__(
+        self,
+        *,
+        model: nn.Module,
+        algo: RLAlgorithm,
+        batch_source: BatchSource,
+        publisher: Optional[PolicyPublisher] = None,
+        cfg: Optional[TrainerConfig] = None,
+        evaluator: Any = None,
+        checkpointer: Optional[CheckpointManager] = None,
+    ) -> None:
+        self.cfg = cfg if cfg is not None else TrainerConfig()
+        self.algo = algo
+        self.batch_source = batch_source
+        self.publisher = publisher
+        self.evaluator = evaluator
+        if evaluator is not None and getattr(evaluator, "concurrency", 0) is None:
+            evaluator.concurrency = self.cfg.eval_concurrency
+        self.checkpointer = checkpointer
+        self.device = parallel.resolve_device(self.cfg.model_device)
+        self.distributed = parallel.is_distributed()
+        dt = self.cfg.autocast_dtype
+        if dt is torch.float16:
+            raise ValueError(
+                "TrainerConfig.mixed_precision_dtype='fp16' needs loss scaling, which this "
+                "trainer does not do; use 'bf16' or None"
+            )
+        want_amp = dt is not None and (self.device.type == "cuda" or self.cfg.cpu_autocast)
+        if want_amp and self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            log.warning("bf16 is not supported on %s; training in fp32", self.device)
+            want_amp = False
+        model = parallel.apply_lora(model, self.cfg)
+        model.to(self.device)
+        if self.distributed:
+            parallel.apply_fsdp2(model, dt if want_amp else None)
+            self._amp_dtype = None  # FSDP2's MixedPrecisionPolicy casts instead
+        else:
+            self._amp_dtype = dt if want_amp else None
+        self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the model has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(
+            self.params,
+            lr=self.cfg.lr,
+            betas=self.cfg.betas,
+            eps=self.cfg.eps,
+            weight_decay=self.cfg.weight_decay,
+        )
+        self.step = 0
+        self.policy_version = 0
+        self.stale_dropped_total = 0
+
+    # ------------------------------------------------------------------ helpers
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self._amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self._amp_dtype)
+
+    def drop_stale(self, items: Sequence[SAWItem]) -> Tuple[List[SAWItem], int]:
+        """Items within ``max_lag`` versions of ``policy_version``, and how many were dropped."""
+        if self.cfg.max_lag is None:
+            return list(items), 0
+        floor = self.policy_version - self.cfg.max_lag
+        kept = [it for it in items if it.policy_version is None or it.policy_version >= floor]
+        return kept, len(items) - len(kept)
+
+    def full_state_dict(self, to_cpu: bool = True) -> Dict[str, torch.Tensor]:
+        """Full parameters under HF names (gathers FSDP2 shards; every rank must call)."""
+        return parallel.full_state_dict(self.model, to_cpu=to_cpu)
+
+    # ------------------------------------------------------------------ gradients
+
+    def accumulate_gradients(self, items: Sequence[SAWItem]) -> Dict[str, float]:
+        """Zero the grads, then forward/backward every micro-batch of ``items``.
+
+        Afterwards ``p.grad`` holds the gradient of the full-batch loss. Returns the
+        summed loss, token counts and the loss stats (token-weighted over micro-batches).
+        """
+        cfg = self.cfg
+        if self.algo.needs_actor_logprobs:
+            missing = [it.item_id for it in items if it.attachments.actor_logprobs is None]
+            if missing:
+                raise ValueError(
+                    f"algorithm {self.algo.name!r} needs actor logprobs but items "
+                    f"{missing[:5]} have none; sample with ReturnSpec.for_rl()"
+                )
+        micros = pack_micro_batches(items, cfg.micro_token_budget, cfg.max_seq_len)
+        batches = [collate(mb, cfg.pad_token_id, cfg.max_seq_len) for mb in micros]
+        n_tok = [float(L.token_mask(b, torch.float32).sum()) for b in batches]
+        n_seq = [float((L.token_mask(b, torch.float32).sum(-1) > 0).sum()) for b in batches]
+        totals = torch.tensor(
+            [sum(n_tok), sum(n_seq), sum(float(it.weight) for it in items), float(len(items))],
+            dtype=torch.float64,
+        )
+        scale = 1.0
+        if self.distributed:
+            # all_reduce on the model's device (gloo: CPU, NCCL: GPU)
+            t = totals.to(self.device)
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+            totals = t.cpu()
+            scale = float(dist.get_world_size())
+        tot_tok, tot_seq, w_sum, n_items = (float(x) for x in totals)
+        macro = {
+            L.NUM_ACTION_TOKENS_KEY: max(tot_tok, 1.0),
+            L.NUM_SEQUENCES_KEY: max(tot_seq, 1.0),
+            L.WEIGHT_MEAN_KEY: w_sum / max(n_items, 1.0),
+        }
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        stat_acc: Dict[str, float] = {}
+        local_tok = max(sum(n_tok), 1.0)
+        for i, b in enumerate(batches):
+            is_last = i == len(batches) - 1
+            if hasattr(self.model, "set_requires_gradient_sync"):
+                # FSDP2: reduce-scatter only after the last micro-batch
+                self.model.set_requires_gradient_sync(is_last)  # type: ignore[operator]
+            dev_b: Dict[str, Any] = {
+                k: v.to(self.device, non_blocking=True) for k, v in b.items()
+            }
+            dev_b.update(macro)
+            with self._autocast():
+                out = self.model(
+                    input_ids=dev_b["input_ids"], attention_mask=dev_b["attention_mask"]
+                )
+            logits = out.logits if hasattr(out, "logits") else out
+            if cfg.cast_logits_to_fp32:
+                logits = logits.float()
+            loss, stats = self.algo.loss.compute(logits, dev_b)
+            (loss * scale).backward()
+            loss_sum += float(loss.detach())
+            share = n_tok[i] / local_tok
+            for k, v in stats.items():
+                if k != "loss":
+                    stat_acc[k] = stat_acc.get(k, 0.0) + share * float(v)
+        out_stats = {f"loss/{k}": v for k, v in stat_acc.items()}
+        out_stats.update(
+            loss=loss_sum,
+            num_micro_batches=float(len(batches)),
+            num_action_tokens=sum(n_tok),
+            num_padded_tokens=float(sum(b["input_ids"].numel() for b in batches)),
+        )
+        return out_stats
+
+    def optimizer_step(self) -> float:
+        """Clip (if configured), step AdamW; returns the pre-clip global grad norm."""
+        max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        full = getattr(norm, "full_tensor", None)
+        norm = full() if callable(full) else norm
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    # ------------------------------------------------------------------ loop
+
+    async def train_step(self) -> Dict[str, float]:
+        t0 = time.perf_counter()
+        batch = await self.batch_source.next_batch()
+        items, dropped = self.drop_stale(batch.items)
+        self.stale_dropped_total += dropped
+        stats: Dict[str, float] = {
+            "num_items": float(len(items)),
+            "num_tokens": float(sum(it.num_tokens for it in items)),
+            "stale_dropped": float(dropped),
+            "stale_dropped_total": float(self.stale_dropped_total),
+            "lr": float(self.optimizer.param_groups[0]["lr"]),
+        }
+        rewards = [float(it.meta["reward"]) for it in items if "reward" in it.meta]
+        stats["reward_mean"] = sum(rewards) / len(rewards) if rewards else 0.0
+        if not items and self.distributed:
+            raise RuntimeError(
+                f"rank {parallel.rank()} has no items at step {self.step + 1} (dropped "
+                f"{dropped} stale); under FSDP2 every rank must train on a non-empty shard: "
+                "raise max_lag or give every rank its own batch"
+            )
+        if items:
+            self.model.train()
+            stats.update(self.accumulate_gradients(items))
+            stats["grad_norm"] = self.optimizer_step()
+        else:
+            log.warning("step %d: no items left after dropping %d stale; no update", self.step + 1, dropped)
+            stats.update(loss=0.0, grad_norm=0.0)
+        self.step += 1
+        dt = max(time.perf_counter() - t0, 1e-9)
+        stats.update(
+            step=float(self.step),
+            samples_per_s=stats["num_items"] / dt,
+            tokens_per_s=stats["num_tokens"] / dt,
+            step_time_s=dt,
+        )
+        if self.publisher is not None and self.step % self.cfg.sync_every_steps == 0:
+            self.publish()
+        stats["policy_version"] = float(self.policy_version)
+        n_eval = self.cfg.eval_every_n_steps
+        if self.evaluator is not None and n_eval and self.step % n_eval == 0:
+            stats.update(await self.evaluate())
+        if self.checkpointer is not None and self.checkpointer.should_save(self.step):
+            self.save_checkpoint()
+        if self.step % self.cfg.log_every == 0 and parallel.rank() == 0:
+            log.info(
+                "step %d loss %.4f grad_norm %.3f items %d reward %.3f stale %d tok/s %.0f",
+                self.step, stats["loss"], stats["grad_norm"], stats["num_items"],
+                stats["reward_mean"], dropped, stats["tokens_per_s"],
+            )
+        return stats
+
+    async def train(self, num_steps: Optional[int] = None) -> List[Dict[str, float]]:
+        """Run ``num_steps`` optimizer steps (None: until cancelled); returns per-step stats."""
+        if num_steps is not None and num_steps < 0:
+            raise ValueError(f"num_steps={num_steps} must be >= 0")
+        if self.cfg.eval_at_start and self.evaluator is not None:
+            log.info("eval at start: %s", await self.evaluate())
+        history: List[Dict[str, float]] = []
+        while num_steps is None or len(history) < num_steps:
+            history.append(await self.train_step())
+        return history
+
+    def publish(self) -> None:
+        assert self.publisher is not None
+        version = self.policy_version + 1
+        self.publisher.publish(self.full_state_dict(), version=version)
+        self.policy_version = version
+
+    async def evaluate(self) -> Dict[str, float]:
+        self.model.eval()
+        try:
+            res = await self.evaluator.evaluate()
+        finally:
+            self.model.train()
+        return {k if k.startswith("eval/") else f"eval/{k}": float(v) for k, v in res.items()}
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _state_dicts(self) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        msd = get_model_state_dict(self.model, options=opts)
+        osd = get_optimizer_state_dict(self.model, self.optimizer, options=opts)
+        return msd, osd  # type: ignore[return-value]
+
+    def save_checkpoint(self, extra: Optional[Dict[str, Any]] = None) -> Optional[Path]:
+        """Model + optimizer + RNG + step + policy_version (+ batch-source position)."""
+        if self.checkpointer is None:
+            raise ValueError("Trainer has no checkpointer; pass checkpointer=CheckpointManager(...)")
+        msd, osd = self._state_dicts()  # collective under FSDP2
+        if parallel.rank() != 0:
+            return None
+        ex: Dict[str, Any] = {"trainer_step": self.step, "policy_version": self.policy_version}
+        if hasattr(self.batch_source, "state_dict"):
+            ex["batch_source"] = self.batch_source.state_dict()
+        ex.update(extra or {})
+        return self.checkpointer.save(self.step, msd, osd, extra=ex)
+
+    def load_checkpoint(self, path: Optional[Path] = None) -> Optional[LoadedCheckpoint]:
+        """Restore the newest valid checkpoint (or ``path``); None if there is none."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        if self.checkpointer is None:
+            raise ValueError("Trainer has no checkpointer; pass checkpointer=CheckpointManager(...)")
+        ck = self.checkpointer.load(path)
+        if ck is None:
+            return None
+        opts = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.model, ck.model_state, options=opts)  # type: ignore[arg-type]
+        if ck.optimizer_state is not None:
+            set_optimizer_state_dict(self.model, self.optimizer, ck.optimizer_state, options=opts)
+        self.step = int(ck.extra.get("trainer_step", ck.step))
+        self.policy_version = int(ck.extra.get("policy_version", 0))
+        if "batch_source" in ck.extra and hasattr(self.batch_source, "load_state_dict"):
+            self.batch_source.load_state_dict(ck.extra["batch_source"])
+        return ck

@@ -1,0 +1,533 @@
+"""``ludic learner``: saw stream -> Trainer (FSDP2 under torchrun) -> publish -> checkpoint.
+
+    ludic learner --model-dir DIR --inference-urls http://inference:8000 [--resume]
+    torchrun --nproc_per_node N -m libludic.cli learner ...      # FSDP2, gloo/NCCL
+
+One step: ``PipelineBatchSource`` (rank 0 reads Redis, shares the batch; stale items are
+dropped there) -> ``Trainer.train_step`` -> every ``sync_every_steps`` a publish -> every
+``checkpoint_every`` steps a checkpoint -> ack of the committed items. The full state dict
+is gathered only for a publish or a checkpoint.
+
+Exactly-once. Items are acked only once committed: with checkpointing, when a checkpoint
+that includes them is saved (its extra holds ``batch_source.last_committed_id``,
+``items_trained``, ``policy_version``, ``trainer_step``); without, right after their step.
+``--resume`` loads the newest complete checkpoint (model, optimizer, step, RNG, policy
+version, stream position) and re-reads this consumer's pending entries first, so every
+item trained after that checkpoint is trained again exactly once, in the same batches.
+With ``output_dir`` set, ``trained_items.jsonl`` lists each committed-or-current step's
+item ids; on start it is cut back to the resumed step, so it always describes the history
+of the weights being trained.
+
+Versions. A publish labels the weights ``max(learner version, floor) + 1`` where ``floor``
+is the highest version seen at start-up in Redis or on any replica (so a restarted
+learner never publishes a version the replicas refuse as old). At start-up the learner
+publishes its current weights if it resumed or if Redis/the replicas are ahead of it, so
+inference serves what the learner trains. After a successful publish the version goes to
+Redis (``ludic:{run}:policy_version``, which actors' admission control reads).
+
+Publish failure policy. A publish that some replica did not acknowledge (after bounded
+retries, see libludic/distributed/publisher.py) does **not** stop training: the error is
+logged, counted (``ludic_learner_publishes_total{outcome="failed"}``,
+``ludic_learner_publish_failures_total{replica}``), the old version stays in Redis and
+the learner's version does not move, so the next publish retries with the same version
+(replicas that already took it answer 409 and are recognised as up to date). After
+``max_publish_failures`` consecutive failures the learner saves a checkpoint (if enabled)
+and exits 1, so an orchestrator notices. Without ``inference_urls`` nothing is published.
+
+SIGTERM/SIGINT: finish the current step, checkpoint if enabled (acking what it commits),
+exit 0. ``num_steps`` reached: final publish (if the last step did not publish) and final
+checkpoint, exit 0. Rank 0 serves /metrics on ``metrics_port`` and writes
+``learner_step``, ``policy_version`` and a ``heartbeat:learner:{consumer}`` status entry
+(replica versions, publish failures) to Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import random
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from libludic import transport
+from libludic.distributed.publisher import (
+    BroadcastPolicyPublisher,
+    HttpPolicyPublisher,
+    PublishError,
+    Rank0OnlyPublisher,
+    ReplicaSet,
+    RetryPolicy,
+    replica_versions,
+)
+from libludic.training import parallel
+from libludic.training.batching.pipeline import PipelineBatchSource, SourceStopped, any_rank
+from libludic.training.checkpoint import CheckpointManager
+from libludic.training.trainer import Trainer
+from services.common.http import start_http
+from services.common.lifecycle import install_stop_signals
+from services.common.settings import log_settings, setup_logging
+from services.learner import metrics as M
+from services.learner.settings import LearnerSettings, load
+
+log = logging.getLogger("ludic.learner")
+
+TRAINED_LOG = "trained_items.jsonl"
+HEARTBEAT_TTL_S = 120.0
+
+
+class LearnerFatal(RuntimeError):
+    """The learner cannot go on (e.g. too many consecutive failed publishes)."""
+
+
+def make_algorithm(name: str, kwargs: Dict[str, Any]) -> Any:
+    from libludic.training import algorithm as alg
+
+    factory = getattr(alg, f"make_{name}", None)
+    if factory is None:
+        raise ValueError(f"unknown algorithm {name!r}")
+    try:
+        return factory(**kwargs)
+    except TypeError as e:
+        raise ValueError(f"algorithm_kwargs {kwargs} do not fit make_{name}: {e}") from e
+
+
+def init_distributed(device: str) -> None:
+    """Join the torchrun process group (WORLD_SIZE > 1): NCCL on CUDA, gloo otherwise."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or parallel.is_distributed():
+        return
+    use_cuda = device.startswith("cuda") and torch.cuda.is_available()
+    if use_cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(minutes=30))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Learner:
+    def __init__(self, s: LearnerSettings, stop: asyncio.Event) -> None:
+        self.s = s
+        self.stop = stop
+        self.rank = parallel.rank()
+        self.keys = transport.Keys(s.run_id)
+        self.r: Any = None
+        self.trainer: Optional[Trainer] = None
+        self.publisher: Any = None
+        self.inner_publisher: Any = None
+        self.version_floor = 0
+        self.consecutive_failures = 0
+        self.publish_failures = 0
+        self.last_publish_error = ""
+        self.last_ckpt_step = -1
+        self.last_pub_step = -1
+        self.ckcfg = s.checkpoint_config()
+        self.trained_log: Optional[Path] = None
+        if self.ckcfg is not None and s.trained_log:
+            self.trained_log = Path(self.ckcfg.output_dir) / TRAINED_LOG
+
+    # ------------------------------------------------------------------ setup
+
+    def _build(self) -> None:
+        from transformers import AutoModelForCausalLM
+
+        s = self.s
+        if not s.model_dir or not Path(s.model_dir).exists():
+            raise ValueError(
+                f"learner model_dir={s.model_dir!r} does not exist; set --model-dir / LUDIC_MODEL_DIR "
+                "(e.g. `ludic model init DIR --size tiny`)"
+            )
+        seed_everything(s.seed)
+        model = AutoModelForCausalLM.from_pretrained(s.model_dir, dtype=torch.float32)
+        cfg = s.trainer_config()
+        pad: Any = cfg.pad_token_id
+        if "pad_token_id" not in s.trainer:  # the model's pad (else EOS) token
+            pad = getattr(model.config, "pad_token_id", None)
+            if pad is None:
+                eos = getattr(model.config, "eos_token_id", 0)
+                pad = eos[0] if isinstance(eos, list) else (eos or 0)
+        # the source drops stale items (before batching); the Trainer's console line is ours
+        cfg = dataclasses.replace(cfg, max_lag=None, log_every=10**9, pad_token_id=int(pad))
+        device = parallel.resolve_device(cfg.model_device)
+        source = PipelineBatchSource(
+            redis=self.r,
+            keys=self.keys if self.rank == 0 else None,
+            batch_size=s.batch_size,
+            version_fn=lambda: self.trainer.policy_version if self.trainer else 0,
+            max_lag=s.lag,
+            consumer=s.consumer,
+            block_ms=s.block_ms,
+            device=device,
+            stop_fn=self.stop.is_set,
+            on_stale=M.STALE_DROPPED.inc,
+        )
+        checkpointer = None
+        if self.ckcfg is not None:  # the service decides when to save (then acks)
+            checkpointer = CheckpointManager(dataclasses.replace(self.ckcfg, every_n_steps=0))
+        self.trainer = Trainer(
+            model=model,
+            algo=make_algorithm(s.algorithm, s.algorithm_kwargs),
+            batch_source=source,
+            publisher=None,
+            cfg=cfg,
+            checkpointer=checkpointer,
+        )
+        self.source = source
+        self.device = device
+        if s.inference_urls:
+            retry = RetryPolicy(
+                max_attempts=s.publish_attempts,
+                attempt_timeout_s=s.publish_timeout_s,
+                connect_timeout_s=min(5.0, s.publish_timeout_s),
+                total_timeout_s=s.publish_total_timeout_s,
+            )
+            replicas = ReplicaSet(s.inference_urls)
+            inner: Any
+            if s.publish_plane == "http":
+                inner = HttpPolicyPublisher(
+                    replicas, s.token(), retry, on_result=M.on_replica_result
+                )
+            else:
+                if not s.collective_master_address:
+                    raise ValueError(
+                        "publish_plane=collective needs collective_master_address (an address of "
+                        "this learner the inference replicas can reach)"
+                    )
+                backend = s.collective_backend or ("nccl" if device.type == "cuda" else "gloo")
+                inner = BroadcastPolicyPublisher(
+                    replicas,
+                    s.collective_master_address,
+                    s.collective_master_port,
+                    s.token(),
+                    backend,
+                    retry,
+                    on_result=M.on_replica_result,
+                )
+            self.inner_publisher = inner
+            self.publisher = (
+                Rank0OnlyPublisher(inner, device) if parallel.is_distributed() else inner
+            )
+
+    def _cut_trained_log(self, step: int) -> None:
+        if self.rank != 0 or self.trained_log is None:
+            return
+        self.trained_log.parent.mkdir(parents=True, exist_ok=True)
+        kept: List[str] = []
+        if self.trained_log.exists():
+            for line in self.trained_log.read_text().splitlines():
+                try:
+                    if int(json.loads(line)["step"]) <= step:
+                        kept.append(line)
+                except (ValueError, KeyError):
+                    continue
+        self.trained_log.write_text("".join(k + "\n" for k in kept))
+
+    def _shared_ints(self, values: List[int]) -> List[int]:
+        """Rank 0's ``values`` on every rank."""
+        if not parallel.is_distributed():
+            return values
+        t = torch.tensor(values, dtype=torch.int64, device=self.device)
+        dist.broadcast(t, 0)
+        return [int(x) for x in t.tolist()]
+
+    async def setup(self) -> None:
+        if self.rank == 0:
+            self.r = transport.connect(self.s.redis_url, socket_timeout=self.s.block_ms / 1000 + 30)
+        self._build()
+        tr = self.trainer
+        assert tr is not None
+        resumed = False
+        if self.s.resume:
+            ck = tr.load_checkpoint()
+            if ck is None:
+                log.warning(
+                    "--resume: no complete checkpoint in %s; starting fresh",
+                    self.ckcfg.output_dir if self.ckcfg else "?",
+                )
+            else:
+                resumed = True
+                self.last_ckpt_step = tr.step
+                log.info(
+                    "resumed from %s: step %d, policy version %d, stream position %s",
+                    ck.path,
+                    tr.step,
+                    tr.policy_version,
+                    self.source.last_committed_id,
+                )
+        self._cut_trained_log(tr.step)
+        if self.rank == 0:
+            await self.source.start()
+        # version floor: never publish a version Redis or a replica already has
+        floor = 0
+        if self.rank == 0:
+            floor = await transport.retry_redis(
+                lambda: transport.get_policy_version(self.r, self.keys), deadline_s=60
+            )
+            if self.inner_publisher is not None:
+                vs = replica_versions(self.inner_publisher.replicas.resolve())
+                floor = max([floor] + [v for v in vs.values() if v is not None])
+        (floor,) = self._shared_ints([floor])
+        self.version_floor = floor
+        M.STEP.set(tr.step)
+        M.POLICY_VERSION.set(max(tr.policy_version, 0))
+        if self.publisher is not None and (resumed or floor > tr.policy_version):
+            log.info(
+                "publishing the %s weights before training (learner v%d, floor v%d)",
+                "resumed" if resumed else "initial",
+                tr.policy_version,
+                floor,
+            )
+            await self.publish()
+        await self._status()
+
+    # ------------------------------------------------------------------ publish / commit
+
+    async def publish(self) -> bool:
+        tr = self.trainer
+        assert tr is not None and self.publisher is not None
+        version = max(tr.policy_version, self.version_floor) + 1
+        t0 = time.perf_counter()
+        sd = tr.full_state_dict()  # collective under FSDP2 (LoRA merged)
+        try:
+            await asyncio.to_thread(self.publisher.publish, sd, version)
+        except PublishError as e:
+            self.consecutive_failures += 1
+            self.publish_failures += 1
+            self.last_publish_error = str(e)[:1000]
+            M.PUBLISHES.labels(outcome="failed").inc()
+            (log.error if self.rank == 0 else log.debug)(
+                "PUBLISH FAILED (%d in a row, limit %d); training continues on v%d weights, "
+                "Redis keeps v%d: %s",
+                self.consecutive_failures,
+                self.s.max_publish_failures,
+                version,
+                tr.policy_version,
+                e,
+            )
+            if self.consecutive_failures >= self.s.max_publish_failures:
+                raise LearnerFatal(
+                    f"{self.consecutive_failures} consecutive publishes failed (max_publish_failures="
+                    f"{self.s.max_publish_failures}); last: {e}"
+                ) from e
+            return False
+        finally:
+            del sd
+        dt = time.perf_counter() - t0
+        tr.policy_version = version
+        self.consecutive_failures = 0
+        self.last_pub_step = tr.step
+        M.PUBLISHES.labels(outcome="ok").inc()
+        M.PUBLISH_SECONDS.observe(dt)
+        M.POLICY_VERSION.set(version)
+        if self.rank == 0:
+            await transport.retry_redis(
+                lambda: transport.set_policy_version(self.r, self.keys, version), deadline_s=60
+            )
+        if self.rank == 0:
+            log.info("published policy v%d in %.2fs", version, dt)
+        return True
+
+    async def checkpoint(self) -> None:
+        tr = self.trainer
+        assert tr is not None
+        if tr.checkpointer is None or tr.step == self.last_ckpt_step:
+            return
+        path = tr.save_checkpoint(extra={"run_id": self.s.run_id})  # collective under FSDP2
+        self.last_ckpt_step = tr.step
+        M.CHECKPOINTS.inc()
+        n = await self.source.commit()  # the checkpoint is durable: ack what it includes
+        if self.rank == 0:
+            log.info("checkpoint %s saved; acked %d items", path, n)
+
+    async def _status(self) -> None:
+        if self.rank != 0 or self.r is None:
+            return
+        tr = self.trainer
+        assert tr is not None
+        info = {
+            "pid": os.getpid(),
+            "step": tr.step,
+            "policy_version": tr.policy_version,
+            "replicas": dict(getattr(self.inner_publisher, "acked", {}) or {}),
+            "publish_failures": self.publish_failures,
+            "consecutive_publish_failures": self.consecutive_failures,
+            "last_publish_error": self.last_publish_error,
+            "items_trained": self.source.items_trained,
+            "stale_dropped": self.source.stale_dropped,
+            "uncommitted": self.source.uncommitted,
+        }
+        try:
+            await transport.set_learner_step(self.r, self.keys, tr.step)
+            await transport.beat(
+                self.r, self.keys, "learner", self.s.consumer, HEARTBEAT_TTL_S, info
+            )
+        except transport.REDIS_DOWN_ERRORS as e:
+            log.warning("cannot write learner status to Redis: %s", e)
+
+    async def _keepalive(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_TTL_S / 4)
+            await self._status()
+
+    # ------------------------------------------------------------------ loop
+
+    def _global_stats(self, stats: Dict[str, float]) -> Dict[str, float]:
+        """Loss and token counts summed over ranks (each rank's loss is its share)."""
+        if not parallel.is_distributed():
+            return stats
+        t = torch.tensor(
+            [stats.get("loss", 0.0), stats.get("num_tokens", 0.0)],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        dist.all_reduce(t)
+        out = dict(stats)
+        out["loss"], out["num_tokens"] = float(t[0]), float(t[1])
+        out["tokens_per_s"] = out["num_tokens"] / max(stats["step_time_s"], 1e-9)
+        return out
+
+    def _log_trained(self, step: int, ids: List[str]) -> None:
+        if self.rank != 0 or self.trained_log is None:
+            return
+        tr = self.trainer
+        line = json.dumps(
+            {"step": step, "items": ids, "policy_version": tr.policy_version if tr else 0}
+        )
+        with open(self.trained_log, "a") as f:
+            f.write(line + "\n")
+
+    async def run(self) -> int:
+        s = self.s
+        await self.setup()
+        tr = self.trainer
+        assert tr is not None
+        logger = (
+            M.StepLogger(
+                s.log_every,
+                s.tensorboard_dir if self.rank == 0 else "",
+                config=dataclasses.asdict(s),
+            )
+            if self.rank == 0
+            else None
+        )
+        keep = asyncio.create_task(self._keepalive()) if self.rank == 0 else None
+        reason = "done"
+        try:
+            while True:
+                if s.num_steps and tr.step >= s.num_steps:
+                    break
+                if any_rank(self.stop.is_set(), self.device):
+                    reason = "signal"
+                    break
+                try:
+                    stats = await tr.train_step()
+                except SourceStopped:
+                    reason = "signal"
+                    break
+                ids = self.source.mark_trained()
+                self._log_trained(tr.step, ids)
+                stats = self._global_stats(stats)
+                stats["batch_items"] = float(len(ids))
+                stats["samples_per_s"] = len(ids) / max(stats["step_time_s"], 1e-9)
+                if self.publisher is not None and tr.step % tr.cfg.sync_every_steps == 0:
+                    await self.publish()
+                if self.ckcfg is None:
+                    await self.source.commit()
+                elif self.ckcfg.every_n_steps and tr.step % self.ckcfg.every_n_steps == 0:
+                    await self.checkpoint()
+                stats["policy_version"] = float(tr.policy_version)
+                stats["stale_dropped_total"] = float(self.source.stale_dropped)
+                if self.rank == 0:
+                    M.export_step(stats)
+                    M.UNCOMMITTED.set(self.source.uncommitted)
+                    assert logger is not None
+                    logger.step(stats)
+                    await self._status()
+            if reason == "done" and self.publisher is not None and self.last_pub_step != tr.step:
+                await self.publish()
+            if self.ckcfg is None:
+                await self.source.commit()
+            else:
+                await self.checkpoint()
+            if self.rank == 0:
+                log.info(
+                    "learner stopping (%s) at step %d, policy v%d, %d items trained, %d stale dropped",
+                    reason,
+                    tr.step,
+                    tr.policy_version,
+                    self.source.items_trained,
+                    self.source.stale_dropped,
+                )
+            return 0
+        except LearnerFatal:
+            try:
+                await self.checkpoint()
+            except Exception as e:  # keep the original error; the checkpoint is best effort
+                log.error("checkpoint after a fatal error failed: %s", e)
+            raise
+        finally:
+            if keep is not None:
+                keep.cancel()
+                await asyncio.gather(keep, return_exceptions=True)
+            await self._status()
+            if logger is not None:
+                logger.close()
+
+    async def close(self) -> None:
+        close = getattr(self.publisher, "close", None)
+        if callable(close):
+            close()
+        if self.r is not None:
+            await self.r.aclose()
+
+
+async def run(settings: LearnerSettings, *, stop: Optional[asyncio.Event] = None) -> Learner:
+    """Run the learner until ``num_steps`` or ``stop``; returns it (for tests/benches)."""
+    stop = stop or asyncio.Event()
+    init_distributed(settings.device)
+    learner = Learner(settings, stop)
+    server = await start_http(settings.metrics_port) if learner.rank == 0 else None
+    try:
+        await learner.run()
+    finally:
+        if server is not None:
+            server.close()
+        await learner.close()
+    return learner
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    settings = load(argv)
+    setup_logging(settings.log_level)
+    if parallel.rank() == 0 and int(os.environ.get("RANK", "0")) == 0:
+        log_settings(log, "learner", settings)
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        install_stop_signals(stop)
+        await run(settings, stop=stop)
+
+    try:
+        asyncio.run(go())
+    except LearnerFatal as e:
+        log.error("learner failed: %s", e)
+        return 1
+    finally:
+        if parallel.is_distributed():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,122 @@
+"""Prometheus metrics of ``ludic learner`` (served by rank 0 on port 9103) and the console /
+wandb / TensorBoard step loggers."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Dict, Optional
+
+from prometheus_client import Counter, Gauge, Histogram
+
+log = logging.getLogger("ludic.learner")
+
+STEP = Gauge("ludic_learner_step", "Optimizer steps taken")
+LOSS = Gauge("ludic_learner_loss", "Loss of the last step")
+GRAD_NORM = Gauge("ludic_learner_grad_norm", "Pre-clip global gradient norm of the last step")
+LR = Gauge("ludic_learner_lr", "Learning rate of the last step")
+TOKENS_PER_S = Gauge("ludic_learner_tokens_per_second", "Tokens trained per second (last step)")
+SAMPLES_PER_S = Gauge("ludic_learner_samples_per_second", "Items trained per second (last step)")
+REWARD_MEAN = Gauge("ludic_learner_reward_mean", "Mean rollout reward of the last batch")
+STALE_DROPPED = Counter(
+    "ludic_learner_stale_dropped_total",
+    "Items dropped (acked, never trained) for exceeding max_lag",
+)
+ITEMS_TRAINED = Counter("ludic_learner_items_trained_total", "Items trained")
+PUBLISH_SECONDS = Histogram(
+    "ludic_learner_publish_seconds",
+    "Wall time of a weight publish (gather + push)",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+)
+PUBLISHES = Counter("ludic_learner_publishes_total", "Publishes by outcome", ["outcome"])
+REPLICA_ACKED = Gauge(
+    "ludic_learner_replica_acked_version",
+    "Last policy version each replica acknowledged",
+    ["replica"],
+)
+PUBLISH_FAILURES = Counter(
+    "ludic_learner_publish_failures_total", "Failed publishes per replica", ["replica"]
+)
+POLICY_VERSION = Gauge("ludic_learner_policy_version", "Learner's published policy version")
+UNCOMMITTED = Gauge(
+    "ludic_learner_uncommitted_items", "Trained items not acked yet (waiting for a checkpoint)"
+)
+CHECKPOINTS = Counter("ludic_learner_checkpoints_total", "Checkpoints saved")
+
+
+def on_replica_result(replica: str, version: Optional[int], why: Optional[str]) -> None:
+    if version is not None:
+        REPLICA_ACKED.labels(replica=replica).set(version)
+    else:
+        PUBLISH_FAILURES.labels(replica=replica).inc()
+
+
+def export_step(stats: Dict[str, float]) -> None:
+    STEP.set(stats["step"])
+    LOSS.set(stats.get("loss", 0.0))
+    GRAD_NORM.set(stats.get("grad_norm", 0.0))
+    LR.set(stats.get("lr", 0.0))
+    TOKENS_PER_S.set(stats.get("tokens_per_s", 0.0))
+    SAMPLES_PER_S.set(stats.get("samples_per_s", 0.0))
+    REWARD_MEAN.set(stats.get("reward_mean", 0.0))
+    ITEMS_TRAINED.inc(stats.get("batch_items", 0.0))
+
+
+class StepLogger:
+    """Rich console line every ``log_every`` steps; wandb when ``WANDB_PROJECT`` is set and
+    wandb is installed; TensorBoard when ``tensorboard_dir`` is set and it is installed."""
+
+    def __init__(
+        self, log_every: int, tensorboard_dir: str = "", config: Optional[Dict[str, Any]] = None
+    ):
+        self.log_every = max(1, log_every)
+        self.console: Any = None
+        try:
+            from rich.console import Console
+
+            self.console = Console(stderr=True, highlight=False)
+        except ImportError:  # pragma: no cover - rich is a dependency
+            pass
+        self.wandb: Any = None
+        if os.environ.get("WANDB_PROJECT"):
+            try:
+                import wandb
+
+                self.wandb = wandb
+                wandb.init(project=os.environ["WANDB_PROJECT"], config=config or {})
+            except ImportError:
+                log.warning("WANDB_PROJECT is set but wandb is not installed; not logging to wandb")
+        self.tb: Any = None
+        if tensorboard_dir:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(tensorboard_dir)
+            except ImportError:
+                log.warning("tensorboard_dir is set but tensorboard is not installed; skipping")
+
+    def step(self, stats: Dict[str, float]) -> None:
+        step = int(stats["step"])
+        if self.wandb is not None:
+            self.wandb.log(stats, step=step)
+        if self.tb is not None:
+            for k, v in stats.items():
+                self.tb.add_scalar(k, v, step)
+        if step % self.log_every:
+            return
+        line = (
+            f"[bold]step {step}[/bold] loss {stats.get('loss', 0.0):.4f} "
+            f"reward {stats.get('reward_mean', 0.0):.3f} "
+            f"samples/s {stats.get('samples_per_s', 0.0):.1f} tok/s {stats.get('tokens_per_s', 0.0):.0f} "
+            f"stale {int(stats.get('stale_dropped_total', 0))} v{int(stats.get('policy_version', 0))}"
+        )
+        if self.console is not None:
+            self.console.print(line)
+        else:  # pragma: no cover
+            log.info(line)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()

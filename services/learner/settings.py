@@ -1,0 +1,187 @@
+"""LearnerSettings: flags > ``LUDIC_*`` env > YAML (``learner:`` section, or top-level keys
+that name a field, e.g. a shared ``checkpoint:`` block) > defaults.
+
+TrainerConfig fields are reachable two ways: the common ones as flat settings (``lr``,
+``micro_token_budget``, ...) and any field through the nested ``trainer:`` mapping (which
+wins over the flat ones). ``checkpoint:`` is a CheckpointConfig mapping (``output_dir``,
+``every_n_steps``, ``max_to_keep``) and wins over ``output_dir`` / ``checkpoint_every`` /
+``max_to_keep``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from libludic.training.checkpoint import CheckpointConfig
+from libludic.training.config import TrainerConfig
+from services.common.settings import load_settings
+
+ALGORITHMS = ("grpo", "reinforce", "cispo", "scalerl", "sft")
+PLANES = ("http", "collective")
+
+
+@dataclass
+class LearnerSettings:
+    redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={"help": "Redis URL"})
+    run_id: str = field(default="default", metadata={"help": "run namespace of the Redis keys"})
+    model_dir: str = field(default="", metadata={"help": "HF model directory to train (required)"})
+    output_dir: str = field(
+        default="", metadata={"help": "checkpoints and the trained-items log ('' = none)"}
+    )
+    inference_urls: List[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "inference base URLs; a host with several addresses = one replica each "
+            "(empty: publishing off)"
+        },
+    )
+    auth_token: Optional[str] = field(
+        default=None, metadata={"help": "bearer token for /v1/weights"}
+    )
+    auth_token_file: Optional[str] = field(
+        default=None, metadata={"help": "file holding the token"}
+    )
+    publish_plane: str = field(default="http", metadata={"help": "http | collective"})
+    collective_master_address: str = field(
+        default="", metadata={"help": "address replicas reach the learner at (collective plane)"}
+    )
+    collective_master_port: int = field(default=0, metadata={"help": "0 = a free port"})
+    collective_backend: str = field(default="", metadata={"help": "gloo | nccl ('' = by device)"})
+    algorithm: str = field(default="grpo", metadata={"help": "|".join(ALGORITHMS)})
+    algorithm_kwargs: Dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "keyword arguments of make_<algorithm> (JSON)"}
+    )
+    batch_size: int = field(
+        default=64, metadata={"help": "SAWItems per optimizer step (all ranks)"}
+    )
+    num_steps: int = field(
+        default=0, metadata={"help": "stop after this optimizer step (0 = never)"}
+    )
+    max_lag: int = field(
+        default=-1, metadata={"help": "drop items > max_lag versions behind the learner (-1 off)"}
+    )
+    lr: float = field(default=1e-5, metadata={"help": "AdamW learning rate"})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping (0 = off)"})
+    micro_token_budget: int = field(
+        default=8192, metadata={"help": "padded tokens per micro-batch"}
+    )
+    max_seq_len: int = field(default=1024, metadata={"help": "longer items are left-truncated"})
+    sync_every_steps: int = field(default=1, metadata={"help": "publish every N steps"})
+    mixed_precision: str = field(default="bf16", metadata={"help": "bf16 | fp32 (CUDA autocast)"})
+    lora_rank: int = field(default=0, metadata={"help": "LoRA rank (0 = full fine-tuning)"})
+    trainer: Dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "any TrainerConfig field (wins over flat ones)"}
+    )
+    checkpoint_every: int = field(default=0, metadata={"help": "checkpoint every N steps (0 off)"})
+    max_to_keep: int = field(default=2, metadata={"help": "checkpoints kept"})
+    checkpoint: Dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "CheckpointConfig mapping (wins over flat ones)"}
+    )
+    resume: bool = field(default=False, metadata={"help": "continue from the newest checkpoint"})
+    trained_log: bool = field(
+        default=False,
+        metadata={
+            "help": "append each step's item ids to output_dir/trained_items.jsonl (audit/debug)"
+        },
+    )
+    consumer: str = field(default="learner-0", metadata={"help": "stable consumer name on saw"})
+    block_ms: int = field(default=1000, metadata={"help": "XREADGROUP block time"})
+    publish_timeout_s: float = field(default=120.0, metadata={"help": "per attempt per replica"})
+    publish_total_timeout_s: float = field(default=300.0, metadata={"help": "whole publish"})
+    publish_attempts: int = field(default=3, metadata={"help": "attempts per replica per publish"})
+    max_publish_failures: int = field(
+        default=5, metadata={"help": "consecutive failed publishes before the learner exits 1"}
+    )
+    metrics_port: int = field(
+        default=9103, metadata={"help": "/metrics and /health, rank 0 (0 off)"}
+    )
+    log_every: int = field(default=1, metadata={"help": "console line every N steps"})
+    tensorboard_dir: str = field(default="", metadata={"help": "TensorBoard event dir ('' off)"})
+    device: str = field(default="cuda", metadata={"help": "cuda | cpu (cuda falls back to cpu)"})
+    seed: int = field(default=0, metadata={"help": "torch/python/numpy seed"})
+    log_level: str = field(default="INFO", metadata={"help": "logging level"})
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"learner algorithm={self.algorithm!r}; use one of {list(ALGORITHMS)}")
+        if self.publish_plane not in PLANES:
+            raise ValueError(
+                f"learner publish_plane={self.publish_plane!r}; use http or collective"
+            )
+        if self.batch_size < 1:
+            raise ValueError(f"learner batch_size={self.batch_size} must be >= 1")
+        if self.num_steps < 0:
+            raise ValueError(f"learner num_steps={self.num_steps} must be >= 0 (0 = forever)")
+        if self.max_publish_failures < 1:
+            raise ValueError(
+                f"learner max_publish_failures={self.max_publish_failures} must be >= 1"
+            )
+        if self.checkpoint_every < 0:
+            raise ValueError(f"learner checkpoint_every={self.checkpoint_every} must be >= 0")
+        if self.resume and not self.checkpoint_config():
+            raise ValueError(
+                "--resume needs checkpoints: set output_dir (or checkpoint.output_dir)"
+            )
+        self.trainer_config()  # validate now, with the field named in the error
+
+    # ------------------------------------------------------------------ derived configs
+
+    def token(self) -> Optional[str]:
+        if self.auth_token:
+            return self.auth_token
+        if self.auth_token_file:
+            p = Path(self.auth_token_file)
+            if not p.exists():
+                raise ValueError(f"auth_token_file {p} does not exist")
+            return p.read_text().strip() or None
+        return None
+
+    def trainer_config(self) -> TrainerConfig:
+        known = {f.name for f in dataclasses.fields(TrainerConfig)}
+        unknown = sorted(set(self.trainer) - known)
+        if unknown:
+            raise ValueError(
+                f"learner trainer: unknown TrainerConfig key(s) {unknown}; known: {sorted(known)}"
+            )
+        kw: Dict[str, Any] = dict(
+            model_device=self.device,
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            max_grad_norm=self.max_grad_norm if self.max_grad_norm > 0 else None,
+            micro_token_budget=self.micro_token_budget,
+            max_seq_len=self.max_seq_len,
+            sync_every_steps=self.sync_every_steps,
+            mixed_precision_dtype=self.mixed_precision or None,
+            lora_rank=self.lora_rank or None,
+            log_every=self.log_every,
+        )
+        kw.update(self.trainer)
+        return TrainerConfig(**kw)
+
+    def checkpoint_config(self) -> Optional[CheckpointConfig]:
+        d: Dict[str, Any] = {
+            "output_dir": self.output_dir,
+            "every_n_steps": self.checkpoint_every,
+            "max_to_keep": self.max_to_keep,
+        }
+        d.update(self.checkpoint)
+        if not d.get("output_dir"):
+            return None
+        return CheckpointConfig(**d)
+
+    @property
+    def lag(self) -> Optional[int]:
+        return None if self.max_lag < 0 else self.max_lag
+
+
+def load(argv: Optional[Sequence[str]] = None) -> LearnerSettings:
+    return load_settings(
+        LearnerSettings,
+        argv,
+        service="learner",
+        description="FSDP2 learner: saw stream -> Trainer -> publish to inference",
+    )

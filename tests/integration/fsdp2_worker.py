@@ -1,0 +1,103 @@
+"""torchrun worker for test_fsdp2.py: one FSDP2 (gloo, CPU) train step, then gather weights.
+
+    python -m torch.distributed.run --standalone --nproc_per_node 2 fsdp2_worker.py MODEL_DIR OUT_DIR
+
+Rank r trains on items[r::world] of a fixed batch (so the union over ranks is the whole
+batch), publishes once through a recording publisher, and writes the gathered full state
+dict to OUT_DIR/rank{r}.safetensors plus OUT_DIR/rank{r}.json with its step stats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
+
+from libludic.models.tiny import PAD_ID
+from libludic.training.algorithm import make_sft
+from libludic.training.config import TrainerConfig
+from libludic.training.trainer import Trainer
+from libludic.training.types import SampleAttachments, SAWBatch, SAWItem
+
+
+def fixed_items(n: int = 8) -> list[SAWItem]:
+    out = []
+    for i in range(n):
+        ns, na = 4 + i % 3, 2 + i % 4
+        ids = [(13 * i + 7 * t + 1) % 250 for t in range(ns + na)]
+        out.append(
+            SAWItem(
+                input_ids=ids,
+                attention_mask=[1] * len(ids),
+                action_mask=[0] * ns + [1] * na,
+                weight=1.0,
+                meta={"item_id": str(i)},
+                attachments=SampleAttachments(policy_version=0),
+            )
+        )
+    return out
+
+
+def config() -> TrainerConfig:
+    return TrainerConfig(
+        model_device="cpu", mixed_precision_dtype=None, lr=1e-2, pad_token_id=PAD_ID,
+        micro_token_budget=24,  # several micro-batches per rank
+    )
+
+
+class Fixed:
+    def __init__(self, items):
+        self.items = items
+
+    async def next_batch(self) -> SAWBatch:
+        return SAWBatch(items=list(self.items))
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls = []
+
+    def publish(self, state_dict, version) -> None:
+        self.calls.append((version, len(state_dict)))
+
+
+def main() -> int:
+    model_dir, out_dir = sys.argv[1], Path(sys.argv[2])
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    pub = Recorder()
+    tr = Trainer(model=model, algo=make_sft(), batch_source=Fixed(fixed_items()[rank::world]),
+                 publisher=pub, cfg=config())
+    sharded = sum(1 for p in tr.model.parameters() if type(p).__name__ == "DTensor")
+    stats = asyncio.run(tr.train_step())
+    sd = tr.full_state_dict()
+    seen: set[int] = set()
+    flat = {}
+    for k, v in sd.items():  # tied embeddings share storage; safetensors wants copies
+        v = v.contiguous()
+        if v.untyped_storage().data_ptr() in seen:
+            v = v.clone()
+        seen.add(v.untyped_storage().data_ptr())
+        flat[k] = v
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(flat, str(out_dir / f"rank{rank}.safetensors"))
+    (out_dir / f"rank{rank}.json").write_text(json.dumps({
+        "loss": stats["loss"], "grad_norm": stats["grad_norm"], "num_items": stats["num_items"],
+        "policy_version": tr.policy_version, "publish_calls": pub.calls, "dtensor_params": sharded,
+        "world": world,
+    }))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Algorithm presets, sample filters and the rollout -> SAWItem path."""
+
+from __future__ import annotations
+
+import pytest
+
+from libludic.training.algorithm import (
+    RLAlgorithm,
+    make_cispo,
+    make_grpo,
+    make_reinforce,
+    make_scalerl,
+    make_sft,
+)
+from libludic.training.credit_assignment import (
+    ConstantCredit,
+    GroupNormalizedReturn,
+    HybridNormalizedReturn,
+    MonteCarloReturn,
+)
+from libludic.training.filters import (
+    combine,
+    drop_incomplete_completions,
+    drop_parse_errors,
+    drop_truncated,
+    drop_zero_variance_groups,
+)
+from libludic.training.loss import (
+    CISPOLoss,
+    CompositeLoss,
+    MaskedCausalLMCrossEntropyLoss,
+    ReinforceLoss,
+    TokenClippedSurrogateLoss,
+    TokenKLLoss,
+)
+
+from .fakes import make_item, make_rollout
+
+
+def test_preset_defaults() -> None:
+    r = make_reinforce()
+    assert isinstance(r.credit_assigner, MonteCarloReturn) and r.credit_assigner.gamma == 1.0
+    assert isinstance(r.loss, ReinforceLoss) and r.preprocess is None
+
+    g = make_grpo()
+    assert isinstance(g.credit_assigner, GroupNormalizedReturn)
+    assert (g.credit_assigner.group_size, g.credit_assigner.normalize_adv) == (8, False)
+    assert isinstance(g.loss, TokenClippedSurrogateLoss) and g.loss.eps_clip == 0.2
+    assert g.needs_actor_logprobs
+
+    s = make_sft()
+    assert isinstance(s.credit_assigner, ConstantCredit) and s.credit_assigner.value == 1.0
+    assert isinstance(s.loss, MaskedCausalLMCrossEntropyLoss) and not s.needs_actor_logprobs
+
+    sc = make_scalerl()
+    assert isinstance(sc.credit_assigner, HybridNormalizedReturn) and sc.credit_assigner.group_size == 8
+    assert isinstance(sc.loss, CISPOLoss) and sc.preprocess is drop_zero_variance_groups
+    assert make_scalerl(filter_zvp=False).preprocess is None
+
+    c = make_cispo()
+    assert isinstance(c.credit_assigner, GroupNormalizedReturn) and c.credit_assigner.group_size == 8
+    assert isinstance(c.loss, CISPOLoss)
+    ck = make_cispo(kl_coeff=0.05)
+    assert isinstance(ck.loss, CompositeLoss)
+    assert isinstance(ck.loss.terms[1].loss, TokenKLLoss) and ck.loss.terms[1].coeff == 0.05
+    assert ck.needs_actor_logprobs
+    with pytest.raises(ValueError, match="kl_coeff"):
+        make_grpo(kl_coeff=-1.0)
+
+
+def test_presets_are_keyword_only() -> None:
+    with pytest.raises(TypeError):
+        make_grpo(4)  # type: ignore[misc]
+
+
+def test_to_saw_items_credits_then_filters() -> None:
+    rs = [
+        make_rollout("a", [1.0], "g", logprobs=[-0.1, -0.2]),
+        make_rollout("b", [0.0], "g", logprobs=[-0.1, -0.2], info={"finish_reason": "length"}),
+    ]
+    algo = make_grpo(group_size=2)
+    items = algo.to_saw_items(rs)
+    # group mean 0.5 -> +0.5 / -0.5
+    assert [(i.item_id, i.weight) for i in items] == [("a:0", 0.5), ("b:0", -0.5)]
+    kept = algo.to_saw_items(rs, drop_incomplete_completions())
+    # the filter runs after credit: "a" keeps the advantage computed with "b" in its group
+    assert [(i.item_id, i.weight) for i in kept] == [("a:0", 0.5)]
+
+
+def test_scalerl_drops_zero_variance_groups() -> None:
+    rs = [make_rollout(f"{g}{i}", [r], g) for g, rewards in (("x", [1.0, 1.0]), ("y", [1.0, 0.0]))
+          for i, r in enumerate(rewards)]
+    items = make_scalerl(group_size=2).to_saw_items(rs)
+    assert sorted(i.meta["group_id"] for i in items) == ["y", "y"]
+    assert make_scalerl(group_size=2).to_saw_items(rs[:2]) == []
+
+
+def test_filters() -> None:
+    it = make_item(2, 1)
+    assert drop_truncated()(it) and drop_incomplete_completions()(it) and drop_parse_errors()(it)
+    it.meta.update(truncated=True)
+    assert not drop_truncated()(it)
+    it2 = make_item(2, 1)
+    it2.meta.update(finish_reason="length")
+    assert not drop_incomplete_completions()(it2) and drop_parse_errors()(it2)
+    it3 = make_item(2, 1)
+    it3.meta.update(parse_error="no <answer> tag")
+    assert not drop_parse_errors()(it3)
+    f = combine(drop_truncated(), drop_incomplete_completions(), drop_parse_errors())
+    assert [f(x) for x in (make_item(2, 1), it, it2, it3)] == [True, False, False, False]
+    assert combine()(it)
+
+
+def test_custom_composition() -> None:
+    algo = RLAlgorithm("mine", ConstantCredit(2.0), ReinforceLoss())
+    items = algo.to_saw_items([make_rollout("a", [0.0, 1.0])])
+    assert [i.weight for i in items] == [2.0, 2.0]

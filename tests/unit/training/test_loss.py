@@ -1,0 +1,246 @@
+"""Losses: shift convention, aggregation, clipping and KL estimators worked by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from jaxtyping import TypeCheckError
+from torch.testing import assert_close
+
+from libludic.training import loss as L
+
+V = 5
+
+
+def uniform_batch(weights=(1.0, 1.0), action_lens=(2, 1), T=4, ratio=None):
+    """Zero logits => log pi(x) = -log V for every token. Actions are the last tokens."""
+    B = len(weights)
+    input_ids = torch.arange(B * T).reshape(B, T) % V
+    action = torch.zeros(B, T, dtype=torch.long)
+    for b, n in enumerate(action_lens):
+        action[b, T - n :] = 1
+    logp = -math.log(V)
+    old = torch.zeros(B, T)
+    if ratio is not None:  # actor logprob chosen so exp(logp - old) = ratio[b]
+        for b, r in enumerate(ratio):
+            old[b] = (logp - math.log(r)) * action[b]
+    batch = {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones(B, T, dtype=torch.long),
+        "action_mask": action,
+        "weight": torch.tensor(weights, dtype=torch.float32),
+        "actor_logprobs": old,
+    }
+    logits = torch.zeros(B, T, V, requires_grad=True)
+    return logits, batch
+
+
+def test_token_logprobs_shift() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, V)
+    ids = torch.randint(0, V, (2, 4))
+    got = L.token_logprobs(logits, ids)
+    # logits[:, t] predicts ids[:, t+1]
+    want = torch.log_softmax(logits, -1)[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
+    assert got.shape == (2, 3)
+    assert_close(got, want)
+
+
+def test_reinforce_token_aggregation_value() -> None:
+    logits, batch = uniform_batch(weights=(2.0, -1.0), action_lens=(2, 1))
+    loss, stats = L.ReinforceLoss().compute(logits, batch)
+    # per-token -w*logp = w*log V; tokens: seq0 2 tokens (w=2), seq1 1 token (w=-1)
+    # token mean = (2*2 - 1) * log V / 3 = log V
+    assert float(loss.detach()) == pytest.approx(math.log(V))
+    assert set(stats) == set(L.ReinforceLoss.stat_keys)
+    assert float(stats["logp_mean"]) == pytest.approx(-math.log(V))
+
+
+def test_sequence_aggregation_value() -> None:
+    logits, batch = uniform_batch(weights=(2.0, -1.0), action_lens=(2, 1))
+    loss, _ = L.ReinforceLoss(aggregation="sequence").compute(logits, batch)
+    # per sequence mean: 2 log V and -log V; mean over 2 sequences = 0.5 log V
+    assert float(loss.detach()) == pytest.approx(0.5 * math.log(V))
+
+
+def test_macro_normaliser_from_batch() -> None:
+    logits, batch = uniform_batch(weights=(1.0, 1.0), action_lens=(2, 1))
+    batch[L.NUM_ACTION_TOKENS_KEY] = 6.0
+    loss, _ = L.ReinforceLoss().compute(logits, batch)
+    # sum of 3 tokens * log V divided by the macro count 6
+    assert float(loss.detach()) == pytest.approx(3 * math.log(V) / 6)
+
+
+def test_reinforce_gradient_matches_formula() -> None:
+    torch.manual_seed(1)
+    logits = torch.randn(1, 3, V, requires_grad=True)
+    ids = torch.tensor([[1, 2, 3]])
+    batch = {
+        "input_ids": ids,
+        "attention_mask": torch.ones(1, 3, dtype=torch.long),
+        "action_mask": torch.tensor([[0, 1, 1]]),
+        "weight": torch.tensor([0.5]),
+        "actor_logprobs": torch.zeros(1, 3),
+    }
+    L.ReinforceLoss().compute(logits, batch)[0].backward()
+    # d/dlogits[t] of -w/2 * log softmax(logits[t])[y] = -w/2 * (onehot(y) - softmax)
+    p = torch.softmax(logits.detach(), -1)
+    want = torch.zeros_like(p)
+    for t, y in ((0, 2), (1, 3)):
+        want[0, t] = -0.25 * (F.one_hot(torch.tensor(y), V).float() - p[0, t])
+    assert_close(logits.grad, want)
+
+
+def test_reinforce_baseline_uses_macro_mean() -> None:
+    logits, batch = uniform_batch(weights=(3.0, 1.0), action_lens=(1, 1))
+    loss, stats = L.ReinforceBaselineLoss().compute(logits, batch)
+    # baseline 2 -> advantages (1, -1) -> token mean of adv*log V = 0
+    assert float(loss.detach()) == pytest.approx(0.0, abs=1e-6)
+    assert float(stats["baseline"]) == pytest.approx(2.0)
+    batch[L.WEIGHT_MEAN_KEY] = 0.0
+    loss, _ = L.ReinforceBaselineLoss().compute(logits, batch)
+    # baseline 0 -> (3 + 1) log V / 2
+    assert float(loss.detach()) == pytest.approx(2 * math.log(V))
+
+
+@pytest.mark.parametrize(
+    "ratio, adv, want_obj, clipped",
+    [
+        (1.5, 1.0, 1.2, True),  # min(1.5, clip 1.2) = 1.2
+        (0.5, 1.0, 0.5, False),  # min(0.5, 0.8) = 0.5
+        (1.5, -1.0, -1.5, False),  # min(-1.5, -1.2) = -1.5
+        (0.5, -1.0, -0.8, True),  # min(-0.5, -0.8) = -0.8
+    ],
+)
+def test_clipped_surrogate_cases(ratio, adv, want_obj, clipped) -> None:
+    logits, batch = uniform_batch(weights=(adv,), action_lens=(1,), ratio=(ratio,))
+    loss, stats = L.TokenClippedSurrogateLoss(eps_clip=0.2).compute(logits, batch)
+    assert float(loss.detach()) == pytest.approx(-want_obj, rel=1e-5)
+    assert float(stats["clip_frac"]) == (1.0 if clipped else 0.0)
+    assert float(stats["ratio_mean"]) == pytest.approx(ratio, rel=1e-5)
+    loss.backward()
+    # a clipped token passes no gradient
+    assert (logits.grad.abs().sum() == 0) == clipped
+
+
+def test_clip_higher_is_asymmetric() -> None:
+    logits, batch = uniform_batch(weights=(1.0,), action_lens=(1,), ratio=(1.25,))
+    loss, _ = L.TokenClippedSurrogateLoss(eps_clip=0.2, eps_clip_higher=0.28).compute(logits, batch)
+    # 1.25 < 1 + 0.28: unclipped, obj = 1.25
+    assert float(loss.detach()) == pytest.approx(-1.25, rel=1e-5)
+
+
+def test_dual_clip_bounds_negative_advantage() -> None:
+    logits, batch = uniform_batch(weights=(-1.0,), action_lens=(1,), ratio=(5.0,))
+    loss, stats = L.TokenClippedSurrogateLoss(dual_clip_c=3.0).compute(logits, batch)
+    # obj = min(-5, -1.2) = -5, floored at c*A = -3 -> loss 3
+    assert float(loss.detach()) == pytest.approx(3.0, rel=1e-5)
+    assert float(stats["dual_clip_frac"]) == 1.0
+    with pytest.raises(ValueError, match="dual_clip_c"):
+        L.TokenClippedSurrogateLoss(dual_clip_c=0.5)
+
+
+def test_cispo_value_and_stop_gradient() -> None:
+    logits, batch = uniform_batch(weights=(2.0,), action_lens=(1,), ratio=(1.5,))
+    loss, stats = L.CISPOLoss(eps_clip_high=0.2).compute(logits, batch)
+    # is_w = clip(1.5, 0, 1.2) = 1.2;  loss = -1.2 * 2 * (-log V)
+    assert float(loss.detach()) == pytest.approx(2.4 * math.log(V), rel=1e-5)
+    assert float(stats["clip_frac"]) == 1.0
+    loss.backward()
+    g_cispo = logits.grad.clone()
+    logits2, batch2 = uniform_batch(weights=(2.0,), action_lens=(1,))
+    L.ReinforceLoss().compute(logits2, batch2)[0].backward()
+    # stop-gradient: grad = 1.2 * grad of plain REINFORCE (the weight is a constant)
+    assert_close(g_cispo, 1.2 * logits2.grad)
+
+
+def test_cispo_low_clip() -> None:
+    logits, batch = uniform_batch(weights=(1.0,), action_lens=(1,), ratio=(0.1,))
+    no_low, _ = L.CISPOLoss().compute(logits, batch)
+    low, _ = L.CISPOLoss(eps_clip_low=0.2).compute(logits, batch)
+    # weights 0.1 (unbounded below) and 0.8 times log V
+    assert float(no_low.detach()) == pytest.approx(0.1 * math.log(V), rel=1e-5)
+    assert float(low.detach()) == pytest.approx(0.8 * math.log(V), rel=1e-5)
+
+
+@pytest.mark.parametrize("est", ["k1", "k2", "k3"])
+def test_kl_estimators(est) -> None:
+    logits, batch = uniform_batch(weights=(1.0,), action_lens=(1,))
+    d = 0.3  # ref logprob = logp - 0.3  => lr = ref - logp = -0.3
+    batch["ref_logprobs"] = (-math.log(V) - d) * batch["action_mask"].float()
+    loss, stats = L.TokenKLLoss(coeff=2.0, estimator=est).compute(logits, batch)
+    lr = -d
+    want = {"k1": -lr, "k2": 0.5 * lr * lr, "k3": math.exp(lr) - 1 - lr}[est]
+    assert float(stats["kl"]) == pytest.approx(want, rel=1e-4)
+    assert float(loss.detach()) == pytest.approx(2.0 * want, rel=1e-4)
+
+
+def test_kl_needs_ref_logprobs() -> None:
+    logits, batch = uniform_batch()
+    with pytest.raises(KeyError, match="ref_logprobs"):
+        L.TokenKLLoss().compute(logits, batch)
+
+
+def test_cross_entropy_matches_torch() -> None:
+    torch.manual_seed(2)
+    logits = torch.randn(2, 5, V)
+    ids = torch.randint(0, V, (2, 5))
+    mask = torch.tensor([[0, 0, 1, 1, 1], [0, 0, 0, 1, 0]])
+    batch = {
+        "input_ids": ids,
+        "attention_mask": torch.tensor([[1] * 5, [1, 1, 1, 1, 0]]),
+        "action_mask": mask,
+        "weight": torch.ones(2),
+        "actor_logprobs": torch.zeros(2, 5),
+    }
+    loss, stats = L.MaskedCausalLMCrossEntropyLoss().compute(logits, batch)
+    labels = torch.where(mask[:, 1:] == 1, ids[:, 1:], torch.full_like(ids[:, 1:], -100))
+    want = F.cross_entropy(logits[:, :-1].reshape(-1, V), labels.reshape(-1), ignore_index=-100)
+    assert_close(loss, want)
+    assert set(stats) == set(L.MaskedCausalLMCrossEntropyLoss.stat_keys)
+
+
+def test_composite_sums_terms_with_prefixed_stats() -> None:
+    logits, batch = uniform_batch(weights=(1.0, 1.0))
+    batch["ref_logprobs"] = torch.zeros(2, 4)
+    comp = L.CompositeLoss(
+        terms=[L.LossTerm("pg", L.ReinforceLoss()), L.LossTerm("kl", L.TokenKLLoss(), 0.1)]
+    )
+    loss, stats = comp.compute(logits, batch)
+    a, _ = L.ReinforceLoss().compute(logits, batch)
+    b, _ = L.TokenKLLoss().compute(logits, batch)
+    assert float(loss.detach()) == pytest.approx(float(a.detach()) + 0.1 * float(b.detach()), rel=1e-6)
+    assert set(stats) == set(comp.stat_keys)
+    assert {"loss", "pg/loss", "kl/kl"} <= set(stats)
+    assert not comp.needs_actor_logprobs
+    with pytest.raises(ValueError, match="unique"):
+        L.CompositeLoss(terms=[L.LossTerm("x", L.ReinforceLoss()), L.LossTerm("x", L.ReinforceLoss())])
+
+
+@pytest.mark.parametrize(
+    "loss_obj",
+    [L.ReinforceLoss(), L.ReinforceBaselineLoss(), L.TokenClippedSurrogateLoss(), L.CISPOLoss()],
+)
+def test_stat_keys_fixed(loss_obj) -> None:
+    logits, batch = uniform_batch(ratio=(1.0, 1.0))
+    _, stats = loss_obj.compute(logits, batch)
+    assert tuple(sorted(stats)) == tuple(sorted(type(loss_obj).stat_keys))
+
+
+def test_bad_aggregation_rejected() -> None:
+    with pytest.raises(ValueError, match="aggregation"):
+        L.ReinforceLoss(aggregation="mean")
+
+
+def test_typecheck_flag(monkeypatch) -> None:
+    logits, batch = uniform_batch()
+    batch["weight"] = torch.ones(3)  # wrong: B is 2
+    monkeypatch.setenv("LUDIC_TYPECHECK", "1")
+    with pytest.raises(TypeCheckError, match="weight"):
+        L.MaskedCausalLMCrossEntropyLoss().compute(logits, batch)
+    monkeypatch.setenv("LUDIC_TYPECHECK", "0")
+    # off: the CE loss ignores weight, so the bad batch goes through unchecked
+    L.MaskedCausalLMCrossEntropyLoss().compute(logits, batch)
