@@ -481,8 +481,29 @@ class Learner:
                 keep.cancel()
                 await asyncio.gather(keep, return_exceptions=True)
             await self._status()
+            self._write_final(reason)
             if logger is not None:
                 logger.close()
+
+    def _write_final(self, reason: str) -> None:
+        """``<output_dir>/learner_final.json``: the counters at exit, for launchers and
+        benches (a scrape of /metrics can miss the last steps of a short run)."""
+        tr = self.trainer
+        if self.rank != 0 or tr is None or not self.s.output_dir:
+            return
+        out = Path(self.s.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        final = {
+            "reason": reason,
+            "step": tr.step,
+            "policy_version": tr.policy_version,
+            "items_trained": self.source.items_trained,
+            "stale_dropped": self.source.stale_dropped,
+            "publish_failures": self.publish_failures,
+        }
+        tmp = out / "learner_final.json.tmp"
+        tmp.write_text(json.dumps(final))
+        tmp.replace(out / "learner_final.json")
 
     async def close(self) -> None:
         close = getattr(self.publisher, "close", None)

@@ -1,0 +1,45 @@
+"""`ludic up` settings: the ``up:`` section of the run config.
+
+The run config is one YAML file shared by every service: top-level ``run_id`` (and any
+key naming a field of every service), then one section per service (``inference:``,
+``actor:``, ``credit:``, ``feeder:``, ``learner:``) read by that service's own loader,
+and ``up:`` for the launcher itself. The launcher passes the file to each service as
+``LUDIC_CONFIG`` and overrides what it owns (Redis URL, ports, auth token, model
+directory) through ``LUDIC_*`` environment variables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+
+@dataclass
+class UpSettings:
+    name: str = field(default="run", metadata={"help": "run name: files go to <runs_dir>/<name>"})
+    runs_dir: str = field(default="runs", metadata={"help": "parent directory of run directories"})
+    model: str = field(default="", metadata={"help": "starting policy dir (empty: build one with init_size)"})
+    init_size: str = field(default="small", metadata={"help": "size for `ludic model init` when model is empty"})
+    init_seed: int = field(default=0, metadata={"help": "seed of the built model"})
+    sft_steps: int = field(default=0, metadata={"help": "SFT warm-start steps before RL (0: none)"})
+    sft_batch_size: int = field(default=64, metadata={"help": "SFT batch size"})
+    sft_lr: float = field(default=1e-3, metadata={"help": "SFT learning rate"})
+    actors: int = field(default=2, metadata={"help": "actor processes"})
+    learner_nproc: int = field(default=1, metadata={"help": "learner ranks (>1: torchrun, FSDP2)"})
+    eval_env: Dict[str, Any] = field(
+        default_factory=lambda: {"kind": "arithmetic", "kwargs": {"split": "eval"}},
+        metadata={"help": "env of the held-out greedy evaluation ({kind, kwargs})"},
+    )
+    eval_n: int = field(default=200, metadata={"help": "held-out problems (env seeds 0..n-1); 0: no eval"})
+    eval_every_steps: int = field(default=10, metadata={"help": "learner steps between curve evaluations"})
+    eval_max_tokens: int = field(default=8, metadata={"help": "max tokens of an eval answer"})
+    timeout_s: float = field(default=1800.0, metadata={"help": "wall-clock limit of the whole run"})
+    startup_timeout_s: float = field(default=300.0, metadata={"help": "limit for a service to become healthy"})
+    prometheus: bool = field(default=False, metadata={"help": "write <run>/prometheus.yml for the services"})
+    prometheus_server: bool = field(
+        default=False, metadata={"help": "also run Debian's prometheus on a free loopback port"}
+    )
+    live: Optional[bool] = field(default=None, metadata={"help": "rich live view (default: when stdout is a TTY)"})
+    fresh: bool = field(default=True, metadata={"help": "start from an empty Redis (the embedded one)"})
+    config_path: Optional[str] = field(default=None, metadata={"help": "set from --config"})
+    log_level: str = field(default="INFO", metadata={"help": "logging level"})

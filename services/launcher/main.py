@@ -1,0 +1,281 @@
+"""``ludic up --config FILE``: the whole stack as local processes, one command.
+
+Order: model (built and/or SFT warm-started if asked) -> embedded redis-server (unless
+LUDIC_REDIS_URL is set) -> inference -> held-out eval "before" -> feeder, credit,
+N actors, learner -> live view until the learner finishes its ``num_steps`` -> eval
+"after" -> stop everything -> ``<run>/summary.json`` and ``<run>/curves.png``.
+A random auth token is shared by inference and learner; each service logs to
+``<run>/logs/<name>.log``. Ctrl-C / SIGTERM stop every service (process groups) and
+exit 130; a service that dies early stops the run with its last log lines.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import yaml
+
+from services.common.settings import load_settings, log_settings, setup_logging
+from services.launcher import stack
+from services.launcher.config import UpSettings
+from services.launcher.live import LiveView
+from services.launcher.report import write_report
+from services.launcher.supervisor import ServiceError, ServiceSpec, Supervisor
+
+log = logging.getLogger("ludic.up")
+LUDIC = [sys.executable, "-m", "libludic.cli"]
+
+
+class Interrupted(Exception):
+    pass
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def prepare_model(s: UpSettings, run_dir: Path) -> Path:
+    """The starting policy: given, or built, then SFT'd when sft_steps > 0."""
+    from libludic.models.tiny import init_model
+
+    if s.model:
+        base = Path(s.model)
+        if not (base / "config.json").exists():
+            raise FileNotFoundError(f"up.model={s.model} has no config.json; leave it empty to build one")
+    else:
+        base = run_dir / "model"
+        if not (base / "config.json").exists():
+            log.info("building %s model in %s", s.init_size, base)
+            init_model(base, size=s.init_size, seed=s.init_seed)
+    if s.sft_steps <= 0:
+        return base
+    out = run_dir / "sft"
+    marker = out / "sft_done.json"
+    want = {"base": str(base), "steps": s.sft_steps, "batch_size": s.sft_batch_size, "lr": s.sft_lr}
+    if marker.exists() and json.loads(marker.read_text()).get("args") == want:
+        log.info("reusing SFT warm start in %s", out)
+        return out
+    log.info("SFT warm start: %d steps x %d (lr %g) -> %s", s.sft_steps, s.sft_batch_size, s.sft_lr, out)
+    from libludic.training.sft import run_sft
+
+    res = run_sft(
+        model_dir=base, out_dir=out, steps=s.sft_steps, batch_size=s.sft_batch_size, lr=s.sft_lr,
+        log_every=max(1, s.sft_steps // 6), eval_n=0,
+    )
+    marker.write_text(json.dumps({"args": want, "train_s": res["train_s"]}))
+    return out
+
+
+class Run:
+    def __init__(self, s: UpSettings, cfg: Dict[str, Any]) -> None:
+        self.s = s
+        self.cfg = cfg
+        self.run_dir = Path(s.runs_dir) / s.name
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.sup = Supervisor(self.run_dir)
+        self.run_id = str(cfg.get("run_id") or f"{s.name}-{int(time.time())}")
+        self.token = secrets.token_hex(24)
+        self.metrics: Dict[str, str] = {}  # service -> /metrics URL
+        self.curve: List[Dict[str, float]] = []
+        self.last_learner: Dict[str, float] = {}
+        self.evals: List[Dict[str, float]] = []
+
+    def env(self, **extra: Any) -> Dict[str, str]:
+        base = {
+            "LUDIC_CONFIG": str(self.s.config_path),
+            "LUDIC_REDIS_URL": self.redis_url,
+            "LUDIC_RUN_ID": self.run_id,
+            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONUNBUFFERED": "1",
+        }
+        base.update({k: str(v) for k, v in extra.items()})
+        return base
+
+    def start_redis(self) -> None:
+        url = os.environ.get("LUDIC_REDIS_URL")
+        if url:
+            self.redis_url = url
+            return
+        port = stack.free_port()
+        data = self.run_dir / "redis"
+        if self.s.fresh and data.exists():
+            shutil.rmtree(data)
+        self.sup.start(stack.redis_spec(data, port))
+        stack.wait_redis(port)
+        self.redis_url = f"redis://127.0.0.1:{port}/0"
+
+    def start_services(self, model_dir: Path) -> None:
+        ip = stack.free_port()
+        self.inference_url = f"http://127.0.0.1:{ip}"
+        self.metrics["inference"] = f"{self.inference_url}/metrics"
+        self.sup.start(ServiceSpec(
+            "inference", LUDIC + ["inference", "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(ip)],
+            env=self.env(LUDIC_AUTH_TOKEN=self.token), health_url=f"{self.inference_url}/health",
+        ))
+        self.sup.wait_healthy("inference", self.s.startup_timeout_s)
+
+    def eval_now(self, label: str, step: int) -> Optional[Dict[str, float]]:
+        if self.s.eval_n <= 0:
+            return None
+        t = time.monotonic()
+        res = stack.evaluate(self.inference_url, self.s.eval_env, self.s.eval_n, self.s.eval_max_tokens)
+        res.update(step=float(step), wall_s=time.monotonic() - self.t0, eval_s=time.monotonic() - t)
+        self.evals.append(res)
+        log.info("eval %s (step %d, version %d): pass rate %.3f", label, step,
+                 int(res["eval/policy_version"]), res["eval/pass_rate"])
+        return res
+
+    def start_workers(self, model_dir: Path) -> None:
+        def add(name: str, argv: List[str], critical: bool = True, **env: Any) -> None:
+            mp = stack.free_port()
+            self.metrics[name] = f"http://127.0.0.1:{mp}/metrics"
+            # one torch thread per worker: with vLLM on the same cores, spinning OpenMP threads
+            # make small models ~50x slower (DEVELOPERS.md)
+            self.sup.start(ServiceSpec(name, argv, env=self.env(LUDIC_METRICS_PORT=mp, OMP_NUM_THREADS=1, **env),
+                                       health_url=self.metrics[name], critical=critical))
+
+        add("feeder", LUDIC + ["feeder"])
+        add("credit", LUDIC + ["credit"])
+        for i in range(self.s.actors):
+            add(f"actor-{i}", LUDIC + ["actor"], critical=False, LUDIC_INFERENCE_URLS=self.inference_url,
+                LUDIC_CONSUMER=f"actor-{i}")
+        learner = LUDIC + ["learner"]
+        if self.s.learner_nproc > 1:
+            learner = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                       f"--nproc_per_node={self.s.learner_nproc}", "-m", "libludic.cli", "learner"]
+        add("learner", learner, LUDIC_INFERENCE_URLS=self.inference_url, LUDIC_AUTH_TOKEN=self.token,
+            LUDIC_MODEL_DIR=str(model_dir), LUDIC_OUTPUT_DIR=str(self.run_dir / "learner"))
+        for name in self.metrics:
+            if name not in ("inference",):
+                self.sup.wait_healthy(name, self.s.startup_timeout_s)
+        if self.s.prometheus:
+            self.write_prometheus()
+
+    def write_prometheus(self) -> Path:
+        targets: Dict[str, List[str]] = {}
+        for name, url in self.metrics.items():
+            job = name.split("-")[0]
+            targets.setdefault(job, []).append(url.split("//")[1].split("/")[0])
+        path = self.run_dir / "prometheus.yml"
+        path.write_text(stack.prometheus_config(targets))
+        log.info("wrote Prometheus scrape config %s", path)
+        if self.s.prometheus_server:
+            exe = shutil.which("prometheus")
+            if exe is None:
+                raise FileNotFoundError("up.prometheus_server needs Debian's `prometheus` (make system-deps)")
+            port = stack.free_port()
+            self.prometheus_url = f"http://127.0.0.1:{port}"
+            self.sup.start(ServiceSpec("prometheus", [
+                exe, f"--config.file={path}", f"--storage.tsdb.path={self.run_dir / 'prometheus-data'}",
+                f"--web.listen-address=127.0.0.1:{port}"], health_url=f"{self.prometheus_url}/-/ready", critical=False))
+            self.sup.wait_healthy("prometheus", 60)
+            (self.run_dir / "prometheus_url").write_text(self.prometheus_url)
+        return path
+
+    def monitor(self) -> int:
+        live = LiveView(self, enabled=self.s.live if self.s.live is not None else sys.stdout.isatty())
+        next_eval = self.s.eval_every_steps
+        with live:
+            while True:
+                if time.monotonic() - self.t0 > self.s.timeout_s:
+                    log.error("run timed out after %.0fs (up.timeout_s)", self.s.timeout_s)
+                    return 1
+                dead = self.sup.dead()
+                if "learner" in dead:
+                    code = dead["learner"]
+                    if code != 0:
+                        log.error("learner exited with code %s:\n%s", code, self.sup.log_tail("learner", 30))
+                    return 0 if code == 0 else 1
+                for name, code in dead.items():
+                    if self.sup.specs[name].critical:
+                        raise ServiceError(f"{name} exited with code {code}:\n{self.sup.log_tail(name, 30)}")
+                m = stack.scrape(self.metrics["learner"])
+                if m:
+                    self.last_learner = m
+                    step = int(m.get("ludic_learner_step", 0))
+                    if not self.curve or self.curve[-1]["step"] != step:
+                        self.curve.append({
+                            "step": float(step), "wall_s": time.monotonic() - self.t0,
+                            "reward_mean": m.get("ludic_learner_reward_mean", float("nan")),
+                            "loss": m.get("ludic_learner_loss", float("nan")),
+                        })
+                    if self.s.eval_every_steps > 0 and step >= next_eval:
+                        self.eval_now("curve", step)
+                        next_eval = step + self.s.eval_every_steps
+                live.update()
+                time.sleep(1.0)
+
+    def read_learner_final(self) -> None:
+        """Take the learner's exit counters over the last scrape (which can miss the end)."""
+        p = self.run_dir / "learner" / "learner_final.json"
+        if not p.exists():
+            return
+        f = json.loads(p.read_text())
+        self.last_learner.update({
+            "ludic_learner_step": float(f["step"]),
+            "ludic_learner_policy_version": float(f["policy_version"]),
+            "ludic_learner_items_trained_total": float(f["items_trained"]),
+            "ludic_learner_stale_dropped_total": float(f["stale_dropped"]),
+        })
+
+    def execute(self) -> int:
+        self.t0 = time.monotonic()
+        code = 1
+        old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            model_dir = prepare_model(self.s, self.run_dir)
+            self.t0 = time.monotonic()  # wall time of the RL run (SFT excluded, reported apart)
+            final = self.run_dir / "learner" / "learner_final.json"
+            if final.exists():
+                final.unlink()
+            self.start_redis()
+            self.start_services(model_dir)
+            before = self.eval_now("before", 0)
+            self.start_workers(model_dir)
+            self.rl_t0 = time.monotonic()
+            code = self.monitor()
+            self.read_learner_final()
+            after = self.eval_now("after", int(self.last_learner.get("ludic_learner_step", 0))) if code == 0 else None
+            write_report(self, before, after, ok=code == 0)
+        except Interrupted as e:
+            log.warning("%s: stopping every service", e)
+            code = 130
+        except (ServiceError, FileNotFoundError, ValueError) as e:
+            log.error("%s", e)
+            code = 1
+        finally:
+            self.sup.shutdown()
+            for s, h in old.items():
+                signal.signal(s, h)
+        return code
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    s = load_settings(UpSettings, argv, service="up", description=__doc__ or "")
+    setup_logging(s.log_level)
+    if not s.config_path:
+        print("ludic up: give the run config with --config FILE (e.g. examples/arith/grpo.yaml)", file=sys.stderr)
+        return 2
+    cfg = yaml.safe_load(Path(s.config_path).read_text()) or {}
+    s.config_path = str(Path(s.config_path).resolve())
+    log_settings(log, "up", s)
+    try:
+        return Run(s, cfg).execute()
+    except subprocess.SubprocessError as e:
+        log.error("%s", e)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""End of a run: ``summary.json`` and a reward / pass-rate curve PNG."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from rich.console import Console
+from rich.table import Table
+
+
+def build_summary(run: Any, before: Optional[Dict[str, float]], after: Optional[Dict[str, float]], ok: bool) -> Dict[str, Any]:
+    m = run.last_learner
+    wall = time.monotonic() - run.t0
+    rl_wall = time.monotonic() - getattr(run, "rl_t0", run.t0)
+    trained = int(m.get("ludic_learner_items_trained_total", 0))
+    pb = None if before is None else before["eval/pass_rate"]
+    pa = None if after is None else after["eval/pass_rate"]
+    return {
+        "ok": ok,
+        "run_id": run.run_id,
+        "pass_rate_before": pb,
+        "pass_rate_after": pa,
+        "pass_rate_delta": None if pb is None or pa is None else pa - pb,
+        "eval_n": run.s.eval_n,
+        "steps": int(m.get("ludic_learner_step", 0)),
+        "samples_trained": trained,
+        "stale_dropped": int(m.get("ludic_learner_stale_dropped_total", 0)),
+        "policy_version": int(m.get("ludic_learner_policy_version", 0)),
+        "wall_seconds": round(wall, 1),
+        "rl_wall_seconds": round(rl_wall, 1),
+        "samples_per_second": round(trained / rl_wall, 2) if rl_wall > 0 else None,
+        "actors": run.s.actors,
+        "evals": run.evals,
+        "curve": run.curve,
+    }
+
+
+def plot(summary: Dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax1 = plt.subplots(figsize=(7, 4))
+    curve = [c for c in summary["curve"] if not math.isnan(c.get("reward_mean", float("nan")))]
+    if curve:
+        ax1.plot([c["step"] for c in curve], [c["reward_mean"] for c in curve], color="tab:blue", alpha=0.6, label="train reward mean")
+    ax1.set_xlabel("learner step")
+    ax1.set_ylabel("train reward mean", color="tab:blue")
+    ax2 = ax1.twinx()
+    evals = summary["evals"]
+    if evals:
+        ax2.plot([e["step"] for e in evals], [e["eval/pass_rate"] for e in evals], "o-", color="tab:red", label="held-out pass rate")
+    ax2.set_ylabel(f"held-out greedy pass rate (n={summary['eval_n']})", color="tab:red")
+    ax2.set_ylim(0, 1)
+    ax1.set_title(f"{summary['run_id']}: pass rate {summary['pass_rate_before']} -> {summary['pass_rate_after']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_report(run: Any, before: Optional[Dict[str, float]], after: Optional[Dict[str, float]], ok: bool) -> Dict[str, Any]:
+    summary = build_summary(run, before, after, ok)
+    (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    plot(summary, run.run_dir / "curves.png")
+    t = Table(title=f"summary ({run.run_dir}/summary.json, curves.png)")
+    t.add_column("metric")
+    t.add_column("value")
+    for k in ("pass_rate_before", "pass_rate_after", "pass_rate_delta", "steps", "samples_trained",
+              "stale_dropped", "wall_seconds", "rl_wall_seconds", "samples_per_second"):
+        v = summary[k]
+        t.add_row(k, f"{v:.3f}" if isinstance(v, float) else str(v))
+    Console().print(t)
+    return summary

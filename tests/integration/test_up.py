@@ -1,0 +1,134 @@
+"""`ludic up` end to end on the tiny model: real redis-server, vLLM, actors, credit, learner.
+
+One run completes (exit 0, summary.json, curves.png, nothing left running); another is
+scraped by a real Prometheus server (Debian's `prometheus`) and then stopped with SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List
+
+import httpx
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def config(tmp_path: Path, model: Path, run_id: str, num_steps: int, **up: object) -> Path:
+    cfg = {
+        "run_id": run_id,
+        "up": {"name": run_id, "runs_dir": str(tmp_path / "runs"), "model": str(model), "actors": 1,
+               "eval_n": 16, "eval_every_steps": 2, "timeout_s": 400, "startup_timeout_s": 240, **up},
+        "inference": {"max_model_len": 256},
+        "feeder": {"group_size": 4, "high_water": 4,
+                   "tasks": [{"env": {"kind": "arithmetic", "kwargs": {"split": "train"}},
+                              "inference": {"sampling": {"temperature": 1.0, "max_tokens": 4}}}]},
+        "actor": {"max_lag": 2, "concurrency": 2, "max_steps": 1},
+        "credit": {"algorithm": "grpo", "group_size": 4},
+        "learner": {"algorithm": "grpo", "algorithm_kwargs": {"group_size": 4}, "batch_size": 8,
+                    "num_steps": num_steps, "max_lag": 2, "lr": 1e-4},
+    }
+    p = tmp_path / f"{run_id}.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    return p
+
+
+def procs_of_run(run_id: str) -> List[int]:
+    """Pids whose environment carries this run's LUDIC_RUN_ID (every service we start)."""
+    needle = f"LUDIC_RUN_ID={run_id}".encode()
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if needle in (d / "environ").read_bytes():
+                    out.append(int(d.name))
+            except OSError:
+                pass
+    return out
+
+
+def ludic_up(cfg: Path, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("LUDIC_REDIS_URL", None)
+    return subprocess.Popen([sys.executable, "-m", "libludic.cli", "up", "--config", str(cfg), "--no-live"],
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)
+
+
+def test_up_completes_writes_summary_and_leaves_nothing_running(tmp_path, tiny_model_dir):
+    run_id = f"up-{os.getpid()}"
+    cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=3)
+    proc = ludic_up(cfg, tmp_path / "up.log")
+    try:
+        code = proc.wait(600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = (tmp_path / "up.log").read_text(errors="replace")
+    assert code == 0, log[-4000:]
+    run_dir = tmp_path / "runs" / run_id
+    s = json.loads((run_dir / "summary.json").read_text())
+    for k in ("pass_rate_before", "pass_rate_after", "steps", "samples_trained", "stale_dropped",
+              "wall_seconds", "samples_per_second"):
+        assert k in s, k
+    assert 0.0 <= s["pass_rate_before"] <= 1.0 and 0.0 <= s["pass_rate_after"] <= 1.0
+    assert s["steps"] >= 3 and s["samples_trained"] >= 3 * 8
+    # the learner published: the final eval ran on a newer policy than the first
+    assert s["evals"][-1]["eval/policy_version"] > s["evals"][0]["eval/policy_version"]
+    assert (run_dir / "curves.png").stat().st_size > 1000
+    assert (run_dir / "logs" / "learner.log").exists() and (run_dir / "prometheus.yml").exists() is False
+    time.sleep(1)
+    assert procs_of_run(run_id) == [], "services left running after ludic up exited"
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None,
+                    reason="Debian's prometheus is not installed (make system-deps installs it)")
+def test_prometheus_scrapes_the_stack_and_sigterm_stops_everything(tmp_path, tiny_model_dir):
+    run_id = f"prom-{os.getpid()}"
+    cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=100000, prometheus=True, prometheus_server=True,
+                 eval_n=0)
+    proc = ludic_up(cfg, tmp_path / "up.log")
+    run_dir = tmp_path / "runs" / run_id
+    try:
+        deadline = time.monotonic() + 420
+        while not (run_dir / "prometheus_url").exists():
+            assert proc.poll() is None, (tmp_path / "up.log").read_text(errors="replace")[-4000:]
+            assert time.monotonic() < deadline, "stack did not come up"
+            time.sleep(1)
+        prom = (run_dir / "prometheus_url").read_text().strip()
+        scrape = yaml.safe_load((run_dir / "prometheus.yml").read_text())
+        jobs = {j["job_name"] for j in scrape["scrape_configs"]}
+        assert {"inference", "learner", "actor", "credit", "feeder"} <= jobs
+        value = None
+        while time.monotonic() < deadline:
+            r = httpx.get(f"{prom}/api/v1/query", params={"query": "ludic_learner_step"}, timeout=5).json()
+            if r["status"] == "success" and r["data"]["result"]:
+                value = float(r["data"]["result"][0]["value"][1])
+                if value >= 1:
+                    break
+            time.sleep(2)
+        assert value is not None and value >= 1, "Prometheus never scraped a learner step >= 1"
+        # every service's target is scraped successfully (Prometheus says why if not)
+        targets = []
+        while time.monotonic() < deadline:
+            targets = httpx.get(f"{prom}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
+            if targets and all(t["health"] == "up" for t in targets):
+                break
+            time.sleep(2)
+        bad = {t["labels"]["job"]: (t["health"], t["lastError"]) for t in targets if t["health"] != "up"}
+        assert not bad, bad
+        assert {t["labels"]["job"] for t in targets} >= {"inference", "learner", "actor", "credit", "feeder"}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(120)
+    assert code == 130
+    time.sleep(1)
+    assert procs_of_run(run_id) == [], "services left running after SIGTERM"
