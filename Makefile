@@ -53,8 +53,9 @@ test-deploy: venv system-deps
 test: venv system-deps lint
 	$(PY) -m pytest tests -q -p no:cacheprovider -ra
 
+# The main job: SFT warm start, then GRPO through the real services (see README).
 demo: venv
-	$(PY) -m libludic.demo
+	$(PY) -m libludic.cli up --config examples/arith/grpo.yaml
 
 bench: venv
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b --quick || exit 1; done

@@ -3,9 +3,10 @@
 A problem is ``"a+b="`` (or ``-``, ``*``) with operands of ``digits`` digits drawn from a
 seeded generator, so a seed names a problem exactly. Two-digit addition has only 8,100
 distinct problems, so seeds alone cannot hold anything out: ``split`` partitions the
-problem space itself. A problem is an *eval* problem when ``(7*a + 3*b) % 10 == 0``
-(10% of all problems); ``split="train"`` never yields one, ``split="eval"`` only yields
-them, ``split=None`` yields anything. The agent answers with the result;
+problem space itself. A problem is an *eval* problem when a hash of its operands falls in
+the first tenth of the hash range (a pseudo-random 10% of all problems, unrelated to their
+digits, so the held-out set has the training distribution); ``split="train"`` never
+yields one, ``split="eval"`` only yields them, ``split=None`` yields anything. The agent answers with the result;
 reward is 1.0 for an exact match of the stripped answer and 0.0 otherwise. With
 ``partial_credit=True`` a wrong answer of the right length earns
 ``matching_digits / len(answer)`` (scaled by ``partial_scale``), which gives a denser
@@ -14,6 +15,7 @@ signal to a weak policy.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
@@ -32,7 +34,8 @@ SPLITS = (None, "train", "eval")
 
 
 def in_eval_split(a: int, b: int) -> bool:
-    return (7 * a + 3 * b) % 10 == 0
+    h = hashlib.blake2b(f"{a},{b}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") % 10 == 0
 
 
 def generate_problem(

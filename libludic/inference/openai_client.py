@@ -49,6 +49,7 @@ class OpenAIChatClient:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._model_lock: Optional[asyncio.Lock] = None
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
@@ -92,12 +93,18 @@ class OpenAIChatClient:
         return data, resp
 
     async def default_model(self) -> str:
-        if self.model is None:
-            data, _ = await self._json("GET", "/v1/models")
-            try:
-                self.model = str(data["data"][0]["id"])
-            except (KeyError, IndexError, TypeError) as e:
-                raise InferenceError(f"{self.base_url}/v1/models lists no model: {data!r:.200}") from e
+        """The first model the server lists, fetched once (concurrent callers share it)."""
+        if self.model is not None:
+            return self.model
+        if self._model_lock is None:
+            self._model_lock = asyncio.Lock()
+        async with self._model_lock:
+            if self.model is None:
+                data, _ = await self._json("GET", "/v1/models")
+                try:
+                    self.model = str(data["data"][0]["id"])
+                except (KeyError, IndexError, TypeError) as e:
+                    raise InferenceError(f"{self.base_url}/v1/models lists no model: {data!r:.200}") from e
         return self.model
 
     def _body(self, req: ChatCompletionRequest, model: str) -> Dict[str, Any]:

@@ -264,6 +264,7 @@ class Run:
 def main(argv: Optional[List[str]] = None) -> int:
     s = load_settings(UpSettings, argv, service="up", description=__doc__ or "")
     setup_logging(s.log_level)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the evals' per-request lines
     if not s.config_path:
         print("ludic up: give the run config with --config FILE (e.g. examples/arith/grpo.yaml)", file=sys.stderr)
         return 2

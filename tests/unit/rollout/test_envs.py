@@ -38,6 +38,9 @@ def test_splits_partition_the_problem_space():
     # about 10% of all problems are eval problems
     frac = sum(in_eval_split(*operands(generate_problem(s))) for s in range(2000)) / 2000
     assert 0.07 < frac < 0.13
+    # unrelated to the digits: eval problems have every units-digit pair, not a structured slice
+    pairs = {(a % 10, b % 10) for a, b in (operands(generate_problem(s, split="eval")) for s in range(3000))}
+    assert len(pairs) > 90
     with pytest.raises(ValueError, match="split"):
         generate_problem(1, split="test")
 

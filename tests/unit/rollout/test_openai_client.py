@@ -23,8 +23,11 @@ class FakeServer:
         self.mode = "ok"
         app = self.app
 
+        self.model_gets = 0
+
         @app.get("/v1/models")
         async def models() -> Dict[str, Any]:
+            self.model_gets += 1
             return {"data": [{"id": "tiny"}]}
 
         @app.get("/v1/policy_version")
@@ -104,6 +107,16 @@ async def test_parses_token_ids_logprobs_version_and_sends_rl_fields(server):
     assert body["return_token_ids"] is True and body["logprobs"] is True and body["top_logprobs"] == 1
     assert body["temperature"] == 0.7 and body["max_tokens"] == 256
     assert await c.get_policy_version() == 7 and await c.health() is False  # no /health on the fake
+    await c.aclose()
+
+
+async def test_model_list_is_fetched_once_by_concurrent_callers(server):
+    import asyncio
+
+    n0 = server.model_gets
+    c = OpenAIChatClient(server.url)
+    await asyncio.gather(*(c.complete(req()) for _ in range(20)))
+    assert server.model_gets - n0 == 1
     await c.aclose()
 
 
