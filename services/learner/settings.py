@@ -124,7 +124,8 @@ class LearnerSettings:
             raise ValueError(f"learner checkpoint_every={self.checkpoint_every} must be >= 0")
         if self.resume and not self.checkpoint_config():
             raise ValueError(
-                "--resume needs checkpoints: set output_dir (or checkpoint.output_dir)"
+                "--resume needs checkpoints: set output_dir (or checkpoint.output_dir) and "
+                "checkpoint_every > 0"
             )
         self.trainer_config()  # validate now, with the field named in the error
 
@@ -169,7 +170,11 @@ class LearnerSettings:
             "max_to_keep": self.max_to_keep,
         }
         d.update(self.checkpoint)
-        if not d.get("output_dir"):
+        # every_n_steps == 0 means checkpointing is off (CheckpointConfig's convention): items
+        # then commit after each step. Returning a config here would make the learner hold
+        # every item un-acked until a checkpoint that never comes, and credit's backpressure
+        # (saw_high_water) would then stall the pipeline for good.
+        if not d.get("output_dir") or not d.get("every_n_steps"):
             return None
         return CheckpointConfig(**d)
 

@@ -1,0 +1,19 @@
+"""Learner settings: checkpointing on/off decides when SAW items are acked."""
+
+import pytest
+
+from services.learner.settings import LearnerSettings
+
+
+def test_checkpoint_every_zero_means_no_checkpointing_even_with_output_dir(tmp_path):
+    # with a checkpoint config the learner acks only at checkpoints; with every_n_steps=0
+    # those never come and the credit worker's backpressure would stall the run for good
+    s = LearnerSettings(output_dir=str(tmp_path), checkpoint_every=0, device="cpu")
+    assert s.checkpoint_config() is None
+    on = LearnerSettings(output_dir=str(tmp_path), checkpoint_every=5, device="cpu").checkpoint_config()
+    assert on is not None and on.every_n_steps == 5
+
+
+def test_resume_needs_periodic_checkpoints(tmp_path):
+    with pytest.raises(ValueError, match="checkpoint_every > 0"):
+        LearnerSettings(output_dir=str(tmp_path), checkpoint_every=0, resume=True, device="cpu")
