@@ -134,8 +134,9 @@ class Learner:
         self.last_pub_step = -1
         self.ckcfg = s.checkpoint_config()
         self.trained_log: Optional[Path] = None
-        if self.ckcfg is not None and s.trained_log:
-            self.trained_log = Path(self.ckcfg.output_dir) / TRAINED_LOG
+        log_dir = self.ckcfg.output_dir if self.ckcfg is not None else s.output_dir
+        if s.trained_log and log_dir:
+            self.trained_log = Path(log_dir) / TRAINED_LOG
 
     # ------------------------------------------------------------------ setup
 
