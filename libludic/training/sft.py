@@ -174,10 +174,13 @@ def run_sft(
     trainer.model.save_pretrained(out, safe_serialization=True)  # type: ignore[operator]
     tok.save_pretrained(out)
     pass_rate = greedy_pass_rate(trainer.model, tok, eval_seeds, digits) if eval_n else float("nan")
-    say(
-        f"greedy pass rate on {len(eval_seeds)} held-out problems (seeds 0..{len(eval_seeds) - 1}): "
-        f"{pass_rate:.3f}  (training {train_s:.1f} s, model saved to {out})"
-    )
+    if eval_n:
+        say(
+            f"greedy pass rate on {len(eval_seeds)} held-out problems (seeds 0..{len(eval_seeds) - 1}): "
+            f"{pass_rate:.3f}  (training {train_s:.1f} s, model saved to {out})"
+        )
+    else:
+        say(f"training {train_s:.1f} s, model saved to {out} (no held-out evaluation: eval_n=0)")
     return {"losses": losses, "pass_rate": pass_rate, "train_s": train_s, "num_samples": n}
 
 
