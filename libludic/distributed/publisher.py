@@ -141,6 +141,18 @@ class ReplicaSet:
 # ---------------------------------------------------------------------------- helpers
 
 
+def _targets(pub: Any, version: Optional[int], who: str) -> Tuple[int, List[str]]:
+    """The version to publish and the replicas to publish it to (resolved now, remembered
+    in ``pub.last_replicas``); an error when there is no version or no replica."""
+    if version is None:
+        raise ValueError(f"{who}.publish needs an explicit version")
+    urls = pub.replicas.resolve()
+    pub.last_replicas = urls
+    if not urls:
+        raise PublishError(int(version), {"<none>": "no inference replicas resolved"})
+    return int(version), urls
+
+
 @dataclass
 class RetryPolicy:
     max_attempts: int = 3
@@ -261,13 +273,7 @@ class HttpPolicyPublisher:
         return False, f"{why} (after {self.retry.max_attempts} attempts)"
 
     def publish(self, state_dict: Mapping[str, torch.Tensor], version: Optional[int]) -> None:
-        if version is None:
-            raise ValueError("HttpPolicyPublisher.publish needs an explicit version")
-        version = int(version)
-        urls = self.replicas.resolve()
-        self.last_replicas = urls
-        if not urls:
-            raise PublishError(version, {"<none>": "no inference replicas resolved"})
+        version, urls = _targets(self, version, "HttpPolicyPublisher")
         body = ws.to_safetensors_bytes(state_dict)
         deadline = time.monotonic() + self.retry.total_timeout_s
         failures: Dict[str, str] = {}
@@ -352,13 +358,7 @@ class BroadcastPolicyPublisher:
         return sender
 
     def publish(self, state_dict: Mapping[str, torch.Tensor], version: Optional[int]) -> None:
-        if version is None:
-            raise ValueError("BroadcastPolicyPublisher.publish needs an explicit version")
-        version = int(version)
-        urls = self.replicas.resolve()
-        self.last_replicas = urls
-        if not urls:
-            raise PublishError(version, {"<none>": "no inference replicas resolved"})
+        version, urls = _targets(self, version, "BroadcastPolicyPublisher")
         deadline = time.monotonic() + self.retry.total_timeout_s
         why = "not tried"
         for attempt in range(1, self.retry.max_attempts + 1):
