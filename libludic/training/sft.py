@@ -44,6 +44,7 @@ from libludic.training.trainer import Trainer
 
 TRAIN_SEED_BASE = 10_000_000
 EVAL_SEEDS = range(0, 200)
+CHECK_SEEDS = range(20_000_000, 20_000_200)  # train-split problems for --target-pass-rate
 
 
 def chat_record(question: str, answer: str) -> Dict[str, Any]:
@@ -70,15 +71,17 @@ def write_train_jsonl(path: Path, n: int, digits: int, exclude: set[str]) -> int
 
 @torch.no_grad()
 def greedy_pass_rate(
-    model: Any, tokenizer: Any, seeds: Sequence[int], digits: int, batch_size: int = 100
+    model: Any, tokenizer: Any, seeds: Sequence[int], digits: int, batch_size: int = 100,
+    split: str = "eval",
 ) -> float:
-    """Fraction of problems whose greedy answer (stripped) equals the target."""
+    """Fraction of problems ``generate_problem(s, digits, split=split)`` whose greedy answer
+    (stripped) equals the target."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
     pad = tokenizer.pad_token_id
-    probs = [generate_problem(s, digits, split="eval") for s in seeds]
+    probs = [generate_problem(s, digits, split=split) for s in seeds]
     passed = 0
     for start in range(0, len(probs), batch_size):
         chunk = probs[start : start + batch_size]
@@ -120,10 +123,21 @@ def run_sft(
     device: Optional[str] = None,
     quiet: bool = False,
     lr_schedule: str = "constant",
+    target_pass_rate: float = 0.0,
+    check_every: int = 10,
 ) -> Dict[str, Any]:
-    """Train, save to ``out_dir``, evaluate; returns losses, pass_rate and timings."""
+    """Train, save to ``out_dir``, evaluate; returns losses, pass_rate, steps_run, timings.
+
+    ``target_pass_rate`` > 0: every ``check_every`` steps measure the greedy pass rate on
+    the 200 train-split problems ``CHECK_SEEDS`` and stop at the first check that reaches
+    it (``steps`` is then the limit; not reaching it is an error). The held-out set is
+    never looked at before the end."""
     if lr_schedule not in ("constant", "linear"):
         raise ValueError(f"lr_schedule={lr_schedule!r}: use 'constant' or 'linear' (decay to 0)")
+    if not 0.0 <= target_pass_rate <= 1.0 or check_every < 1:
+        raise ValueError(
+            f"target_pass_rate={target_pass_rate} must be in [0, 1] (0: off) and check_every={check_every} >= 1"
+        )
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(seed)
@@ -149,6 +163,7 @@ def run_sft(
     say = (lambda *_a, **_k: None) if quiet else print
     say(f"sft: {n} training samples ({digits}-digit addition), {steps} steps x {batch_size}, lr {lr}, {dev}")
     losses: List[float] = []
+    checks: List[Dict[str, float]] = []
     t0 = time.perf_counter()
 
     async def loop() -> None:
@@ -168,9 +183,21 @@ def run_sft(
                     flush=True,
                 )
                 window = []
+            if target_pass_rate > 0 and i % check_every == 0:
+                rate = greedy_pass_rate(trainer.model, tok, CHECK_SEEDS, digits, split="train")
+                checks.append({"step": i, "train_pass_rate": rate})
+                if rate >= target_pass_rate:
+                    say(f"step {i}: train-split greedy pass rate {rate:.3f} >= target {target_pass_rate}; stopping")
+                    return
 
     asyncio.run(loop())
     train_s = time.perf_counter() - t0
+    if target_pass_rate > 0 and (not checks or checks[-1]["train_pass_rate"] < target_pass_rate):
+        last = f"{checks[-1]['train_pass_rate']:.3f}" if checks else "none"
+        raise RuntimeError(
+            f"sft: the train-split greedy pass rate did not reach target_pass_rate={target_pass_rate} within "
+            f"steps={steps} (last check: {last}); raise steps or lower the target"
+        )
     trainer.model.save_pretrained(out, safe_serialization=True)  # type: ignore[operator]
     tok.save_pretrained(out)
     pass_rate = greedy_pass_rate(trainer.model, tok, eval_seeds, digits) if eval_n else float("nan")
@@ -181,7 +208,8 @@ def run_sft(
         )
     else:
         say(f"training {train_s:.1f} s, model saved to {out} (no held-out evaluation: eval_n=0)")
-    return {"losses": losses, "pass_rate": pass_rate, "train_s": train_s, "num_samples": n}
+    return {"losses": losses, "pass_rate": pass_rate, "train_s": train_s, "num_samples": n,
+            "steps_run": len(losses), "checks": checks}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -197,6 +225,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--eval-n", type=int, default=200, help="held-out problems (seeds 0..N-1)")
     ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     ap.add_argument("--lr-schedule", default="constant", choices=["constant", "linear"])
+    ap.add_argument("--target-pass-rate", type=float, default=0.0,
+                    help="stop once the greedy pass rate on 200 train-split problems reaches this (0: off)")
+    ap.add_argument("--check-every", type=int, default=10, help="steps between --target-pass-rate checks")
     a = ap.parse_args(argv)
     if a.steps < 1 or a.batch_size < 1:
         ap.error("--steps and --batch-size must be >= 1")
@@ -205,5 +236,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     run_sft(
         a.model, a.out, steps=a.steps, batch_size=a.batch_size, lr=a.lr, digits=a.digits,
         seed=a.seed, log_every=a.log_every, eval_n=a.eval_n, device=a.device, lr_schedule=a.lr_schedule,
+        target_pass_rate=a.target_pass_rate, check_every=a.check_every,
     )
     return 0

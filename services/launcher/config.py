@@ -24,6 +24,8 @@ class UpSettings:
     sft_steps: int = field(default=0, metadata={"help": "SFT warm-start steps before RL (0: none)"})
     sft_batch_size: int = field(default=64, metadata={"help": "SFT batch size"})
     sft_lr: float = field(default=1e-3, metadata={"help": "SFT learning rate"})
+    sft_lr_schedule: str = field(default="constant", metadata={"help": "SFT lr schedule: constant | linear (to 0)"})
+    sft_seed: int = field(default=0, metadata={"help": "SFT seed (data order and torch RNG)"})
     actors: int = field(default=2, metadata={"help": "actor processes"})
     learner_nproc: int = field(default=1, metadata={"help": "learner ranks (>1: torchrun, FSDP2)"})
     eval_env: Dict[str, Any] = field(

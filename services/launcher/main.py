@@ -3,7 +3,8 @@
 Order: model (built and/or SFT warm-started if asked) -> embedded redis-server (unless
 LUDIC_REDIS_URL is set) -> inference -> held-out eval "before" -> feeder, credit,
 N actors, learner -> live view until the learner finishes its ``num_steps`` -> eval
-"after" -> stop everything -> ``<run>/summary.json`` and ``<run>/curves.png``.
+"after" -> stop everything -> ``<run>/summary.json``, ``<run>/curves.png`` and the final
+policy (the one "after" evaluated) as a Hugging Face model directory ``<run>/final/``.
 A random auth token is shared by inference and learner; each service logs to
 ``<run>/logs/<name>.log``. Ctrl-C / SIGTERM stop every service (process groups) and
 exit 130; a service that dies early stops the run with its last log lines.
@@ -61,16 +62,18 @@ def prepare_model(s: UpSettings, run_dir: Path) -> Path:
         return base
     out = run_dir / "sft"
     marker = out / "sft_done.json"
-    want = {"base": str(base), "steps": s.sft_steps, "batch_size": s.sft_batch_size, "lr": s.sft_lr}
+    want = {"base": str(base), "steps": s.sft_steps, "batch_size": s.sft_batch_size, "lr": s.sft_lr,
+            "lr_schedule": s.sft_lr_schedule, "seed": s.sft_seed}
     if marker.exists() and json.loads(marker.read_text()).get("args") == want:
         log.info("reusing SFT warm start in %s", out)
         return out
-    log.info("SFT warm start: %d steps x %d (lr %g) -> %s", s.sft_steps, s.sft_batch_size, s.sft_lr, out)
+    log.info("SFT warm start: %d steps x %d (lr %g %s, seed %d) -> %s", s.sft_steps, s.sft_batch_size, s.sft_lr,
+             s.sft_lr_schedule, s.sft_seed, out)
     from libludic.training.sft import run_sft
 
     res = run_sft(
-        model_dir=base, out_dir=out, steps=s.sft_steps, batch_size=s.sft_batch_size, lr=s.sft_lr,
-        log_every=max(1, s.sft_steps // 6), eval_n=0,
+        model_dir=str(base), out_dir=str(out), steps=s.sft_steps, batch_size=s.sft_batch_size, lr=s.sft_lr,
+        log_every=max(1, s.sft_steps // 6), eval_n=0, lr_schedule=s.sft_lr_schedule, seed=s.sft_seed,
     )
     marker.write_text(json.dumps({"args": want, "train_s": res["train_s"]}))
     return out
@@ -229,6 +232,16 @@ class Run:
             "ludic_learner_stale_dropped_total": float(f["stale_dropped"]),
         })
 
+    def keep_final_policy(self) -> Path:
+        """Move the learner's exit weights (``<run>/learner/final``, the policy "after" was
+        evaluated on: the learner saves them after its last publish) to ``<run>/final``."""
+        src, dst = self.run_dir / "learner" / "final", self.run_dir / "final"
+        if not (src / "config.json").exists():
+            raise ServiceError(f"the learner exited 0 but wrote no final policy to {src}; see {self.run_dir}/logs/learner.log")
+        src.replace(dst)
+        log.info("final policy saved to %s (AutoModelForCausalLM.from_pretrained)", dst)
+        return dst
+
     def execute(self) -> int:
         self.t0 = time.monotonic()
         code = 1
@@ -239,6 +252,8 @@ class Run:
             final = self.run_dir / "learner" / "learner_final.json"
             if final.exists():
                 final.unlink()
+            for stale in (self.run_dir / "final", self.run_dir / "learner" / "final"):
+                shutil.rmtree(stale, ignore_errors=True)
             self.start_redis()
             self.start_services(model_dir)
             before = self.eval_now("before", 0)
@@ -248,6 +263,8 @@ class Run:
             self.read_learner_final()
             after = self.eval_now("after", int(self.last_learner.get("ludic_learner_step", 0))) if code == 0 else None
             write_report(self, before, after, ok=code == 0)
+            if code == 0:
+                self.keep_final_policy()
         except Interrupted as e:
             log.warning("%s: stopping every service", e)
             code = 130

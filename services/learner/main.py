@@ -49,6 +49,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -461,6 +462,7 @@ class Learner:
                 await self.source.commit()
             else:
                 await self.checkpoint()
+            self._save_final()
             if self.rank == 0:
                 log.info(
                     "learner stopping (%s) at step %d, policy v%d, %d items trained, %d stale dropped",
@@ -485,6 +487,28 @@ class Learner:
             self._write_final(reason)
             if logger is not None:
                 logger.close()
+
+    def _save_final(self) -> None:
+        """``<output_dir>/final/``: the policy at a clean exit (the weights last published)
+        as a Hugging Face model directory with model_dir's tokenizer, loadable by
+        ``from_pretrained``. Collective under FSDP2 (every rank gathers); rank 0 writes
+        ``final.tmp`` and renames it, so ``final/`` is always complete."""
+        tr = self.trainer
+        if tr is None or not self.s.output_dir:
+            return
+        sd = tr.full_state_dict()
+        if self.rank != 0:
+            return
+        from transformers import AutoTokenizer
+
+        out = Path(self.s.output_dir) / "final"
+        tmp = out.with_name("final.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tr.model.save_pretrained(tmp, state_dict=sd, safe_serialization=True)  # type: ignore[operator]
+        AutoTokenizer.from_pretrained(self.s.model_dir).save_pretrained(tmp)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.replace(out)
+        log.info("saved the final policy (step %d, v%d) to %s", tr.step, tr.policy_version, out)
 
     def _write_final(self, reason: str) -> None:
         """``<output_dir>/learner_final.json``: the counters at exit, for launchers and

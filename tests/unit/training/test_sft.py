@@ -5,8 +5,13 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import libludic.training.sft as sft
 from libludic.envs.arithmetic import generate_problem
-from libludic.training.sft import EVAL_SEEDS, main, write_train_jsonl
+from libludic.training.sft import EVAL_SEEDS, main, run_sft, write_train_jsonl
 
 
 def test_sft_cli_lowers_loss_and_saves(tiny_model_dir, tmp_path, capsys) -> None:
@@ -35,3 +40,46 @@ def test_training_data_excludes_eval_problems(tmp_path) -> None:
     assert not exclude & set(qs)
     rec = json.loads((tmp_path / "d.jsonl").open().readline())
     assert rec["messages"][1]["role"] == "assistant"
+
+
+def _weights(d) -> dict:
+    return load_file(str(d / "model.safetensors"))
+
+
+def test_seed_changes_the_result_and_the_same_seed_reproduces_it(tiny_model_dir, tmp_path) -> None:
+    kw = dict(steps=4, batch_size=8, lr=1e-2, eval_n=0, quiet=True)
+    a = run_sft(tiny_model_dir, tmp_path / "a", seed=0, **kw)
+    b = run_sft(tiny_model_dir, tmp_path / "b", seed=0, **kw)
+    c = run_sft(tiny_model_dir, tmp_path / "c", seed=1, **kw)
+    assert a["losses"] == b["losses"]
+    wa, wb, wc = _weights(tmp_path / "a"), _weights(tmp_path / "b"), _weights(tmp_path / "c")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    # seed 1 shuffles the 32 samples into other batches: other losses, other weights
+    assert a["losses"] != c["losses"]
+    assert any(not torch.equal(wa[k], wc[k]) for k in wa)
+
+
+def test_target_pass_rate_stops_at_the_first_check_that_reaches_it(tiny_model_dir, tmp_path, monkeypatch) -> None:
+    seen = []
+    rates = iter([0.1, 0.4, 0.62, 0.9])
+
+    def fake(model, tok, seeds, digits, batch_size=100, split="eval"):
+        seen.append((list(seeds), split))
+        return next(rates)
+
+    monkeypatch.setattr(sft, "greedy_pass_rate", fake)
+    res = sft.run_sft(tiny_model_dir, tmp_path / "o", steps=50, batch_size=4, eval_n=0, quiet=True,
+                      target_pass_rate=0.6, check_every=2)
+    # checks after steps 2, 4, 6: the third (0.62) reaches 0.6, so 6 steps ran
+    assert res["steps_run"] == 6 and len(res["losses"]) == 6
+    assert [c["step"] for c in res["checks"]] == [2, 4, 6]
+    # the checks look at train-split problems only, never at the held-out seeds
+    assert all(split == "train" and seeds == list(sft.CHECK_SEEDS) for seeds, split in seen)
+    assert (tmp_path / "o" / "model.safetensors").exists()
+
+
+def test_target_pass_rate_not_reached_is_an_error(tiny_model_dir, tmp_path) -> None:
+    # the untrained tiny model answers no problem in 2 steps: 0.0 < 1.0
+    with pytest.raises(RuntimeError, match="target_pass_rate=1.0 within steps=2"):
+        run_sft(tiny_model_dir, tmp_path / "o", steps=2, batch_size=4, eval_n=0, quiet=True,
+                target_pass_rate=1.0, check_every=1)

@@ -1,0 +1,27 @@
+"""`ludic up`'s SFT warm start: up.sft_seed and up.sft_lr_schedule reach `run_sft`."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from safetensors.torch import load_file
+
+from services.launcher.config import UpSettings
+from services.launcher.main import prepare_model
+
+
+def test_sft_seed_and_schedule_reach_the_warm_start(tiny_model_dir, tmp_path) -> None:
+    def warm(run: str, **kw: object) -> dict:
+        s = UpSettings(model=str(tiny_model_dir), sft_steps=3, sft_batch_size=8, sft_lr=1e-2, **kw)  # type: ignore[arg-type]
+        out = prepare_model(s, tmp_path / run)
+        return load_file(str(out / "model.safetensors"))
+
+    a, b = warm("a", sft_seed=0), warm("b", sft_seed=0)
+    c = warm("c", sft_seed=1)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a)  # another data order
+    d = warm("d", sft_seed=0, sft_lr_schedule="linear")  # decayed lr: other weights
+    assert any(not torch.equal(a[k], d[k]) for k in a)
+    args = json.loads((tmp_path / "d" / "sft" / "sft_done.json").read_text())["args"]
+    assert args["seed"] == 0 and args["lr_schedule"] == "linear"
