@@ -1,7 +1,8 @@
 """``ludic sft``: supervised warm start of a model directory on the arithmetic task.
 
     ludic sft --model DIR --out DIR [--steps 600] [--batch-size 64] [--lr 1e-3]
-              [--digits 2] [--seed 0]
+              [--digits 2] [--seed 0] [--lr-schedule constant|linear]
+              [--target-pass-rate 0.55 --check-every 5]
 
 Data: chat samples ``[{"role": "user", "content": "12+34="}, {"role": "assistant",
 "content": "46"}]``; the trained action is the answer followed by ``<|im_end|>``. They are
@@ -15,10 +16,14 @@ evaluation uses ``generate_problem(s, split="eval")`` for seeds ``0..199``, the 
 held-out set `ludic up` evaluates on, so the reported pass rate is on problems never
 trained on (the explicit question filter below is a second guard). ``--seed`` sets the data order and torch's seed.
 
-``--lr-schedule constant`` (default, the demo's calibrated recipe) keeps ``--lr``; the
-endpoint then depends on the last noisy steps (greedy pass rate swung 0.02-0.15 between
-200 and 400 steps here). ``linear`` decays it to 0 for a converged endpoint (600 steps
-reached 1.000 greedy here), which leaves RL nothing to improve.
+``--lr-schedule constant`` (default) keeps ``--lr``; the endpoint then depends on the last
+noisy steps and, at lr 1e-3, on when the run leaves its ~0.1 plateau, which varies with the
+seed and the machine (here seed 1 left it near step 480, seed 0 was still on it at 700).
+``linear`` decays it to 0 for a converged endpoint (600 steps reached 1.000 greedy here),
+which leaves RL nothing to improve. ``--target-pass-rate T`` (the demo's warm start) makes
+``--steps`` a limit: every ``--check-every`` steps the greedy pass rate on 200 train-split
+problems (``CHECK_SEEDS``, never the held-out ones) is measured and training stops at the
+first check that reaches T, so the start lands just above T whatever the seed or machine.
 
 Output: the trained model and tokenizer in ``--out`` (``save_pretrained``), a progress
 line every ``--log-every`` steps and, at the end, the greedy pass rate on the 200 held-out
@@ -194,7 +199,7 @@ def run_sft(
     train_s = time.perf_counter() - t0
     if target_pass_rate > 0 and (not checks or checks[-1]["train_pass_rate"] < target_pass_rate):
         last = f"{checks[-1]['train_pass_rate']:.3f}" if checks else "none"
-        raise RuntimeError(
+        raise ValueError(  # the values given cannot produce the start asked for
             f"sft: the train-split greedy pass rate did not reach target_pass_rate={target_pass_rate} within "
             f"steps={steps} (last check: {last}); raise steps or lower the target"
         )

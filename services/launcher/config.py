@@ -26,6 +26,10 @@ class UpSettings:
     sft_lr: float = field(default=1e-3, metadata={"help": "SFT learning rate"})
     sft_lr_schedule: str = field(default="constant", metadata={"help": "SFT lr schedule: constant | linear (to 0)"})
     sft_seed: int = field(default=0, metadata={"help": "SFT seed (data order and torch RNG)"})
+    sft_target_pass_rate: float = field(
+        default=0.0, metadata={"help": "stop SFT at this train-split greedy pass rate (0: run sft_steps)"}
+    )
+    sft_check_every: int = field(default=5, metadata={"help": "SFT steps between sft_target_pass_rate checks"})
     actors: int = field(default=2, metadata={"help": "actor processes"})
     learner_nproc: int = field(default=1, metadata={"help": "learner ranks (>1: torchrun, FSDP2)"})
     eval_env: Dict[str, Any] = field(

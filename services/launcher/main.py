@@ -63,19 +63,22 @@ def prepare_model(s: UpSettings, run_dir: Path) -> Path:
     out = run_dir / "sft"
     marker = out / "sft_done.json"
     want = {"base": str(base), "steps": s.sft_steps, "batch_size": s.sft_batch_size, "lr": s.sft_lr,
-            "lr_schedule": s.sft_lr_schedule, "seed": s.sft_seed}
+            "lr_schedule": s.sft_lr_schedule, "seed": s.sft_seed, "target_pass_rate": s.sft_target_pass_rate,
+            "check_every": s.sft_check_every}
     if marker.exists() and json.loads(marker.read_text()).get("args") == want:
         log.info("reusing SFT warm start in %s", out)
         return out
-    log.info("SFT warm start: %d steps x %d (lr %g %s, seed %d) -> %s", s.sft_steps, s.sft_batch_size, s.sft_lr,
-             s.sft_lr_schedule, s.sft_seed, out)
+    stop = f", stop at train pass rate {s.sft_target_pass_rate}" if s.sft_target_pass_rate > 0 else ""
+    log.info("SFT warm start: %d steps x %d (lr %g %s, seed %d%s) -> %s", s.sft_steps, s.sft_batch_size, s.sft_lr,
+             s.sft_lr_schedule, s.sft_seed, stop, out)
     from libludic.training.sft import run_sft
 
     res = run_sft(
         model_dir=str(base), out_dir=str(out), steps=s.sft_steps, batch_size=s.sft_batch_size, lr=s.sft_lr,
         log_every=max(1, s.sft_steps // 6), eval_n=0, lr_schedule=s.sft_lr_schedule, seed=s.sft_seed,
+        target_pass_rate=s.sft_target_pass_rate, check_every=s.sft_check_every,
     )
-    marker.write_text(json.dumps({"args": want, "train_s": res["train_s"]}))
+    marker.write_text(json.dumps({"args": want, "train_s": res["train_s"], "steps_run": res["steps_run"]}))
     return out
 
 
@@ -124,9 +127,15 @@ class Run:
         self.metrics["inference"] = f"{self.inference_url}/metrics"
         self.sup.start(ServiceSpec(
             "inference", LUDIC + ["inference", "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(ip)],
-            env=self.env(LUDIC_AUTH_TOKEN=self.token), health_url=f"{self.inference_url}/health",
+            env=self.env(LUDIC_AUTH_TOKEN=self.token, **self.inference_config()),
+            health_url=f"{self.inference_url}/health",
         ))
         self.sup.wait_healthy("inference", self.s.startup_timeout_s)
+
+    def inference_config(self) -> Dict[str, str]:
+        """`ludic inference` reads its YAML from LUDIC_INFERENCE_CONFIG, not LUDIC_CONFIG (and
+        a file without an ``inference:`` section as a whole), so pass it only with one."""
+        return {"LUDIC_INFERENCE_CONFIG": str(self.s.config_path)} if "inference" in self.cfg else {}
 
     def eval_now(self, label: str, step: int) -> Optional[Dict[str, float]]:
         if self.s.eval_n <= 0:

@@ -504,7 +504,10 @@ class Learner:
         out = Path(self.s.output_dir) / "final"
         tmp = out.with_name("final.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        tr.model.save_pretrained(tmp, state_dict=sd, safe_serialization=True)  # type: ignore[operator]
+        model: Any = tr.model
+        if hasattr(model, "get_base_model"):  # LoRA: sd already holds the merged base weights
+            model = model.get_base_model()
+        model.save_pretrained(tmp, state_dict=sd, safe_serialization=True)
         AutoTokenizer.from_pretrained(self.s.model_dir).save_pretrained(tmp)
         shutil.rmtree(out, ignore_errors=True)
         tmp.replace(out)

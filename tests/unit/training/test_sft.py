@@ -80,6 +80,6 @@ def test_target_pass_rate_stops_at_the_first_check_that_reaches_it(tiny_model_di
 
 def test_target_pass_rate_not_reached_is_an_error(tiny_model_dir, tmp_path) -> None:
     # the untrained tiny model answers no problem in 2 steps: 0.0 < 1.0
-    with pytest.raises(RuntimeError, match="target_pass_rate=1.0 within steps=2"):
+    with pytest.raises(ValueError, match="target_pass_rate=1.0 within steps=2"):
         run_sft(tiny_model_dir, tmp_path / "o", steps=2, batch_size=4, eval_n=0, quiet=True,
                 target_pass_rate=1.0, check_every=1)
