@@ -1,4 +1,4 @@
-"""`ludic up`'s SFT warm start: up.sft_seed and up.sft_lr_schedule reach `run_sft`."""
+"""`ludic up`: the SFT warm-start settings reach `run_sft`; inference gets its config section."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from services.launcher.config import UpSettings
-from services.launcher.main import prepare_model
+from services.launcher.main import Run, prepare_model
 
 
 def test_sft_seed_and_schedule_reach_the_warm_start(tiny_model_dir, tmp_path) -> None:
@@ -25,3 +25,12 @@ def test_sft_seed_and_schedule_reach_the_warm_start(tiny_model_dir, tmp_path) ->
     assert any(not torch.equal(a[k], d[k]) for k in a)
     args = json.loads((tmp_path / "d" / "sft" / "sft_done.json").read_text())["args"]
     assert args["seed"] == 0 and args["lr_schedule"] == "linear"
+
+
+def test_inference_gets_the_inference_section_of_the_run_config(tmp_path) -> None:
+    s = UpSettings(runs_dir=str(tmp_path), config_path=str(tmp_path / "run.yaml"))
+    # `ludic inference` reads LUDIC_INFERENCE_CONFIG (its `inference:` section, or the whole
+    # file when there is none, which would then fail on the other sections' keys)
+    assert Run(s, {"inference": {"dtype": "float32"}}).inference_config() == {
+        "LUDIC_INFERENCE_CONFIG": str(tmp_path / "run.yaml")}
+    assert Run(s, {"learner": {}}).inference_config() == {}
