@@ -36,7 +36,8 @@ and exits 1, so an orchestrator notices. Without ``inference_urls`` nothing is p
 
 SIGTERM/SIGINT: finish the current step, checkpoint if enabled (acking what it commits),
 exit 0. ``num_steps`` reached: final publish (if the last step did not publish) and final
-checkpoint, exit 0. Rank 0 serves /metrics on ``metrics_port`` and writes
+checkpoint, exit 0. A clean exit with ``output_dir`` set saves the policy as a Hugging Face
+model directory ``<output_dir>/final/``. Rank 0 serves /metrics on ``metrics_port`` and writes
 ``learner_step``, ``policy_version`` and a ``heartbeat:learner:{consumer}`` status entry
 (replica versions, publish failures) to Redis.
 """
@@ -489,10 +490,11 @@ class Learner:
                 logger.close()
 
     def _save_final(self) -> None:
-        """``<output_dir>/final/``: the policy at a clean exit (the weights last published)
-        as a Hugging Face model directory with model_dir's tokenizer, loadable by
-        ``from_pretrained``. Collective under FSDP2 (every rank gathers); rank 0 writes
-        ``final.tmp`` and renames it, so ``final/`` is always complete."""
+        """``<output_dir>/final/``: the policy at a clean exit (after the final publish, so
+        the weights the replicas hold unless that publish failed) as a Hugging Face model
+        directory with model_dir's tokenizer, loadable by ``from_pretrained``. Collective
+        under FSDP2 (every rank gathers); rank 0 writes ``final.tmp`` and renames it, so
+        ``final/`` is always complete."""
         tr = self.trainer
         if tr is None or not self.s.output_dir:
             return
