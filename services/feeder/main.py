@@ -6,8 +6,9 @@ when the backlog is at the mark: backpressure); reserve ``n`` seeds with one
 never reuse a seed); for seed ``s`` pick task ``tasks[pick(s)]`` (weighted, a pure
 function of the seed) and XADD one RolloutRequest with ``num_episodes=group_size``,
 ``same_env_seed=True``, ``env_seed=s``, ``meta.group_id = request id = "{run_id}-{s}"``.
-A crash between INCRBY and XADD skips seeds, never repeats them; a retried XADD may
-duplicate an entry, which the actors de-duplicate by request id.
+A crash between INCRBY and XADD skips seeds, never repeats them; the XADDs run in one
+script with a ``done:feeder:{id}`` marker per request and the run accounting's
+``groups_requested`` count (libludic/accounting.py), so a retried top-up adds nothing twice.
 """
 
 from __future__ import annotations
