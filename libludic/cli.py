@@ -20,6 +20,8 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "credit": ("services.credit.main:main", "credit-assignment worker: rollouts -> SAWItems"),
     "learner": ("services.learner.main:main", "FSDP2 learner: SAWItems -> training -> publish"),
     "feeder": ("services.feeder.main:main", "keeps the rollout request stream topped up"),
+    "eval": ("services.eval.main:main", "held-out greedy pass rate every N learner steps"),
+    "sandbox": ("libludic.envs.code_exec.docker:main", "build the DockerSandbox image: sandbox build"),
     "status": ("services.status:main", "stream depths, pending entries, versions"),
     "up": ("services.launcher.main:main", "start the whole stack as local processes"),
 }

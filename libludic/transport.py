@@ -14,6 +14,7 @@ below may touch several of them atomically)::
     ludic:{run_id}:feeder:seed                                 next env seed (INCRBY)
     ludic:{run_id}:heartbeat:{role}:{consumer}                 liveness, SET ... EX ttl
     ludic:{run_id}:lease:{role}                                singleton lease (credit)
+    ludic:{run_id}:acct, acct:*                             run accounting (libludic/accounting.py)
     ludic:{run_id}:done:{role}:{item_id}                       de-dup marker, EX done_ttl
 
 Codec. An entry is ``{"id": item_id, "d": payload}``; ``payload`` is msgpack of
@@ -646,6 +647,7 @@ class StreamConsumer:
     max_deliveries: int = 5
     done_ttl_s: int = 7 * 24 * 3600
     on_deadletter: Optional[Callable[[str], None]] = None
+    acct_stage: str = ""  # requests|rollouts|saw: dead-letters also move libludic.accounting
     _cursor: str = field(default="0-0", init=False)
     _last_claim: float = field(default=0.0, init=False)
 
@@ -734,18 +736,23 @@ class StreamConsumer:
 
     async def dead_letter(self, entry: Entry, reason: str, detail: str = "") -> None:
         """Move ``entry`` to the dead-letter stream with its reason; ack it here."""
-        await self._dl(
-            keys=[self.stream, self.deadletter],
-            args=[
-                self.group,
-                entry.id,
-                reason,
-                detail[:2000],
-                self.consumer,
-                entry.payload if entry.payload is not None else b"",
-                entry.item_id,
-            ],
-        )
+        if self.acct_stage:
+            from libludic import accounting  # (imports this module)
+
+            await accounting.dead_letter(self, entry, self.acct_stage, reason, detail)
+        else:
+            await self._dl(
+                keys=[self.stream, self.deadletter],
+                args=[
+                    self.group,
+                    entry.id,
+                    reason,
+                    detail[:2000],
+                    self.consumer,
+                    entry.payload if entry.payload is not None else b"",
+                    entry.item_id,
+                ],
+            )
         log.warning("dead-lettered %s %s: %s %s", self.stream, entry.id, reason, detail[:200])
         if self.on_deadletter is not None:
             self.on_deadletter(reason)

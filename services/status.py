@@ -2,7 +2,9 @@
 
 Per stream: length (un-acked backlog: consumers XDEL on ack), the consumer group's
 pending count and lag, and each consumer's pending count and idle time. Also the
-dead-letter count (XLEN of ``deadletter``) with its reasons, the learner's
+dead-letter count (XLEN of ``deadletter``) with its reasons, the run accounting
+(libludic/accounting.py: groups requested = trained + dropped + dead-lettered + in flight,
+items trained twice), the learner's
 ``policy_version`` and ``learner_step``, the credit leader and the live actors (heartbeat
 keys that have not expired).
 """
@@ -18,7 +20,7 @@ from typing import Any, Dict, List, Optional
 
 import redis.exceptions as rexc
 
-from libludic import transport
+from libludic import accounting, transport
 
 
 def _s(x: Any) -> Any:
@@ -68,6 +70,7 @@ async def collect(redis_url: str, run_id: str, deadletter_sample: int = 1000) ->
             "learner_step": await transport.get_int(r, keys.learner_step),
             "feeder_next_seed": await transport.get_int(r, keys.feeder_seed),
             "credit_leader": _s(lease),
+            "accounting": await accounting.snapshot(r, keys),
             "actors_alive": len(actors),
             "actors": {k: {kk: vv for kk, vv in v.items() if kk in ("pid", "host", "inflight", "episodes", "ts")} for k, v in actors.items()},
         }
@@ -92,6 +95,7 @@ def render(st: Dict[str, Any]) -> str:
             lines.append(
                 f"{name:<11} {info['length']:>7} {g['name']:<8} {g['pending']:>7} {lag:>5}  {cons or '-'}"
             )
+    lines.append(accounting.format_line(st.get("accounting")))
     if st["deadletter"]["recent_reasons"]:
         lines.append("deadletter reasons: " + ", ".join(
             f"{k}={v}" for k, v in sorted(st["deadletter"]["recent_reasons"].items())))

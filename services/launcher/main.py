@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
+from libludic import accounting
 from services.common.settings import load_settings, log_settings, setup_logging
 from services.launcher import stack
 from services.launcher.config import UpSettings
@@ -95,6 +96,7 @@ class Run:
         self.curve: List[Dict[str, float]] = []
         self.last_learner: Dict[str, float] = {}
         self.evals: List[Dict[str, float]] = []
+        self.accounting: Optional[Dict[str, Any]] = None
 
     def env(self, **extra: Any) -> Dict[str, str]:
         base = {
@@ -270,6 +272,7 @@ class Run:
             self.rl_t0 = time.monotonic()
             code = self.monitor()
             self.read_learner_final()
+            self.accounting = accounting.snapshot_sync(self.redis_url, self.run_id)
             after = self.eval_now("after", int(self.last_learner.get("ludic_learner_step", 0))) if code == 0 else None
             write_report(self, before, after, ok=code == 0)
             if code == 0:

@@ -11,6 +11,8 @@ from typing import Any, Dict, Optional
 from rich.console import Console
 from rich.table import Table
 
+from libludic import accounting
+
 
 def build_summary(run: Any, before: Optional[Dict[str, float]], after: Optional[Dict[str, float]], ok: bool) -> Dict[str, Any]:
     m = run.last_learner
@@ -34,6 +36,8 @@ def build_summary(run: Any, before: Optional[Dict[str, float]], after: Optional[
         "rl_wall_seconds": round(rl_wall, 1),
         "samples_per_second": round(trained / rl_wall, 2) if rl_wall > 0 else None,
         "actors": run.s.actors,
+        # libludic/accounting.py, read from Redis when the learner finished (services running)
+        "accounting": getattr(run, "accounting", None),
         "evals": run.evals,
         "curve": run.curve,
     }
@@ -75,4 +79,5 @@ def write_report(run: Any, before: Optional[Dict[str, float]], after: Optional[D
         v = summary[k]
         t.add_row(k, f"{v:.3f}" if isinstance(v, float) else str(v))
     Console().print(t)
+    Console().print(accounting.format_line(summary["accounting"]))
     return summary

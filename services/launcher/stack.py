@@ -12,10 +12,7 @@ from typing import Any, Dict, List, Mapping, Optional
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from libludic.inference.openai_client import OpenAIChatClient
-from libludic.inference.request import InferenceSpec
-from libludic.inference.sampling import SamplingConfig
-from libludic.training.types import EnvSpec, RolloutRequest
+from services.eval import heldout
 from services.launcher.supervisor import ServiceSpec
 
 
@@ -86,33 +83,10 @@ def sum_prefix(metrics: Mapping[str, float], name: str) -> float:
     return sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))
 
 
-def eval_requests(env: Mapping[str, Any], n: int, max_tokens: int) -> List[RolloutRequest]:
-    spec = InferenceSpec(sampling=SamplingConfig(temperature=0.0, max_tokens=max_tokens))
-    return [
-        RolloutRequest(env=EnvSpec.from_dict(env), env_seed=i, sampling_seed=i, inference=spec, meta={"eval": True})
-        for i in range(n)
-    ]
-
-
-async def _evaluate(url: str, env: Mapping[str, Any], n: int, max_tokens: int) -> Dict[str, float]:
-    from libludic.eval.evaluator import Evaluator
-    from libludic.registry import build_registries
-    from libludic.training.batching.rollout_engine import RolloutEngine
-
-    client = OpenAIChatClient(url, timeout_s=120.0)
-    try:
-        engine = RolloutEngine(*build_registries(client))
-        ev = Evaluator(engine=engine, requests=eval_requests(env, n, max_tokens), concurrency=64)
-        res = await ev.evaluate()
-        res["eval/policy_version"] = float(await client.get_policy_version())
-        return res
-    finally:
-        await client.aclose()
-
-
 def evaluate(url: str, env: Mapping[str, Any], n: int, max_tokens: int) -> Dict[str, float]:
-    """Greedy held-out evaluation against the inference service (its current weights)."""
-    return asyncio.run(_evaluate(url, env, n, max_tokens))
+    """Greedy held-out evaluation against the inference service (its current weights);
+    the same pass as the ``ludic eval`` service (services/eval/heldout.py)."""
+    return asyncio.run(heldout.evaluate(url, env, n, max_tokens))
 
 
 def prometheus_config(targets: Mapping[str, List[str]], interval_s: int = 5) -> str:

@@ -60,7 +60,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from libludic import transport
+from libludic import accounting, transport
 from libludic.distributed.publisher import (
     BroadcastPolicyPublisher,
     HttpPolicyPublisher,
@@ -136,6 +136,7 @@ class Learner:
         self.last_pub_step = -1
         self.ckcfg = s.checkpoint_config()
         self.trained_log: Optional[Path] = None
+        self.accounting: Optional[Dict[str, Any]] = None  # last libludic.accounting snapshot
         log_dir = self.ckcfg.output_dir if self.ckcfg is not None else s.output_dir
         if s.trained_log and log_dir:
             self.trained_log = Path(log_dir) / TRAINED_LOG
@@ -375,6 +376,8 @@ class Learner:
             await transport.beat(
                 self.r, self.keys, "learner", self.s.consumer, HEARTBEAT_TTL_S, info
             )
+            self.accounting = await accounting.snapshot(self.r, self.keys)
+            M.export_accounting(self.accounting)
         except transport.REDIS_DOWN_ERRORS as e:
             log.warning("cannot write learner status to Redis: %s", e)
 
@@ -530,6 +533,7 @@ class Learner:
             "items_trained": self.source.items_trained,
             "stale_dropped": self.source.stale_dropped,
             "publish_failures": self.publish_failures,
+            "accounting": self.accounting,  # libludic/accounting.py, read at the last status
         }
         tmp = out / "learner_final.json.tmp"
         tmp.write_text(json.dumps(final))

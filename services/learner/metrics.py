@@ -43,6 +43,40 @@ UNCOMMITTED = Gauge(
 )
 CHECKPOINTS = Counter("ludic_learner_checkpoints_total", "Checkpoints saved")
 
+# Run accounting (libludic/accounting.py): read from Redis at every learner status write, so
+# they are gauges even where the name says _total (the counts live in Redis, across restarts).
+RUN_GROUPS = {
+    name: Gauge(f"ludic_run_{name}_total", f"Groups (feeder requests) {what}, whole run")
+    for name, what in (
+        ("groups_requested", "requested"),
+        ("groups_trained", "with >= 1 item trained, all items resolved"),
+        ("groups_dropped_stale", "whose items were all dropped stale"),
+        ("groups_dropped_incomplete", "dropped by credit: too few rollouts at the timeout"),
+        ("groups_dropped_empty", "with no item (no rollout, or all samples filtered)"),
+        ("groups_deadlettered", "dead-lettered (request or credit error)"),
+    )
+}
+RUN_IN_FLIGHT = Gauge(
+    "ludic_run_groups_in_flight", "Groups requested and not finished (requested - the rest)"
+)
+RUN_IN_FLIGHT_OBSERVED = Gauge(
+    "ludic_run_groups_in_flight_observed",
+    "Groups observed in flight: requests backlog + groups in rollouts + groups with open items",
+)
+RUN_CONSISTENT = Gauge("ludic_run_accounting_consistent", "1 while derived == observed in flight")
+TRAINED_TWICE = Gauge(
+    "ludic_learner_items_trained_twice_total", "Items counted trained more than once (must be 0)"
+)
+
+
+def export_accounting(a: Dict[str, Any]) -> None:
+    for name, g in RUN_GROUPS.items():
+        g.set(a[name])
+    RUN_IN_FLIGHT.set(a["groups_in_flight"])
+    RUN_IN_FLIGHT_OBSERVED.set(a["groups_in_flight_observed"])
+    RUN_CONSISTENT.set(1 if a["consistent"] else 0)
+    TRAINED_TWICE.set(a["items_trained_twice"])
+
 
 def on_replica_result(replica: str, version: Optional[int], why: Optional[str]) -> None:
     if version is not None:

@@ -13,17 +13,21 @@ import pytest
 from libludic import transport as t
 
 try:  # tests/ is on sys.path under pytest's default import mode
-    from conftest import RedisServer  # type: ignore[import-not-found]
+    from conftest import RedisContainer, RedisServer, make_redis  # type: ignore[import-not-found]
 except ImportError:  # pragma: no cover
-    from tests.conftest import RedisServer
+    from tests.conftest import RedisContainer, RedisServer, make_redis
 
 pytestmark = pytest.mark.integration
 
 STREAM, OUT, DL, GROUP = "ludic:{f}:in", "ludic:{f}:out", "ludic:{f}:deadletter", "g"
 
 
-async def test_redis_kill9_and_restart_loses_no_acknowledged_entry(tmp_path: Path) -> None:
-    srv = RedisServer(tmp_path, appendonly=True, fsync="always")
+async def test_redis_kill9_and_restart_loses_no_acknowledged_entry(
+    tmp_path: Path, redis_kind: str
+) -> None:
+    """Both for a redis-server process and for a Redis container (testcontainers) killed
+    with SIGKILL (``docker kill``) and started again."""
+    srv = make_redis(redis_kind, tmp_path, appendonly=True, fsync="always")
     srv.start()
     try:
         await _run(srv)
@@ -31,7 +35,7 @@ async def test_redis_kill9_and_restart_loses_no_acknowledged_entry(tmp_path: Pat
         srv.stop()
 
 
-async def _run(srv: RedisServer) -> None:
+async def _run(srv: "RedisServer | RedisContainer") -> None:
     producer_r = t.connect(srv.url)
     consumer_r = t.connect(srv.url)
     await t.ensure_group(producer_r, STREAM, GROUP)

@@ -3,13 +3,17 @@
 Used only when a Docker engine is reachable (``docker_available()``: ``docker info``
 succeeds); ``select_sandbox`` falls back to ``SubprocessSandbox`` otherwise. One run is
 
-    docker run --rm -i --name ludic-sbx-<hex> --network none --memory M --memory-swap M
+    docker run --rm -i --pull never --name ludic-sbx-<hex> --network none --memory M --memory-swap M
       --pids-limit N --cpus 1 --read-only --tmpfs /tmp:rw,exec,size=16m --workdir /tmp
       --cap-drop ALL --security-opt no-new-privileges --user 65534:65534
       --ulimit cpu=S:H --ulimit fsize=F:F --ulimit core=0:0 --log-driver none
       -v <run dir>:/sandbox:ro <image> python -I /sandbox/main.py
 
-with the test's stdin on ``-i``. The container enforces what the host-side subprocess
+with the test's stdin on ``-i``. The image is never pulled: it is the locally built
+``ludic-sandbox:<python_version>`` (deploy/sandbox/Dockerfile; build it with
+``ludic sandbox build [--base IMAGE]``) unless
+``DockerSandboxConfig.base_image`` names another local image; a missing image raises an
+error naming that command. The container enforces what the host-side subprocess
 sandbox enforces with namespaces (no network, read-only root, pid and memory caps), plus a
 cgroup memory limit instead of RLIMIT_AS. On wall-clock timeout the container is removed
 with ``docker rm -f`` (killing the CLI alone would leave it running). Results are
@@ -28,6 +32,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import List, Optional
 
 from libludic.envs.code_exec.config import DockerSandboxConfig
@@ -43,6 +48,65 @@ from libludic.envs.code_exec.sandbox import (
 
 _AVAILABLE: Optional[bool] = None
 _AVAILABLE_LOCK = threading.Lock()
+_PRESENT: set = set()  # images seen locally (``docker image inspect`` succeeded)
+
+SANDBOX_DIR = Path(__file__).resolve().parents[3] / "deploy" / "sandbox"
+DEFAULT_BASE = "python:{version}-slim"
+
+
+def sandbox_image(config: DockerSandboxConfig) -> str:
+    """The image a run uses: ``config.base_image`` or the local ``ludic-sandbox:<version>``."""
+    return config.base_image or f"ludic-sandbox:{config.python_version}"
+
+
+def build_command_for_image(
+    tag: str, base: str, python_version: str, docker_bin: str = "docker", context: Path = SANDBOX_DIR
+) -> List[str]:
+    """``docker build`` argv of the sandbox image ``tag`` FROM ``base``."""
+    return [
+        docker_bin, "build", "-t", tag, "--build-arg", f"BASE={base}",
+        "--build-arg", f"PYTHON_VERSION={python_version}", str(context),
+    ]  # fmt: skip
+
+
+def build_image(
+    config: Optional[DockerSandboxConfig] = None, base: Optional[str] = None, docker_bin: str = "docker"
+) -> str:
+    """Build the sandbox image of ``config`` locally FROM ``base`` (default: the official
+    ``python:<version>-slim``, which the build may pull; pass a local image where Docker Hub
+    is unreachable). Returns the tag."""
+    cfg = config or DockerSandboxConfig()
+    tag = sandbox_image(cfg)
+    base = base or DEFAULT_BASE.format(version=cfg.python_version)
+    argv = build_command_for_image(tag, base, cfg.python_version, docker_bin)
+    r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1800)
+    if r.returncode != 0:
+        raise RuntimeError(
+            f"`{' '.join(argv)}` failed (exit {r.returncode}):\n"
+            f"{r.stdout.decode('utf-8', 'replace')[-3000:]}\nthe base image {base!r} must be "
+            "present locally or pullable and provide `python` of that version"
+        )
+    _PRESENT.add(tag)
+    return tag
+
+
+def ensure_image(image: str, python_version: str, docker_bin: str = "docker") -> None:
+    """Raise (naming the fix) unless ``image`` is present locally: runs never pull."""
+    if image in _PRESENT:
+        return
+    r = subprocess.run(
+        [docker_bin, "image", "inspect", "--format", "{{.Id}}", image],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30,
+    )
+    if r.returncode != 0:
+        raise RuntimeError(
+            f"DockerSandbox image {image!r} is not present locally and is never pulled; build "
+            f"it: `ludic sandbox build --python-version "
+            f"{python_version} [--base LOCAL_PYTHON_IMAGE]` (or `docker build -t {image} "
+            f"--build-arg BASE=... {SANDBOX_DIR}`), or set DockerSandboxConfig.base_image to a "
+            "local image with python"
+        )
+    _PRESENT.add(image)
 
 
 def docker_available(docker_bin: str = "docker", *, refresh: bool = False) -> bool:
@@ -87,7 +151,7 @@ class DockerSandbox:
         """The ``docker run`` argv of one run; ``memory_limit`` overrides the config's."""
         mem = memory_limit or self.config.memory_limit
         cpu = int(math.ceil(timeout_s)) + 1
-        cmd = [self.docker_bin, "run", "--rm", "-i", "--name", name]
+        cmd = [self.docker_bin, "run", "--rm", "-i", "--pull", "never", "--name", name]
         if self.config.network_disabled:
             cmd += ["--network", "none"]
         cmd += [
@@ -107,7 +171,7 @@ class DockerSandbox:
             "--log-driver", "none",
             "--env", "HOME=/tmp",
             "-v", f"{workdir}:/sandbox:ro",
-            self.config.image,
+            sandbox_image(self.config),
             "python", "-I", "/sandbox/main.py",
         ]  # fmt: skip
         return cmd
@@ -120,6 +184,7 @@ class DockerSandbox:
                 "DockerSandbox needs a reachable Docker engine (`docker info` failed); use "
                 "select_sandbox(...) to fall back to SubprocessSandbox"
             )
+        ensure_image(sandbox_image(self.config), self.config.python_version, self.docker_bin)
         # The config's memory_limit is the container's; the per-call limit (from
         # CodeExecConfig.memory_limit_mb) wins when it is smaller.
         mem = self.config.memory_limit
@@ -209,3 +274,21 @@ def select_sandbox(docker: Optional[DockerSandboxConfig] = None) -> Sandbox:
     if docker is not None and docker_available():
         return DockerSandbox(config=docker)
     return SubprocessSandbox()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``ludic sandbox build [--base IMAGE] [--python-version V]`` (libludic/cli.py)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="ludic sandbox")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="build the DockerSandbox image locally (deploy/sandbox)")
+    b.add_argument("--base", default=None, help="base image with python (default python:<v>-slim)")
+    b.add_argument("--python-version", default="3.11")
+    a = p.parse_args(argv)
+    print(build_image(DockerSandboxConfig(python_version=a.python_version), a.base))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

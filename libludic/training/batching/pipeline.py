@@ -58,7 +58,7 @@ import msgpack
 import torch
 import torch.distributed as dist
 
-from libludic import transport
+from libludic import accounting, transport
 from libludic.training.types import SAWBatch, SAWItem
 
 log = logging.getLogger(__name__)
@@ -176,6 +176,7 @@ class PipelineBatchSource:
                 transport.GROUP_LEARNER,
                 self.consumer,
                 self.keys.deadletter,
+                acct_stage="saw",  # libludic.accounting counts dead-letters, acks below
             )
 
     # ------------------------------------------------------------------ state
@@ -307,11 +308,12 @@ class PipelineBatchSource:
                     continue
                 self._buffer.append((e, item))
             if recovered:
-                await self._sc.ack(recovered)
+                # already inside the checkpoint: trained (libludic.accounting counts them now)
+                await accounting.ack_items(self._sc, [e.id for e in recovered], "trained")
                 self.recovered_acked += len(recovered)
                 log.info("acked %d pending entries already in the checkpoint", len(recovered))
             if stale:
-                await self._sc.ack(stale)
+                await accounting.ack_items(self._sc, [e.id for e in stale], "stale")
                 self.stale_dropped += len(stale)
                 if self.on_stale is not None:
                     self.on_stale(len(stale))
@@ -416,8 +418,10 @@ class PipelineBatchSource:
         ids, n = list(self._uncommitted), len(self._uncommitted)
         sc = self._sc
         for i in range(0, n, 1000):
-            chunk = [transport.Entry(eid, {}) for eid in ids[i : i + 1000]]
-            await transport.retry_redis(functools.partial(sc.ack, chunk), deadline_s=60)
+            chunk = ids[i : i + 1000]
+            await transport.retry_redis(
+                functools.partial(accounting.ack_items, sc, chunk, "trained"), deadline_s=60
+            )
         self._uncommitted = []
         self.last_committed_id = self._max_trained_id
         return n

@@ -40,6 +40,7 @@ from libludic.envs.code_exec import (
     run_tests,
     score,
 )
+from libludic.envs.code_exec import docker as docker_mod
 from libludic.envs.code_exec.sandbox import Limits, classify, namespace_command
 
 REPO = Path(__file__).resolve().parents[3]
@@ -249,7 +250,7 @@ def test_docker_command_construction():
     sb = DockerSandbox(config=DockerSandboxConfig(), max_processes=16)
     cmd = sb.build_command(workdir="/tmp/run1", name="ludic-sbx-x", timeout_s=5.0)
     s = " ".join(cmd)
-    assert cmd[:4] == ["docker", "run", "--rm", "-i"]
+    assert cmd[:6] == ["docker", "run", "--rm", "-i", "--pull", "never"]  # never a pull
     for part in (
         "--network none",
         "--memory 256m",
@@ -262,7 +263,8 @@ def test_docker_command_construction():
         "-v /tmp/run1:/sandbox:ro",
     ):
         assert part in s, part
-    assert cmd[-4:] == ["python:3.11-slim", "python", "-I", "/sandbox/main.py"]
+    # the locally built image (deploy/sandbox), not Docker Hub's python:3.11-slim
+    assert cmd[-4:] == ["ludic-sandbox:3.11", "python", "-I", "/sandbox/main.py"]
 
     open_net = DockerSandbox(
         config=DockerSandboxConfig(network_disabled=False, base_image="my/py:1", memory_limit="1g")
@@ -272,12 +274,76 @@ def test_docker_command_construction():
     assert cmd2[cmd2.index("--memory") + 1] == "128m"
 
 
-@pytest.mark.skipif(
+def test_docker_image_build_command():
+    cfg = DockerSandboxConfig(python_version="3.12")
+    assert docker_mod.sandbox_image(cfg) == "ludic-sandbox:3.12"
+    assert docker_mod.sandbox_image(DockerSandboxConfig(base_image="my/py:1")) == "my/py:1"
+    argv = docker_mod.build_command_for_image("ludic-sandbox:3.12", "local/py:x", "3.12")
+    assert argv == ["docker", "build", "-t", "ludic-sandbox:3.12", "--build-arg", "BASE=local/py:x",
+                    "--build-arg", "PYTHON_VERSION=3.12", str(REPO / "deploy" / "sandbox")]
+    assert (REPO / "deploy" / "sandbox" / "Dockerfile").is_file()
+
+
+needs_engine = pytest.mark.skipif(
     not docker_available(), reason="no reachable Docker engine (`docker info` fails here)"
 )
-def test_docker_sandbox_runs_code():  # pragma: no cover - needs an engine
+LOCAL_BASE = "ludic-local/python:bookworm"  # built by scripts/docker-host.sh where Hub is unreachable
+
+
+@pytest.fixture(scope="module")
+def sandbox_image() -> str:
+    """``ludic-sandbox:3.11``, built locally when missing (one docker build at a time on this
+    machine: /tmp/ludic-docker.lock) FROM $LUDIC_SANDBOX_BASE, else the local Debian base
+    when present, else python:3.11-slim."""
+    import fcntl
+
+    tag = docker_mod.sandbox_image(DockerSandboxConfig())
+    if subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0:
+        return tag
+    base = os.environ.get("LUDIC_SANDBOX_BASE")
+    if base is None and subprocess.run(["docker", "image", "inspect", LOCAL_BASE],
+                                       capture_output=True).returncode == 0:
+        base = LOCAL_BASE
+    with open("/tmp/ludic-docker.lock", "a") as lock:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail("/tmp/ludic-docker.lock held for 300 s (a dockerd started under "
+                                "flock inherits it); build the image: `ludic sandbox build`")
+                time.sleep(1)
+        return docker_mod.build_image(DockerSandboxConfig(), base)
+
+
+@needs_engine
+def test_docker_sandbox_runs_code(sandbox_image: str):  # pragma: no cover - needs an engine
+    assert sandbox_image == "ludic-sandbox:3.11"
     r = DockerSandbox().run("print(input()[::-1])", stdin="abc\n", timeout_s=30)
-    assert r.ok and r.stdout == "cba\n"
+    assert r.ok and r.stdout == "cba\n", r
+
+
+@needs_engine
+def test_docker_sandbox_isolation(sandbox_image: str):  # pragma: no cover - needs an engine
+    """No network, read-only root, nobody: each attempt fails inside the container."""
+    src = (
+        "import os, socket\n"
+        "print(os.getuid())\n"
+        "try:\n    open('/etc/x', 'w')\nexcept OSError as e:\n    print('ro', e.errno)\n"
+        "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=2)\n"
+        "except OSError:\n    print('nonet')\n"
+    )
+    r = DockerSandbox().run(src, timeout_s=30)
+    assert r.ok and r.stdout.split("\n")[:3] == ["65534", "ro 30", "nonet"], r  # 30 = EROFS
+
+
+@needs_engine
+def test_docker_sandbox_missing_image_names_the_fix():  # pragma: no cover - needs an engine
+    sb = DockerSandbox(config=DockerSandboxConfig(base_image="ludic-sandbox:absent-xyz"))
+    with pytest.raises(RuntimeError, match=r"never pulled; build it: `ludic sandbox build"):
+        sb.run("print(1)", timeout_s=5)
 
 
 # ---------------------------------------------------------------------------------------

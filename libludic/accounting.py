@@ -1,0 +1,428 @@
+"""Run accounting: where every group (feeder request) of a run is, kept in Redis.
+
+Identity, true at every moment (see DEVELOPERS.md "Run accounting")::
+
+    groups_requested = groups_trained + groups_dropped_stale + groups_dropped_incomplete
+                       + groups_dropped_empty + groups_deadlettered + groups_in_flight
+
+A *group* is one feeder request (``group_id == request id``: ``group_size`` episodes of one
+env seed). Its *items* are the SAWItems credit wrote for it (one per surviving sample:
+filters may drop some, so a group can have fewer items than episodes). Each counter moves
+inside the Lua script that makes the transition durable, so a crash (kill -9 of any
+service) can never make the counters disagree with the streams:
+
+=====================  ==========================================================  ================
+transition             script (atomic with)                                        counter
+=====================  ==========================================================  ================
+feeder adds request    :data:`_REQUEST_LUA` (XADD, ``done:feeder`` marker)         requested
+actor commits          :data:`_COMMIT_LUA` (rollouts XADD, request XACK/XDEL)      -> ``rolling``
+                       ... with 0 rollouts                                         dropped_empty
+actor dead-letters     :data:`_DEADLETTER_LUA` (sets ``done:actor``: no late       deadlettered
+                       commit can still write rollouts)
+credit commits group   :data:`_COMMIT_LUA` (SAW XADD, rollouts XACK/XDEL)          -> ``open``
+                       ... timed out with too few rollouts                         dropped_incomplete
+                       ... 0 items after preprocess/filters                        dropped_empty
+credit error           :func:`group_failed` (``done:credit`` marker)               deadlettered
+learner acks item      :data:`_ACK_LUA` (XACK/XDEL of the saw entry)               items_trained|stale
+learner dead-letters   :data:`_DEADLETTER_LUA`                                     items_deadlettered
+last item of a group   (same script) any item trained -> trained, else any stale
+                       -> dropped_stale, else deadlettered
+=====================  ==========================================================  ================
+
+An item counts as *trained* when the learner acks it after the step that used it was
+committed (after the checkpoint that holds it, when checkpointing; a resumed learner
+acking entries already inside its checkpoint counts them then). ``items_trained_twice``
+counts items whose id had already been counted trained (a ``done:learner:{item}`` marker);
+it must stay 0. Counters only move when XACK reports the entry was still pending, so a
+redelivered or re-acked entry is never counted twice.
+
+``in_flight`` is derived (requested minus the rest) and also *observed* independently in the
+same atomic snapshot: ``XLEN requests`` (unread + pending requests) + groups with rollouts
+not yet credited (hash ``acct:rolling``) + groups with items not yet resolved by the learner
+(hash ``acct:open``). :func:`snapshot` reports both and ``consistent``. At item level:
+``items_written - items_trained - items_stale - items_deadlettered == XLEN saw``.
+
+Limits (documented, not hidden): a request whose ``group_id`` differs from its id (several
+requests per group, not made by the feeder) breaks the one-request-one-group premise; a
+group all of whose rollout entries are dead-lettered one by one (undecodable rollouts)
+stays in flight forever (visible, never miscounted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import redis.asyncio as aioredis
+
+from libludic import transport
+
+#: counters of the ``acct`` hash
+GROUP_FATES = (
+    "groups_trained",
+    "groups_dropped_stale",
+    "groups_dropped_incomplete",
+    "groups_dropped_empty",
+    "groups_deadlettered",
+)
+ITEM_FIELDS = (
+    "items_written",
+    "items_trained",
+    "items_stale",
+    "items_deadlettered",
+    "items_trained_twice",
+    "rollouts_deadlettered",
+)
+
+
+@dataclass(frozen=True)
+class AcctKeys:
+    """The accounting keys of one run (same hash tag as the streams)."""
+
+    keys: transport.Keys
+
+    @property
+    def counters(self) -> str:
+        return f"{self.keys.prefix}:acct"
+
+    @property
+    def rolling(self) -> str:  # group id -> rollouts written, until credit commits the group
+        return f"{self.keys.prefix}:acct:rolling"
+
+    @property
+    def open(self) -> str:  # group id -> items not yet resolved by the learner
+        return f"{self.keys.prefix}:acct:open"
+
+    @property
+    def mix(self) -> str:  # "{gid}|t" / "{gid}|s" -> items of an open group trained / stale
+        return f"{self.keys.prefix}:acct:mix"
+
+    @property
+    def items(self) -> str:  # item id -> group id, while the item is in the saw stream
+        return f"{self.keys.prefix}:acct:items"
+
+
+# Resolve one saw item (learner side). Needs KEYS[ACCT], KEYS[OPEN], KEYS[MIX], KEYS[ITEMS]
+# set as locals ka, ko, km, ki, plus the trained-marker prefix and ttl.
+_RESOLVE_FN = """
+local function resolve(iid, outcome, ka, ko, km, ki, mprefix, ttl)
+  if outcome == 'trained' then
+    redis.call('HINCRBY', ka, 'items_trained', 1)
+    if iid ~= '' and not redis.call('SET', mprefix .. iid, '1', 'NX', 'EX', ttl) then
+      redis.call('HINCRBY', ka, 'items_trained_twice', 1)
+    end
+  elseif outcome == 'stale' then
+    redis.call('HINCRBY', ka, 'items_stale', 1)
+  else
+    redis.call('HINCRBY', ka, 'items_deadlettered', 1)
+  end
+  local gid = redis.call('HGET', ki, iid)
+  if not gid then return end
+  redis.call('HDEL', ki, iid)
+  if outcome == 'trained' then redis.call('HINCRBY', km, gid .. '|t', 1) end
+  if outcome == 'stale' then redis.call('HINCRBY', km, gid .. '|s', 1) end
+  local left = redis.call('HINCRBY', ko, gid, -1)
+  if left <= 0 then
+    local t = tonumber(redis.call('HGET', km, gid .. '|t') or '0')
+    local s = tonumber(redis.call('HGET', km, gid .. '|s') or '0')
+    local fate = 'groups_deadlettered'
+    if t > 0 then fate = 'groups_trained' elseif s > 0 then fate = 'groups_dropped_stale' end
+    redis.call('HINCRBY', ka, fate, 1)
+    redis.call('HDEL', ko, gid)
+    redis.call('HDEL', km, gid .. '|t', gid .. '|s')
+  end
+end
+"""
+
+# KEYS[1] requests, KEYS[2] acct, KEYS[3..] done:feeder markers (one per request)
+# ARGV[1] marker ttl s, then (request id, payload)*
+_REQUEST_LUA = """
+local added = 0
+for j = 3, #KEYS do
+  local i = 2 + 2 * (j - 3)
+  if redis.call('SET', KEYS[j], '1', 'NX', 'EX', ARGV[1]) then
+    redis.call('XADD', KEYS[1], '*', 'id', ARGV[i], 'd', ARGV[i + 1])
+    added = added + 1
+  end
+end
+if added > 0 then redis.call('HINCRBY', KEYS[2], 'groups_requested', added) end
+return added
+"""
+
+# transport's commit (marker NX -> XADD outputs -> XACK+XDEL inputs) plus the counters.
+# KEYS[1] in, KEYS[2] out, KEYS[3] done marker, KEYS[4] acct, KEYS[5] rolling, KEYS[6] open,
+# KEYS[7] items. ARGV[1] group, ARGV[2] ttl, ARGV[3] stage (actor|credit), ARGV[4] group id,
+# ARGV[5] counter when nothing is written, ARGV[6] n input ids, ids..., (item id, payload)*
+_COMMIT_LUA = """
+local n = tonumber(ARGV[6])
+local fresh = redis.call('SET', KEYS[3], '1', 'NX', 'EX', ARGV[2])
+local written = -1
+if fresh then
+  written = 0
+  for i = 7 + n, #ARGV, 2 do
+    redis.call('XADD', KEYS[2], '*', 'id', ARGV[i], 'd', ARGV[i + 1])
+    if ARGV[3] == 'credit' then redis.call('HSET', KEYS[7], ARGV[i], ARGV[4]) end
+    written = written + 1
+  end
+  if ARGV[3] == 'credit' then
+    redis.call('HDEL', KEYS[5], ARGV[4])
+    if written > 0 then
+      redis.call('HINCRBY', KEYS[6], ARGV[4], written)
+      redis.call('HINCRBY', KEYS[4], 'items_written', written)
+    end
+  elseif written > 0 then
+    redis.call('HINCRBY', KEYS[5], ARGV[4], written)
+  end
+  if written == 0 then redis.call('HINCRBY', KEYS[4], ARGV[5], 1) end
+end
+for i = 7, 6 + n do
+  redis.call('XACK', KEYS[1], ARGV[1], ARGV[i])
+  redis.call('XDEL', KEYS[1], ARGV[i])
+end
+return written
+"""
+
+# transport's dead-letter plus the counters.
+# KEYS[1] in, KEYS[2] deadletter, KEYS[3] acct, KEYS[4] open, KEYS[5] mix, KEYS[6] items,
+# KEYS[7] done marker of the item (requests: done:actor:{id})
+# ARGV[1] group, [2] entry id, [3] reason, [4] detail, [5] consumer, [6] payload, [7] item id,
+# [8] stage (requests|rollouts|saw), [9] ttl, [10] trained-marker prefix
+_DEADLETTER_LUA = (
+    _RESOLVE_FN
+    + """
+redis.call('XADD', KEYS[2], '*', 'reason', ARGV[3], 'detail', ARGV[4],
+           'source_stream', KEYS[1], 'source_id', ARGV[2], 'group', ARGV[1],
+           'consumer', ARGV[5], 'id', ARGV[7], 'd', ARGV[6])
+local x = redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+redis.call('XDEL', KEYS[1], ARGV[2])
+if x == 1 then
+  if ARGV[8] == 'requests' then
+    if ARGV[7] ~= '' and redis.call('SET', KEYS[7], '1', 'NX', 'EX', ARGV[9]) then
+      redis.call('HINCRBY', KEYS[3], 'groups_deadlettered', 1)
+    end
+  elseif ARGV[8] == 'rollouts' then
+    redis.call('HINCRBY', KEYS[3], 'rollouts_deadlettered', 1)
+  else
+    resolve(ARGV[7], 'deadlettered', KEYS[3], KEYS[4], KEYS[5], KEYS[6], ARGV[10], ARGV[9])
+  end
+end
+return x
+"""
+)
+
+# Learner ack: XACK (+ resolve the item iff it was still pending) + XDEL.
+# KEYS[1] saw, KEYS[2] acct, KEYS[3] open, KEYS[4] mix, KEYS[5] items
+# ARGV[1] group, ARGV[2] outcome (trained|stale), ARGV[3] ttl, ARGV[4] marker prefix, ids...
+_ACK_LUA = (
+    _RESOLVE_FN
+    + """
+local acked = 0
+for i = 5, #ARGV do
+  local e = redis.call('XRANGE', KEYS[1], ARGV[i], ARGV[i])
+  if redis.call('XACK', KEYS[1], ARGV[1], ARGV[i]) == 1 then
+    acked = acked + 1
+    local iid = ''
+    if e[1] then
+      local f = e[1][2]
+      for j = 1, #f, 2 do if f[j] == 'id' then iid = f[j + 1] end end
+    end
+    resolve(iid, ARGV[2], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[4], ARGV[3])
+  end
+  redis.call('XDEL', KEYS[1], ARGV[i])
+end
+return acked
+"""
+)
+
+# KEYS[1] done:credit:{gid}, KEYS[2] acct, KEYS[3] rolling; ARGV[1] ttl, ARGV[2] gid
+_GROUP_FAILED_LUA = """
+if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then
+  redis.call('HDEL', KEYS[3], ARGV[2])
+  redis.call('HINCRBY', KEYS[2], 'groups_deadlettered', 1)
+  return 1
+end
+return 0
+"""
+
+# One atomic read of everything the identity needs.
+# KEYS acct, rolling, open, items, requests, rollouts, saw, deadletter
+_SNAPSHOT_LUA = """
+return {redis.call('HGETALL', KEYS[1]), redis.call('HLEN', KEYS[2]), redis.call('HLEN', KEYS[3]),
+        redis.call('HLEN', KEYS[4]), redis.call('XLEN', KEYS[5]), redis.call('XLEN', KEYS[6]),
+        redis.call('XLEN', KEYS[7]), redis.call('XLEN', KEYS[8])}
+"""
+
+DEFAULT_TTL_S = 7 * 24 * 3600
+
+
+async def add_requests(
+    r: aioredis.Redis,
+    keys: transport.Keys,
+    requests: Sequence[Tuple[str, bytes]],
+    ttl_s: int = DEFAULT_TTL_S,
+) -> int:
+    """XADD each (request id, payload) not added before and count it requested, atomically.
+    Returns the number added (a retried call adds nothing twice)."""
+    if not requests:
+        return 0
+    ak = AcctKeys(keys)
+    ks = [keys.requests, ak.counters] + [keys.done("feeder", rid) for rid, _ in requests]
+    args: List[Any] = [ttl_s]
+    for rid, payload in requests:
+        args += [rid, payload]
+    return int(await r.eval(_REQUEST_LUA, len(ks), *ks, *args))
+
+
+async def commit(
+    sc: transport.StreamConsumer,
+    entries: Sequence[transport.Entry],
+    outputs: Sequence[Tuple[str, bytes]],
+    out_stream: str,
+    done_key: str,
+    *,
+    stage: str,
+    group_id: str,
+    if_empty: str = "groups_dropped_empty",
+) -> int:
+    """:meth:`transport.StreamConsumer.commit` plus the accounting of ``stage``
+    (``actor``: the group's rollouts; ``credit``: its SAWItems, ``if_empty`` counted when
+    none). Same return value: outputs written, or -1 for a redelivery."""
+    if stage not in ("actor", "credit"):
+        raise ValueError(f"accounting commit stage={stage!r}; use 'actor' or 'credit'")
+    if if_empty not in GROUP_FATES:
+        raise ValueError(f"if_empty={if_empty!r}; use one of {GROUP_FATES}")
+    ak = AcctKeys(transport.Keys(_run_of(sc.stream)))
+    args: List[Any] = [sc.group, sc.done_ttl_s, stage, group_id, if_empty, len(entries)]
+    args += [e.id for e in entries]
+    for item_id, payload in outputs:
+        args += [item_id, payload]
+    ks = [sc.stream, out_stream, done_key, ak.counters, ak.rolling, ak.open, ak.items]
+    return int(await sc.redis.eval(_COMMIT_LUA, len(ks), *ks, *args))
+
+
+async def dead_letter(
+    sc: transport.StreamConsumer, entry: transport.Entry, stage: str, reason: str, detail: str
+) -> int:
+    """:meth:`transport.StreamConsumer.dead_letter`'s script plus the accounting of
+    ``stage`` (the short name of the consumer's stream). Returns 1 if the entry was pending."""
+    keys = transport.Keys(_run_of(sc.stream))
+    ak = AcctKeys(keys)
+    iid = entry.item_id
+    marker = keys.done("actor", iid) if stage == "requests" else keys.done("learner", iid)
+    ks = [sc.stream, sc.deadletter, ak.counters, ak.open, ak.mix, ak.items, marker]
+    args: List[Any] = [
+        sc.group, entry.id, reason, detail[:2000], sc.consumer,
+        entry.payload if entry.payload is not None else b"", iid, stage, sc.done_ttl_s,
+        keys.done("learner", ""),
+    ]
+    return int(await sc.redis.eval(_DEADLETTER_LUA, len(ks), *ks, *args))
+
+
+async def ack_items(
+    sc: transport.StreamConsumer, entry_ids: Sequence[str], outcome: str
+) -> int:
+    """Learner: XACK + XDEL saw entries, counting each still-pending one as ``outcome``
+    (``trained`` or ``stale``). Returns how many were still pending."""
+    if outcome not in ("trained", "stale"):
+        raise ValueError(f"ack outcome={outcome!r}; use 'trained' or 'stale'")
+    if not entry_ids:
+        return 0
+    keys = transport.Keys(_run_of(sc.stream))
+    ak = AcctKeys(keys)
+    ks = [sc.stream, ak.counters, ak.open, ak.mix, ak.items]
+    args: List[Any] = [sc.group, outcome, sc.done_ttl_s, keys.done("learner", ""), *entry_ids]
+    return int(await sc.redis.eval(_ACK_LUA, len(ks), *ks, *args))
+
+
+async def group_failed(
+    r: aioredis.Redis, keys: transport.Keys, group_id: str, ttl_s: int = DEFAULT_TTL_S
+) -> bool:
+    """Credit could not process group ``group_id`` (its rollouts were dead-lettered): mark it
+    done and count it dead-lettered, once. True if this call counted it."""
+    ak = AcctKeys(keys)
+    ks = [keys.done("credit", group_id), ak.counters, ak.rolling]
+    return bool(await r.eval(_GROUP_FAILED_LUA, len(ks), *ks, ttl_s, group_id))
+
+
+def _run_of(stream_key: str) -> str:
+    """``ludic:{run}:saw`` -> ``run``."""
+    lo, hi = stream_key.find("{"), stream_key.find("}")
+    if lo < 0 or hi < lo:
+        raise ValueError(f"stream key {stream_key!r} has no {{run_id}} hash tag")
+    return stream_key[lo + 1 : hi]
+
+
+def compute(counters: Dict[str, int], observed: Dict[str, int]) -> Dict[str, Any]:
+    """The accounting from raw counters and observed backlog sizes (pure; unit-tested).
+
+    ``observed``: ``requests_backlog`` (XLEN requests), ``rolling`` / ``open`` (HLEN of the
+    accounting hashes), ``saw_backlog`` (XLEN saw)."""
+    c = {k: int(counters.get(k, 0)) for k in ("groups_requested", *GROUP_FATES, *ITEM_FIELDS)}
+    done = sum(c[k] for k in GROUP_FATES)
+    in_flight = c["groups_requested"] - done
+    in_flight_observed = observed["requests_backlog"] + observed["rolling"] + observed["open"]
+    items_in_flight = (
+        c["items_written"] - c["items_trained"] - c["items_stale"] - c["items_deadlettered"]
+    )
+    return {
+        **c,
+        "groups_dropped": sum(c[k] for k in GROUP_FATES if k.startswith("groups_dropped")),
+        "groups_in_flight": in_flight,
+        "groups_in_flight_observed": in_flight_observed,
+        "items_in_flight": items_in_flight,
+        "items_in_flight_observed": observed["saw_backlog"],
+        "consistent": in_flight == in_flight_observed
+        and items_in_flight == observed["saw_backlog"],
+        **{f"observed_{k}": v for k, v in observed.items()},
+    }
+
+
+async def snapshot(r: aioredis.Redis, keys: transport.Keys) -> Dict[str, Any]:
+    """The run's accounting, read atomically (one script), with the derived and the
+    observed in-flight figures and ``consistent``."""
+    ak = AcctKeys(keys)
+    ks = [ak.counters, ak.rolling, ak.open, ak.items, keys.requests, keys.rollouts, keys.saw,
+          keys.deadletter]
+    raw = await r.eval(_SNAPSHOT_LUA, len(ks), *ks)
+    flat = raw[0]
+    counters = {transport._s(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+    observed = {
+        "rolling": int(raw[1]),
+        "open": int(raw[2]),
+        "items_map": int(raw[3]),
+        "requests_backlog": int(raw[4]),
+        "rollouts_backlog": int(raw[5]),
+        "saw_backlog": int(raw[6]),
+        "deadletter_length": int(raw[7]),
+    }
+    return compute(counters, observed)
+
+
+def snapshot_sync(redis_url: str, run_id: str) -> Dict[str, Any]:
+    """:func:`snapshot` for synchronous callers (launcher, tests)."""
+    import asyncio
+
+    async def go() -> Dict[str, Any]:
+        r = transport.connect(redis_url)
+        try:
+            return await snapshot(r, transport.Keys(run_id))
+        finally:
+            await r.aclose()
+
+    return asyncio.run(go())
+
+
+def format_line(a: Optional[Dict[str, Any]]) -> str:
+    """One human line for ``ludic status`` / logs."""
+    if not a:
+        return "accounting: n/a"
+    return (
+        f"groups requested={a['groups_requested']} = trained {a['groups_trained']}"
+        f" + dropped stale {a['groups_dropped_stale']}"
+        f" + dropped incomplete {a['groups_dropped_incomplete']}"
+        f" + dropped empty {a['groups_dropped_empty']}"
+        f" + dead-lettered {a['groups_deadlettered']}"
+        f" + in flight {a['groups_in_flight']} (observed {a['groups_in_flight_observed']})"
+        f"; items trained twice={a['items_trained_twice']}"
+        f"; {'consistent' if a['consistent'] else 'INCONSISTENT'}"
+    )

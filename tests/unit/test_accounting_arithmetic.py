@@ -1,0 +1,46 @@
+"""The accounting arithmetic (libludic/accounting.py ``compute``) and its Prometheus export."""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY
+
+from libludic import accounting
+from services.learner import metrics as M
+
+OBS = {"requests_backlog": 3, "rolling": 2, "open": 1, "saw_backlog": 4}
+
+
+def counters(**kw: int) -> dict:
+    base = dict(groups_requested=20, groups_trained=9, groups_dropped_stale=2,
+                groups_dropped_incomplete=1, groups_dropped_empty=1, groups_deadlettered=1,
+                items_written=30, items_trained=20, items_stale=4, items_deadlettered=2)
+    base.update(kw)
+    return base
+
+
+def test_in_flight_is_requested_minus_the_rest_and_matches_the_observation() -> None:
+    a = accounting.compute(counters(), OBS)
+    # 20 - (9 + 2 + 1 + 1 + 1) = 6 = 3 queued requests + 2 groups in rollouts + 1 open group
+    assert a["groups_in_flight"] == 6 and a["groups_in_flight_observed"] == 6
+    assert a["groups_dropped"] == 4  # 2 stale + 1 incomplete + 1 empty
+    # 30 written - 20 trained - 4 stale - 2 dead-lettered = 4 = XLEN saw
+    assert a["items_in_flight"] == 4 and a["consistent"]
+    assert a["items_trained_twice"] == 0  # missing counters read as 0
+
+
+def test_a_lost_or_double_counted_group_is_inconsistent() -> None:
+    assert not accounting.compute(counters(groups_trained=10), OBS)["consistent"]
+    assert not accounting.compute(counters(), {**OBS, "open": 0})["consistent"]
+    assert not accounting.compute(counters(items_trained=21), OBS)["consistent"]
+
+
+def test_export_sets_the_gauges() -> None:
+    M.export_accounting(accounting.compute(counters(items_trained_twice=1), OBS))
+    g = REGISTRY.get_sample_value
+    assert g("ludic_run_groups_requested_total") == 20
+    assert g("ludic_run_groups_trained_total") == 9
+    assert g("ludic_run_groups_dropped_stale_total") == 2
+    assert g("ludic_run_groups_deadlettered_total") == 1
+    assert g("ludic_run_groups_in_flight") == 6
+    assert g("ludic_run_accounting_consistent") == 1
+    assert g("ludic_learner_items_trained_twice_total") == 1
