@@ -94,3 +94,14 @@ def test_env_and_flag_carry_the_section_as_json(tmp_path) -> None:
     assert (c.spec.name, c.spec.group_size) == ("cispo", 2)
     f = load_settings(FeederSettings, [], service="feeder", environ={"LUDIC_ALGORITHM": '{"group_size": 3}'})
     assert f.group_size == 3
+
+
+def test_ludic_up_refuses_a_bad_algorithm_before_starting_anything(tmp_path, capsys) -> None:
+    from services.launcher.main import main as up_main
+
+    p = write(tmp_path, "algorithm: {name: grpo, kwargs: {kl_coef: 0.1}}\n")
+    assert up_main(["--config", str(p)]) == 2
+    assert "['kl_coef'] are not arguments of make_grpo" in capsys.readouterr().err
+    p = write(tmp_path, "learner:\n  algorithm_kwargs: {group_size: 8}\n")
+    with pytest.raises(ValueError, match="move learner.algorithm_kwargs to the top-level algorithm: section"):
+        up_main(["--config", str(p)])
