@@ -5,12 +5,24 @@
 ``rollouts_to_saw_items`` -> ``sample_filter`` (per item, after credit).
 
 Presets (keyword-only) cover the common algorithms; anything else is a new composition.
+``ALGORITHMS`` maps each preset's name to its factory; ``AlgorithmSpec`` (name, group_size,
+kwargs) is the one place a run configures its algorithm (the services read it from the
+top-level ``algorithm:`` section of the run config).
+
+Batch-level stage. A credit assigner whose statistics span the whole training batch (today
+``HybridNormalizedReturn``: the std of ScaleRL) has ``group_stage``/``batch_stage``. In one
+process, ``to_saw_items`` treats the rollouts of the call as the batch. The services' credit
+worker sees one group at a time, so it calls ``to_saw_items(..., defer_batch_stage=True)``:
+items carry the group-stage weight and ``meta[PENDING_BATCH_STAGE] = algorithm name``, and
+the Trainer calls ``apply_batch_stage`` on exactly the items of each optimizer step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence
+import dataclasses
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from libludic.training.batching.saw import rollouts_to_saw_items
 from libludic.training.credit_assignment import (
@@ -19,6 +31,7 @@ from libludic.training.credit_assignment import (
     GroupNormalizedReturn,
     HybridNormalizedReturn,
     MonteCarloReturn,
+    SumFn,
 )
 from libludic.training.filters import (
     PreprocessFn,
@@ -38,6 +51,8 @@ from libludic.training.loss import (
 from libludic.training.types import SAWItem
 from libludic.types import Rollout
 
+PENDING_BATCH_STAGE = "pending_batch_stage"
+
 
 @dataclass
 class RLAlgorithm:
@@ -50,16 +65,74 @@ class RLAlgorithm:
     def needs_actor_logprobs(self) -> bool:
         return bool(getattr(self.loss, "needs_actor_logprobs", False))
 
+    @property
+    def needs_ref_logprobs(self) -> bool:
+        """The loss reads ``batch["ref_logprobs"]`` (a KL term): the Trainer then computes
+        them with a frozen copy of the initial policy for items that do not carry them."""
+        return bool(getattr(self.loss, "needs_ref_logprobs", False))
+
+    @property
+    def has_batch_stage(self) -> bool:
+        return hasattr(self.credit_assigner, "batch_stage")
+
     def to_saw_items(
-        self, rollouts: Sequence[Rollout], sample_filter: Optional[SampleFilter] = None
+        self,
+        rollouts: Sequence[Rollout],
+        sample_filter: Optional[SampleFilter] = None,
+        *,
+        defer_batch_stage: bool = False,
     ) -> List[SAWItem]:
+        """preprocess -> credit -> SAWItems -> filter.
+
+        ``defer_batch_stage=True`` (the credit worker, which sees one group per call): a
+        batch-level stage is left to ``apply_batch_stage`` on the training batch; the items
+        carry the group-stage weight and ``meta[PENDING_BATCH_STAGE] = self.name``.
+        """
         rs = list(rollouts)
         if self.preprocess is not None:
             rs = self.preprocess(rs)
         if not rs:
             return []
-        weights = self.credit_assigner.compute(rs)
-        return apply_filter(rollouts_to_saw_items(rs, weights), sample_filter)
+        if defer_batch_stage and self.has_batch_stage:
+            weights = self.credit_assigner.group_stage(rs)  # type: ignore[attr-defined]
+            items = rollouts_to_saw_items(rs, weights)
+            for it in items:
+                it.meta[PENDING_BATCH_STAGE] = self.name
+        else:
+            items = rollouts_to_saw_items(rs, self.credit_assigner.compute(rs))
+        return apply_filter(items, sample_filter)
+
+    def apply_batch_stage(
+        self, items: Sequence[SAWItem], all_sum: Optional[SumFn] = None
+    ) -> List[SAWItem]:
+        """Items whose weight still lacks the batch-level stage get it, computed over
+        exactly ``items`` (plus the other ranks' shards through ``all_sum``); other items
+        are returned as they are. A batch must not mix the two."""
+        pending = [it for it in items if PENDING_BATCH_STAGE in it.meta]
+        if not pending:
+            return list(items)
+        if len(pending) != len(items):
+            raise ValueError(
+                f"{len(pending)} of {len(items)} items of the batch still need the batch-level "
+                f"credit stage (meta[{PENDING_BATCH_STAGE!r}]) and the others do not; feed the "
+                "Trainer either the credit worker's items or fully credited ones, not both"
+            )
+        names = sorted({str(it.meta[PENDING_BATCH_STAGE]) for it in items})
+        if names != [self.name] or not self.has_batch_stage:
+            raise ValueError(
+                f"items were credited by algorithm {names} (batch-level stage pending) but the "
+                f"trainer runs {self.name!r}; configure the algorithm once, in the top-level "
+                "algorithm: section read by credit and learner"
+            )
+        weights = self.credit_assigner.batch_stage(  # type: ignore[attr-defined]
+            [it.weight for it in items], all_sum
+        )
+        out = []
+        for it, w in zip(items, weights, strict=True):
+            meta = {k: v for k, v in it.meta.items() if k != PENDING_BATCH_STAGE}
+            meta["group_weight"] = it.weight
+            out.append(dataclasses.replace(it, weight=float(w), meta=meta))
+        return out
 
 
 def _with_kl(loss: Any, kl_coeff: float, name: str) -> Any:
@@ -155,3 +228,81 @@ def make_cispo(
         credit_assigner=GroupNormalizedReturn(group_size=group_size),
         loss=_with_kl(loss, kl_coeff, "cispo"),
     )
+
+
+ALGORITHMS: Dict[str, Callable[..., RLAlgorithm]] = {
+    "reinforce": make_reinforce,
+    "grpo": make_grpo,
+    "sft": make_sft,
+    "scalerl": make_scalerl,
+    "cispo": make_cispo,
+}
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """The run's algorithm, configured once: ``ALGORITHMS[name](group_size=..., **kwargs)``.
+
+    ``group_size`` is also the feeder's episodes per request and the credit worker's group
+    size, so it lives here and not in ``kwargs``; presets without a group (reinforce, sft)
+    ignore it in the factory.
+    """
+
+    name: str = "grpo"
+    group_size: int = 8
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.name not in ALGORITHMS:
+            raise ValueError(f"algorithm.name={self.name!r}; use one of {sorted(ALGORITHMS)}")
+        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1:
+            raise ValueError(f"algorithm.group_size={self.group_size!r} must be an integer >= 1")
+        if not isinstance(self.kwargs, dict):
+            raise ValueError(f"algorithm.kwargs={self.kwargs!r} must be a mapping")
+        if "group_size" in self.kwargs:
+            raise ValueError(
+                f"algorithm.kwargs.group_size={self.kwargs['group_size']!r}: move it to "
+                "algorithm.group_size (one value for feeder, credit and learner)"
+            )
+        params = inspect.signature(ALGORITHMS[self.name]).parameters
+        unknown = sorted(set(self.kwargs) - set(params))
+        if unknown:
+            known = sorted(p for p in params if p != "group_size")
+            raise ValueError(
+                f"algorithm.kwargs {unknown} are not arguments of make_{self.name}; known: {known}"
+            )
+        self.build()  # value errors now, naming the preset
+
+    @classmethod
+    def from_mapping(cls, d: Optional[Mapping[str, Any]]) -> "AlgorithmSpec":
+        """The ``algorithm:`` section ({name, group_size, kwargs}); None/empty = defaults."""
+        if d is None:
+            return cls()
+        if not isinstance(d, Mapping):
+            raise ValueError(
+                f"algorithm: must be a mapping like {{name: grpo, group_size: 8, kwargs: {{}}}}, "
+                f"got {d!r}"
+            )
+        unknown = sorted(set(d) - {"name", "group_size", "kwargs"})
+        if unknown:
+            raise ValueError(
+                f"unknown key(s) {unknown} in the algorithm: section; known: name, group_size, "
+                "kwargs (preset arguments such as kl_coeff go under kwargs)"
+            )
+        kw: Dict[str, Any] = dict(d)
+        if "group_size" in kw and isinstance(kw["group_size"], str) and kw["group_size"].isdigit():
+            kw["group_size"] = int(kw["group_size"])
+        if kw.get("kwargs") is None:
+            kw.pop("kwargs", None)
+        return cls(**kw)
+
+    def build(self, group_size: Optional[int] = None) -> RLAlgorithm:
+        """The RLAlgorithm; ``group_size`` overrides the configured one (partial groups)."""
+        factory = ALGORITHMS[self.name]
+        kw = dict(self.kwargs)
+        if "group_size" in inspect.signature(factory).parameters:
+            kw["group_size"] = self.group_size if group_size is None else group_size
+        try:
+            return factory(**kw)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"algorithm {self.name!r} with kwargs {self.kwargs}: {e}") from e

@@ -14,9 +14,13 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Dict, List, Protocol, Sequence, runtime_checkable
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 from libludic.types import Rollout, RolloutStepKey
+
+# [partial sums of this shard] -> the same sums over every data-parallel rank's shard
+# (identity on one process)
+SumFn = Callable[[List[float]], List[float]]
 
 
 @runtime_checkable
@@ -115,9 +119,18 @@ class HybridNormalizedReturn:
 
     c_i = R_i - mean_{j in group(i)}(R_j);   A_i = c_i / (std_batch(c) + eps)
 
-    where std_batch is the population std of the centred rewards over every rollout of the
-    call, so the advantages have unit std across the batch while each group stays centred.
-    ``positive_only=True`` clips to max(A_i, 0).
+    where std_batch is the population std of the centred rewards over the whole training
+    batch, so the advantages have unit std across the batch while each group stays centred.
+    ``positive_only=True`` clips to max(A_i, 0) (after the scaling, whose std is taken over
+    the unclipped c).
+
+    Two stages. ``group_stage`` needs only whole groups (c_i); ``batch_stage`` needs the
+    whole batch (std_batch and the clip). ``compute`` runs both and treats the rollouts of
+    the call as the batch (the in-process path: RolloutBatchSource/RolloutEngine credit one
+    training batch per call). The services' credit worker sees one group at a time, so it
+    runs ``group_stage`` only (``RLAlgorithm.to_saw_items(..., defer_batch_stage=True)``)
+    and the Trainer runs ``batch_stage`` over exactly the items of each optimizer step
+    (``RLAlgorithm.apply_batch_stage``): std_batch is then over those items.
     """
 
     group_size: int
@@ -130,22 +143,42 @@ class HybridNormalizedReturn:
         if self.eps <= 0:
             raise ValueError(f"HybridNormalizedReturn.eps={self.eps} must be > 0")
 
-    def compute(self, rollouts: List[Rollout]) -> Dict[RolloutStepKey, float]:
-        centred: List[tuple[Rollout, float]] = []
+    def _centred(self, rollouts: List[Rollout]) -> List[Tuple[Rollout, float]]:
+        out: List[Tuple[Rollout, float]] = []
         for rs in group_rollouts(rollouts, self.group_size).values():
             rewards = [r.total_reward for r in rs]
             mean = sum(rewards) / len(rewards)
-            centred.extend((r, x - mean) for r, x in zip(rs, rewards, strict=True))
+            out.extend((r, x - mean) for r, x in zip(rs, rewards, strict=True))
+        return out
+
+    def group_stage(self, rollouts: List[Rollout]) -> Dict[RolloutStepKey, float]:
+        """c_i = R_i - mean of its group, broadcast to every step (no std, no clip)."""
         out: Dict[RolloutStepKey, float] = {}
-        if not centred:
-            return out
-        cs = [c for _, c in centred]
-        mu = sum(cs) / len(cs)  # ~0, kept for exactness with float rounding
-        std = math.sqrt(sum((c - mu) ** 2 for c in cs) / len(cs))
-        for r, c in centred:
-            a = c / (std + self.eps)
-            if self.positive_only:
-                a = max(a, 0.0)
+        for r, c in self._centred(rollouts):
+            _broadcast(r, c, out)
+        return out
+
+    def batch_stage(self, centred: Sequence[float], all_sum: Optional[SumFn] = None) -> List[float]:
+        """A = c / (std(c) + eps), clipped at 0 with ``positive_only``.
+
+        ``all_sum`` extends the count and the sums over the other data-parallel ranks'
+        shards of the batch (default: ``centred`` is the whole batch).
+        """
+        cs = [float(c) for c in centred]
+        red: SumFn = all_sum if all_sum is not None else (lambda xs: xs)
+        n, total = red([float(len(cs)), sum(cs)])
+        if n <= 0:
+            return []
+        mu = total / n  # ~0, kept for exactness with float rounding
+        (ss,) = red([sum((c - mu) ** 2 for c in cs)])
+        std = math.sqrt(ss / n)
+        out = [c / (std + self.eps) for c in cs]
+        return [max(a, 0.0) for a in out] if self.positive_only else out
+
+    def compute(self, rollouts: List[Rollout]) -> Dict[RolloutStepKey, float]:
+        centred = self._centred(rollouts)  # std over rollouts: one c per rollout
+        out: Dict[RolloutStepKey, float] = {}
+        for (r, _), a in zip(centred, self.batch_stage([c for _, c in centred]), strict=True):
             _broadcast(r, a, out)
         return out
 

@@ -258,13 +258,15 @@ class TokenKLLoss:
 
     With lr = logp_ref - logp (Schulman's estimators of KL(pi || ref)):
     k1 = -lr,   k2 = lr^2 / 2,   k3 = exp(lr) - 1 - lr  (unbiased, always >= 0).
-    Needs ``batch["ref_logprobs"]`` [B, T] (SampleAttachments.ref_logprobs).
+    Needs ``batch["ref_logprobs"]`` [B, T] (SampleAttachments.ref_logprobs, or computed by
+    the Trainer's frozen reference policy: ``needs_ref_logprobs``).
     """
 
     coeff: float = 1.0
     estimator: str = "k3"
     aggregation: str = "token"
     needs_actor_logprobs: ClassVar[bool] = False
+    needs_ref_logprobs: ClassVar[bool] = True
     stat_keys: ClassVar[Tuple[str, ...]] = ("loss", "kl")
 
     def __post_init__(self) -> None:
@@ -340,6 +342,10 @@ class CompositeLoss:
     @property
     def needs_actor_logprobs(self) -> bool:  # type: ignore[override]
         return any(getattr(t.loss, "needs_actor_logprobs", False) for t in self.terms)
+
+    @property
+    def needs_ref_logprobs(self) -> bool:
+        return any(getattr(t.loss, "needs_ref_logprobs", False) for t in self.terms)
 
     @property
     def stat_keys(self) -> Tuple[str, ...]:

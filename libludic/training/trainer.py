@@ -17,12 +17,24 @@ One optimizer step (``train_step``):
 5. Gradients are clipped to ``max_grad_norm``, AdamW steps.
 6. Every ``sync_every_steps`` steps, ``publisher.publish(full_state_dict(), version)``.
 
+Batch-level credit. Before step 3, ``algo.apply_batch_stage`` finishes the credit of items
+whose algorithm has a batch-level statistic (ScaleRL's std) that the credit worker left
+pending: it is computed over exactly the items of this step (all ranks' shards).
+
+Reference policy. When the loss needs ``ref_logprobs`` (a KL term, ``kl_coeff > 0``) and an
+item does not carry them, a frozen reference model computes them per micro-batch (no
+grad). By default it is a copy of the model as passed in (the initial policy, before LoRA
+and before any checkpoint is loaded), kept unsharded on every rank: one more forward per
+micro-batch and one more copy of the weights in memory. ``ref_time_s`` in the step stats
+is the time spent in it.
+
 Autocast: ``mixed_precision_dtype`` on CUDA; on CPU only with ``cfg.cpu_autocast``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import time
 from pathlib import Path
@@ -55,6 +67,7 @@ class Trainer:
         cfg: Optional[TrainerConfig] = None,
         evaluator: Any = None,
         checkpointer: Optional[CheckpointManager] = None,
+        reference_model: Optional[nn.Module] = None,
     ) -> None:
         self.cfg = cfg if cfg is not None else TrainerConfig()
         self.algo = algo
@@ -76,6 +89,11 @@ class Trainer:
         if want_amp and self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
             log.warning("bf16 is not supported on %s; training in fp32", self.device)
             want_amp = False
+        self.ref_model: Optional[nn.Module] = None
+        if algo.needs_ref_logprobs:
+            ref = reference_model if reference_model is not None else copy.deepcopy(model)
+            ref.requires_grad_(False)
+            self.ref_model = ref.to(self.device).eval()
         model = parallel.apply_lora(model, self.cfg)
         model.to(self.device)
         if self.distributed:
@@ -156,6 +174,7 @@ class Trainer:
         }
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
+        ref_time = 0.0
         stat_acc: Dict[str, float] = {}
         local_tok = max(sum(n_tok), 1.0)
         for i, b in enumerate(batches):
@@ -167,6 +186,10 @@ class Trainer:
                 k: v.to(self.device, non_blocking=True) for k, v in b.items()
             }
             dev_b.update(macro)
+            if self.ref_model is not None and "ref_logprobs" not in dev_b:
+                t_ref = time.perf_counter()
+                dev_b["ref_logprobs"] = self.reference_logprobs(dev_b)
+                ref_time += time.perf_counter() - t_ref
             with self._autocast():
                 out = self.model(
                     input_ids=dev_b["input_ids"], attention_mask=dev_b["attention_mask"]
@@ -188,7 +211,28 @@ class Trainer:
             num_action_tokens=sum(n_tok),
             num_padded_tokens=float(sum(b["input_ids"].numel() for b in batches)),
         )
+        if self.ref_model is not None:
+            out_stats["ref_time_s"] = ref_time
         return out_stats
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: Dict[str, Any]) -> torch.Tensor:
+        """The frozen reference policy's logprob of every token, aligned to input_ids
+        ([B, T], 0.0 at position 0 which nothing predicts): what ``TokenKLLoss`` reads."""
+        assert self.ref_model is not None
+        ids = batch["input_ids"]
+        with self._autocast():
+            out = self.ref_model(input_ids=ids, attention_mask=batch["attention_mask"])
+        logits = (out.logits if hasattr(out, "logits") else out).float()
+        ref = torch.zeros(ids.shape, dtype=torch.float32, device=logits.device)
+        ref[:, 1:] = L.token_logprobs(logits, ids)
+        return ref
+
+    def _all_sum(self, xs: List[float]) -> List[float]:
+        """Sums over every rank (for batch-level statistics of a sharded batch)."""
+        t = torch.tensor(xs, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return [float(x) for x in t.cpu()]
 
     def optimizer_step(self) -> float:
         """Clip (if configured), step AdamW; returns the pre-clip global grad norm."""
@@ -207,6 +251,7 @@ class Trainer:
         batch = await self.batch_source.next_batch()
         items, dropped = self.drop_stale(batch.items)
         self.stale_dropped_total += dropped
+        items = self.algo.apply_batch_stage(items, self._all_sum if self.distributed else None)
         stats: Dict[str, float] = {
             "num_items": float(len(items)),
             "num_tokens": float(sum(it.num_tokens for it in items)),

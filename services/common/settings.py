@@ -11,6 +11,12 @@ Precedence (later wins): dataclass defaults < YAML file < environment < command-
 
 Lists come from YAML lists or comma-separated strings; dicts from YAML maps or JSON.
 Each field's help text is ``field(metadata={"help": ...})``.
+
+The algorithm is configured once, in the top-level ``algorithm:`` section
+(``{name, group_size, kwargs}``, libludic.training.algorithm.AlgorithmSpec), read by feeder
+(group_size), credit and learner through their ``algorithm`` field (env ``LUDIC_ALGORITHM``
+as JSON). A per-service copy (``credit.algorithm``, ``learner.algorithm_kwargs``,
+``feeder.group_size``, ...) is an error naming the fix, so the services cannot disagree.
 """
 
 from __future__ import annotations
@@ -125,6 +131,13 @@ def load_settings(
     values: Dict[str, Any] = {}
     cfg_path = args.config or env.get(ENV_PREFIX + "CONFIG")
     names = {f.name for f in fields}
+    if "algorithm" in names:
+        for var, key in _RETIRED_ENV.items():
+            if var in env:
+                raise ValueError(
+                    f"{var}={env[var]!r} is no longer read: move it to the top-level algorithm: "
+                    f"section as algorithm.{key} (or LUDIC_ALGORITHM='{{\"{key}\": ...}}' as JSON)"
+                )
     if cfg_path:
         values.update(read_yaml_section(cfg_path, service, names))
     for f in fields:
@@ -156,8 +169,61 @@ def read_yaml(path: str | Path) -> Dict[str, Any]:
     return data
 
 
+# keys that belong to the top-level algorithm: section only
+ALGORITHM_KEYS = ("algorithm", "algorithm_kwargs", "group_size")
+_RETIRED_ENV = {"LUDIC_GROUP_SIZE": "group_size", "LUDIC_ALGORITHM_KWARGS": "kwargs"}
+
+
+def check_algorithm_section(data: Mapping[str, Any], path: str | Path) -> None:
+    """Errors for algorithm settings outside the top-level ``algorithm:`` section."""
+    algo = data.get("algorithm")
+    if algo is not None and not isinstance(algo, dict):
+        raise ValueError(
+            f"config file {path}: algorithm: must be a mapping like {{name: grpo, group_size: 8, "
+            f"kwargs: {{}}}}, got {algo!r}"
+        )
+    for k in ("algorithm_kwargs", "group_size"):
+        if k in data:
+            raise ValueError(
+                f"config file {path}: top-level {k!r}: move it to the top-level algorithm: "
+                f"section as algorithm.{'kwargs' if k == 'algorithm_kwargs' else k}"
+            )
+    for section, body in data.items():
+        if not isinstance(body, dict) or section == "algorithm":
+            continue
+        for k in ALGORITHM_KEYS:
+            if k in body:
+                target = {"algorithm": "algorithm.name", "algorithm_kwargs": "algorithm.kwargs"}.get(
+                    k, f"algorithm.{k}"
+                )
+                raise ValueError(
+                    f"config file {path}: {section}.{k} is a per-service copy of the algorithm; "
+                    f"move {section}.{k} to the top-level algorithm: section as {target} "
+                    "(algorithm: {name: grpo, group_size: 8, kwargs: {}}), read by feeder, credit "
+                    "and learner alike"
+                )
+
+
+def algorithm_group_size(algorithm: Mapping[str, Any]) -> int:
+    """``algorithm.group_size`` (default 8) without building the algorithm (the feeder's
+    episodes per request; credit and learner validate the whole section)."""
+    if not isinstance(algorithm, Mapping):
+        raise ValueError(f"algorithm must be a mapping {{name, group_size, kwargs}}, got {algorithm!r}")
+    g = algorithm.get("group_size", 8)
+    try:
+        if isinstance(g, bool):
+            raise ValueError
+        n = int(g)
+    except (TypeError, ValueError):
+        raise ValueError(f"algorithm.group_size={g!r} must be an integer >= 1") from None
+    if n < 1:
+        raise ValueError(f"algorithm.group_size={g!r} must be an integer >= 1")
+    return n
+
+
 def read_yaml_section(path: str | Path, service: str, names: set) -> Dict[str, Any]:
     data = read_yaml(path)
+    check_algorithm_section(data, path)
     out = {k: v for k, v in data.items() if k in names}
     section = data.get(service)
     if section is not None:

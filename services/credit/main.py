@@ -3,10 +3,14 @@
 Group assembly. Rollouts are buffered by ``meta.group_id`` (a rollout without one is
 its own group) until the group holds ``meta.group_rollouts`` rollouts (stamped by the
 actor when a group is exactly one request, ``group_id == request_id``, as the feeder
-makes them: then multi-agent requests count right too), else ``group_size``. Then
-``algorithm.to_saw_items(group, sample_filter)`` (preprocess -> CreditAssigner ->
-rollouts_to_saw_items -> filters) runs and one Lua commit writes the SAWItems, the
-``done:credit:{group_id}`` marker and the XACK of every rollout entry of the group.
+makes them: then multi-agent requests count right too), else ``algorithm.group_size``.
+Then ``algorithm.to_saw_items(group, sample_filter, defer_batch_stage=True)`` (preprocess
+-> CreditAssigner -> rollouts_to_saw_items -> filters) runs and one Lua commit writes the
+SAWItems, the ``done:credit:{group_id}`` marker and the XACK of every rollout entry of the
+group. The algorithm is the run's top-level ``algorithm:`` section (the learner reads the
+same one). A batch-level statistic (ScaleRL's std) cannot be computed one group at a time:
+its items carry the group-stage weight and ``meta["pending_batch_stage"]``, and the learner's
+Trainer finishes it over exactly each training batch.
 
 Incomplete-group policy (a group still short ``group_timeout_s`` after its first
 rollout arrived -- e.g. its request was dead-lettered half-way or an actor lost some
@@ -30,7 +34,6 @@ loses nothing; the done markers make a re-commit a no-op).
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
 from dataclasses import dataclass, field
@@ -62,13 +65,13 @@ LEADER = Gauge("ludic_credit_leader", "1 while this worker holds the credit leas
 class CreditSettings:
     redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={"help": "Redis URL"})
     run_id: str = field(default="default", metadata={"help": "run namespace of the Redis keys"})
-    algorithm: str = field(
-        default="grpo", metadata={"help": "reinforce|grpo|sft|scalerl|cispo (libludic.training.algorithm)"}
+    algorithm: Dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": "the run's algorithm {name, group_size, kwargs}: the top-level algorithm: "
+            "section (JSON here)"
+        },
     )
-    algorithm_kwargs: Dict[str, Any] = field(
-        default_factory=dict, metadata={"help": "extra keyword arguments of make_<algorithm>"}
-    )
-    group_size: int = field(default=8, metadata={"help": "rollouts per complete group"})
     group_timeout_s: float = field(default=120.0, metadata={"help": "incomplete-group timeout"})
     min_partial_group: int = field(
         default=2, metadata={"help": "timed-out groups at least this big are processed as-is"}
@@ -90,23 +93,11 @@ class CreditSettings:
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
 
     def __post_init__(self) -> None:
-        if self.group_size < 1:
-            raise ValueError(f"credit group_size={self.group_size} must be >= 1")
+        from libludic.training.algorithm import AlgorithmSpec
+
+        self.spec = AlgorithmSpec.from_mapping(self.algorithm)
         if self.min_partial_group < 1:
             raise ValueError(f"min_partial_group={self.min_partial_group} must be >= 1")
-
-
-def make_algorithm(name: str, group_size: int, kwargs: Dict[str, Any]) -> Any:
-    from libludic.training import algorithm as alg
-
-    factory = getattr(alg, f"make_{name}", None)
-    if factory is None:
-        known = sorted(n[5:] for n in dir(alg) if n.startswith("make_"))
-        raise ValueError(f"unknown algorithm {name!r}; use one of {known}")
-    kw = dict(kwargs)
-    if "group_size" in inspect.signature(factory).parameters:
-        kw["group_size"] = group_size
-    return factory(**kw)
 
 
 def make_filter(names: List[str]) -> Optional[Callable[[Any], bool]]:
@@ -153,7 +144,6 @@ class CreditWorker:
         self.lease = transport.Lease(r, self.keys.lease("credit"), self.name, settings.lease_ttl_ms)
         self.sample_filter = make_filter(settings.filters)
         self._algos: Dict[int, Any] = {}
-        make_algorithm(settings.algorithm, settings.group_size, settings.algorithm_kwargs)  # validate
         self.groups: Dict[str, Group] = {}
         self.leader = False
         self.last_tick = time.monotonic()
@@ -162,7 +152,7 @@ class CreditWorker:
 
     def algo(self, n: int) -> Any:
         if n not in self._algos:
-            self._algos[n] = make_algorithm(self.s.algorithm, n, self.s.algorithm_kwargs)
+            self._algos[n] = self.s.spec.build(group_size=n)
         return self._algos[n]
 
     async def health(self) -> bool:
@@ -213,7 +203,7 @@ class CreditWorker:
                 await self.consumer.ack([entry])
                 self._count("late")
                 return
-            size = int(ro.meta.get("group_rollouts") or self.s.group_size) if ro.group_id else 1
+            size = int(ro.meta.get("group_rollouts") or self.s.spec.group_size) if ro.group_id else 1
             g = self.groups[gid] = Group(gid, size, time.monotonic())
         twin = g.entries.get(ro.id)
         if twin is not None and twin.id != entry.id:  # the same rollout written twice
@@ -230,7 +220,9 @@ class CreditWorker:
         rollouts = list(g.rollouts.values())
         entries = list(g.entries.values())
         try:
-            items = self.algo(len(rollouts)).to_saw_items(rollouts, self.sample_filter)
+            items = self.algo(len(rollouts)).to_saw_items(
+                rollouts, self.sample_filter, defer_batch_stage=True
+            )
             outputs = [(it.item_id, transport.encode_saw_item(it)) for it in items]
         except Exception as e:  # bad rollouts for this algorithm: dead-letter, never crash
             ERRORS.labels(kind="credit").inc()

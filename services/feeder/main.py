@@ -4,7 +4,7 @@ See services/feeder/README.md. Each tick: ``n = high_water - XLEN(requests)`` (n
 when the backlog is at the mark: backpressure); reserve ``n`` seeds with one
 ``INCRBY ludic:{run}:feeder:seed n`` (atomic, persisted: restarts and parallel feeders
 never reuse a seed); for seed ``s`` pick task ``tasks[pick(s)]`` (weighted, a pure
-function of the seed) and XADD one RolloutRequest with ``num_episodes=group_size``,
+function of the seed) and XADD one RolloutRequest with ``num_episodes=algorithm.group_size``,
 ``same_env_seed=True``, ``env_seed=s``, ``meta.group_id = request id = "{run_id}-{s}"``.
 A crash between INCRBY and XADD skips seeds, never repeats them; the XADDs run in one
 script with a ``done:feeder:{id}`` marker per request and the run accounting's
@@ -26,7 +26,12 @@ from libludic.inference.request import InferenceSpec, ReturnSpec
 from libludic.training.types import EnvSpec, ProtocolSpec, RolloutRequest
 from services.common.http import start_http
 from services.common.lifecycle import install_stop_signals, sleep_or_stop, update_stream_gauges
-from services.common.settings import load_settings, log_settings, setup_logging
+from services.common.settings import (
+    algorithm_group_size,
+    load_settings,
+    log_settings,
+    setup_logging,
+)
 
 log = logging.getLogger("ludic.feeder")
 
@@ -73,7 +78,13 @@ class FeederSettings:
         default_factory=lambda: [{"env": {"kind": "arithmetic", "kwargs": {}}}],
         metadata={"help": "curriculum: list of {name, env, protocol, inference, weight} (YAML)"},
     )
-    group_size: int = field(default=8, metadata={"help": "episodes per request (one group)"})
+    algorithm: Dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": "the run's top-level algorithm: section; its group_size = episodes per "
+            "request (one group)"
+        },
+    )
     high_water: int = field(default=64, metadata={"help": "target backlog of the requests stream"})
     max_requests: int = field(default=0, metadata={"help": "stop after this many (0: forever)"})
     poll_s: float = field(default=0.5, metadata={"help": "seconds between top-ups"})
@@ -81,8 +92,7 @@ class FeederSettings:
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
 
     def __post_init__(self) -> None:
-        if self.group_size < 1:
-            raise ValueError(f"feeder group_size={self.group_size} must be >= 1")
+        self.group_size = algorithm_group_size(self.algorithm)
         if self.high_water < 1:
             raise ValueError(f"feeder high_water={self.high_water} must be >= 1")
         if not self.tasks:

@@ -298,6 +298,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("ludic up: give the run config with --config FILE (e.g. examples/arith/grpo.yaml)", file=sys.stderr)
         return 2
     cfg = yaml.safe_load(Path(s.config_path).read_text()) or {}
+    from libludic.training.algorithm import AlgorithmSpec
+
+    try:  # fail before starting anything: credit and learner would refuse it minutes later
+        AlgorithmSpec.from_mapping(cfg.get("algorithm"))
+    except ValueError as e:
+        print(f"ludic up: {s.config_path}: {e}", file=sys.stderr)
+        return 2
     s.config_path = str(Path(s.config_path).resolve())
     log_settings(log, "up", s)
     try:

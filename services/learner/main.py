@@ -90,18 +90,6 @@ class LearnerFatal(RuntimeError):
     """The learner cannot go on (e.g. too many consecutive failed publishes)."""
 
 
-def make_algorithm(name: str, kwargs: Dict[str, Any]) -> Any:
-    from libludic.training import algorithm as alg
-
-    factory = getattr(alg, f"make_{name}", None)
-    if factory is None:
-        raise ValueError(f"unknown algorithm {name!r}")
-    try:
-        return factory(**kwargs)
-    except TypeError as e:
-        raise ValueError(f"algorithm_kwargs {kwargs} do not fit make_{name}: {e}") from e
-
-
 def init_distributed(device: str) -> None:
     """Join the torchrun process group (WORLD_SIZE > 1): NCCL on CUDA, gloo otherwise."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or parallel.is_distributed():
@@ -181,7 +169,7 @@ class Learner:
             checkpointer = CheckpointManager(dataclasses.replace(self.ckcfg, every_n_steps=0))
         self.trainer = Trainer(
             model=model,
-            algo=make_algorithm(s.algorithm, s.algorithm_kwargs),
+            algo=s.spec.build(),
             batch_source=source,
             publisher=None,
             cfg=cfg,

@@ -6,6 +6,9 @@ TrainerConfig fields are reachable two ways: the common ones as flat settings (`
 wins over the flat ones). ``checkpoint:`` is a CheckpointConfig mapping (``output_dir``,
 ``every_n_steps``, ``max_to_keep``) and wins over ``output_dir`` / ``checkpoint_every`` /
 ``max_to_keep``.
+
+The algorithm is the run's top-level ``algorithm:`` section ({name, group_size, kwargs}),
+the same one the credit worker reads; a ``learner.algorithm`` copy is an error.
 """
 
 from __future__ import annotations
@@ -15,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from libludic.training.algorithm import AlgorithmSpec
 from libludic.training.checkpoint import CheckpointConfig
 from libludic.training.config import TrainerConfig
 from services.common.settings import load_settings
 
-ALGORITHMS = ("grpo", "reinforce", "cispo", "scalerl", "sft")
 PLANES = ("http", "collective")
 
 
@@ -50,9 +53,12 @@ class LearnerSettings:
     )
     collective_master_port: int = field(default=0, metadata={"help": "0 = a free port"})
     collective_backend: str = field(default="", metadata={"help": "gloo | nccl ('' = by device)"})
-    algorithm: str = field(default="grpo", metadata={"help": "|".join(ALGORITHMS)})
-    algorithm_kwargs: Dict[str, Any] = field(
-        default_factory=dict, metadata={"help": "keyword arguments of make_<algorithm> (JSON)"}
+    algorithm: Dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": "the run's algorithm {name, group_size, kwargs}: the top-level algorithm: "
+            "section (JSON here)"
+        },
     )
     batch_size: int = field(
         default=64, metadata={"help": "SAWItems per optimizer step (all ranks)"}
@@ -106,8 +112,7 @@ class LearnerSettings:
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
 
     def __post_init__(self) -> None:
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"learner algorithm={self.algorithm!r}; use one of {list(ALGORITHMS)}")
+        self.spec = AlgorithmSpec.from_mapping(self.algorithm)
         if self.publish_plane not in PLANES:
             raise ValueError(
                 f"learner publish_plane={self.publish_plane!r}; use http or collective"

@@ -40,7 +40,7 @@ async def saw_items(r: Any, keys: t.Keys) -> List[Any]:
 
 def settings(redis_url: str, run_id: str, **kw: Any) -> credit_main.CreditSettings:
     base: Dict[str, Any] = dict(
-        redis_url=redis_url, run_id=run_id, algorithm="grpo", group_size=4, group_timeout_s=1.0,
+        redis_url=redis_url, run_id=run_id, algorithm={"name": "grpo", "group_size": 4}, group_timeout_s=1.0,
         metrics_port=0, block_ms=100, claim_idle_ms=600, lease_ttl_ms=600,
     )
     base.update(kw)
@@ -159,7 +159,7 @@ async def test_credit_cli_processes_a_group_and_exits_on_sigterm(redis_url: str)
     keys = t.Keys("cr3")
     r = t.connect(redis_url)
     await add(r, keys, [rollout("E", i, float(i % 2)) for i in range(2)])
-    proc = spawn_credit(redis_url, "cr3", "--group-size", "2")
+    proc = spawn_credit(redis_url, "cr3", "--algorithm", '{"name": "grpo", "group_size": 2}')
     try:
         async def done() -> bool:
             return await r.xlen(keys.saw) == 2

@@ -187,7 +187,7 @@ def test_torchrun_two_ranks_trains_publishes_to_vllm_and_resumes_over_collective
             "--lr",
             "5e-2",
             "--algorithm",
-            "grpo",
+            '{"name": "grpo"}',
             "--output-dir",
             str(out),
             "--checkpoint-every",
@@ -232,7 +232,7 @@ def test_torchrun_two_ranks_trains_publishes_to_vllm_and_resumes_over_collective
             "--lr",
             "5e-2",
             "--algorithm",
-            "grpo",
+            '{"name": "grpo"}',
             "--output-dir",
             str(out),
             "--checkpoint-every",
@@ -288,7 +288,7 @@ def test_stale_items_are_dropped_counted_acked_never_trained(
                 num_steps=2,
                 max_lag=0,
                 lr=1e-3,
-                algorithm="sft",
+                algorithm={"name": "sft"},
             )
         )
         assert fake.updates == [1, 2]
@@ -323,7 +323,7 @@ def test_kill9_then_resume_trains_every_item_exactly_once(
         "--lr",
         "1e-2",
         "--algorithm",
-        "grpo",
+        '{"name": "grpo"}',
     ]
     cli = [sys.executable, "-m", "libludic.cli"]
 
@@ -448,7 +448,7 @@ def test_learner_keeps_training_on_failed_publish_then_exits_after_limit(
                 publish_timeout_s=1.0,
                 publish_total_timeout_s=3.0,
                 lr=1e-3,
-                algorithm="sft",
+                algorithm={"name": "sft"},
             )
         )
     assert time.monotonic() - t0 < 60
@@ -496,7 +496,7 @@ def test_lora_learner_publishes_merged_full_weights(
                 batch_size=2,
                 num_steps=2,
                 lr=1e-2,
-                algorithm="sft",
+                algorithm={"name": "sft"},
                 lora_rank=4,
             )
         )

@@ -57,7 +57,7 @@ async def run_pipeline(redis_url: str, run_id: str, client: Any = None, urls: An
     keys = t.Keys(run_id)
     r = t.connect(redis_url)
     fs = feeder_main.FeederSettings(
-        redis_url=redis_url, run_id=run_id, tasks=TASKS, group_size=GROUP_SIZE,
+        redis_url=redis_url, run_id=run_id, tasks=TASKS, algorithm={"group_size": GROUP_SIZE},
         high_water=GROUPS, max_requests=GROUPS, metrics_port=0, poll_s=0.1,
     )
     a_s = actor_main.ActorSettings(
@@ -65,7 +65,7 @@ async def run_pipeline(redis_url: str, run_id: str, client: Any = None, urls: An
         concurrency=2, inference_urls=urls or ["http://unused"],
     )
     c_s = credit_main.CreditSettings(
-        redis_url=redis_url, run_id=run_id, algorithm="grpo", group_size=GROUP_SIZE,
+        redis_url=redis_url, run_id=run_id, algorithm={"name": "grpo", "group_size": GROUP_SIZE},
         metrics_port=0, block_ms=200,
     )
     stop = asyncio.Event()
@@ -159,7 +159,7 @@ def test_feeder_cli_restart_never_repeats_seeds_and_status_reports(
     cfg = tmp_path / "run.yaml"
     cfg.write_text(
         f"redis_url: {redis_url}\nrun_id: cli\n"
-        "feeder:\n  group_size: 4\n  high_water: 100\n  max_requests: 3\n  metrics_port: 0\n"
+        "algorithm: {group_size: 4}\nfeeder:\n  high_water: 100\n  max_requests: 3\n  metrics_port: 0\n"
         "  poll_s: 0.05\n  tasks:\n"
         "    - {name: add, weight: 3, env: {kind: arithmetic, kwargs: {digits: 1}}}\n"
         "    - {name: ttt, weight: 1, env: {kind: tic_tac_toe}}\n"

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 import httpx
 import pytest
@@ -23,18 +23,19 @@ import yaml
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def config(tmp_path: Path, model: Path, run_id: str, num_steps: int, **up: object) -> Path:
+def config(tmp_path: Path, model: Path, run_id: str, num_steps: int, kwargs: Optional[dict] = None,
+           **up: object) -> Path:
     cfg = {
         "run_id": run_id,
         "up": {"name": run_id, "runs_dir": str(tmp_path / "runs"), "model": str(model), "actors": 1,
                "eval_n": 16, "eval_every_steps": 2, "timeout_s": 400, "startup_timeout_s": 240, **up},
         "inference": {"max_model_len": 256},
-        "feeder": {"group_size": 4, "high_water": 4,
+        "algorithm": {"name": "grpo", "group_size": 4, "kwargs": kwargs or {}},
+        "feeder": {"high_water": 4,
                    "tasks": [{"env": {"kind": "arithmetic", "kwargs": {"split": "train"}},
                               "inference": {"sampling": {"temperature": 1.0, "max_tokens": 4}}}]},
         "actor": {"max_lag": 2, "concurrency": 2, "max_steps": 1},
-        "credit": {"algorithm": "grpo", "group_size": 4},
-        "learner": {"algorithm": "grpo", "algorithm_kwargs": {"group_size": 4}, "batch_size": 8,
+        "learner": {"batch_size": 8,
                     "num_steps": num_steps, "max_lag": 2, "lr": 1e-4},
     }
     p = tmp_path / f"{run_id}.yaml"

@@ -22,8 +22,7 @@ def test_there_are_four_examples():
 async def test_example_tasks_run_an_episode(path, monkeypatch):
     monkeypatch.chdir(ROOT)
     cfg = yaml.safe_load(path.read_text())
-    assert {"run_id", "up", "feeder", "actor", "credit", "learner"} <= set(cfg)
-    assert cfg["credit"]["group_size"] == cfg["feeder"]["group_size"] == cfg["learner"]["algorithm_kwargs"]["group_size"]
+    assert {"run_id", "up", "algorithm", "feeder", "actor", "learner"} <= set(cfg)
     eng = RolloutEngine(*build_registries(ScriptedClient(["<move>5</move> \\boxed{3} ```python\nprint(1)\n```"])))
     reqs = [
         RolloutRequest(env=EnvSpec.from_dict(t["env"]), protocol=ProtocolSpec.from_dict(t.get("protocol") or {"kind": "single_agent"}), env_seed=1)

@@ -1,0 +1,112 @@
+"""One algorithm through the services: ``ludic credit`` and ``ludic learner`` (in-process,
+real redis-server, the tiny model) read the same top-level ``algorithm:`` section of a run
+config. ScaleRL's batch-level std is taken over exactly the learner's batch (not one group,
+which is all the credit worker sees), and ``kl_coeff > 0`` trains (reference logprobs from
+the learner's frozen initial policy)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+from typing import Any, List
+
+import pytest
+
+from libludic import transport as t
+from libludic.training.algorithm import PENDING_BATCH_STAGE
+from libludic.training.trainer import Trainer
+from libludic.types import Rollout, Step, TokenTrace
+from services.common.settings import load_settings
+from services.credit import main as credit_main
+from services.learner import main as learner_main
+from services.learner.settings import LearnerSettings
+
+pytestmark = pytest.mark.integration
+
+# rewards (0,0,0,1) and (0,0,0,5): centred c = (-0.25 x3, 0.75), (-1.25 x3, 3.75); over the
+# batch of 8, std = sqrt(19.5 / 8) = 1.5612495 -> A = -0.16013, 0.48038, -0.80064, 2.40192.
+# (One group at a time, as the credit worker computed it before: -0.577, 1.732 for both.)
+STD = math.sqrt(19.5 / 8)
+CENTRED = [-0.25] * 3 + [0.75] + [-1.25] * 3 + [3.75]
+WANT = [c / STD for c in CENTRED]
+
+
+def rollout(gid: str, i: int, reward: float) -> Rollout:
+    tr = TokenTrace([257, 49, 43, 50], [51, 258], [-0.25, -0.5])
+    step = Step(0, "1+2=", "3", None, reward, terminated=True, trace=tr, policy_version=0,
+                info={"finish_reason": "stop"})
+    return Rollout(id=f"{gid}-r{i}", steps=[step], meta={"group_id": gid, "request_id": gid})
+
+
+def run_config(tmp_path: Path, redis_url: str, run_id: str, model: Path, algorithm: str) -> Path:
+    p = tmp_path / "run.yaml"
+    p.write_text(
+        f"redis_url: {redis_url}\nrun_id: {run_id}\n"
+        f"algorithm: {algorithm}\n"
+        "credit:\n  metrics_port: 0\n  block_ms: 100\n  group_timeout_s: 60\n"
+        f"learner:\n  model_dir: {model}\n  device: cpu\n  metrics_port: 0\n  block_ms: 200\n"
+        "  batch_size: 8\n  num_steps: 1\n  lr: 1.0e-3\n"
+    )
+    return p
+
+
+async def credit_then_learner(cfg: Path, run_id: str, redis_url: str, monkeypatch: Any) -> tuple:
+    keys = t.Keys(run_id)
+    r = t.connect(redis_url)
+    for gid, rewards in (("a", [0, 0, 0, 1]), ("b", [0, 0, 0, 5])):
+        for i, x in enumerate(rewards):
+            ro = rollout(gid, i, float(x))
+            await t.xadd(r, keys.rollouts, ro.id, t.encode_rollout(ro))
+    cs = load_settings(credit_main.CreditSettings, ["--config", str(cfg)], service="credit", environ={})
+    stop = asyncio.Event()
+    task = asyncio.create_task(credit_main.run(cs, stop=stop))
+    deadline = asyncio.get_running_loop().time() + 60
+    while await r.xlen(keys.saw) < 8:
+        assert asyncio.get_running_loop().time() < deadline, "credit did not write 8 SAWItems"
+        await asyncio.sleep(0.05)
+    stop.set()
+    await asyncio.wait_for(task, 30)
+    saw = [t.decode_saw_item(f[b"d"]) for _, f in await r.xrange(keys.saw)]
+    await r.aclose()
+
+    trained: List[Any] = []
+    original = Trainer.accumulate_gradients
+
+    def recording(self: Trainer, items: Any) -> Any:  # what the learner trains on
+        trained.extend(items)
+        return original(self, items)
+
+    monkeypatch.setattr(Trainer, "accumulate_gradients", recording)
+    ls = load_settings(LearnerSettings, ["--config", str(cfg)], service="learner", environ={})
+    learner = await learner_main.run(ls)
+    return saw, trained, learner
+
+
+async def test_scalerl_batch_std_is_over_the_learners_batch(
+    redis_url: str, tiny_model_dir: Path, tmp_path: Path, monkeypatch: Any
+) -> None:
+    cfg = run_config(tmp_path, redis_url, "alg1", tiny_model_dir,
+                     "{name: scalerl, group_size: 4, kwargs: {filter_zvp: false}}")
+    saw, trained, learner = await credit_then_learner(cfg, "alg1", redis_url, monkeypatch)
+    by_id = {it.meta["item_id"]: it for it in saw}
+    ids = [f"{g}-r{i}:0" for g in "ab" for i in range(4)]
+    # credit wrote the group stage only, marked pending
+    assert [by_id[i].weight for i in ids] == pytest.approx(CENTRED)
+    assert all(by_id[i].meta[PENDING_BATCH_STAGE] == "scalerl" for i in ids)
+    # the learner trained on the batch-level values
+    assert learner.trainer.step == 1 and len(trained) == 8
+    got = {it.meta["item_id"]: it.weight for it in trained}
+    assert [got[i] for i in ids] == pytest.approx(WANT, rel=1e-6)
+    assert [round(got[i], 2) for i in ("a-r2:0", "a-r3:0", "b-r2:0", "b-r3:0")] == [-0.16, 0.48, -0.8, 2.4]
+
+
+async def test_grpo_with_kl_trains_through_credit_and_learner(
+    redis_url: str, tiny_model_dir: Path, tmp_path: Path, monkeypatch: Any
+) -> None:
+    cfg = run_config(tmp_path, redis_url, "alg2", tiny_model_dir,
+                     "{name: grpo, group_size: 4, kwargs: {kl_coeff: 0.1}}")
+    saw, trained, learner = await credit_then_learner(cfg, "alg2", redis_url, monkeypatch)
+    assert learner.trainer.step == 1 and len(trained) == 8
+    assert learner.trainer.ref_model is not None
+    assert all(PENDING_BATCH_STAGE not in it.meta for it in saw)  # grpo has no batch stage

@@ -1,0 +1,41 @@
+"""`ludic up` with GRPO and a KL penalty (``algorithm.kwargs.kl_coeff > 0``) trains end to end:
+the learner's frozen reference policy supplies the reference logprobs the KL term reads
+(before, the learner raised KeyError 'ref_logprobs' at its first step). Tiny budget.
+Starts vLLM: run under ``flock /tmp/ludic-vllm.lock``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from test_up import config, ludic_up, procs_of_run  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def test_up_trains_grpo_with_kl(tmp_path, tiny_model_dir):
+    run_id = f"upkl-{os.getpid()}"
+    cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=2, kwargs={"kl_coeff": 0.1}, eval_n=0)
+    proc = ludic_up(cfg, tmp_path / "up.log")
+    try:
+        code = proc.wait(600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = (tmp_path / "up.log").read_text(errors="replace")
+    run_dir = tmp_path / "runs" / run_id
+    learner_log = (run_dir / "logs" / "learner.log").read_text(errors="replace")
+    assert code == 0, log[-3000:] + learner_log[-3000:]
+    assert '"kl_coeff": 0.1' in learner_log  # the learner ran the configured algorithm
+    assert "ref_logprobs" not in learner_log
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["steps"] >= 2 and s["samples_trained"] >= 2 * 8
+    time.sleep(1)
+    assert procs_of_run(run_id) == [], "services left running after ludic up exited"
