@@ -111,7 +111,8 @@ def test_identity_holds_through_kill9_of_credit_and_learner(
         procs.append((p, logf))
         return p
 
-    credit_args = ["credit", "--redis-url", url, "--run-id", run, "--group-size", str(group),
+    credit_args = ["credit", "--redis-url", url, "--run-id", run,
+                   "--algorithm", json.dumps({"name": "grpo", "group_size": group}),
                    "--metrics-port", "0", "--block-ms", "100", "--claim-idle-ms", "600",
                    "--lease-ttl-ms", "600", "--group-timeout-s", "30"]
     out = tmp_path / "learner"
@@ -119,7 +120,8 @@ def test_identity_holds_through_kill9_of_credit_and_learner(
                     str(tiny_model_dir), "--device", "cpu", "--metrics-port", "0",
                     "--block-ms", "200", "--trained-log", "--output-dir", str(out),
                     "--batch-size", "2", "--num-steps", "11", "--checkpoint-every", "2",
-                    "--max-lag", "0", "--lr", "1e-3", "--algorithm", "grpo"]
+                    "--max-lag", "0", "--lr", "1e-3",
+                    "--algorithm", json.dumps({"name": "grpo", "group_size": group})]
     step = lambda: int(asyncio.run(_get(url, keys.learner_step)) or 0)  # noqa: E731
 
     async def actor_stage(first: int, last: int) -> None:
@@ -151,7 +153,8 @@ def test_identity_holds_through_kill9_of_credit_and_learner(
 
     try:
         # feeder: the real top-up (requests + groups_requested in one script)
-        fs = feeder_main.FeederSettings(redis_url=url, run_id=run, group_size=group,
+        fs = feeder_main.FeederSettings(redis_url=url, run_id=run,
+                                        algorithm={"name": "grpo", "group_size": group},
                                         high_water=n_req, metrics_port=0)
 
         async def feed() -> int:
@@ -256,7 +259,8 @@ async def test_status_shows_the_accounting(redis_url: str) -> None:
     keys = t.Keys("acct3")
     r = t.connect(redis_url)
     try:
-        fs = feeder_main.FeederSettings(redis_url=redis_url, run_id="acct3", group_size=2,
+        fs = feeder_main.FeederSettings(redis_url=redis_url, run_id="acct3",
+                                        algorithm={"name": "grpo", "group_size": 2},
                                         high_water=3, metrics_port=0)
         assert await feeder_main.top_up(r, keys, fs, 3) == 3
         assert await feeder_main.top_up(r, keys, fs, 3) == 0  # at the high-water mark

@@ -31,7 +31,7 @@ def test_final_dir_holds_the_last_published_weights(redis_server: Any, tiny_mode
     with FakeReplica() as fake:
         s = LearnerSettings(device="cpu", metrics_port=0, block_ms=200, redis_url=redis_server.url, run_id="fin",
                             model_dir=str(tiny_model_dir), output_dir=str(out), inference_urls=[fake.url],
-                            batch_size=2, num_steps=2, max_lag=4, lr=1e-2, algorithm="sft")
+                            batch_size=2, num_steps=2, max_lag=4, lr=1e-2, algorithm={"name": "sft", "group_size": 1})
         asyncio.run(learner_main.run(s))
         assert fake.updates == [1, 2]
         sent = {k: v.clone() for k, v in fake.last_tensors.items()}
