@@ -19,8 +19,8 @@ from libludic.eval.evaluator import Evaluator
 from libludic.inference.hf_client import HFChatClient
 from libludic.registry import build_registries
 from libludic.training.batching.rollout_engine import RolloutEngine
+from services.eval.heldout import eval_requests
 from services.launcher.config import UpSettings
-from services.launcher.stack import eval_requests
 from tests.integration.test_up import config, ludic_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
