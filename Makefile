@@ -74,7 +74,7 @@ clean:
 COMPOSE ?= docker compose
 TORCH_WHEEL_DIR ?= /opt/wheels
 
-.PHONY: docker-host compose-env compose-up compose-down test-containers
+.PHONY: docker-host compose-env compose-build compose-up compose-down test-containers
 
 docker-host:
 	@bash scripts/docker-host.sh
@@ -89,8 +89,10 @@ compose-env:
 	@for w in $(TORCH_WHEEL_DIR)/torch-2.13.0+cpu-*.whl; do \
 	  test -f "$$w" && { test -f deploy/docker/wheels/$${w##*/} || ln "$$w" deploy/docker/wheels/ 2>/dev/null || cp "$$w" deploy/docker/wheels/; }; done; true
 
-compose-up: docker-host compose-env
+compose-build: docker-host compose-env
 	flock /tmp/ludic-docker.lock $(COMPOSE) build
+
+compose-up: compose-build
 	$(COMPOSE) up -d --wait
 
 compose-down:
@@ -98,5 +100,5 @@ compose-down:
 
 # The compose e2e on a real engine: host set-up (fails, never skips, when no engine starts),
 # image build (cached layers between runs on the same machine), then tests/containers/.
-test-containers: venv compose-up
+test-containers: venv compose-build
 	flock /tmp/ludic-vllm.lock $(PY) -m pytest tests/containers -q -p no:cacheprovider -ra -m containers
