@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PROM = "http://127.0.0.1:9090"
 # Short run for CI: enough steps that every fault lands mid-run (each recovery is seconds to
 # ~2 min for inference on 2 cores; one step is a few seconds).
-NUM_STEPS = int(os.environ.get("NUM_STEPS", "60"))
+# measured: ~1 s per step with 2-4 actors, so 300 steps outlast the scale step and the faults
+NUM_STEPS = int(os.environ.get("NUM_STEPS", "300"))
 REPORT: Dict[str, Any] = {"faults": []}
 
 
@@ -93,7 +94,11 @@ def stack():
     if not (ROOT / ".env").exists():
         pytest.fail(".env is missing: `make compose-env` (or cp deploy/compose/env.example .env and fill the secrets)")
     os.environ["NUM_STEPS"] = str(NUM_STEPS)
-    compose("down", "-v", "--remove-orphans", check=False)
+    # a fresh run, but the models volume (the SFT warm start, reused when its arguments match)
+    # is kept between runs on the same machine
+    compose("down", "--remove-orphans", check=False)
+    for vol in ("redis-data", "checkpoints", "prometheus-data"):
+        sh("docker", "volume", "rm", "-f", f"ludic_{vol}", check=False)
     t0 = time.monotonic()
     compose("up", "-d", "--wait", timeout=1800)
     REPORT["up_wait_s"] = round(time.monotonic() - t0, 1)
@@ -102,7 +107,7 @@ def stack():
     REPORT["logs_tail"] = compose("logs", "--tail", "5", check=False)[-4000:]
     Path(os.environ.get("LUDIC_CONTAINERS_REPORT", "/tmp/ludic-containers-report.json")).write_text(json.dumps(REPORT, indent=1))
     if os.environ.get("LUDIC_CONTAINERS_KEEP") != "1":
-        compose("down", "-v", "--remove-orphans", check=False)
+        compose("down", "--remove-orphans", check=False)
 
 
 def test_prometheus_scrapes_every_service(stack):
@@ -132,6 +137,8 @@ def test_scaling_actors_mid_run_adds_targets_that_take_work(stack):
 
 @pytest.mark.parametrize("service", ["learner", "credit", "actor", "redis", "inference"])
 def test_a_crashed_service_comes_back_by_restart_policy(stack, service):
+    (learner,) = containers("learner")
+    assert state(learner)["Running"], "the learner has finished already: raise NUM_STEPS"
     step0 = learner_step()
     assert step0 < NUM_STEPS, f"the run ended (step {step0}) before the {service} fault: raise NUM_STEPS"
     cid = containers(service)[0]
