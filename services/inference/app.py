@@ -171,7 +171,7 @@ def create_app(
 
             handler = e.serving.openai_serving_completion
         else:
-            from vllm.entrypoints.openai.chat_completion.protocol import (
+            from vllm.entrypoints.openai.chat_completion.protocol import (  # type: ignore[assignment]
                 ChatCompletionRequest as Req,
             )
 

@@ -145,6 +145,7 @@ class LudicEngine:
             "--model", settings.model,
             "--worker-extension-cls", WORKER_EXTENSION,
             "--dtype", settings.dtype,
+            "--logprobs-mode", settings.logprobs_mode,
             "--seed", str(settings.seed),
             "--tensor-parallel-size", str(settings.tensor_parallel_size),
             "--gpu-memory-utilization", str(settings.gpu_memory_utilization),
@@ -163,7 +164,9 @@ class LudicEngine:
             await llm.update_weight_version("0")
             state = State()
             await init_app_state(llm, state, args, await llm.get_supported_tasks())
-            extra = {llm.model_config.dtype}
+            served_dtype = llm.model_config.dtype  # resolved to a torch.dtype by vLLM
+            assert isinstance(served_dtype, torch.dtype), served_dtype
+            extra = {served_dtype}
             spec = ParamSpec.from_model_dir(settings.model, extra_dtypes=extra)
         except BaseException:
             llm.shutdown()

@@ -18,6 +18,10 @@ class SettingsError(ValueError):
     """A configuration problem, phrased as one line naming the value and the fix."""
 
 
+DTYPES = frozenset({"auto", "float32", "bfloat16", "float16", "half", "float"})
+LOGPROBS_MODES = frozenset({"processed_logprobs", "raw_logprobs"})
+
+
 @dataclass
 class InferenceSettings:
     model: str  # model directory (HF layout, safetensors weights)
@@ -26,7 +30,14 @@ class InferenceSettings:
     served_model_name: Optional[str] = None  # default: the model path, as vLLM does
     auth_token: Optional[str] = field(default=None, repr=False)
     insecure_no_auth: bool = False
-    dtype: str = "auto"
+    # Served dtype. Default: the learner's parameter dtype (fp32), so served logprobs equal a
+    # training-side forward to ~1e-5 nats; "bfloat16" is faster but off by up to ~2e-2.
+    # "auto" is vLLM's rule (an fp32 checkpoint is served in 16 bits).
+    dtype: str = "float32"
+    # What `logprobs`/`top_logprobs` report: "processed_logprobs" = log-probabilities of the
+    # distribution actually sampled (after temperature, top-k/top-p, penalties); vLLM's
+    # default "raw_logprobs" is the untempered distribution. Prompt logprobs are raw in both.
+    logprobs_mode: str = "processed_logprobs"
     max_model_len: Optional[int] = None
     gpu_memory_utilization: float = 0.85
     tensor_parallel_size: int = 1
@@ -60,6 +71,13 @@ class InferenceSettings:
             raise SettingsError("max_weight_bytes must be > 0")
         if self.tensor_parallel_size < 1:
             raise SettingsError("tensor_parallel_size must be >= 1")
+        if self.dtype not in DTYPES:
+            raise SettingsError(f"dtype {self.dtype!r} is not one of {sorted(DTYPES)}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise SettingsError(
+                f"logprobs_mode {self.logprobs_mode!r} is not one of {sorted(LOGPROBS_MODES)}; "
+                "importance ratios need processed_logprobs (the sampled distribution)"
+            )
 
     @property
     def weight_updates_allowed(self) -> bool:
@@ -112,7 +130,11 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,
         help="accept weight updates without a token (local experiments only)",
     )
-    p.add_argument("--dtype")
+    p.add_argument("--dtype", help="served dtype (default float32 = the training dtype)")
+    p.add_argument(
+        "--logprobs-mode",
+        help="processed_logprobs (default: the sampled, tempered distribution) or raw_logprobs",
+    )
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--gpu-memory-utilization", type=float)
     p.add_argument("--tensor-parallel-size", type=int)

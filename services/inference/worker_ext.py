@@ -5,11 +5,52 @@ Mixed into every vLLM worker via ``worker_extension_cls``; called through
 in lists) are what survives the RPC serialisation, and ``reload_weights`` (not a bare
 ``model.load_weights``) redoes the backend's weight post-processing, which the CPU backend
 needs.
+
+Tied parameters (``tie_word_embeddings``: ``lm_head.weight`` *is* ``embed_tokens.weight``):
+vLLM's layerwise reload post-processes only the layers whose weights it loaded. The tied
+head loads nothing (the checkpoint has no ``lm_head.weight``), so its kernel state built at
+start-up is kept. On the CPU backend that state is a packed copy of the weight
+(``dispatch_cpu_unquantized_gemm`` -> ``layer.cpu_linear`` closes over a oneDNN handle or an
+sgl-packed tensor), so after an update the head kept multiplying by the *old* embedding
+(served logprobs off by 0.1-0.4 nats). ``ludic_load_safetensors`` therefore re-runs the
+post-processing of every layer that shares a parameter with another layer after each reload.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Dict, List
+
+import torch
+
+
+def shared_parameter_layers(model: torch.nn.Module) -> List[torch.nn.Module]:
+    """Modules holding (directly) a parameter that another module also holds (tied weights)."""
+    holders: Dict[int, List[torch.nn.Module]] = {}
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            holders.setdefault(id(p), []).append(module)
+    out: List[torch.nn.Module] = []
+    for mods in holders.values():
+        if len(mods) > 1:
+            out.extend(m for m in mods if not any(m is o for o in out))
+    return out
+
+
+@torch.no_grad()
+def refresh_tied_kernels(model: torch.nn.Module) -> int:
+    """Redo the CPU GEMM dispatch of tied layers; return how many were redone.
+
+    Only layers with a ``cpu_linear`` (the CPU backend's packed copy) are touched: on other
+    platforms an unquantized head multiplies by ``layer.weight`` itself, which the reload
+    already updated in place.
+    """
+    n = 0
+    for layer in shared_parameter_layers(model):
+        method = getattr(layer, "quant_method", None)
+        if hasattr(layer, "cpu_linear") and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(layer)  # type: ignore[union-attr]
+            n += 1
+    return n
 
 
 class LudicWorkerExtension:
@@ -19,4 +60,5 @@ class LudicWorkerExtension:
 
         tensors = load(bytes(payload))
         self.reload_weights(weights_iterator=iter(tensors.items()))  # type: ignore[attr-defined]
+        refresh_tied_kernels(self.model_runner.get_model())  # type: ignore[attr-defined]
         return len(tensors)
