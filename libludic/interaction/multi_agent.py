@@ -53,7 +53,8 @@ class MultiAgentProtocol(InteractionProtocol):
             results = await asyncio.gather(*(self.agents[a].act(seed=seeds[a]) for a in active))
             actions: Dict[str, str] = {}
             acted: Dict[str, Step] = {}
-            for aid, (parsed, ainfo) in zip(active, results):
+            for aid, (_action, ainfo) in zip(active, results):
+                parsed = ainfo["parsed"]
                 turns = ainfo["turns"]
                 steps[aid].extend(tool_steps(turns, len(steps[aid]), obs[aid], aid))
                 final = turns[-1]

@@ -38,7 +38,8 @@ class SingleAgentSyncProtocol(InteractionProtocol):
         steps: List[Step] = []
         ended = False
         for _ in range(max_steps):
-            parsed, ainfo = await self.agent.act(seed=sampling_seed)
+            _action, ainfo = await self.agent.act(seed=sampling_seed)
+            parsed = ainfo["parsed"]
             turns = ainfo["turns"]
             steps.extend(tool_steps(turns, len(steps), obs, agent_id))
             final = turns[-1]
