@@ -6,7 +6,8 @@ each name to a plain Python function whose signature becomes the tool's JSON sch
 
 * ``python(code, stdin="")``: runs ``code`` as a script in the code_exec sandbox (the
   same one that grades code_exec answers: namespaces + rlimits, 2 s, 256 MB) and returns
-  its exit status, stdout and stderr, each cut to 1,000 characters.
+  its exit status, stdout and stderr, each cut to 400 characters (the tool message goes
+  back into the model's context, which is short on small models).
 * ``calculator(expression)``: evaluates ``+ - * / // % **`` and parentheses over
   numbers (an AST walk, never ``eval``).
 """
@@ -17,7 +18,7 @@ import ast
 import operator
 from typing import Any, Callable, Dict
 
-_OUT = 1000
+_OUT = 400
 _OPS: Dict[type, Callable[..., Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
     ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
