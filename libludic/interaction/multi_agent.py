@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 
 from libludic.agents.base_agent import Agent
 from libludic.envs.env import LudicEnv
-from libludic.interaction.base import InteractionProtocol, action_info, tool_steps
+from libludic.interaction.base import InteractionProtocol, action_info, step_env, tool_steps
 from libludic.types import Rollout, Step
 
 
@@ -74,7 +74,7 @@ class MultiAgentProtocol(InteractionProtocol):
                     acted[aid] = step
             if not actions:
                 continue
-            outcomes = env.step(actions)
+            outcomes = await step_env(env, actions)
             for aid, out in outcomes.items():
                 if aid not in self.agents:
                     continue

@@ -138,3 +138,21 @@ def test_python_tool_runs_code_in_the_sandbox():
     out = python("import sys; print(int(sys.stdin.read()) * 2)", stdin="21")
     assert out.startswith("status: ok") and "\n42\n" in out
     assert "status: timeout" in python("while True: pass")
+
+
+async def test_protocol_steps_an_async_env_without_blocking_the_loop():
+    # CodeExecEnv.astep runs the tests in a worker thread; the protocol must await it
+    # rather than call the blocking step() on the event loop
+    from libludic.envs.arithmetic import ArithmeticEnv
+    from libludic.interaction.single_agent import SingleAgentSyncProtocol
+
+    class AsyncOnlyEnv(ArithmeticEnv):
+        def step(self, actions):
+            raise AssertionError("blocking step() called on the event loop")
+
+        async def astep(self, actions):
+            return ArithmeticEnv.step(self, actions)
+
+    ans = generate_problem(1).answer
+    (ro,) = await SingleAgentSyncProtocol(Agent(ScriptedClient([ans]))).run(AsyncOnlyEnv(), max_steps=1, env_seed=1)
+    assert ro.steps[0].reward == 1.0
