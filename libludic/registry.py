@@ -5,7 +5,10 @@ Env kinds: ``arithmetic``, ``tic_tac_toe`` (vs a fixed opponent), ``tic_tac_toe_
 whose kwargs are plain data (so they cross Redis): ``parser`` (see
 ``libludic.parsers.make_parser``), ``context`` (``"full"`` or ``"truncated_thinking"``),
 ``system_prompt``, ``stop_on_parse_error``; ``multi_agent`` builds one agent per role in
-``roles``. Sampling and return specs come from the request's InferenceSpec.
+``roles``. Both take ``agent=AgentSpec`` (the request's ``protocol.agent``, from a task's
+``agent: {kind: plain|tool|react, ...}``), which picks the class of every agent they build
+(see ``libludic.agents.config``); none means a plain Agent. Sampling and return specs
+come from the request's InferenceSpec.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from libludic.agents.base_agent import Agent
+from libludic.agents.config import build_agent
 from libludic.context.base import ContextStrategy
 from libludic.context.full_dialog import FullDialog
 from libludic.context.truncated_thinking import TruncatedThinkingContext
@@ -26,6 +30,7 @@ from libludic.training.batching.rollout_engine import (
     ProtocolFactory,
     inference_overrides,
 )
+from libludic.training.types import AgentSpec
 
 
 def make_context(kind: str = "full", **kwargs: Any) -> ContextStrategy:
@@ -96,8 +101,12 @@ def default_env_registry() -> Dict[str, EnvFactory]:
 
 
 def build_registries(client: ChatClient) -> Tuple[Dict[str, EnvFactory], Dict[str, ProtocolFactory]]:
-    def agent(inference: Optional[InferenceSpec], parser: ParserSpec, context: str) -> Agent:
-        return Agent(client=client, ctx=make_context(context), parser=make_parser(parser), **inference_overrides(inference))
+    def make_agent(inference: Optional[InferenceSpec], parser: ParserSpec, context: str, spec: Optional[AgentSpec]) -> Agent:
+        spec = spec if spec is not None else AgentSpec()
+        return build_agent(
+            spec.kind, spec.kwargs,
+            client=client, ctx=make_context(context), parser=make_parser(parser), **inference_overrides(inference),
+        )
 
     def single_agent(
         inference: Optional[InferenceSpec] = None,
@@ -105,8 +114,9 @@ def build_registries(client: ChatClient) -> Tuple[Dict[str, EnvFactory], Dict[st
         context: str = "full",
         system_prompt: Optional[str] = None,
         stop_on_parse_error: bool = False,
+        agent: Optional[AgentSpec] = None,
     ) -> SingleAgentSyncProtocol:
-        return SingleAgentSyncProtocol(agent(inference, parser, context), stop_on_parse_error, system_prompt)
+        return SingleAgentSyncProtocol(make_agent(inference, parser, context, agent), stop_on_parse_error, system_prompt)
 
     def multi_agent(
         inference: Optional[InferenceSpec] = None,
@@ -114,9 +124,10 @@ def build_registries(client: ChatClient) -> Tuple[Dict[str, EnvFactory], Dict[st
         parser: ParserSpec = None,
         context: str = "full",
         system_prompts: Optional[Dict[str, str]] = None,
+        agent: Optional[AgentSpec] = None,
     ) -> MultiAgentProtocol:
         if not roles:
             raise ValueError("multi_agent protocol needs kwargs roles=[...] naming the env's agent ids")
-        return MultiAgentProtocol({r: agent(inference, parser, context) for r in roles}, system_prompts)
+        return MultiAgentProtocol({r: make_agent(inference, parser, context, agent) for r in roles}, system_prompts)
 
     return default_env_registry(), {"single_agent": single_agent, "multi_agent": multi_agent}

@@ -1,9 +1,12 @@
 """Agent = ChatClient + ContextStrategy + Parser.
 
-``act()`` asks the model for one reply and parses it: it returns ``(ParseResult, info)``
-where ``info["turns"]`` lists every model call made (one for a plain Agent; a ToolAgent
-may make several), each an ``AgentTurn`` with the response (text, token ids, logprobs,
-policy_version) and the tool messages it caused.
+``act()`` asks the model for one reply and parses it. It returns ``(action, info)`` (the
+spec's shape): ``action`` is the parsed action string, or None when the reply failed to
+parse; ``info["parsed"]`` is the full ``ParseResult`` (format reward, feedback for the
+model); ``info["turns"]`` lists every model call made (one for a plain Agent; a
+ToolAgent may make several), each an ``AgentTurn`` with the response (text, token ids,
+logprobs, policy_version) and the tool messages it caused; ``info["response"]`` is the
+last response.
 """
 
 from __future__ import annotations
@@ -74,7 +77,11 @@ class Agent:
         self.ctx.on_after_act(response)
         return response
 
-    async def act(self, *, seed: Optional[int] = None) -> Tuple[ParseResult, Dict[str, Any]]:
+    async def act(self, *, seed: Optional[int] = None) -> Tuple[Optional[str], Dict[str, Any]]:
         response = await self._call(seed)
-        parsed = self.parser(response.text)
-        return parsed, {"turns": [AgentTurn(response)], "response": response}
+        return act_result(self.parser(response.text), [AgentTurn(response)])
+
+
+def act_result(parsed: ParseResult, turns: List[AgentTurn]) -> Tuple[Optional[str], Dict[str, Any]]:
+    """``(action, info)`` as ``Agent.act`` returns it (see the module doc)."""
+    return parsed.action, {"parsed": parsed, "turns": turns, "response": turns[-1].response}

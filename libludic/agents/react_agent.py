@@ -8,10 +8,10 @@ not open with a think block ends the turn as a parse failure with feedback.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional
 
 from libludic.agents.tool_agent import ToolAgent
-from libludic.parsers import ParseResult, compose_parsers, think_prefix_parser
+from libludic.parsers import compose_parsers, think_prefix_parser
 
 REACT_SYSTEM_PROMPT = (
     "Think step by step inside <think>...</think>. Then either call a tool with "
@@ -25,7 +25,6 @@ class ReActAgent(ToolAgent):
         self.parser = compose_parsers(think_prefix_parser(error_reward=think_error_reward), self.parser)
 
     def reset(self, system_prompt: Optional[str] = None) -> None:
-        super().reset(system_prompt if system_prompt is not None else REACT_SYSTEM_PROMPT)
+        # the think-first format is what the parser enforces, so the model is always told
+        super().reset(f"{system_prompt}\n\n{REACT_SYSTEM_PROMPT}" if system_prompt else REACT_SYSTEM_PROMPT)
 
-    async def act(self, *, seed: Optional[int] = None) -> Tuple[ParseResult, Dict[str, Any]]:
-        return await super().act(seed=seed)

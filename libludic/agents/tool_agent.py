@@ -6,18 +6,24 @@ parse them) or in the text as ``<tool_call>{"name": ..., "arguments": {...}}</to
 (derived from its signature) before it runs; the result, or a clear error, goes back
 as a ``tool`` message and the model is called again, up to ``max_tool_rounds`` times.
 The reply without tool calls is parsed as the action.
+
+The model learns the tools from the system prompt: ``reset()`` appends a section listing
+each tool's JSON schema and the ``<tool_call>`` format (not the OpenAI ``tools`` request
+field, which vLLM rejects unless the server runs with ``--enable-auto-tool-choice``).
+Tools run in a worker thread (``asyncio.to_thread``) so a slow one (the sandboxed
+``python`` tool) does not stall the other episodes of the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple, get_type_hints
 
-from libludic.agents.base_agent import Agent, AgentTurn
-from libludic.parsers import ParseResult
+from libludic.agents.base_agent import Agent, AgentTurn, act_result
 from libludic.types import ChatResponse, Message
 
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -127,6 +133,22 @@ class ToolAgent(Agent):
         self.tools[tool.name] = tool
         return tool
 
+    def tools_prompt(self) -> str:
+        """The system-prompt section that tells the model which tools exist and how to call them."""
+        lines = [
+            "You can call these tools. To call one, reply with",
+            '<tool_call>{"name": "<tool name>", "arguments": {...}}</tool_call>',
+            "and wait for its result; reply without a tool call to give your final answer.",
+            "Tools:",
+        ]
+        lines += [json.dumps(t.openai_schema()["function"]) for t in self.tools.values()]
+        return "\n".join(lines)
+
+    def reset(self, system_prompt: Optional[str] = None) -> None:
+        if self.tools:
+            system_prompt = self.tools_prompt() if not system_prompt else f"{system_prompt}\n\n{self.tools_prompt()}"
+        super().reset(system_prompt)
+
     def run_tool(self, name: str, args: Any) -> str:
         if name not in self.tools:
             return f"error: unknown tool {name!r}; available: {sorted(self.tools)}"
@@ -138,7 +160,7 @@ class ToolAgent(Agent):
         except Exception as e:  # the tool's own failure is reported to the model, not raised
             return f"error: {name} raised {type(e).__name__}: {e}"
 
-    async def act(self, *, seed: Optional[int] = None) -> Tuple[ParseResult, Dict[str, Any]]:
+    async def act(self, *, seed: Optional[int] = None) -> Tuple[Optional[str], Dict[str, Any]]:
         turns: List[AgentTurn] = []
         for _ in range(self.max_tool_rounds + 1):
             response = await self._call(seed)
@@ -148,11 +170,9 @@ class ToolAgent(Agent):
                 break
             tool_msgs: List[Message] = []
             for name, args in calls:
-                out = args if name == "" else self.run_tool(name, args)
+                out = args if name == "" else await asyncio.to_thread(self.run_tool, name, args)
                 msg: Message = {"role": "tool", "content": f"{name}: {out}" if name else f"error: {out}"}
                 tool_msgs.append(msg)
                 self.ctx.add_message(msg)
             turns.append(AgentTurn(response, tool_msgs))
-        final = turns[-1].response
-        parsed = self.parser(final.text)
-        return parsed, {"turns": turns, "response": final}
+        return act_result(self.parser(turns[-1].response.text), turns)

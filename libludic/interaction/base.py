@@ -10,6 +10,8 @@ A protocol returns one Rollout per agent that acted. Rules shared by the protoco
   "tool_call"``, reward 0) so every model call has a trace the trainer can use.
 * Hitting ``max_steps`` before the env ends marks the last step ``truncated`` with
   ``info["truncation_reason"]="max_steps"``.
+* An env with an ``astep`` coroutine (CodeExecEnv: tests run in a worker thread) is
+  stepped with it, so a slow step does not stall the other episodes of the event loop.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, Dict, List, Optional
 from libludic.agents.base_agent import AgentTurn
 from libludic.envs.env import LudicEnv
 from libludic.parsers import ParseResult
-from libludic.types import Rollout, Step
+from libludic.types import Rollout, Step, StepOutcome
 
 
 class InteractionProtocol(ABC):
@@ -64,3 +66,12 @@ def action_info(parsed: ParseResult, turn: AgentTurn) -> Dict[str, Any]:
         "parse_reward": parsed.reward,
         "finish_reason": turn.response.finish_reason,
     }
+
+
+async def step_env(env: LudicEnv[Any, Any, Any], actions: Dict[str, str]) -> Dict[str, StepOutcome]:
+    """``await env.astep(actions)`` when the env has it, else ``env.step(actions)``."""
+    astep = getattr(env, "astep", None)
+    if astep is not None:
+        out: Dict[str, StepOutcome] = await astep(actions)
+        return out
+    return env.step(actions)

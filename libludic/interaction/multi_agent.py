@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 
 from libludic.agents.base_agent import Agent
 from libludic.envs.env import LudicEnv
-from libludic.interaction.base import InteractionProtocol, action_info, tool_steps
+from libludic.interaction.base import InteractionProtocol, action_info, step_env, tool_steps
 from libludic.types import Rollout, Step
 
 
@@ -53,7 +53,8 @@ class MultiAgentProtocol(InteractionProtocol):
             results = await asyncio.gather(*(self.agents[a].act(seed=seeds[a]) for a in active))
             actions: Dict[str, str] = {}
             acted: Dict[str, Step] = {}
-            for aid, (parsed, ainfo) in zip(active, results):
+            for aid, (_action, ainfo) in zip(active, results):
+                parsed = ainfo["parsed"]
                 turns = ainfo["turns"]
                 steps[aid].extend(tool_steps(turns, len(steps[aid]), obs[aid], aid))
                 final = turns[-1]
@@ -73,7 +74,7 @@ class MultiAgentProtocol(InteractionProtocol):
                     acted[aid] = step
             if not actions:
                 continue
-            outcomes = env.step(actions)
+            outcomes = await step_env(env, actions)
             for aid, out in outcomes.items():
                 if aid not in self.agents:
                     continue

@@ -6,7 +6,7 @@ from typing import Any, List, Optional
 
 from libludic.agents.base_agent import Agent
 from libludic.envs.env import LudicEnv
-from libludic.interaction.base import InteractionProtocol, action_info, tool_steps
+from libludic.interaction.base import InteractionProtocol, action_info, step_env, tool_steps
 from libludic.types import Rollout, Step
 
 
@@ -38,7 +38,8 @@ class SingleAgentSyncProtocol(InteractionProtocol):
         steps: List[Step] = []
         ended = False
         for _ in range(max_steps):
-            parsed, ainfo = await self.agent.act(seed=sampling_seed)
+            _action, ainfo = await self.agent.act(seed=sampling_seed)
+            parsed = ainfo["parsed"]
             turns = ainfo["turns"]
             steps.extend(tool_steps(turns, len(steps), obs, agent_id))
             final = turns[-1]
@@ -60,7 +61,7 @@ class SingleAgentSyncProtocol(InteractionProtocol):
                     ended = True
                     break
                 continue
-            out = env.step({agent_id: parsed.action})[agent_id]
+            out = (await step_env(env, {agent_id: parsed.action}))[agent_id]
             sinfo.update(out.info)
             sinfo["env_reward"] = out.reward
             steps.append(

@@ -6,11 +6,22 @@ Trainer falls back to CPU with a warning instead of failing. ``mixed_precision_d
 ``cpu_autocast=True`` (CPU bf16 matmuls are slower than fp32 on most CPUs).
 
 Fields beyond the spec table (LoRA, ``cpu_autocast``, ``seed``) default to off.
+
+Learning rate: the spec's table names it ``lr`` and its example writes
+``TrainerConfig(learning_rate=...)``; both are accepted. ``lr`` is the one stored field
+(``to_dict`` and the optimizer use it); ``learning_rate`` is an init-only alias, and
+giving both with different values is an error.
+
+``runtime_device`` (the spec's "device for serving") must be None or equal to
+``model_device``: in Ludic the policy is served by the inference service (vLLM, its own
+process and device, see services/inference), never by the Trainer, so a different
+serving device here could only be silently ignored. It is kept so spec-style configs
+that pass it still construct.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import InitVar, asdict, dataclass
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -18,11 +29,18 @@ import torch
 MIXED_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 
 
+class _DefaultLR(float):
+    """The default ``lr``, typed apart so ``__post_init__`` can tell it was not given."""
+
+
+DEFAULT_LR = _DefaultLR(1e-5)
+
+
 @dataclass
 class TrainerConfig:
     model_device: str = "cuda"
     runtime_device: Optional[str] = None  # serving device; None = model_device
-    lr: float = 1e-5
+    lr: float = DEFAULT_LR
     weight_decay: float = 0.01
     betas: Tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
@@ -44,10 +62,21 @@ class TrainerConfig:
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0
     lora_target_modules: Tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    # the spec example's name for lr; init-only, stored in lr
+    learning_rate: InitVar[Optional[float]] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, learning_rate: Optional[float]) -> None:
         def bad(name: str, why: str) -> ValueError:
             return ValueError(f"TrainerConfig.{name}={getattr(self, name)!r} {why}")
+
+        if learning_rate is not None:
+            if type(self.lr) is not _DefaultLR and float(self.lr) != float(learning_rate):
+                raise ValueError(
+                    f"TrainerConfig got lr={self.lr!r} and learning_rate={learning_rate!r}; they name "
+                    "the same setting: pass one of them"
+                )
+            self.lr = float(learning_rate)
+        self.lr = float(self.lr)
 
         try:
             torch.device(self.model_device)
@@ -55,9 +84,16 @@ class TrainerConfig:
             raise bad("model_device", "is not a torch device (use 'cuda', 'cuda:1', 'cpu')") from e
         if self.runtime_device is not None:
             try:
-                torch.device(self.runtime_device)
+                same = torch.device(self.runtime_device) == torch.device(self.model_device)
             except (RuntimeError, TypeError) as e:
                 raise bad("runtime_device", "is not a torch device") from e
+            if not same:
+                raise bad(
+                    "runtime_device",
+                    f"differs from model_device={self.model_device!r}; the policy is served by the "
+                    "inference service (choose its device there: the inference process's "
+                    "CUDA_VISIBLE_DEVICES), so leave runtime_device unset",
+                )
         if not self.lr > 0:
             raise bad("lr", "must be > 0")
         if self.weight_decay < 0:

@@ -32,18 +32,59 @@ class EnvSpec:
 
 
 @dataclass(frozen=True)
+class AgentSpec:
+    """Which agent class the protocol builds: ``kind`` is ``plain``, ``tool`` or ``react``.
+
+    Written flat in config (``agent: {kind: tool, tools: [python], max_tool_rounds: 2}``);
+    the kwargs per kind are in ``libludic.agents.config``. Validated at construction, so a
+    bad kind or kwarg fails where the config is read.
+    """
+
+    kind: str = "plain"
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from libludic.agents.config import validate_agent_config
+
+        validate_agent_config(self.kind, self.kwargs)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"kind": self.kind, **self.kwargs}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "AgentSpec":
+        if not isinstance(d, Mapping):
+            raise ValueError(f"agent must be a mapping like {{kind: tool, tools: [python]}}; got {d!r}")
+        rest = {k: v for k, v in d.items() if k != "kind"}
+        return cls(kind=str(d.get("kind", "plain")), kwargs=rest)
+
+
+@dataclass(frozen=True)
 class ProtocolSpec:
-    """Which interaction protocol (and agent) to run: ``kind`` is a protocol registry key."""
+    """Which interaction protocol (and agent) to run: ``kind`` is a protocol registry key.
+
+    ``agent`` (None: a plain Agent) is handed to the protocol factory as ``agent=`` and
+    selects the class of every agent the protocol builds.
+    """
 
     kind: str = "single_agent"
     kwargs: Dict[str, Any] = field(default_factory=dict)
+    agent: Optional[AgentSpec] = None
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"kind": self.kind, "kwargs": dict(self.kwargs)}
+        d: Dict[str, Any] = {"kind": self.kind, "kwargs": dict(self.kwargs)}
+        if self.agent is not None:
+            d["agent"] = self.agent.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ProtocolSpec":
-        return cls(kind=str(d["kind"]), kwargs=dict(d.get("kwargs") or {}))
+        agent = d.get("agent")
+        return cls(
+            kind=str(d["kind"]),
+            kwargs=dict(d.get("kwargs") or {}),
+            agent=None if agent is None else AgentSpec.from_dict(agent),
+        )
 
 
 @dataclass

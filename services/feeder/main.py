@@ -50,8 +50,13 @@ class Task:
     inference: Optional[InferenceSpec]
     weight: float = 1.0
 
+    KEYS = ("name", "env", "protocol", "agent", "inference", "weight")
+
     @classmethod
     def from_dict(cls, d: Dict[str, Any], i: int) -> "Task":
+        unknown = sorted(set(d) - set(cls.KEYS))
+        if unknown:
+            raise ValueError(f"feeder task #{i}: unknown key(s) {unknown}; valid keys: {list(cls.KEYS)}")
         if "env" not in d or "kind" not in (d["env"] or {}):
             raise ValueError(f"feeder task #{i} needs env: {{kind: ..., kwargs: {{...}}}}; got {d!r}")
         w = float(d.get("weight", 1.0))
@@ -61,10 +66,19 @@ class Task:
         if inf is not None and "return_spec" not in inf:
             # training needs token ids + logprobs; InferenceSpec.from_dict would default to none
             inf = {**inf, "return_spec": ReturnSpec.for_rl().to_dict()}
+        proto = dict(d.get("protocol") or {"kind": "single_agent"})
+        if d.get("agent") is not None:
+            if proto.get("agent") is not None:
+                raise ValueError(f"feeder task #{i} sets agent twice (task agent: and protocol.agent:); keep one")
+            proto["agent"] = d["agent"]
+        try:
+            protocol = ProtocolSpec.from_dict(proto)
+        except ValueError as e:
+            raise ValueError(f"feeder task #{i} ({d.get('name') or d['env']['kind']}): {e}") from e
         return cls(
             name=str(d.get("name") or d["env"]["kind"]),
             env=EnvSpec.from_dict(d["env"]),
-            protocol=ProtocolSpec.from_dict(d.get("protocol") or {"kind": "single_agent"}),
+            protocol=protocol,
             inference=None if inf is None else InferenceSpec.from_dict(inf),
             weight=w,
         )
@@ -76,7 +90,7 @@ class FeederSettings:
     run_id: str = field(default="default", metadata={"help": "run namespace of the Redis keys"})
     tasks: List[Dict[str, Any]] = field(
         default_factory=lambda: [{"env": {"kind": "arithmetic", "kwargs": {}}}],
-        metadata={"help": "curriculum: list of {name, env, protocol, inference, weight} (YAML)"},
+        metadata={"help": "curriculum: list of {name, env, protocol, agent, inference, weight} (YAML)"},
     )
     algorithm: Dict[str, Any] = field(
         default_factory=dict,

@@ -7,7 +7,8 @@ import yaml
 
 from libludic.registry import build_registries
 from libludic.training.batching.rollout_engine import RolloutEngine
-from libludic.training.types import EnvSpec, ProtocolSpec, RolloutRequest
+from libludic.training.types import EnvSpec, RolloutRequest
+from services.feeder.main import Task
 from tests.fakes import ScriptedClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,13 +25,14 @@ async def test_example_tasks_run_an_episode(path, monkeypatch):
     cfg = yaml.safe_load(path.read_text())
     assert {"run_id", "up", "algorithm", "feeder", "actor", "learner"} <= set(cfg)
     eng = RolloutEngine(*build_registries(ScriptedClient(["<move>5</move> \\boxed{3} ```python\nprint(1)\n```"])))
-    reqs = [
-        RolloutRequest(env=EnvSpec.from_dict(t["env"]), protocol=ProtocolSpec.from_dict(t.get("protocol") or {"kind": "single_agent"}), env_seed=1)
-        for t in cfg["feeder"]["tasks"]
-    ]
+    # tasks parsed as the feeder parses them (protocol, agent: ...)
+    tasks = [Task.from_dict(t, i) for i, t in enumerate(cfg["feeder"]["tasks"])]
+    reqs = [RolloutRequest(env=t.env, protocol=t.protocol, env_seed=1) for t in tasks]
     reqs.append(RolloutRequest(env=EnvSpec.from_dict(cfg["up"]["eval_env"]), env_seed=0))
     rollouts = await eng.generate_rollouts(reqs, max_steps=cfg["actor"].get("max_steps", 1))
-    assert len(rollouts) == len(reqs) and all(r.steps for r in rollouts)
+    # one rollout per agent of each episode: multi_agent tasks give one per role
+    agents = sum(len(t.protocol.kwargs.get("roles") or [1]) for t in tasks) + 1
+    assert len(rollouts) == agents and all(r.steps for r in rollouts)
 
 
 def test_dataset_qa_spec_validation():

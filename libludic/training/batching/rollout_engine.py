@@ -2,7 +2,8 @@
 
 Registries map a spec ``kind`` to a factory: ``env_registry[kind](**env.kwargs) ->
 LudicEnv`` and ``protocol_registry[kind](inference=InferenceSpec|None, **kwargs) ->
-InteractionProtocol``. A fresh env and protocol (with fresh agents) is built for every
+InteractionProtocol``, plus ``agent=AgentSpec`` when the request's protocol names one
+(a factory that builds no agents may then reject it). A fresh env and protocol (with fresh agents) is built for every
 episode, so episodes share no state and may run concurrently.
 
 Determinism: episode ``i`` of a request uses env seed ``env_seed`` when
@@ -45,7 +46,8 @@ class RolloutEngine:
                 f"registered: {sorted(self.protocol_registry)}"
             )
         env = self.env_registry[req.env.kind](**req.env.kwargs)
-        proto = self.protocol_registry[req.protocol.kind](inference=req.inference, **req.protocol.kwargs)
+        extra: Dict[str, Any] = {} if req.protocol.agent is None else {"agent": req.protocol.agent}
+        proto = self.protocol_registry[req.protocol.kind](inference=req.inference, **req.protocol.kwargs, **extra)
         return env, proto
 
     async def run_episode(self, req: RolloutRequest, episode: int, max_steps: int) -> List[Rollout]:
@@ -106,11 +108,17 @@ class RolloutEngine:
         self,
         requests: Sequence[RolloutRequest],
         algorithm: Any,
+        sample_filter: Optional[Callable[..., bool]] = None,
+        *,
         max_steps: int = 1,
         concurrency: int = 8,
-        sample_filter: Optional[Callable[..., bool]] = None,
     ) -> SAWBatch:
-        """Rollouts -> credit (algorithm.credit_assigner) -> SAWItems -> SAWBatch."""
+        """Rollouts -> credit (algorithm.credit_assigner) -> SAWItems -> SAWBatch.
+
+        The positional order is the spec's ``(requests, algorithm, sample_filter)``;
+        ``max_steps`` and ``concurrency`` (Ludic extras) are keyword-only so a spec-style
+        ``generate_batch(reqs, algo, keep)`` can never bind the filter to ``max_steps``.
+        """
         from libludic.training.batching.saw import rollouts_to_saw_items
 
         rollouts = await self.generate_rollouts(requests, max_steps, concurrency)

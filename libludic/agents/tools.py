@@ -1,0 +1,55 @@
+"""Built-in tools an agent config can name (``agent: {kind: tool, tools: [python]}``).
+
+A config crosses Redis as plain data, so tools are referenced by name; ``TOOLS`` maps
+each name to a plain Python function whose signature becomes the tool's JSON schema
+(see ``Tool.from_function``).
+
+* ``python(code, stdin="")``: runs ``code`` as a script in the code_exec sandbox (the
+  same one that grades code_exec answers: namespaces + rlimits, 2 s, 256 MB) and returns
+  its exit status, stdout and stderr, each cut to 400 characters (the tool message goes
+  back into the model's context, which is short on small models).
+* ``calculator(expression)``: evaluates ``+ - * / // % **`` and parentheses over
+  numbers (an AST walk, never ``eval``).
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+from typing import Any, Callable, Dict
+
+_OUT = 400
+_OPS: Dict[type, Callable[..., Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+    ast.Pow: operator.pow, ast.USub: operator.neg, ast.UAdd: operator.pos,
+}
+
+
+def python(code: str, stdin: str = "") -> str:
+    """Run a Python 3 script in a sandbox (2 s, 256 MB) and return its exit status, stdout and stderr."""
+    from libludic.envs.code_exec.env import default_sandbox
+
+    r = default_sandbox().run(code, stdin=stdin, timeout_s=2.0, memory_limit_mb=256)
+    return f"status: {r.reason}\nstdout:\n{r.stdout[:_OUT]}\nstderr:\n{r.stderr[-_OUT:]}"
+
+
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression (+ - * / // % ** and parentheses)."""
+
+    def ev(node: ast.AST) -> Any:
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            left, right = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Pow) and abs(right) > 100:
+                raise ValueError(f"exponent {right} is too large (max 100)")
+            return _OPS[type(node.op)](left, right)
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](ev(node.operand))
+        raise ValueError(f"unsupported expression element {ast.dump(node)[:60]}")
+
+    return str(ev(ast.parse(expression, mode="eval").body))
+
+
+TOOLS: Dict[str, Callable[..., Any]] = {"python": python, "calculator": calculator}
