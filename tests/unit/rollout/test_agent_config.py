@@ -20,7 +20,7 @@ from tests.fakes import ScriptedClient
 
 def feeder_request(task: dict) -> RolloutRequest:
     """The request exactly as an actor sees it: feeder task -> request -> codec -> request."""
-    s = FeederSettings(tasks=[task], group_size=1, metrics_port=0)
+    s = FeederSettings(tasks=[task], algorithm={"name": "grpo", "group_size": 1}, metrics_port=0)
     req = make_request(s, s.parsed_tasks[0], seed=3)
     return transport.decode_request(transport.encode_request(req))
 
