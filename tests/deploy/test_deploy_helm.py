@@ -151,10 +151,16 @@ def crd_problems(docs: List[Doc]) -> List[str]:
             # KEDA trigger metadata is map[string]string
             if not all(isinstance(v, str) for v in meta.values()):
                 problems.append(f"ScaledObject {name}: non-string trigger metadata {meta}")
-            if not {"address", "stream", "consumerGroup", "lagCount"} <= set(meta):
+            if not {"address", "stream", "streamLength"} <= set(meta):
                 problems.append(
-                    f"ScaledObject {name}: redis-streams trigger lacks address/stream/consumerGroup/lagCount"
+                    f"ScaledObject {name}: redis-streams trigger lacks address/stream/streamLength"
                 )
+            # KEDA scales on XLEN only without a consumerGroup (with one it uses XPENDING or, with
+            # lagCount, the XINFO GROUPS lag, which Redis reports as NULL after our XDEL-on-ack:
+            # tests/integration/test_redis_lag.py)
+            for key in ("consumerGroup", "lagCount", "pendingEntriesCount", "activationLagCount"):
+                if key in meta:
+                    problems.append(f"ScaledObject {name}: trigger sets {key}; scale on streamLength")
             ref = trig.get("authenticationRef", {}).get("name")
             if ref is not None and ref not in trigger_auths:
                 problems.append(f"ScaledObject {name}: authenticationRef {ref} is not rendered")
@@ -179,6 +185,10 @@ def test_keda_scenario_scales_actors_on_the_requests_stream():
     (so,) = by_kind(docs, "ScaledObject")
     meta = so["spec"]["triggers"][0]["metadata"]
     assert meta["stream"] == "ludic:exp42:requests"  # runId from ci/keda-values.yaml
+    # XLEN of the requests stream (= its un-acked backlog), 32 per actor from ci/keda-values.yaml;
+    # never the consumer-group lag, which Redis can report as NULL
+    assert meta["streamLength"] == "32"
+    assert "lagCount" not in meta and "consumerGroup" not in meta
     assert (
         so["spec"]["scaleTargetRef"]["name"]
         == find(docs, "Deployment", "actor")["metadata"]["name"]
@@ -192,8 +202,20 @@ def test_structural_crd_check_catches_mistakes():
     docs = rendered("keda")
     so = by_kind(docs, "ScaledObject")[0]
     so["spec"]["scaleTargetRef"]["name"] = "nope"
-    so["spec"]["triggers"][0]["metadata"]["lagCount"] = 32
+    so["spec"]["triggers"][0]["metadata"]["streamLength"] = 32
     assert len(crd_problems(docs)) == 2
+
+
+def test_structural_crd_check_rejects_a_lag_trigger():
+    docs = rendered("keda")
+    meta = by_kind(docs, "ScaledObject")[0]["spec"]["triggers"][0]["metadata"]
+    meta.update(consumerGroup="actors", lagCount="32")
+    name = by_kind(docs, "ScaledObject")[0]["metadata"]["name"]
+    assert crd_problems(docs) == [
+        f"ScaledObject {name}: trigger sets {k}; scale on streamLength"
+        for k in ("consumerGroup", "lagCount")
+    ]
+
 
 
 # ---------------------------------------------------------------- GPUs, replicas
@@ -569,6 +591,11 @@ BAD_VALUES = [
     ({"inference": {"image": {"digest": "latest"}}}, "does not match pattern"),
     ({"actor": {"replicaCoutn": 3}}, "replicaCoutn"),
     ({"typo": True}, "typo"),
+    # the retired group-lag trigger settings fail at render instead of being silently ignored
+    ({"actor": {"autoscaling": {"keda": {"lagCount": 16}}}}, "lagCount"),
+    ({"actor": {"autoscaling": {"keda": {"activationLagCount": 0}}}}, "activationLagCount"),
+    ({"actor": {"autoscaling": {"keda": {"consumerGroup": "actors"}}}}, "consumerGroup"),
+    ({"actor": {"autoscaling": {"keda": {"streamLength": 0}}}}, "minimum"),
 ]
 
 
