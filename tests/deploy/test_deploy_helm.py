@@ -707,3 +707,19 @@ def test_scrapers_reach_metrics_ports_only_when_selected():
         assert scrape and scrape[0]["ports"] == [{"port": port, "protocol": "TCP"}], comp
     for rule in policy_for(rendered("cpu-minimal"), "inference")["spec"]["ingress"]:
         assert all("namespaceSelector" not in peer for peer in rule["from"])
+
+
+def test_cpu_inference_sets_the_vllm_kv_cache_once():
+    """gpus: 0 renders VLLM_CPU_KVCACHE_SPACE (as compose.yaml does); inference.env overrides it."""
+
+    def kv_env(docs):
+        env = containers(find(docs, "Deployment", "inference"))[0]["env"]
+        return [e["value"] for e in env if e["name"] == "VLLM_CPU_KVCACHE_SPACE"]
+
+    assert kv_env(rendered("default")) == []  # GPU inference
+    assert kv_env(parse_docs(render({"inference": {"gpus": 0}}))) == ["1"]
+    assert kv_env(parse_docs(render({"inference": {"gpus": 0, "cpuKVCacheSpaceGiB": 4}}))) == ["4"]
+    # ci/cpu-minimal-values.yaml sets it through inference.env: once, not twice
+    assert kv_env(rendered("cpu-minimal")) == ["1"]
+    overridden = {"inference": {"gpus": 0, "env": {"VLLM_CPU_KVCACHE_SPACE": "2"}}}
+    assert kv_env(parse_docs(render(overridden))) == ["2"]
