@@ -151,10 +151,16 @@ def crd_problems(docs: List[Doc]) -> List[str]:
             # KEDA trigger metadata is map[string]string
             if not all(isinstance(v, str) for v in meta.values()):
                 problems.append(f"ScaledObject {name}: non-string trigger metadata {meta}")
-            if not {"address", "stream", "consumerGroup", "lagCount"} <= set(meta):
+            if not {"address", "stream", "streamLength"} <= set(meta):
                 problems.append(
-                    f"ScaledObject {name}: redis-streams trigger lacks address/stream/consumerGroup/lagCount"
+                    f"ScaledObject {name}: redis-streams trigger lacks address/stream/streamLength"
                 )
+            # KEDA scales on XLEN only without a consumerGroup (with one it uses XPENDING or, with
+            # lagCount, the XINFO GROUPS lag, which Redis reports as NULL after our XDEL-on-ack:
+            # tests/integration/test_redis_lag.py)
+            for key in ("consumerGroup", "lagCount", "pendingEntriesCount", "activationLagCount"):
+                if key in meta:
+                    problems.append(f"ScaledObject {name}: trigger sets {key}; scale on streamLength")
             ref = trig.get("authenticationRef", {}).get("name")
             if ref is not None and ref not in trigger_auths:
                 problems.append(f"ScaledObject {name}: authenticationRef {ref} is not rendered")
@@ -179,6 +185,10 @@ def test_keda_scenario_scales_actors_on_the_requests_stream():
     (so,) = by_kind(docs, "ScaledObject")
     meta = so["spec"]["triggers"][0]["metadata"]
     assert meta["stream"] == "ludic:exp42:requests"  # runId from ci/keda-values.yaml
+    # XLEN of the requests stream (= its un-acked backlog), 32 per actor from ci/keda-values.yaml;
+    # never the consumer-group lag, which Redis can report as NULL
+    assert meta["streamLength"] == "32"
+    assert "lagCount" not in meta and "consumerGroup" not in meta
     assert (
         so["spec"]["scaleTargetRef"]["name"]
         == find(docs, "Deployment", "actor")["metadata"]["name"]
@@ -192,8 +202,20 @@ def test_structural_crd_check_catches_mistakes():
     docs = rendered("keda")
     so = by_kind(docs, "ScaledObject")[0]
     so["spec"]["scaleTargetRef"]["name"] = "nope"
-    so["spec"]["triggers"][0]["metadata"]["lagCount"] = 32
+    so["spec"]["triggers"][0]["metadata"]["streamLength"] = 32
     assert len(crd_problems(docs)) == 2
+
+
+def test_structural_crd_check_rejects_a_lag_trigger():
+    docs = rendered("keda")
+    meta = by_kind(docs, "ScaledObject")[0]["spec"]["triggers"][0]["metadata"]
+    meta.update(consumerGroup="actors", lagCount="32")
+    name = by_kind(docs, "ScaledObject")[0]["metadata"]["name"]
+    assert crd_problems(docs) == [
+        f"ScaledObject {name}: trigger sets {k}; scale on streamLength"
+        for k in ("consumerGroup", "lagCount")
+    ]
+
 
 
 # ---------------------------------------------------------------- GPUs, replicas
@@ -569,6 +591,11 @@ BAD_VALUES = [
     ({"inference": {"image": {"digest": "latest"}}}, "does not match pattern"),
     ({"actor": {"replicaCoutn": 3}}, "replicaCoutn"),
     ({"typo": True}, "typo"),
+    # the retired group-lag trigger settings fail at render instead of being silently ignored
+    ({"actor": {"autoscaling": {"keda": {"lagCount": 16}}}}, "lagCount"),
+    ({"actor": {"autoscaling": {"keda": {"activationLagCount": 0}}}}, "activationLagCount"),
+    ({"actor": {"autoscaling": {"keda": {"consumerGroup": "actors"}}}}, "consumerGroup"),
+    ({"actor": {"autoscaling": {"keda": {"streamLength": 0}}}}, "minimum"),
 ]
 
 
@@ -680,3 +707,19 @@ def test_scrapers_reach_metrics_ports_only_when_selected():
         assert scrape and scrape[0]["ports"] == [{"port": port, "protocol": "TCP"}], comp
     for rule in policy_for(rendered("cpu-minimal"), "inference")["spec"]["ingress"]:
         assert all("namespaceSelector" not in peer for peer in rule["from"])
+
+
+def test_cpu_inference_sets_the_vllm_kv_cache_once():
+    """gpus: 0 renders VLLM_CPU_KVCACHE_SPACE (as compose.yaml does); inference.env overrides it."""
+
+    def kv_env(docs):
+        env = containers(find(docs, "Deployment", "inference"))[0]["env"]
+        return [e["value"] for e in env if e["name"] == "VLLM_CPU_KVCACHE_SPACE"]
+
+    assert kv_env(rendered("default")) == []  # GPU inference
+    assert kv_env(parse_docs(render({"inference": {"gpus": 0}}))) == ["1"]
+    assert kv_env(parse_docs(render({"inference": {"gpus": 0, "cpuKVCacheSpaceGiB": 4}}))) == ["4"]
+    # ci/cpu-minimal-values.yaml sets it through inference.env: once, not twice
+    assert kv_env(rendered("cpu-minimal")) == ["1"]
+    overridden = {"inference": {"gpus": 0, "env": {"VLLM_CPU_KVCACHE_SPACE": "2"}}}
+    assert kv_env(parse_docs(render(overridden))) == ["2"]
