@@ -284,8 +284,11 @@ def test_docker_image_build_command():
     assert (REPO / "deploy" / "sandbox" / "Dockerfile").is_file()
 
 
+# LUDIC_REQUIRE_DOCKER=1 (set by .ci/run after scripts/docker-host.sh) turns the skip into a
+# failure: on this machine kind an engine must answer, so a skip would hide a regression.
 needs_engine = pytest.mark.skipif(
-    not docker_available(), reason="no reachable Docker engine (`docker info` fails here)"
+    not docker_available() and os.environ.get("LUDIC_REQUIRE_DOCKER") != "1",
+    reason="no reachable Docker engine (`docker info` fails here)",
 )
 LOCAL_BASE = "ludic-local/python:bookworm"  # built by scripts/docker-host.sh where Hub is unreachable
 
