@@ -31,7 +31,7 @@ class InferenceSettings:
     auth_token: Optional[str] = field(default=None, repr=False)
     insecure_no_auth: bool = False
     # Served dtype. Default: the learner's parameter dtype (fp32), so served logprobs equal a
-    # training-side forward to ~1e-5 nats; "bfloat16" is faster but off by up to ~2e-2.
+    # training-side forward to ~5e-7 nats; "bfloat16" is faster but off by up to ~5e-3.
     # "auto" is vLLM's rule (an fp32 checkpoint is served in 16 bits).
     dtype: str = "float32"
     # What `logprobs`/`top_logprobs` report: "processed_logprobs" = log-probabilities of the
