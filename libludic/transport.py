@@ -309,6 +309,14 @@ def decode_request(data: Any) -> RolloutRequest:
     return _build("RolloutRequest", lambda: RolloutRequest.from_dict(body))
 
 
+def _opt_number(x: Any, field: str) -> Optional[float]:
+    if x is None:
+        return None
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        raise TypeError(f"{field} must be a number or nil, got {x!r}")
+    return float(x)
+
+
 def _pack_trace(tr: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     if tr is None:
         return None
@@ -316,6 +324,7 @@ def _pack_trace(tr: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
         "prompt_token_ids": pack_array(tr["prompt_token_ids"], _I32),
         "completion_token_ids": pack_array(tr["completion_token_ids"], _I32),
         "completion_logprobs": pack_array(tr.get("completion_logprobs"), _F32),
+        "temperature": tr.get("temperature"),
     }
 
 
@@ -332,6 +341,7 @@ def _unpack_trace(tr: Any) -> Optional[Dict[str, Any]]:
         "completion_logprobs": unpack_array(
             tr.get("completion_logprobs"), _F32, "trace.completion_logprobs"
         ),
+        "temperature": _opt_number(tr.get("temperature"), "trace.temperature"),
     }
 
 
@@ -370,6 +380,7 @@ def encode_saw_item(item: SAWItem) -> bytes:
             "actor_logprobs": pack_array(att.actor_logprobs, _F32),
             "ref_logprobs": pack_array(att.ref_logprobs, _F32),
             "policy_version": att.policy_version,
+            "temperature": att.temperature,
         },
     }
     return _envelope(KIND_SAW, body)
@@ -401,6 +412,7 @@ def decode_saw_item(data: Any) -> SAWItem:
                 actor_logprobs=unpack_array(att.get("actor_logprobs"), _F32, "actor_logprobs"),
                 ref_logprobs=unpack_array(att.get("ref_logprobs"), _F32, "ref_logprobs"),
                 policy_version=pv,
+                temperature=_opt_number(att.get("temperature"), "temperature"),
             ),
         )
 

@@ -39,11 +39,18 @@ class TokenTrace:
     ``completion_logprobs[i]`` is log pi_old(completion_token_ids[i] | prefix) under the
     policy that sampled it. Training uses these ids as they are (token-in/token-out):
     never a re-tokenisation of the text.
+
+    ``temperature`` is the sampling temperature of the call. The logprobs are those of the
+    distribution actually sampled, ``log_softmax(logits / T)`` (T = 0, greedy: untempered,
+    as vLLM does), and the trainer recomputes its logprobs at the same temperature, so the
+    importance ratio of an on-policy token is exactly 1. None (older records, offline data)
+    means 1.0.
     """
 
     prompt_token_ids: List[int]
     completion_token_ids: List[int]
     completion_logprobs: Optional[List[float]] = None
+    temperature: Optional[float] = None
 
     def __post_init__(self) -> None:
         if self.completion_logprobs is not None and len(self.completion_logprobs) != len(
@@ -61,15 +68,17 @@ class TokenTrace:
             "completion_logprobs": (
                 None if self.completion_logprobs is None else list(self.completion_logprobs)
             ),
+            "temperature": self.temperature,
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "TokenTrace":
-        lp = d.get("completion_logprobs")
+        lp, temp = d.get("completion_logprobs"), d.get("temperature")
         return cls(
             prompt_token_ids=[int(t) for t in d["prompt_token_ids"]],
             completion_token_ids=[int(t) for t in d["completion_token_ids"]],
             completion_logprobs=None if lp is None else [float(x) for x in lp],
+            temperature=None if temp is None else float(temp),
         )
 
 
@@ -89,6 +98,7 @@ class ChatResponse:
     completion_logprobs: Optional[List[float]] = None
     policy_version: Optional[int] = None
     tool_calls: Optional[List[Dict[str, Any]]] = None
+    temperature: Optional[float] = None  # the request's sampling temperature (TokenTrace)
 
     def trace(self) -> Optional[TokenTrace]:
         if self.prompt_token_ids is None or self.completion_token_ids is None:
@@ -99,6 +109,7 @@ class ChatResponse:
             completion_logprobs=(
                 None if self.completion_logprobs is None else list(self.completion_logprobs)
             ),
+            temperature=self.temperature,
         )
 
 

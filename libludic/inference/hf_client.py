@@ -5,8 +5,9 @@ KV-cached), at most ``max_batch_size`` rows, run in a worker thread so the event
 stays free. Semantics match the vLLM server:
 
 * completion token ids include the EOS token that ended the reply; text excludes it;
-* ``completion_logprobs`` are raw chosen-token logprobs, ``log_softmax(logits)[token]``
-  before temperature/top-p (vLLM's default), the quantity the losses compare against;
+* ``completion_logprobs`` are the chosen tokens' logprobs under the distribution actually
+  sampled (``ludic inference``'s vLLM ``processed_logprobs``): ``log_softmax(logits / T)``,
+  renormalised over the top-p nucleus when top_p < 1; at T = 0 (greedy) untempered;
 * a stop string ends generation; the text is cut before it, the ids keep its tokens;
 * ``seed`` seeds a per-row generator, so a request is reproducible alone or in a batch;
 * ``policy_version`` starts at 0 and becomes the version given to ``sync_weights``.
@@ -140,7 +141,6 @@ class HFChatClient:
             out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=past, use_cache=True)
             past = out.past_key_values
             logits = out.logits[:, -1, :].float()  # [B, V]
-            logp = torch.log_softmax(logits, dim=-1)
             nxt = torch.full((B,), self.pad_id, dtype=torch.long)
             for i, p in enumerate(batch):
                 if finish[i] is not None:
@@ -148,16 +148,19 @@ class HFChatClient:
                 sp = p.request.sampling
                 if sp.temperature == 0:
                     tok = int(torch.argmax(logits[i]))
+                    lp = float(torch.log_softmax(logits[i], dim=-1)[tok])
                 else:
                     probs = torch.softmax(logits[i] / sp.temperature, dim=-1)
                     if sp.top_p < 1.0:
                         sp_sorted, idx = torch.sort(probs, descending=True)
                         keep = sp_sorted.cumsum(-1) - sp_sorted < sp.top_p
                         probs = torch.zeros_like(probs).scatter(0, idx[keep], sp_sorted[keep])
+                        probs = probs / probs.sum()
                     tok = int(torch.multinomial(probs.cpu(), 1, generator=gens[i]))
+                    lp = float(torch.log(probs[tok]))
                 nxt[i] = tok
                 out_ids[i].append(tok)
-                out_lp[i].append(float(logp[i, tok]))
+                out_lp[i].append(lp)
                 if tok in self.eos_ids:
                     finish[i] = "stop"
                 elif stops[i]:
@@ -185,6 +188,7 @@ class HFChatClient:
                     completion_token_ids=list(out_ids[i]) if rs.return_token_ids else None,
                     completion_logprobs=list(out_lp[i]) if rs.return_chosen_logprobs else None,
                     policy_version=version,
+                    temperature=float(p.request.sampling.temperature),
                 )
             )
         return results

@@ -190,4 +190,5 @@ def parse_chat_completion(
         completion_logprobs=logprobs,
         policy_version=None if pv is None else int(pv),
         tool_calls=message.get("tool_calls"),
+        temperature=float(request.sampling.temperature),
     )

@@ -17,6 +17,10 @@ Conventions shared by every loss here:
 * Stats: detached 0-d tensors under a fixed set of keys per loss (``stat_keys``).
 * Losses compute in the logits' dtype; the Trainer casts logits to fp32 first when
   ``TrainerConfig.cast_logits_to_fp32`` is set (ratios exp(logp - logp_old) need it).
+* Temperature: the logits a loss receives are already divided by each item's sampling
+  temperature (``apply_temperature``, done by the Trainer for the policy and the reference
+  model alike), so ``logp`` is the logprob under the distribution the actor sampled from,
+  the same quantity the server returned as ``actor_logprobs``.
 """
 
 from __future__ import annotations
@@ -46,6 +50,25 @@ def token_logprobs(logits: Tensor, input_ids: Tensor) -> Tensor:
     lg = logits[:, :-1]
     tgt = input_ids[:, 1:].unsqueeze(-1)
     return lg.gather(-1, tgt).squeeze(-1) - torch.logsumexp(lg, dim=-1)
+
+
+def apply_temperature(logits: Tensor, batch: Mapping[str, Any]) -> Tensor:
+    """``logits / T_b`` per sequence, T from ``batch["temperature"]`` [B] (collate fills it
+    from ``SampleAttachments.train_temperature``; absent means 1). Greedy items carry 1.
+
+    The sampled policy at temperature T is softmax(logits / T), and vLLM (logprobs_mode
+    ``processed_logprobs``) returns that policy's logprobs; the trainer must differentiate
+    the same distribution or the importance ratio of an on-policy token is not 1
+    (top-p/top-k truncation and penalties are not reproduced: with them the served logprob
+    is that of the truncated distribution, and the ratio is 1 only on T and the full vocab).
+    """
+    temp = batch.get("temperature")
+    if temp is None:
+        return logits
+    t = temp.to(device=logits.device, dtype=logits.dtype)
+    if bool((t == 1.0).all()):
+        return logits
+    return logits / t.view(-1, *([1] * (logits.dim() - 1)))
 
 
 def token_mask(batch: Mapping[str, Any], dtype: torch.dtype) -> Tensor:

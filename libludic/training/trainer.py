@@ -28,6 +28,10 @@ and before any checkpoint is loaded), kept unsharded on every rank: one more for
 micro-batch and one more copy of the weights in memory. ``ref_time_s`` in the step stats
 is the time spent in it.
 
+Temperature. Each item's logits are divided by its sampling temperature before the loss
+(``loss.apply_temperature``; the reference model's too): the policy trained is the one the
+actor sampled from, whose logprobs the server returned, so an on-policy ratio is exactly 1.
+
 Autocast: ``mixed_precision_dtype`` on CUDA; on CPU only with ``cfg.cpu_autocast``.
 """
 
@@ -197,6 +201,7 @@ class Trainer:
             logits = out.logits if hasattr(out, "logits") else out
             if cfg.cast_logits_to_fp32:
                 logits = logits.float()
+            logits = L.apply_temperature(logits, dev_b)
             loss, stats = self.algo.loss.compute(logits, dev_b)
             (loss * scale).backward()
             loss_sum += float(loss.detach())
@@ -223,7 +228,7 @@ class Trainer:
         ids = batch["input_ids"]
         with self._autocast():
             out = self.ref_model(input_ids=ids, attention_mask=batch["attention_mask"])
-        logits = (out.logits if hasattr(out, "logits") else out).float()
+        logits = L.apply_temperature((out.logits if hasattr(out, "logits") else out).float(), batch)
         ref = torch.zeros(ids.shape, dtype=torch.float32, device=logits.device)
         ref[:, 1:] = L.token_logprobs(logits, ids)
         return ref

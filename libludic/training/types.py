@@ -144,27 +144,43 @@ class RolloutRequest:
 
 @dataclass
 class SampleAttachments:
-    """Per-token side data aligned with ``SAWItem.input_ids`` (0.0 on state tokens)."""
+    """Side data of an item: per-token logprobs aligned with ``SAWItem.input_ids`` (0.0 on
+    state tokens), the policy version and the sampling temperature of its action tokens.
+
+    ``temperature``: the trainer computes the item's logprobs as ``log_softmax(logits / T)``,
+    the distribution the actor sampled from (and whose logprobs the server returned), so an
+    on-policy importance ratio is exactly 1. None or 0 (greedy) means T = 1.
+    """
 
     actor_logprobs: Optional[List[float]] = None
     ref_logprobs: Optional[List[float]] = None
     policy_version: Optional[int] = None
+    temperature: Optional[float] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return {
             "actor_logprobs": None if self.actor_logprobs is None else list(self.actor_logprobs),
             "ref_logprobs": None if self.ref_logprobs is None else list(self.ref_logprobs),
             "policy_version": self.policy_version,
+            "temperature": self.temperature,
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "SampleAttachments":
         a, r, v = d.get("actor_logprobs"), d.get("ref_logprobs"), d.get("policy_version")
+        t = d.get("temperature")
         return cls(
             actor_logprobs=None if a is None else [float(x) for x in a],
             ref_logprobs=None if r is None else [float(x) for x in r],
             policy_version=None if v is None else int(v),
+            temperature=None if t is None else float(t),
         )
+
+    @property
+    def train_temperature(self) -> float:
+        """The temperature the trainer divides this item's logits by (1.0 for None/0)."""
+        t = self.temperature
+        return 1.0 if t is None or t <= 0.0 else float(t)
 
 
 @dataclass

@@ -108,6 +108,22 @@ def _to_payload(tensors: Dict[str, torch.Tensor]) -> bytes:
     return save({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()})
 
 
+def platform_default_args(vllm_args: List[str], is_cpu: bool) -> List[str]:
+    """The user's pass-through vLLM flags, plus our defaults for the platform.
+
+    CPU: ``--no-enable-chunked-prefill`` unless the user chose either way. vLLM 0.32's CPU
+    sampler kills the engine ("CPU Generator does not use offset") when the prefill of a
+    seeded request is chunked, and every rollout request is seeded; prompts of a few
+    hundred tokens (tic-tac-toe, tool transcripts) get chunked under load.
+    """
+    out = list(vllm_args)
+    chosen = any(a.split("=", 1)[0] in ("--enable-chunked-prefill", "--no-enable-chunked-prefill")
+                 for a in out)
+    if is_cpu and not chosen:
+        out.append("--no-enable-chunked-prefill")
+    return out
+
+
 class LudicEngine:
     """Owns the AsyncLLM, vLLM's OpenAI serving objects, the version and the update lock."""
 
@@ -156,7 +172,9 @@ class LudicEngine:
             argv += ["--enforce-eager"]
         if settings.served_model_name:
             argv += ["--served-model-name", settings.served_model_name]
-        argv += list(settings.vllm_args)
+        from vllm.platforms import current_platform
+
+        argv += platform_default_args(list(settings.vllm_args), current_platform.is_cpu())
         args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
         engine_args = AsyncEngineArgs.from_cli_args(args)
         llm = AsyncLLM.from_engine_args(engine_args)

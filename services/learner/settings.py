@@ -147,12 +147,21 @@ class LearnerSettings:
         return None
 
     def trainer_config(self) -> TrainerConfig:
-        known = {f.name for f in dataclasses.fields(TrainerConfig)}
+        # learning_rate: TrainerConfig's init-only alias of lr (the spec uses both names)
+        known = {f.name for f in dataclasses.fields(TrainerConfig)} | {"learning_rate"}
         unknown = sorted(set(self.trainer) - known)
         if unknown:
             raise ValueError(
                 f"learner trainer: unknown TrainerConfig key(s) {unknown}; known: {sorted(known)}"
             )
+        over = dict(self.trainer)
+        if "learning_rate" in over:
+            if "lr" in over:
+                raise ValueError(
+                    "learner trainer: both lr and learning_rate are set; they name the same "
+                    "setting, keep one"
+                )
+            over["lr"] = over.pop("learning_rate")
         kw: Dict[str, Any] = dict(
             model_device=self.device,
             lr=self.lr,
@@ -165,7 +174,7 @@ class LearnerSettings:
             lora_rank=self.lora_rank or None,
             log_every=self.log_every,
         )
-        kw.update(self.trainer)
+        kw.update(over)
         return TrainerConfig(**kw)
 
     def checkpoint_config(self) -> Optional[CheckpointConfig]:

@@ -181,3 +181,90 @@ def test_served_logprobs_equal_hf_after_collective_update(
     d = max_diffs(srv, tiny_model_dir, weights)
     print(f"\n[{dtype}] after collective update v{v}: max |served - HF| = {d}")
     assert max(d.values()) < TOL[dtype], d
+
+
+class MaxLogRatio:
+    """Wraps the algorithm's loss; records max |logp - actor_logprob| over action tokens of
+    the logits the Trainer hands the loss (so after the Trainer's temperature step)."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+        self.needs_actor_logprobs = True
+        self.needs_ref_logprobs = False
+        self.seen: List[float] = []
+
+    def compute(self, logits: torch.Tensor, batch: Dict[str, torch.Tensor]) -> object:
+        from libludic.training import loss as L
+
+        logp = L.token_logprobs(logits.detach().double(), batch["input_ids"])
+        old = batch["actor_logprobs"][:, 1:].double()
+        m = L.token_mask(batch, torch.float64) > 0
+        self.seen.append(float((logp - old).abs()[m].max()))
+        return self.inner.compute(logits, batch)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("temp", [1.0, 0.6])
+async def test_onpolicy_importance_ratio_is_one_at_the_sampling_temperature(
+    served: Tuple[InferenceServer, str],
+    tiny_model_dir: Path,
+    base_sd: Dict[str, torch.Tensor],
+    temp: float,
+) -> None:
+    """The path the services take, end to end: after an update, libludic's client samples
+    at temperature T, the step becomes a SAWItem (transport codec round trip included), and
+    the Trainer, holding the same weights, computes GRPO's clipped surrogate. Every action
+    token's log ratio ``logp - actor_logprob`` must be 0 to the serving dtype's floor (the
+    same tolerance as above: both sides compute log_softmax(logits / T) of the same fp32
+    weights). On the old code (untempered trainer logprobs) T=0.6 is off by ~0.3 nats."""
+    from transformers import AutoModelForCausalLM
+
+    from libludic.inference.openai_client import OpenAIChatClient
+    from libludic.inference.request import ChatCompletionRequest
+    from libludic.inference.sampling import SamplingConfig
+    from libludic.models.tiny import PAD_ID
+    from libludic.training.algorithm import make_grpo
+    from libludic.training.batching.saw import rollouts_to_saw_items
+    from libludic.training.config import TrainerConfig
+    from libludic.training.trainer import Trainer
+    from libludic.transport import decode_saw_item, encode_saw_item
+    from libludic.types import Rollout, Step
+
+    srv, dtype = served
+    weights = perturbed(base_sd, seed=3)
+    v = version(srv) + 1
+    assert push_http(srv.url, weights, v, TOKEN) == v
+
+    client = OpenAIChatClient(srv.url)
+    rollouts = []
+    try:
+        for k in range(4):
+            req = ChatCompletionRequest(
+                messages=[{"role": "user", "content": f"{k + 12}+{k * 7}="}],
+                sampling=SamplingConfig(temperature=temp, max_tokens=MAX_TOKENS),
+                seed=100 + k,
+            )
+            resp, _ = await client.complete(req)
+            assert resp.policy_version == v and resp.temperature == temp
+            step = Step(index=0, prev_obs="", action=resp.text, next_obs=None,
+                        reward=float(k), trace=resp.trace(), policy_version=v)
+            rollouts.append(Rollout(steps=[step], meta={"group_id": "g"}))
+    finally:
+        await client.aclose()
+    items = rollouts_to_saw_items(rollouts, {(r.id, 0): 1.0 - 0.5 * i for i, r in enumerate(rollouts)})
+    items = [decode_saw_item(encode_saw_item(it)) for it in items]
+    assert all(it.attachments.temperature == temp for it in items)
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    algo = make_grpo(group_size=4)
+    rec = MaxLogRatio(algo.loss)
+    algo.loss = rec  # type: ignore[assignment]
+    cfg = TrainerConfig(model_device="cpu", mixed_precision_dtype=None, pad_token_id=PAD_ID)
+    tr = Trainer(model=model, algo=algo, batch_source=None, cfg=cfg)  # type: ignore[arg-type]
+    stats = tr.accumulate_gradients(items)
+    worst = max(rec.seen)
+    print(f"\n[{dtype}] T={temp}: max |trainer logp - served logp| = {worst:.3g}, "
+          f"ratio_mean={stats['loss/ratio_mean']:.8f}")
+    assert worst < TOL[dtype], worst
+    assert stats["loss/ratio_mean"] == pytest.approx(1.0, abs=TOL[dtype])

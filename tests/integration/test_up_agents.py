@@ -73,10 +73,9 @@ def run_example(example: str, tmp_path: Path, model: Path, redis_url: str) -> tu
     watcher = SawWatcher(redis_url, run_id)
     watcher.start()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "LUDIC_REDIS_URL": redis_url,
-           "LUDIC_NUM_STEPS": str(STEPS), "LUDIC_BATCH_SIZE": "16",
-           # vLLM 0.32 on CPU: a chunked prefill of a seeded request kills the engine
-           # ("CPU Generator does not use offset"); see the examples' header
-           "LUDIC_VLLM_ARGS": "--no-enable-chunked-prefill"}
+           # no LUDIC_VLLM_ARGS: on CPU `ludic inference` turns chunked prefill off itself
+           # (vLLM 0.32's CPU sampler dies on a chunked seeded prefill; these prompts chunk)
+           "LUDIC_NUM_STEPS": str(STEPS), "LUDIC_BATCH_SIZE": "16"}
     argv = [sys.executable, "-m", "libludic.cli", "up", "--config", str(cfg), "--model", str(model),
             "--name", example, "--runs-dir", str(tmp_path / "runs"), "--actors", "1", "--eval-n", "4",
             "--eval-every-steps", "2", "--timeout-s", "540", "--startup-timeout-s", "240", "--no-live"]

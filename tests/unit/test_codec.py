@@ -39,6 +39,7 @@ def make_rollout(n_prompt: int = 12, n_completion: int = 5) -> Rollout:
         prompt_token_ids=list(range(n_prompt)),
         completion_token_ids=[258, 65, 2**31 - 1, 0, 1][:n_completion],
         completion_logprobs=lp,
+        temperature=0.6,
     )
     steps = [
         Step(0, "12+34=", "46", None, 1.0, terminated=True,
@@ -60,6 +61,7 @@ def make_item(n: int = 16) -> SAWItem:
             actor_logprobs=[0.0] * n_state + [-0.5] * (n - n_state),
             ref_logprobs=None,
             policy_version=3,
+            temperature=0.6,
         ),
     )
 
@@ -74,6 +76,7 @@ def test_rollout_round_trip_with_packed_traces() -> None:
     data = t.encode_rollout(ro)
     back = t.decode_rollout(data)
     assert back.to_dict() == ro.to_dict()  # logprobs were float32 already: exact
+    assert back.steps[0].trace.temperature == 0.6  # type: ignore[union-attr]
     # token arrays travel as bin of little-endian int32, not as msgpack int lists
     raw = msgpack.unpackb(data, raw=False)
     trace = raw["body"]["steps"][0]["trace"]
@@ -95,8 +98,9 @@ def test_saw_item_round_trip_and_size() -> None:
     data = t.encode_saw_item(it)
     back = t.decode_saw_item(data)
     assert back.to_dict() == it.to_dict()
+    assert back.attachments.temperature == 0.6
     # 4096 tokens: 4 B ids + 1 B + 1 B masks + 4 B logprobs = 10 B/token, plus a small header
-    assert 4096 * 10 <= len(data) < 4096 * 10 + 400
+    assert 4096 * 10 <= len(data) < 4096 * 10 + 420
 
 
 def test_token_id_out_of_int32_range_is_an_encode_error() -> None:

@@ -258,3 +258,14 @@ def test_health_and_metrics_without_vllm(model_dir: Path, spec: ParamSpec) -> No
     text = c.get("/metrics").text
     assert "ludic_inference_weight_bytes_received_total" in text
     assert "ludic_inference_policy_version 1.0" in text
+
+
+def test_chunked_prefill_is_off_by_default_on_cpu_only() -> None:
+    from services.inference.engine import platform_default_args
+
+    assert platform_default_args([], is_cpu=True) == ["--no-enable-chunked-prefill"]
+    assert platform_default_args([], is_cpu=False) == []
+    # the user's choice, either way, wins
+    for flag in ("--enable-chunked-prefill", "--no-enable-chunked-prefill",
+                 "--enable-chunked-prefill=true"):
+        assert platform_default_args(["--max-num-seqs=8", flag], is_cpu=True) == ["--max-num-seqs=8", flag]

@@ -17,3 +17,13 @@ def test_checkpoint_every_zero_means_no_checkpointing_even_with_output_dir(tmp_p
 def test_resume_needs_periodic_checkpoints(tmp_path):
     with pytest.raises(ValueError, match="checkpoint_every > 0"):
         LearnerSettings(output_dir=str(tmp_path), checkpoint_every=0, resume=True, device="cpu")
+
+
+def test_trainer_section_accepts_the_specs_learning_rate_alias():
+    s = LearnerSettings(device="cpu", trainer={"learning_rate": 3e-4})
+    assert s.trainer_config().lr == 3e-4
+    assert LearnerSettings(device="cpu", trainer={"lr": 2e-4}).trainer_config().lr == 2e-4
+    with pytest.raises(ValueError, match="both lr and learning_rate"):
+        LearnerSettings(device="cpu", trainer={"lr": 1e-4, "learning_rate": 3e-4}).trainer_config()
+    with pytest.raises(ValueError, match=r"unknown TrainerConfig key\(s\) \['learnig_rate'\]"):
+        LearnerSettings(device="cpu", trainer={"learnig_rate": 3e-4}).trainer_config()

@@ -28,7 +28,8 @@ def rollouts_to_saw_items(
 
     ``weights[(rollout.id, step.index)]`` is the step's credit (a CreditAssigner's output).
     Attachments: ``actor_logprobs`` aligned to input_ids (0.0 on state tokens; None when
-    the trace has no logprobs), ``policy_version`` of the step. ``meta`` carries item_id
+    the trace has no logprobs), ``policy_version`` of the step and the trace's sampling
+    ``temperature``. ``meta`` carries item_id
     ``"{rollout_id}:{step_index}"``, rollout_id, step_index, group_id, reward (rollout
     total), step_reward, truncated, terminated and, when the step recorded them,
     finish_reason and parse_error.
@@ -76,7 +77,9 @@ def rollouts_to_saw_items(
                     weight=float(weights[key]),
                     meta=meta,
                     attachments=SampleAttachments(
-                        actor_logprobs=lp, policy_version=step.policy_version
+                        actor_logprobs=lp,
+                        policy_version=step.policy_version,
+                        temperature=tr.temperature,
                     ),
                 )
             )
@@ -113,8 +116,9 @@ def collate(
 
     Returns ``input_ids`` [B, T] int64 (pad = pad_token_id), ``attention_mask`` [B, T],
     ``action_mask`` [B, T] (0 on padding), ``weight`` [B] float32, ``actor_logprobs``
-    [B, T] float32 (0.0 on state, padding and items without logprobs) and, when every
-    item has them, ``ref_logprobs`` [B, T]. T = longest item after left truncation.
+    [B, T] float32 (0.0 on state, padding and items without logprobs), ``temperature``
+    [B] float32 (``SampleAttachments.train_temperature``) and, when every item has them,
+    ``ref_logprobs`` [B, T]. T = longest item after left truncation.
     """
     if not items:
         raise ValueError("collate() got no items; the batch source returned an empty batch")
@@ -142,6 +146,9 @@ def collate(
         "action_mask": torch.tensor(act, dtype=torch.long),
         "weight": torch.tensor([float(it.weight) for it in items], dtype=torch.float32),
         "actor_logprobs": torch.tensor(lp, dtype=torch.float32),
+        "temperature": torch.tensor(
+            [it.attachments.train_temperature for it in items], dtype=torch.float32
+        ),
     }
     if has_ref:
         out["ref_logprobs"] = torch.tensor(ref, dtype=torch.float32)

@@ -21,11 +21,14 @@ def req(seed=1, **kw):
     )
 
 
-async def test_logprobs_are_raw_chosen_token_logprobs(client):
-    r, _ = await client.complete(req())
+@pytest.mark.parametrize("temp", [1.0, 0.6])
+async def test_logprobs_are_those_of_the_sampled_distribution(client, temp):
+    """log_softmax(logits / T)[token], as ludic inference (vLLM processed_logprobs) returns."""
+    r, _ = await client.complete(req(temperature=temp))
+    assert r.temperature == temp and r.trace().temperature == temp
     ids = torch.tensor([r.prompt_token_ids + r.completion_token_ids])
     with torch.no_grad():
-        lp = torch.log_softmax(client.model(ids).logits.float(), -1)[0]
+        lp = torch.log_softmax(client.model(ids).logits.float() / temp, -1)[0]
     n = len(r.prompt_token_ids)
     # logits at position n-1+j predict completion token j
     ref = [float(lp[n - 1 + j, t]) for j, t in enumerate(r.completion_token_ids)]
