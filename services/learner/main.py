@@ -163,6 +163,9 @@ class Learner:
             device=device,
             stop_fn=self.stop.is_set,
             on_stale=M.STALE_DROPPED.inc,
+            idle_check=self._replica_behind if s.inference_urls and s.replica_check_s > 0 else None,
+            idle_action=self._republish,
+            idle_check_s=s.replica_check_s or 10.0,
         )
         checkpointer = None
         if self.ckcfg is not None:  # the service decides when to save (then acks)
@@ -329,6 +332,30 @@ class Learner:
         if self.rank == 0:
             log.info("published policy v%d in %.2fs", version, dt)
         return True
+
+    async def _replica_behind(self) -> bool:
+        """Rank 0, while the source waits for items: does a reachable replica serve an older
+        version than the learner published? (An inference container that restarted serves
+        its base weights at version 0; actors then wait on max_lag, no fresh item comes, and
+        without this the next publish, after the next step, would never come.)"""
+        tr = self.trainer
+        if tr is None or self.inner_publisher is None or tr.policy_version <= 0:
+            return False
+        urls = self.inner_publisher.replicas.resolve()
+        vs = await asyncio.to_thread(replica_versions, urls)
+        behind = {u: v for u, v in vs.items() if v is not None and v < tr.policy_version}
+        if behind:
+            log.warning(
+                "replica(s) %s serve older weights than the learner's v%d; republishing",
+                ", ".join(f"{u} (v{v})" for u, v in behind.items()),
+                tr.policy_version,
+            )
+            M.REPUBLISHES.inc()
+        return bool(behind)
+
+    async def _republish(self) -> None:
+        """Every rank (the gather is collective): publish the current weights again."""
+        await self.publish()
 
     async def checkpoint(self) -> None:
         tr = self.trainer

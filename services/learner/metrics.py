@@ -29,6 +29,10 @@ PUBLISH_SECONDS = Histogram(
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
 )
 PUBLISHES = Counter("ludic_learner_publishes_total", "Publishes by outcome", ["outcome"])
+REPUBLISHES = Counter(
+    "ludic_learner_republishes_total",
+    "Publishes without a step because a replica served older weights (e.g. it restarted)",
+)
 REPLICA_ACKED = Gauge(
     "ludic_learner_replica_acked_version",
     "Last policy version each replica acknowledged",

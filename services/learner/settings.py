@@ -102,6 +102,13 @@ class LearnerSettings:
     max_publish_failures: int = field(
         default=5, metadata={"help": "consecutive failed publishes before the learner exits 1"}
     )
+    replica_check_s: float = field(
+        default=10.0,
+        metadata={
+            "help": "while waiting for items, seconds between checks that every inference "
+            "replica serves the learner's version (a restarted one is republished to); 0: off"
+        },
+    )
     metrics_port: int = field(
         default=9103, metadata={"help": "/metrics and /health, rank 0 (0 off)"}
     )

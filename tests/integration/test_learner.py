@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -458,6 +459,55 @@ def test_learner_keeps_training_on_failed_publish_then_exits_after_limit(
     # the fatal exit saved a checkpoint and acked what it committed
     assert (tmp_path / "out" / "step_000000002").is_dir()
     assert st["xlen"] == 4 and st["pending"] == 0
+
+
+def test_replica_restarted_on_old_weights_gets_republished_while_the_learner_waits(
+    redis_server: Any, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """An inference replica that restarts serves its base weights at version 0. Actors then
+    wait on max_lag, no fresh item comes, and the learner (which publishes after steps) would
+    wait forever. While it waits it checks the replicas every replica_check_s and
+    republishes: v1 (step 1), v2 (the republish, no step), v3 (step 2)."""
+    from prometheus_client import REGISTRY
+
+    push_sync(redis_server.url, "rr", random_items(2))
+    before = REGISTRY.get_sample_value("ludic_learner_republishes_total") or 0.0
+    with FakeReplica() as fake:
+        def restart_then_feed() -> None:
+            deadline = time.monotonic() + 120
+            while fake.updates != [1] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            with fake.lock:
+                fake.version = 0  # the replica restarted on its base weights
+            deadline = time.monotonic() + 30
+            while len(fake.updates) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            # the actors resume once the replica is current; their items carry its version
+            push_sync(redis_server.url, "rr",
+                      [make_item(f"n{i}:0", b"abc", b"12", policy_version=fake.version) for i in range(2)])
+
+        th = threading.Thread(target=restart_then_feed, daemon=True)
+        th.start()
+        asyncio.run(
+            run_learner_inprocess(
+                redis_url=redis_server.url,
+                run_id="rr",
+                model_dir=str(tiny_model_dir),
+                inference_urls=[fake.url],
+                batch_size=2,
+                num_steps=2,
+                max_lag=1,
+                replica_check_s=0.5,
+                lr=1e-3,
+                algorithm={"name": "sft"},
+            )
+        )
+        th.join(5)
+        assert fake.updates == [1, 2, 3], fake.updates
+        assert fake.version == 3
+    assert REGISTRY.get_sample_value("ludic_learner_republishes_total") - before == 1
+    st = redis_state_sync(redis_server.url, "rr")
+    assert st["policy_version"] == 3 and st["learner_step"] == 2
 
 
 # ---------------------------------------------------------------------------- replicas, LoRA

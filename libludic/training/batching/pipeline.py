@@ -44,6 +44,11 @@ for replicated setups). While rank 0 waits for items it broadcasts a keep-alive 
 ``block_ms`` and all ranks all-reduce their stop flags, so a SIGTERM on any rank stops all of
 them at the same point (``next_batch`` raises :class:`SourceStopped` everywhere) and no
 collective waits long enough to hit the process-group timeout.
+
+Idle work. While no batch is ready, rank 0 calls ``idle_check()`` at most every
+``idle_check_s`` seconds; when it returns True, every rank runs ``idle_action()`` at the same
+point of the wait loop (so the action may be collective: the learner gathers and republishes
+its weights when an inference replica came back on older ones, see services/learner).
 """
 
 from __future__ import annotations
@@ -51,8 +56,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple
 
 import msgpack
 import torch
@@ -64,7 +70,7 @@ from libludic.training.types import SAWBatch, SAWItem
 log = logging.getLogger(__name__)
 
 DEFAULT_CONSUMER = "learner-0"
-_MSG_BATCH, _MSG_WAIT = "batch", "wait"
+_MSG_BATCH, _MSG_WAIT, _MSG_IDLE = "batch", "wait", "idle"
 
 
 class SourceStopped(Exception):
@@ -140,6 +146,9 @@ class PipelineBatchSource:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     stop_fn: Callable[[], bool] = lambda: False
     on_stale: Optional[Callable[[int], None]] = None
+    idle_check: Optional[Callable[[], Awaitable[bool]]] = None  # rank 0, while waiting
+    idle_action: Optional[Callable[[], Awaitable[None]]] = None  # every rank, when it said so
+    idle_check_s: float = 10.0
     # --- state (checkpointed via state_dict) ---
     last_committed_id: Optional[str] = None
     items_trained: int = 0
@@ -153,6 +162,7 @@ class PipelineBatchSource:
     _sc: Optional[transport.StreamConsumer] = field(default=None, init=False)
     _last_seen: Optional[str] = field(default=None, init=False)
     _read_errors: int = field(default=0, init=False)
+    _idle_since: Optional[float] = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -338,19 +348,25 @@ class PipelineBatchSource:
             )
         while True:
             batch: Optional[List[Tuple[transport.Entry, SAWItem]]] = None
+            idle = False
             if self.rank == 0:
                 batch = await self._take_batch_rank0()
+                idle = batch is None and await self._idle_due()
             if not _dist():
                 if batch is not None:
                     return self._hand_out(batch, [it for _, it in batch])
                 if self.stop_fn():
                     raise SourceStopped()
+                if idle:
+                    assert self.idle_action is not None
+                    await self.idle_action()
                 continue
-            # every rank: rank 0 tells whether a batch is ready (payloads) or to keep waiting
+            # every rank: rank 0 tells whether a batch is ready (payloads), to keep waiting,
+            # or to run the idle action together
             msg: Optional[bytes] = None
             if self.rank == 0:
                 if batch is None:
-                    msg = msgpack.packb({"k": _MSG_WAIT})
+                    msg = msgpack.packb({"k": _MSG_IDLE if idle else _MSG_WAIT})
                 else:
                     msg = msgpack.packb(
                         {
@@ -361,9 +377,11 @@ class PipelineBatchSource:
                         use_bin_type=True,
                     )
             got = msgpack.unpackb(broadcast_bytes(msg, self.device), raw=False, strict_map_key=True)
-            if got["k"] == _MSG_WAIT:
+            if got["k"] in (_MSG_WAIT, _MSG_IDLE):
                 if any_rank(self.stop_fn(), self.device):
                     raise SourceStopped()
+                if got["k"] == _MSG_IDLE and self.idle_action is not None:
+                    await self.idle_action()
                 await asyncio.sleep(0)
                 continue
             payloads: List[bytes] = got["items"]
@@ -385,10 +403,29 @@ class PipelineBatchSource:
             self._handed = [("", i) for i in got["ids"]]
             return SAWBatch(items=items, meta={"batch_item_ids": list(got["ids"])})
 
+    async def _idle_due(self) -> bool:
+        """Rank 0, no batch ready: has the wait lasted ``idle_check_s`` since the last check,
+        and does ``idle_check()`` ask for the idle action?"""
+        if self.idle_check is None or self.idle_action is None:
+            return False
+        now = time.monotonic()
+        if self._idle_since is None:
+            self._idle_since = now
+            return False
+        if now - self._idle_since < self.idle_check_s:
+            return False
+        self._idle_since = now
+        try:
+            return bool(await self.idle_check())
+        except Exception as e:  # a failed check must not stop the wait for items
+            log.warning("idle check failed: %s", e)
+            return False
+
     def _hand_out(
         self, batch: Sequence[Tuple[transport.Entry, SAWItem]], mine: List[SAWItem]
     ) -> SAWBatch:
         self._handed = [(e.id, it.item_id) for e, it in batch]
+        self._idle_since = None
         return SAWBatch(items=mine, meta={"batch_item_ids": [it.item_id for _, it in batch]})
 
     # ------------------------------------------------------------------ commit
