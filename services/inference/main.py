@@ -3,6 +3,10 @@
 Order: resolve settings (bad config -> exit 2 with one line), start vLLM (failure -> exit 1
 with one line), serve HTTP. SIGTERM/SIGINT: uvicorn stops accepting, lets in-flight
 requests finish (``graceful_shutdown_s``), then vLLM is shut down and the process exits 0.
+A vLLM engine that dies while serving (``EngineDeadError``: its core process crashed or was
+killed) makes the process stop serving and exit 1 within ``ENGINE_WATCH_S``, so a restart
+policy (Docker, Kubernetes, ``ludic up``) brings a working replica back; a server answering
+503 forever would only be marked unhealthy, which no restart policy acts on.
 """
 
 from __future__ import annotations
@@ -18,6 +22,22 @@ from typing import List, Optional
 from services.inference.settings import InferenceSettings, SettingsError, load_settings
 
 log = logging.getLogger("ludic.inference")
+
+ENGINE_WATCH_S = 2.0
+
+
+class EngineDied(RuntimeError):
+    """vLLM's engine died while serving."""
+
+
+async def watch_engine(llm: object, server: object, every_s: float = ENGINE_WATCH_S) -> None:
+    """Ask ``server`` to exit once ``llm.errored`` (vLLM's AsyncLLM: its engine core is dead)."""
+    while not getattr(server, "should_exit", False):
+        if getattr(llm, "errored", False):
+            log.error("the vLLM engine died; stopping the server (exit 1) so it is restarted")
+            server.should_exit = True  # type: ignore[attr-defined]
+            return
+        await asyncio.sleep(every_s)
 
 
 async def run(settings: InferenceSettings) -> None:
@@ -41,7 +61,13 @@ async def run(settings: InferenceSettings) -> None:
         )
         server = uvicorn.Server(config)
         log.info("serving on http://%s:%d (policy_version=0)", settings.host, settings.port)
-        await server.serve()
+        watch = asyncio.create_task(watch_engine(engine.llm, server))
+        try:
+            await server.serve()
+        finally:
+            watch.cancel()
+        if engine.llm.errored:
+            raise EngineDied("the vLLM engine died while serving (see the log above)")
     finally:
         await engine.shutdown()
 
@@ -70,6 +96,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         asyncio.run(run(settings))
     except KeyboardInterrupt:
         return 0
+    except EngineDied as e:
+        print(f"ludic inference: {e}", file=sys.stderr)
+        return 1
     except Exception as e:  # start-up failure: one line, non-zero exit (details in the log)
         log.debug("start-up failed", exc_info=True)
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""

@@ -21,9 +21,29 @@ from typing import Any, Dict, List, Optional, Sequence
 from libludic.training.algorithm import AlgorithmSpec
 from libludic.training.checkpoint import CheckpointConfig
 from libludic.training.config import TrainerConfig
-from services.common.settings import load_settings
+from services.common.settings import load_settings, read_yaml
 
 PLANES = ("http", "collective")
+
+
+def check_ack_window(checkpoint_every: int, batch_size: int, run_config: Dict[str, Any]) -> None:
+    """With checkpoints on, the learner acks items only at a checkpoint: up to
+    ``checkpoint_every * batch_size`` trained items stay in the saw stream. Credit pauses while
+    the stream holds ``saw_high_water`` items (its backpressure), so a larger window never
+    fills: the learner waits for items credit will not write. Refuse that run config."""
+    from services.credit.main import CreditSettings
+
+    credit = run_config.get("credit") or {}
+    default = next(f.default for f in dataclasses.fields(CreditSettings) if f.name == "saw_high_water")
+    hw = int(credit.get("saw_high_water", default))
+    held = checkpoint_every * batch_size
+    if hw > 0 and held > hw:
+        raise ValueError(
+            f"learner checkpoint_every={checkpoint_every} x batch_size={batch_size} = {held} items "
+            f"stay un-acked between checkpoints, more than credit.saw_high_water={hw} (credit stops "
+            "writing at that backlog, so the run would stall); lower checkpoint_every or raise "
+            "credit.saw_high_water"
+        )
 
 
 @dataclass
@@ -117,6 +137,7 @@ class LearnerSettings:
     device: str = field(default="cuda", metadata={"help": "cuda | cpu (cuda falls back to cpu)"})
     seed: int = field(default=0, metadata={"help": "torch/python/numpy seed"})
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
+    config_path: Optional[str] = field(default=None, metadata={"help": "set from --config"})
 
     def __post_init__(self) -> None:
         self.spec = AlgorithmSpec.from_mapping(self.algorithm)
@@ -140,6 +161,9 @@ class LearnerSettings:
                 "checkpoint_every > 0"
             )
         self.trainer_config()  # validate now, with the field named in the error
+        ck = self.checkpoint_config()
+        if ck is not None and self.config_path:
+            check_ack_window(ck.every_n_steps, self.batch_size, read_yaml(self.config_path))
 
     # ------------------------------------------------------------------ derived configs
 

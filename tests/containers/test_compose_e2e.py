@@ -1,9 +1,11 @@
 """The compose stack on a real Docker engine, the way users run it (`make test-containers`).
 
 One stack for the module, in order: start (`docker compose up -d --wait`: model-init's SFT
-warm start, redis, inference, 2 actors, credit, feeder, learner, prometheus) -> the learner
-trains -> Prometheus scrapes every service -> `--scale actor=4 --no-recreate` -> crash each of
-learner, credit, one actor, redis, inference in turn -> the learner reaches NUM_STEPS.
+warm start, redis, inference, 2 actors, credit, feeder, learner, eval, prometheus) -> the
+learner trains -> Prometheus scrapes every service, eval exports the held-out pass rate ->
+`--scale actor=4 --no-recreate` -> crash each of learner, credit, one actor, redis, inference
+in turn (the run accounting is recorded after each) -> the learner reaches NUM_STEPS with no
+item trained twice.
 
 A crash is SIGKILL of the container's PID 1 from the host. (`docker kill` is not used: engine
 20.10 marks a `docker kill`ed container as manually stopped, so no restart policy applies --
@@ -112,12 +114,47 @@ def stack():
 
 def test_prometheus_scrapes_every_service(stack):
     def all_up() -> bool:
-        for job, n in (("inference", 1), ("actor", 2), ("credit", 1), ("learner", 1), ("feeder", 1)):
+        for job, n in (("inference", 1), ("actor", 2), ("credit", 1), ("learner", 1), ("feeder", 1),
+                       ("eval", 1)):
             ts = targets(job)
             if len(ts) != n or any(t["health"] != "up" for t in ts):
                 return False
-        return all(float(r["value"][1]) == 1 for r in prom('up{job=~"inference|actor|credit|learner|feeder"}'))
-    REPORT["all_targets_up_s"] = round(wait(all_up, 90, "up==1 for inference, 2 actors, credit, learner, feeder"), 1)
+        return all(float(r["value"][1]) == 1
+                   for r in prom('up{job=~"inference|actor|credit|learner|feeder|eval"}'))
+    REPORT["all_targets_up_s"] = round(
+        wait(all_up, 90, "up==1 for inference, 2 actors, credit, learner, feeder, eval"), 1)
+
+
+def gauge(query: str) -> float:
+    res = prom(query)
+    if not res:
+        raise ValueError(f"no sample for {query}")
+    return float(res[0]["value"][1])
+
+
+def test_eval_service_exports_the_held_out_pass_rate(stack):
+    """`eval` evaluates step 0 at start, then every up.eval_every_steps learner steps."""
+    wait(lambda: gauge("ludic_eval_runs_total") >= 1, 600, "the first held-out evaluation")
+    rate, step = gauge("ludic_eval_pass_rate"), gauge("ludic_eval_step")
+    assert 0.0 <= rate <= 1.0 and step >= 0
+    REPORT["eval_first"] = {"pass_rate": rate, "step": step}
+    # a later evaluation belongs to a later learner step
+    wait(lambda: gauge("ludic_eval_step") > step, 900, "an evaluation of a later learner step")
+    REPORT["eval_later"] = {"pass_rate": gauge("ludic_eval_pass_rate"), "step": gauge("ludic_eval_step")}
+
+
+ACCOUNTING = {
+    "requested": "ludic_run_groups_requested_total", "trained": "ludic_run_groups_trained_total",
+    "dropped_stale": "ludic_run_groups_dropped_stale_total",
+    "dropped_incomplete": "ludic_run_groups_dropped_incomplete_total",
+    "dropped_empty": "ludic_run_groups_dropped_empty_total",
+    "deadlettered": "ludic_run_groups_deadlettered_total", "in_flight": "ludic_run_groups_in_flight",
+    "consistent": "ludic_run_accounting_consistent", "items_trained_twice": "ludic_learner_items_trained_twice_total",
+}
+
+
+def accounting_now() -> Dict[str, float]:
+    return {k: gauge(f"max({m})") for k, m in ACCOUNTING.items()}
 
 
 def test_scaling_actors_mid_run_adds_targets_that_take_work(stack):
@@ -157,8 +194,11 @@ def test_a_crashed_service_comes_back_by_restart_policy(stack, service):
     # steps of 64), so demand 5 steps beyond the step at recovery: that needs fresh rollouts.
     step1 = max(learner_step(), step0, 0)
     progress_s = wait(lambda: learner_step() >= step1 + 5, 300, f"5 learner steps after the {service} fault")
+    acct = accounting_now()
     REPORT["faults"].append({"service": service, "step_at_kill": step0, "healthy_again_s": round(healthy_s, 1),
-                             "step_at_healthy": step1, "plus_5_steps_s": round(progress_s, 1)})
+                             "step_at_healthy": step1, "plus_5_steps_s": round(progress_s, 1),
+                             "accounting": acct})
+    assert acct["items_trained_twice"] == 0, acct
 
 
 def test_run_reaches_its_step_count_and_keeps_the_policy(stack):
@@ -170,3 +210,8 @@ def test_run_reaches_its_step_count_and_keeps_the_policy(stack):
                           "ludic:cpu", "/c/learner_final.json"))
     REPORT["learner_final"] = final
     assert final.get("step", final.get("steps", 0)) >= NUM_STEPS, final
+    acct = final["accounting"]
+    assert acct["items_trained_twice"] == 0, acct
+    # in flight is derived (requested - trained - dropped - dead-lettered); it must equal what
+    # is observed in the streams (request backlog, groups in rollouts, groups with open items)
+    assert acct["consistent"], acct

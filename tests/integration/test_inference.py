@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import os
+import signal
 import struct
 import subprocess
 import sys
@@ -417,3 +419,35 @@ def test_startup_errors_exit_nonzero_with_one_line(args: List[str], needle: str)
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], p.stderr
+
+
+# ---------------------------------------------------------------------------- engine death
+
+
+def children(pid: int) -> List[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_engine_death_stops_the_server_with_exit_1(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """SIGKILL of vLLM's engine-core process (what an OOM kill does): the server must exit 1
+    (so a restart policy brings it back), not keep answering 503 forever."""
+    srv = InferenceServer(tiny_model_dir, free_port(), TOKEN, tmp_path / "server.log")
+    srv.start()
+    try:
+        assert srv.proc is not None
+        core = [c for c in children(srv.proc.pid) if "EngineCore" in cmdline(c)]
+        assert core, [(c, cmdline(c)) for c in children(srv.proc.pid)]
+        os.kill(core[0], signal.SIGKILL)
+        rc = srv.proc.wait(60)
+        assert rc == 1, srv.tail()
+        assert "the vLLM engine died" in srv.tail(80)
+    finally:
+        srv.stop()

@@ -27,3 +27,21 @@ def test_trainer_section_accepts_the_specs_learning_rate_alias():
         LearnerSettings(device="cpu", trainer={"lr": 1e-4, "learning_rate": 3e-4}).trainer_config()
     with pytest.raises(ValueError, match=r"unknown TrainerConfig key\(s\) \['learnig_rate'\]"):
         LearnerSettings(device="cpu", trainer={"learnig_rate": 3e-4}).trainer_config()
+
+
+def test_ack_window_larger_than_credits_high_water_is_refused(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("credit: {saw_high_water: 128}\n")
+    ok = LearnerSettings(output_dir=str(tmp_path), checkpoint_every=2, batch_size=64, device="cpu",
+                         config_path=str(cfg))
+    assert ok.checkpoint_config().every_n_steps == 2  # 128 held <= 128
+    with pytest.raises(ValueError, match=r"checkpoint_every=3 x batch_size=64 = 192 items.*saw_high_water=128"):
+        LearnerSettings(output_dir=str(tmp_path), checkpoint_every=3, batch_size=64, device="cpu",
+                        config_path=str(cfg))
+    # without checkpoints items are acked after every step: no window
+    LearnerSettings(checkpoint_every=3, batch_size=64, device="cpu", config_path=str(cfg))
+    # credit's default high water (4096) applies when the config has no credit section
+    cfg.write_text("learner: {}\n")
+    with pytest.raises(ValueError, match="saw_high_water=4096"):
+        LearnerSettings(output_dir=str(tmp_path), checkpoint_every=65, batch_size=64, device="cpu",
+                        config_path=str(cfg))
