@@ -269,3 +269,21 @@ def test_chunked_prefill_is_off_by_default_on_cpu_only() -> None:
     for flag in ("--enable-chunked-prefill", "--no-enable-chunked-prefill",
                  "--enable-chunked-prefill=true"):
         assert platform_default_args(["--max-num-seqs=8", flag], is_cpu=True) == ["--max-num-seqs=8", flag]
+
+
+async def test_watch_engine_stops_the_server_once_the_engine_is_dead() -> None:
+    from services.inference.main import watch_engine
+
+    class Llm:
+        errored = False
+
+    class Server:
+        should_exit = False
+
+    llm, server = Llm(), Server()
+    task = asyncio.create_task(watch_engine(llm, server, every_s=0.01))
+    await asyncio.sleep(0.05)
+    assert not task.done() and not server.should_exit  # a live engine keeps it serving
+    llm.errored = True
+    await asyncio.wait_for(task, 1.0)
+    assert server.should_exit
