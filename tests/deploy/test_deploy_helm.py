@@ -474,6 +474,7 @@ def test_servicemonitors_select_named_metrics_ports():
         "credit",
         "learner",
         "feeder",
+        "eval",
     }
     assert all(d["metadata"]["labels"]["release"] == "kube-prometheus-stack" for d in sms)
     assert not servicemonitor_problems(docs)
@@ -525,13 +526,27 @@ def test_network_policies_guard_inference_and_redis(scenario):
         for r in inference_np["spec"]["ingress"]
         for p in r["from"]
     ]
-    assert {"actor", "learner"} <= set(peers)
+    assert {"actor", "eval", "learner"} <= set(peers)
     assert "credit" not in peers and "feeder" not in peers  # they never call inference
     if "redis" in guarded:
         (rule,) = policy_for(docs, "redis")["spec"]["ingress"]
         expr = rule["from"][0]["podSelector"]["matchExpressions"][0]
-        assert sorted(expr["values"]) == ["actor", "credit", "feeder", "learner"]
+        assert sorted(expr["values"]) == ["actor", "credit", "eval", "feeder", "learner"]
         assert rule["ports"] == [{"port": "redis", "protocol": "TCP"}]
+
+
+def test_eval_disabled_renders_no_eval_objects_or_peers():
+    docs = parse_docs(render({"eval": {"enabled": False}, **scenario_values("gpu")}))
+    components = {d["metadata"]["labels"].get("app.kubernetes.io/component") for d in docs}
+    assert "eval" not in components
+    inference_peers = [
+        p.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/component")
+        for r in policy_for(docs, "inference")["spec"]["ingress"]
+        for p in r["from"]
+    ]
+    assert "eval" not in inference_peers
+    (rule,) = policy_for(docs, "redis")["spec"]["ingress"]
+    assert "eval" not in rule["from"][0]["podSelector"]["matchExpressions"][0]["values"]
 
 
 def test_pod_disruption_budgets_cover_scaled_components():
@@ -596,6 +611,11 @@ BAD_VALUES = [
     ({"actor": {"autoscaling": {"keda": {"activationLagCount": 0}}}}, "activationLagCount"),
     ({"actor": {"autoscaling": {"keda": {"consumerGroup": "actors"}}}}, "consumerGroup"),
     ({"actor": {"autoscaling": {"keda": {"streamLength": 0}}}}, "minimum"),
+    # LUDIC_RESUME is always on and needs checkpoints
+    ({"learner": {"checkpointEvery": 0}}, "minimum"),
+    ({"learner": {"numSteps": -1}}, "minimum"),
+    ({"eval": {"ompNumThreads": 0}}, "minimum"),
+    ({"eval": {"replicaCount": 2}}, "maximum"),
 ]
 
 
@@ -653,6 +673,12 @@ def test_schema_accepts_defaults_and_ci_values(scenario):
             {"redis": {"enabled": False}, "externalRedis": {"url": "http://redis:6379"}},
             "does not match pattern",
         ),
+        # a checkpoint: mapping in the run config would win over the learner's env
+        (
+            {"config": {"checkpoint": {"every_n_steps": 5}}},
+            "config.checkpoint: the chart sets the learner's checkpoint from values",
+        ),
+        ({"config": {"learner": {"num_steps": 100}}}, "set learner.numSteps"),
     ],
 )
 def test_template_guards_fail_with_a_fix(values, message):
@@ -694,7 +720,7 @@ def test_each_component_block_has_the_same_shape():
         "tolerations",
         "affinity",
     }
-    for comp in ("inference", "actor", "credit", "learner", "feeder", "redis"):
+    for comp in ("inference", "actor", "credit", "learner", "feeder", "eval", "redis"):
         assert keys <= set(values[comp]), f"{comp} misses {keys - set(values[comp])}"
 
 
@@ -707,6 +733,82 @@ def test_scrapers_reach_metrics_ports_only_when_selected():
         assert scrape and scrape[0]["ports"] == [{"port": port, "protocol": "TCP"}], comp
     for rule in policy_for(rendered("cpu-minimal"), "inference")["spec"]["ingress"]:
         assert all("namespaceSelector" not in peer for peer in rule["from"])
+
+
+def test_learner_env_follows_values():
+    """The learner trains the model inference serves and checkpoints where its volume is."""
+    values = {
+        "inference": {"model": {"name": "Qwen2.5-0.5B-Instruct"}},
+        "learner": {
+            "checkpointEvery": 7,
+            "numSteps": 300,
+            "ompNumThreads": 4,
+            "persistence": {"mountPath": "/ckpt"},
+        },
+    }
+    docs = parse_docs(render(values))
+    learner = containers(find(docs, "StatefulSet", "learner"))[0]
+    env = {e["name"]: e.get("value") for e in learner["env"]}
+    assert env["LUDIC_MODEL_DIR"] == "/models/Qwen2.5-0.5B-Instruct"
+    assert (
+        containers(find(docs, "Deployment", "inference"))[0]["args"][2]
+        == "/models/Qwen2.5-0.5B-Instruct"
+    )
+    assert env["LUDIC_OUTPUT_DIR"] == "/ckpt"
+    mounts = {m["name"]: m["mountPath"] for m in learner["volumeMounts"]}
+    assert mounts["checkpoints"] == "/ckpt"
+    assert (env["LUDIC_RESUME"], env["LUDIC_CHECKPOINT_EVERY"], env["LUDIC_NUM_STEPS"]) == (
+        "true",
+        "7",
+        "300",
+    )
+    assert env["OMP_NUM_THREADS"] == "4"
+
+
+def test_omp_threads_come_from_values_once():
+    """ompNumThreads renders OMP_NUM_THREADS as compose.yaml sets it; <component>.env wins."""
+
+    def omp(docs, kind, comp):
+        env = containers(find(docs, kind, comp))[0]["env"]
+        return [e["value"] for e in env if e["name"] == "OMP_NUM_THREADS"]
+
+    docs = rendered("default")
+    for kind, comp, threads in (
+        ("Deployment", "actor", ["1"]),
+        ("Deployment", "credit", ["1"]),
+        ("Deployment", "eval", ["1"]),
+        ("StatefulSet", "learner", ["2"]),
+        ("Deployment", "feeder", []),
+        ("Deployment", "inference", []),
+    ):
+        assert omp(docs, kind, comp) == threads, comp
+    overridden = parse_docs(
+        render({"actor": {"ompNumThreads": 3, "env": {"OMP_NUM_THREADS": "8"}}})
+    )
+    assert omp(overridden, "Deployment", "actor") == ["8"]
+
+
+def test_every_service_mounts_the_run_config_it_is_pointed_at():
+    docs = rendered("default")
+    for kind, comp, var in (
+        ("Deployment", "inference", "LUDIC_INFERENCE_CONFIG"),
+        ("Deployment", "actor", "LUDIC_CONFIG"),
+        ("Deployment", "credit", "LUDIC_CONFIG"),
+        ("StatefulSet", "learner", "LUDIC_CONFIG"),
+        ("Deployment", "feeder", "LUDIC_CONFIG"),
+        ("Deployment", "eval", "LUDIC_CONFIG"),
+    ):
+        workload = find(docs, kind, comp)
+        c = containers(workload)[0]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env[var] == "/etc/ludic/config.yaml", comp
+        mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+        assert mounts["config"] == "/etc/ludic", comp
+        volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
+        assert volumes["config"]["configMap"]["name"] == "rl-ludic-config", comp
+    (cm,) = by_kind(docs, "ConfigMap")
+    # inference reads a file without an inference: section as its own settings
+    assert "inference" in yaml.safe_load(cm["data"]["config.yaml"])
 
 
 def test_cpu_inference_sets_the_vllm_kv_cache_once():

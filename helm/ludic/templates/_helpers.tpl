@@ -222,6 +222,16 @@ imagePullSecrets:
   value: /etc/ludic/config.yaml
 {{- end -}}
 
+{{/* OMP_NUM_THREADS from the component's ompNumThreads, as compose.yaml sets it; <component>.env
+     overrides it. Components without ompNumThreads (inference, feeder) render nothing.
+     Call with the component values */}}
+{{- define "ludic.env.ompNumThreads" -}}
+{{- if and (hasKey . "ompNumThreads") (not (hasKey (default dict .env) "OMP_NUM_THREADS")) -}}
+- name: OMP_NUM_THREADS
+  value: {{ .ompNumThreads | toString | quote }}
+{{- end -}}
+{{- end -}}
+
 {{/* User env map + extraEnvVars. Call with the component values */}}
 {{- define "ludic.env.extra" -}}
 {{- range $k, $v := .env }}

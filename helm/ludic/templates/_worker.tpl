@@ -1,6 +1,7 @@
 {{/*
-Deployment of a stateless ludic worker (actor, credit, feeder): `ludic <component>` with its
-metrics port, Redis env, and optionally the config file and the inference URLs.
+Deployment of a stateless ludic worker (actor, credit, feeder, eval): `ludic <component>` with
+its metrics port, Redis env, OMP_NUM_THREADS (when the component sets ompNumThreads), and
+optionally the config file and the inference URLs.
 Call with (dict "root" $ "component" "actor" "values" .Values.actor "replicas" true
            "withConfig" false "withInference" true "withAuth" false)
 */}}
@@ -61,6 +62,7 @@ spec:
             {{- if .withConfig }}
             {{- include "ludic.env.config" $root | nindent 12 }}
             {{- end }}
+            {{- include "ludic.env.ompNumThreads" $v | nindent 12 }}
             {{- include "ludic.env.extra" $v | nindent 12 }}
           {{- include "ludic.httpProbes" (dict "values" $v "path" "/metrics" "port" "metrics") | nindent 10 }}
           resources:

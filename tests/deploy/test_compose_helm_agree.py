@@ -1,0 +1,139 @@
+"""compose.yaml and the Helm chart run the same six services the same way.
+
+Both files are read as data: compose.yaml with PyYAML (merge keys expanded), the chart rendered by
+Helm's Go engine with its default values (GPU inference/learner, as compose's `gpu` profile) and
+with `gpus: 0` (CPU, as compose's default services). Compared per service: the image repository name, the container ports, the names of
+the environment variables the service reads, and the health probe (path + port). Compose probes
+through the image's `ludic-healthcheck`, whose per-service URL table is read from the script.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, Dict, List, Set, Tuple
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+from deploy_support import ROOT, Doc, containers, find, parse_docs, render, rendered
+
+pytest.importorskip("helm_python", reason="helm-python-sdk not installed")
+
+# service -> (kind in the chart, compose service of the CPU default, compose service of the GPU profile)
+SERVICES: Dict[str, Tuple[str, str, str]] = {
+    "inference": ("Deployment", "inference", "inference-gpu"),
+    "actor": ("Deployment", "actor", "actor"),
+    "credit": ("Deployment", "credit", "credit"),
+    "learner": ("StatefulSet", "learner", "learner-gpu"),
+    "feeder": ("Deployment", "feeder", "feeder"),
+    "eval": ("Deployment", "eval", "eval"),
+}
+# Kubernetes-only helper: the chart mounts the Redis password as REDIS_PASSWORD so the kubelet
+# can expand $(REDIS_PASSWORD) inside LUDIC_REDIS_URL; compose expands ${REDIS_PASSWORD} from .env
+# at parse time. No service reads it (checked below).
+K8S_EXPANSION_ONLY = {"REDIS_PASSWORD"}
+
+
+def compose() -> Dict[str, Any]:
+    return yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
+
+
+# compose.yaml's default (no profile) runs vLLM and the learner on CPU
+CPU_VALUES = {"inference": {"gpus": 0}, "learner": {"gpus": 0}}
+
+
+def chart_container(component: str, cpu: bool = False) -> Doc:
+    docs = parse_docs(render(CPU_VALUES)) if cpu else rendered("default")
+    kind = SERVICES[component][0]
+    (c,) = containers(find(docs, kind, component))
+    return c
+
+
+def healthcheck_probes() -> Dict[str, str]:
+    path = ROOT / "deploy" / "docker" / "ludic-healthcheck.py"
+    spec = importlib.util.spec_from_file_location("ludic_healthcheck", path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return dict(mod.PROBES)
+
+
+def repository_name(image: str) -> str:
+    """ghcr.io/ludic/ludic:0.1.0-cpu -> ludic; ludic:cpu -> ludic (digest/tag dropped)."""
+    name = image.split("@")[0].rsplit("/", 1)[-1]
+    return name.split(":")[0]
+
+
+def compose_ports(svc: Dict[str, Any]) -> Set[int]:
+    ports = {int(p) for p in svc.get("expose", [])}
+    for p in svc.get("ports", []):  # "127.0.0.1:8000-8007:8000" -> container port 8000
+        ports.add(int(str(p).rsplit(":", 1)[-1].split("/")[0]))
+    return ports
+
+
+def chart_env_names(c: Doc) -> Set[str]:
+    names = {e["name"] for e in c.get("env", [])}
+    assert not c.get("envFrom"), f"{c['name']}: envFrom hides variable names from this check"
+    return names
+
+
+def chart_probes(c: Doc) -> List[Tuple[str, int]]:
+    ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+    out = []
+    for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+        if kind in c:
+            get = c[kind]["httpGet"]
+            port = get["port"]
+            out.append((get["path"], ports[port] if isinstance(port, str) else int(port)))
+    return out
+
+
+@pytest.mark.parametrize("component", SERVICES)
+def test_same_image_repository(component):
+    chart = repository_name(chart_container(component)["image"])
+    for svc in SERVICES[component][1:]:
+        assert repository_name(compose()[svc]["image"]) == chart, (component, svc)
+
+
+@pytest.mark.parametrize("component", SERVICES)
+def test_same_container_ports(component):
+    chart = {p["containerPort"] for p in chart_container(component)["ports"]}
+    for svc in SERVICES[component][1:]:
+        assert compose_ports(compose()[svc]) == chart, (component, svc)
+
+
+@pytest.mark.parametrize("component", SERVICES)
+def test_same_environment_variable_names(component):
+    _, cpu_svc, gpu_svc = SERVICES[component]
+    # chart defaults are the GPU variant (inference.gpus: 1, learner.gpus: 1): the GPU profile
+    chart = chart_env_names(chart_container(component)) - K8S_EXPANSION_ONLY
+    assert set(compose()[gpu_svc].get("environment", {})) == chart, (component, gpu_svc)
+    # the CPU variant (adds vLLM's CPU KV-cache size for inference): defaults + gpus 0
+    chart_cpu = chart_env_names(chart_container(component, cpu=True)) - K8S_EXPANSION_ONLY
+    assert set(compose()[cpu_svc].get("environment", {})) == chart_cpu, (component, cpu_svc)
+
+
+@pytest.mark.parametrize("component", SERVICES)
+def test_redis_password_is_only_expanded_into_the_url(component):
+    c = chart_container(component)
+    env = {e["name"]: e for e in c.get("env", [])}
+    if "REDIS_PASSWORD" not in env:
+        return
+    assert "valueFrom" in env["REDIS_PASSWORD"]
+    assert "$(REDIS_PASSWORD)" in env["LUDIC_REDIS_URL"]["value"]
+    # compose builds the same URL from .env
+    compose_url = compose()[SERVICES[component][1]]["environment"]["LUDIC_REDIS_URL"]
+    assert "${REDIS_PASSWORD" in compose_url
+
+
+@pytest.mark.parametrize("component", SERVICES)
+def test_same_health_probe_path_and_port(component):
+    url = urlsplit(healthcheck_probes()[component])
+    expected = (url.path, url.port)
+    for svc in SERVICES[component][1:]:
+        hc = compose()[svc]["healthcheck"]
+        assert hc["test"] == ["CMD", "ludic-healthcheck"], (svc, hc)
+        assert "HEALTHCHECK_URL" not in compose()[svc].get("environment", {}), svc
+    probes = chart_probes(chart_container(component))
+    assert probes, f"{component}: no HTTP probes in the chart"
+    assert set(probes) == {expected}, (component, probes, expected)
