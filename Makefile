@@ -60,7 +60,7 @@ test: venv system-deps lint
 
 # The main job: SFT warm start, then GRPO through the real services (see README).
 demo: venv
-	$(PY) -m libludic.cli up --config examples/arith/grpo.yaml
+	$(PY) -m services.cli up --config examples/arith/grpo.yaml
 
 bench: venv
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b --quick || exit 1; done

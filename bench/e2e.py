@@ -39,7 +39,7 @@ def run(cfg: Dict[str, Any], name: str, work: Path, max_lag: int) -> Dict[str, A
     env = {k: v for k, v in os.environ.items() if k != "LUDIC_REDIS_URL"}
     log = work / f"{name}.log"
     with open(log, "wb") as f:
-        code = subprocess.call([sys.executable, "-m", "libludic.cli", "up", "--config", str(path), "--no-live"],
+        code = subprocess.call([sys.executable, "-m", "services.cli", "up", "--config", str(path), "--no-live"],
                                stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     if code != 0:
         sys.stderr.write(log.read_text(errors="replace")[-3000:])

@@ -5,7 +5,7 @@ Which endpoint is probed follows DEVELOPERS.md: `inference` answers `GET /health
 port 8000 (200 only once the engine answers a real probe); the other services expose only
 their Prometheus port (actor 9101, credit 9102, learner 9103, feeder 9104, eval 9105), so a
 200 from `GET /metrics` is their liveness signal. The service is read from PID 1's command
-line (the container's `ludic <service> ...` or `torchrun ... -m libludic.cli learner`), so
+line (the container's `ludic <service> ...` or `torchrun ... -m services.cli learner`), so
 one image and one HEALTHCHECK serve all six services. `HEALTHCHECK_URL` overrides the probed URL.
 
 Exit 0 = healthy, 1 = unhealthy (the Docker contract). Standard library only.

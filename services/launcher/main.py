@@ -35,7 +35,7 @@ from services.launcher.report import write_report
 from services.launcher.supervisor import ServiceError, ServiceSpec, Supervisor
 
 log = logging.getLogger("ludic.up")
-LUDIC = [sys.executable, "-m", "libludic.cli"]
+LUDIC = [sys.executable, "-m", "services.cli"]
 
 
 class Interrupted(Exception):
@@ -167,7 +167,7 @@ class Run:
         learner = LUDIC + ["learner"]
         if self.s.learner_nproc > 1:
             learner = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                       f"--nproc_per_node={self.s.learner_nproc}", "-m", "libludic.cli", "learner"]
+                       f"--nproc_per_node={self.s.learner_nproc}", "-m", "services.cli", "learner"]
         add("learner", learner, LUDIC_INFERENCE_URLS=self.inference_url, LUDIC_AUTH_TOKEN=self.token,
             LUDIC_MODEL_DIR=str(model_dir), LUDIC_OUTPUT_DIR=str(self.run_dir / "learner"))
         for name in self.metrics:

@@ -1,7 +1,7 @@
 """``ludic learner``: saw stream -> Trainer (FSDP2 under torchrun) -> publish -> checkpoint.
 
     ludic learner --model-dir DIR --inference-urls http://inference:8000 [--resume]
-    torchrun --nproc_per_node N -m libludic.cli learner ...      # FSDP2, gloo/NCCL
+    torchrun --nproc_per_node N -m services.cli learner ...      # FSDP2, gloo/NCCL
 
 One step: ``PipelineBatchSource`` (rank 0 reads Redis, shares the batch; stale items are
 dropped there) -> ``Trainer.train_step`` -> every ``sync_every_steps`` a publish -> every

@@ -236,7 +236,7 @@ def test_gpu_scenario_requests_gpus_for_inference_and_learner():
     args = containers(learner)[0]["args"]
     assert containers(learner)[0]["command"] == ["torchrun"]
     assert "--nproc_per_node=4" in args
-    assert args[-3:] == ["-m", "libludic.cli", "learner"]
+    assert args[-3:] == ["-m", "services.cli", "learner"]
     # nothing else asks for a GPU
     others = [
         c["name"]

@@ -34,7 +34,7 @@ from services.feeder import main as feeder_main
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "libludic.cli"]
+CLI = [sys.executable, "-m", "services.cli"]
 
 
 def env() -> Dict[str, str]:

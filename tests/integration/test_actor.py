@@ -120,7 +120,7 @@ async def rollouts(r: Any, keys: t.Keys) -> List[Any]:
 
 def spawn_actor(redis_url: str, run_id: str, inference_url: str, *extra: str) -> subprocess.Popen:
     args = [
-        sys.executable, "-m", "libludic.cli", "actor", "--redis-url", redis_url, "--run-id", run_id,
+        sys.executable, "-m", "services.cli", "actor", "--redis-url", redis_url, "--run-id", run_id,
         "--inference-urls", inference_url, "--concurrency", "3", "--claim-idle-ms", "1000",
         "--metrics-port", "0", "--max-lag", "-1", "--heartbeat-ttl-s", "2", "--block-ms", "200",
         *extra,

@@ -147,7 +147,7 @@ async def test_standby_takes_over_when_the_leader_is_killed(redis_url: str) -> N
 
 def spawn_credit(redis_url: str, run_id: str, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "libludic.cli", "credit", "--metrics-port", "0",
+        [sys.executable, "-m", "services.cli", "credit", "--metrics-port", "0",
          "--block-ms", "200", *extra],
         cwd=REPO, stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(REPO), "LUDIC_REDIS_URL": redis_url,

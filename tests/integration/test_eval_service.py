@@ -73,7 +73,7 @@ def test_eval_service_exports_the_pass_rate_of_each_evaluated_step(
         log = tmp_path / "eval.log"
         with open(log, "wb") as f:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "libludic.cli", "eval", "--poll-s", "0.2",
+                [sys.executable, "-m", "services.cli", "eval", "--poll-s", "0.2",
                  "--settle-s", "0", "--output-file", str(out)],
                 cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT,
             )

@@ -173,7 +173,7 @@ def test_torchrun_two_ranks_trains_publishes_to_vllm_and_resumes_over_collective
             "--master_port",
             str(free_port()),
             "-m",
-            "libludic.cli",
+            "services.cli",
         ]
         args = learner_cmd(
             redis_server.url,
@@ -326,7 +326,7 @@ def test_kill9_then_resume_trains_every_item_exactly_once(
         "--algorithm",
         '{"name": "grpo"}',
     ]
-    cli = [sys.executable, "-m", "libludic.cli"]
+    cli = [sys.executable, "-m", "services.cli"]
 
     push_sync(redis_server.url, "ref", items)
     ref_out = tmp_path / "ref"

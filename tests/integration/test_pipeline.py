@@ -124,7 +124,7 @@ async def test_pipeline_real_vllm(redis_url: str, tiny_model_dir: Path, tmp_path
            "LUDIC_AUTH_TOKEN": "test-token"}
     log = open(tmp_path / "inference.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "libludic.cli", "inference", "--model", str(tiny_model_dir),
+        [sys.executable, "-m", "services.cli", "inference", "--model", str(tiny_model_dir),
          "--port", str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
     )
     try:
@@ -166,7 +166,7 @@ def test_feeder_cli_restart_never_repeats_seeds_and_status_reports(
     )
     env = {**os.environ, "PYTHONPATH": str(REPO), "LUDIC_CONFIG": str(cfg)}
     for _ in range(2):  # a restart continues from the persisted seed counter
-        subprocess.run([sys.executable, "-m", "libludic.cli", "feeder"], cwd=REPO, env=env,
+        subprocess.run([sys.executable, "-m", "services.cli", "feeder"], cwd=REPO, env=env,
                        check=True, timeout=60, capture_output=True)
 
     async def read() -> List[Any]:
@@ -180,7 +180,7 @@ def test_feeder_cli_restart_never_repeats_seeds_and_status_reports(
     assert all(q.num_episodes == 4 and q.same_env_seed and q.meta["group_id"] == q.id for q in reqs)
     assert all(q.inference is None or q.inference.return_spec.return_chosen_logprobs for q in reqs)
     out = subprocess.run(
-        [sys.executable, "-m", "libludic.cli", "status", "--json", "--redis-url", redis_url,
+        [sys.executable, "-m", "services.cli", "status", "--json", "--redis-url", redis_url,
          "--run-id", "cli"], cwd=REPO, env=env, check=True, timeout=60, capture_output=True,
     )
     import json
@@ -189,7 +189,7 @@ def test_feeder_cli_restart_never_repeats_seeds_and_status_reports(
     assert st["streams"]["requests"]["length"] == 6
     assert st["feeder_next_seed"] == 6 and st["actors_alive"] == 0 and st["policy_version"] == 0
     text = subprocess.run(
-        [sys.executable, "-m", "libludic.cli", "status", "--redis-url", redis_url, "--run-id", "cli"],
+        [sys.executable, "-m", "services.cli", "status", "--redis-url", redis_url, "--run-id", "cli"],
         cwd=REPO, env=env, check=True, timeout=60, capture_output=True, text=True,
     ).stdout
     assert "requests" in text and "policy_version=0" in text

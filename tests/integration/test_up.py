@@ -60,7 +60,7 @@ def procs_of_run(run_id: str) -> List[int]:
 def ludic_up(cfg: Path, log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("LUDIC_REDIS_URL", None)
-    return subprocess.Popen([sys.executable, "-m", "libludic.cli", "up", "--config", str(cfg), "--no-live"],
+    return subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--config", str(cfg), "--no-live"],
                             stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)
 
 

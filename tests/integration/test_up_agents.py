@@ -76,7 +76,7 @@ def run_example(example: str, tmp_path: Path, model: Path, redis_url: str) -> tu
            # no LUDIC_VLLM_ARGS: on CPU `ludic inference` turns chunked prefill off itself
            # (vLLM 0.32's CPU sampler dies on a chunked seeded prefill; these prompts chunk)
            "LUDIC_NUM_STEPS": str(STEPS), "LUDIC_BATCH_SIZE": "16"}
-    argv = [sys.executable, "-m", "libludic.cli", "up", "--config", str(cfg), "--model", str(model),
+    argv = [sys.executable, "-m", "services.cli", "up", "--config", str(cfg), "--model", str(model),
             "--name", example, "--runs-dir", str(tmp_path / "runs"), "--actors", "1", "--eval-n", "4",
             "--eval-every-steps", "2", "--timeout-s", "540", "--startup-timeout-s", "240", "--no-live"]
     log = tmp_path / "up.log"

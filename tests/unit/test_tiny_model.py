@@ -4,8 +4,8 @@ import json
 
 import torch
 
-from libludic.cli import main as ludic_main
 from libludic.models.tiny import IM_END_ID, PAD_ID, encode_bytes
+from services.cli import main as ludic_main
 
 
 def test_model_init_loads_and_generates(tmp_path):

@@ -277,7 +277,7 @@ def select_sandbox(docker: Optional[DockerSandboxConfig] = None) -> Sandbox:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """``ludic sandbox build [--base IMAGE] [--python-version V]`` (libludic/cli.py)."""
+    """``ludic sandbox build [--base IMAGE] [--python-version V]`` (services/cli.py)."""
     import argparse
 
     p = argparse.ArgumentParser(prog="ludic sandbox")
