@@ -21,14 +21,14 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(cfg: Dict[str, Any], name: str, work: Path, max_lag: int) -> Dict[str, Any]:
+def run(cfg: dict[str, Any], name: str, work: Path, max_lag: int) -> dict[str, Any]:
     cfg = json.loads(json.dumps(cfg))
     cfg["run_id"] = name
     cfg["up"].update(name=name, runs_dir=str(work), prometheus=False)
@@ -47,7 +47,7 @@ def run(cfg: Dict[str, Any], name: str, work: Path, max_lag: int) -> Dict[str, A
     return json.loads((work / name / "summary.json").read_text())
 
 
-def time_to(summary: Dict[str, Any], target: float) -> Optional[float]:
+def time_to(summary: dict[str, Any], target: float) -> float | None:
     for e in summary["evals"]:
         if e["eval/pass_rate"] >= target:
             return e["wall_s"]

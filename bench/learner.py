@@ -19,7 +19,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List
 
 import torch
 
@@ -33,7 +32,7 @@ from libludic.training.trainer import Trainer  # noqa: E402
 from libludic.training.types import SampleAttachments, SAWBatch, SAWItem  # noqa: E402
 
 
-def synthetic_batches(n: int, batch_size: int, seed: int = 0) -> List[List[SAWItem]]:
+def synthetic_batches(n: int, batch_size: int, seed: int = 0) -> list[list[SAWItem]]:
     """Arithmetic-shaped items: 20-28 state tokens, 3-6 action tokens."""
     rng = random.Random(seed)
     out = []
@@ -57,7 +56,7 @@ def synthetic_batches(n: int, batch_size: int, seed: int = 0) -> List[List[SAWIt
 
 
 class CycleSource:
-    def __init__(self, batches: List[List[SAWItem]]) -> None:
+    def __init__(self, batches: list[list[SAWItem]]) -> None:
         self.batches, self.i = batches, 0
 
     async def next_batch(self) -> SAWBatch:
@@ -66,7 +65,7 @@ class CycleSource:
         return SAWBatch(items=b)
 
 
-def bare_step(model, opt, t: Dict[str, torch.Tensor]) -> None:
+def bare_step(model, opt, t: dict[str, torch.Tensor]) -> None:
     logits = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"]).logits
     lg = logits[:, :-1]
     logp = lg.gather(-1, t["input_ids"][:, 1:, None]).squeeze(-1) - torch.logsumexp(lg, -1)
@@ -78,7 +77,7 @@ def bare_step(model, opt, t: Dict[str, torch.Tensor]) -> None:
     opt.zero_grad(set_to_none=True)
 
 
-def main(argv: List[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="< 60 s")
     ap.add_argument("--batch-size", type=int, default=64)

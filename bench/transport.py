@@ -25,7 +25,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List
 
 import numpy as np
 
@@ -79,14 +78,14 @@ def make_item(n_tokens: int, rng: np.random.Generator) -> SAWItem:
     )
 
 
-async def bench_transport(url: str, n_tokens: int, n_items: int) -> Dict[str, float]:
+async def bench_transport(url: str, n_tokens: int, n_items: int) -> dict[str, float]:
     r = t.connect(url)
     stream = f"ludic:{{bench}}:saw{n_tokens}"
     await r.delete(stream)
     await t.ensure_group(r, stream, "g")
     item = make_item(n_tokens, np.random.default_rng(0))
-    sent: Dict[str, float] = {}
-    lat: List[float] = []
+    sent: dict[str, float] = {}
+    lat: list[float] = []
     nbytes = 0
     c = t.StreamConsumer(r, stream, "g", "c1", "ludic:{bench}:deadletter", claim_every_s=1e9)
 
@@ -129,7 +128,7 @@ async def bench_transport(url: str, n_tokens: int, n_items: int) -> Dict[str, fl
     }
 
 
-async def bench_raw(url: str, payload: bytes, n_items: int) -> Dict[str, float]:
+async def bench_raw(url: str, payload: bytes, n_items: int) -> dict[str, float]:
     r = t.connect(url)
     stream = "ludic:{bench}:raw"
     await r.delete(stream)

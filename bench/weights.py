@@ -24,8 +24,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Dict, List
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -59,7 +59,7 @@ class _Sink(http.server.BaseHTTPRequestHandler):
 
 
 def timed(fn: Callable[[], object], reps: int) -> float:
-    out: List[float] = []
+    out: list[float] = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
@@ -76,7 +76,7 @@ def pause_sum(url: str) -> float:
     return 0.0
 
 
-def main(argv: List[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one round per plane")
     ap.add_argument("--reps", type=int, default=3)
@@ -102,12 +102,12 @@ def main(argv: List[str] | None = None) -> int:
     base = load_file(str(model_dir / "model.safetensors"))
     g = torch.Generator().manual_seed(0)
     # distinct weights per version, made before any clock starts (2 warm-ups + 2 planes)
-    sds: Dict[int, Dict[str, torch.Tensor]] = {
+    sds: dict[int, dict[str, torch.Tensor]] = {
         v: {k: torch.randn(t.shape, generator=g) * 0.05 for k, t in base.items()}
         for v in range(2 * reps + 3)
     }
 
-    def weights(v: int) -> Dict[str, torch.Tensor]:
+    def weights(v: int) -> dict[str, torch.Tensor]:
         return sds[v]
 
     payload = to_safetensors_bytes(weights(0))

@@ -50,8 +50,9 @@ stays in flight forever (visible, never miscounted).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -258,7 +259,7 @@ DEFAULT_TTL_S = 7 * 24 * 3600
 async def add_requests(
     r: aioredis.Redis,
     keys: transport.Keys,
-    requests: Sequence[Tuple[str, bytes]],
+    requests: Sequence[tuple[str, bytes]],
     ttl_s: int = DEFAULT_TTL_S,
 ) -> int:
     """XADD each (request id, payload) not added before and count it requested, atomically.
@@ -267,7 +268,7 @@ async def add_requests(
         return 0
     ak = AcctKeys(keys)
     ks = [keys.requests, ak.counters] + [keys.done("feeder", rid) for rid, _ in requests]
-    args: List[Any] = [ttl_s]
+    args: list[Any] = [ttl_s]
     for rid, payload in requests:
         args += [rid, payload]
     return int(await r.eval(_REQUEST_LUA, len(ks), *ks, *args))
@@ -276,7 +277,7 @@ async def add_requests(
 async def commit(
     sc: transport.StreamConsumer,
     entries: Sequence[transport.Entry],
-    outputs: Sequence[Tuple[str, bytes]],
+    outputs: Sequence[tuple[str, bytes]],
     out_stream: str,
     done_key: str,
     *,
@@ -292,7 +293,7 @@ async def commit(
     if if_empty not in GROUP_FATES:
         raise ValueError(f"if_empty={if_empty!r}; use one of {GROUP_FATES}")
     ak = AcctKeys(transport.Keys(_run_of(sc.stream)))
-    args: List[Any] = [sc.group, sc.done_ttl_s, stage, group_id, if_empty, len(entries)]
+    args: list[Any] = [sc.group, sc.done_ttl_s, stage, group_id, if_empty, len(entries)]
     args += [e.id for e in entries]
     for item_id, payload in outputs:
         args += [item_id, payload]
@@ -310,7 +311,7 @@ async def dead_letter(
     iid = entry.item_id
     marker = keys.done("actor", iid) if stage == "requests" else keys.done("learner", iid)
     ks = [sc.stream, sc.deadletter, ak.counters, ak.open, ak.mix, ak.items, marker]
-    args: List[Any] = [
+    args: list[Any] = [
         sc.group, entry.id, reason, detail[:2000], sc.consumer,
         entry.payload if entry.payload is not None else b"", iid, stage, sc.done_ttl_s,
         keys.done("learner", ""),
@@ -330,7 +331,7 @@ async def ack_items(
     keys = transport.Keys(_run_of(sc.stream))
     ak = AcctKeys(keys)
     ks = [sc.stream, ak.counters, ak.open, ak.mix, ak.items]
-    args: List[Any] = [sc.group, outcome, sc.done_ttl_s, keys.done("learner", ""), *entry_ids]
+    args: list[Any] = [sc.group, outcome, sc.done_ttl_s, keys.done("learner", ""), *entry_ids]
     return int(await sc.redis.eval(_ACK_LUA, len(ks), *ks, *args))
 
 
@@ -352,7 +353,7 @@ def _run_of(stream_key: str) -> str:
     return stream_key[lo + 1 : hi]
 
 
-def compute(counters: Dict[str, int], observed: Dict[str, int]) -> Dict[str, Any]:
+def compute(counters: dict[str, int], observed: dict[str, int]) -> dict[str, Any]:
     """The accounting from raw counters and observed backlog sizes (pure; unit-tested).
 
     ``observed``: ``requests_backlog`` (XLEN requests), ``rolling`` / ``open`` (HLEN of the
@@ -377,7 +378,7 @@ def compute(counters: Dict[str, int], observed: Dict[str, int]) -> Dict[str, Any
     }
 
 
-async def snapshot(r: aioredis.Redis, keys: transport.Keys) -> Dict[str, Any]:
+async def snapshot(r: aioredis.Redis, keys: transport.Keys) -> dict[str, Any]:
     """The run's accounting, read atomically (one script), with the derived and the
     observed in-flight figures and ``consistent``."""
     ak = AcctKeys(keys)
@@ -398,11 +399,11 @@ async def snapshot(r: aioredis.Redis, keys: transport.Keys) -> Dict[str, Any]:
     return compute(counters, observed)
 
 
-def snapshot_sync(redis_url: str, run_id: str) -> Dict[str, Any]:
+def snapshot_sync(redis_url: str, run_id: str) -> dict[str, Any]:
     """:func:`snapshot` for synchronous callers (launcher, tests)."""
     import asyncio
 
-    async def go() -> Dict[str, Any]:
+    async def go() -> dict[str, Any]:
         r = transport.connect(redis_url)
         try:
             return await snapshot(r, transport.Keys(run_id))
@@ -412,7 +413,7 @@ def snapshot_sync(redis_url: str, run_id: str) -> Dict[str, Any]:
     return asyncio.run(go())
 
 
-def format_line(a: Optional[Dict[str, Any]]) -> str:
+def format_line(a: dict[str, Any] | None) -> str:
     """One human line for ``ludic status`` / logs."""
     if not a:
         return "accounting: n/a"

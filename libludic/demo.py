@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import time
 from pathlib import Path
-from typing import List, Optional
 
 from rich.console import Console
 from rich.table import Table
@@ -26,7 +25,7 @@ from libludic.training.batching.rollout_engine import RolloutEngine
 from libludic.training.types import EnvSpec, RolloutRequest
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ludic demo", description=__doc__)
     p.add_argument("--run-dir", default="runs/demo")
     p.add_argument("--size", default="tiny")

@@ -9,15 +9,16 @@ shows the agent instead of stepping the environment.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any
 
 
 @dataclass(frozen=True)
 class ParseResult:
-    action: Optional[str]
+    action: str | None
     reward: float
-    obs: Optional[str]
+    obs: str | None
 
     @property
     def ok(self) -> bool:
@@ -80,7 +81,7 @@ def think_prefix_parser(success_reward: float = 0.0, error_reward: float = -1.0)
     return parse
 
 
-def _last_boxed(text: str) -> Optional[str]:
+def _last_boxed(text: str) -> str | None:
     start = text.rfind("\\boxed{")
     if start < 0:
         return None
@@ -131,7 +132,7 @@ def compose_parsers(*parsers: Parser) -> Parser:
     return parse
 
 
-ParserSpec = Union[None, str, Mapping[str, Any]]
+ParserSpec = None | str | Mapping[str, Any]
 
 
 def make_parser(spec: ParserSpec) -> Parser:

@@ -13,7 +13,7 @@ come from the request's InferenceSpec.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from libludic.agents.base_agent import Agent
 from libludic.agents.config import build_agent
@@ -41,10 +41,10 @@ def make_context(kind: str = "full", **kwargs: Any) -> ContextStrategy:
     raise ValueError(f"unknown context kind {kind!r}; use 'full' or 'truncated_thinking'")
 
 
-_PROBLEM_CACHE: Dict[str, Any] = {}
+_PROBLEM_CACHE: dict[str, Any] = {}
 
 
-def code_exec_env(problems_path: str, config: Optional[Dict[str, Any]] = None, system_prompt: Optional[str] = None) -> Any:
+def code_exec_env(problems_path: str, config: dict[str, Any] | None = None, system_prompt: str | None = None) -> Any:
     """CodeExecEnv from plain data: a JSONL of problems and CodeExecConfig fields."""
     from libludic.envs.code_exec.config import CodeExecConfig
     from libludic.envs.code_exec.env import DEFAULT_SYSTEM_PROMPT, CodeExecEnv, load_problems
@@ -59,8 +59,8 @@ def code_exec_env(problems_path: str, config: Optional[Dict[str, Any]] = None, s
 
 
 def dataset_qa_env(
-    path: Optional[str] = None,
-    hf: Optional[Dict[str, Any]] = None,
+    path: str | None = None,
+    hf: dict[str, Any] | None = None,
     format: str = "plain",
     verifier: str = "exact",
     **kw: Any,
@@ -87,7 +87,7 @@ def dataset_qa_env(
     return dq.DatasetQAEnv(_PROBLEM_CACHE[key], **kw)
 
 
-def default_env_registry() -> Dict[str, EnvFactory]:
+def default_env_registry() -> dict[str, EnvFactory]:
     from libludic.envs.arithmetic import ArithmeticEnv
     from libludic.envs.tic_tac_toe import TicTacToeEnv, TwoPlayerTicTacToeEnv
 
@@ -100,8 +100,8 @@ def default_env_registry() -> Dict[str, EnvFactory]:
     }
 
 
-def build_registries(client: ChatClient) -> Tuple[Dict[str, EnvFactory], Dict[str, ProtocolFactory]]:
-    def make_agent(inference: Optional[InferenceSpec], parser: ParserSpec, context: str, spec: Optional[AgentSpec]) -> Agent:
+def build_registries(client: ChatClient) -> tuple[dict[str, EnvFactory], dict[str, ProtocolFactory]]:
+    def make_agent(inference: InferenceSpec | None, parser: ParserSpec, context: str, spec: AgentSpec | None) -> Agent:
         spec = spec if spec is not None else AgentSpec()
         return build_agent(
             spec.kind, spec.kwargs,
@@ -109,22 +109,22 @@ def build_registries(client: ChatClient) -> Tuple[Dict[str, EnvFactory], Dict[st
         )
 
     def single_agent(
-        inference: Optional[InferenceSpec] = None,
+        inference: InferenceSpec | None = None,
         parser: ParserSpec = None,
         context: str = "full",
-        system_prompt: Optional[str] = None,
+        system_prompt: str | None = None,
         stop_on_parse_error: bool = False,
-        agent: Optional[AgentSpec] = None,
+        agent: AgentSpec | None = None,
     ) -> SingleAgentSyncProtocol:
         return SingleAgentSyncProtocol(make_agent(inference, parser, context, agent), stop_on_parse_error, system_prompt)
 
     def multi_agent(
-        inference: Optional[InferenceSpec] = None,
-        roles: Optional[List[str]] = None,
+        inference: InferenceSpec | None = None,
+        roles: list[str] | None = None,
         parser: ParserSpec = None,
         context: str = "full",
-        system_prompts: Optional[Dict[str, str]] = None,
-        agent: Optional[AgentSpec] = None,
+        system_prompts: dict[str, str] | None = None,
+        agent: AgentSpec | None = None,
     ) -> MultiAgentProtocol:
         if not roles:
             raise ValueError("multi_agent protocol needs kwargs roles=[...] naming the env's agent ids")

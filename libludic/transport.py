@@ -71,17 +71,10 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import (
     Any,
-    Awaitable,
-    Callable,
-    Dict,
-    List,
-    Mapping,
-    Optional,
-    Sequence,
-    Tuple,
 )
 
 import msgpack
@@ -108,7 +101,7 @@ GROUP_CREDIT = "credit"
 GROUP_LEARNER = "learner"
 
 #: Errors that mean "Redis is unreachable right now": back off and retry, never crash.
-REDIS_DOWN_ERRORS: Tuple[type[BaseException], ...] = (
+REDIS_DOWN_ERRORS: tuple[type[BaseException], ...] = (
     rexc.ConnectionError,
     rexc.TimeoutError,
     ConnectionError,
@@ -182,7 +175,7 @@ class Keys:
     def done(self, role: str, item_id: str) -> str:
         return f"{self.prefix}:done:{role}:{item_id}"
 
-    def streams(self) -> Dict[str, str]:
+    def streams(self) -> dict[str, str]:
         """Short name -> key of every stream, with the consumer group reading it."""
         return {
             "requests": self.requests,
@@ -243,7 +236,7 @@ def _unpack(data: Any) -> Any:
         raise CodecError("bad_msgpack", f"{type(e).__name__}: {e}") from e
 
 
-def pack_array(values: Optional[Sequence[Any]], dtype: np.dtype) -> Optional[bytes]:
+def pack_array(values: Sequence[Any] | None, dtype: np.dtype) -> bytes | None:
     if values is None:
         return None
     try:
@@ -252,7 +245,7 @@ def pack_array(values: Optional[Sequence[Any]], dtype: np.dtype) -> Optional[byt
         raise ValueError(f"value does not fit {dtype}: {e}") from e
 
 
-def unpack_array(raw: Any, dtype: np.dtype, what: str) -> Optional[List[Any]]:
+def unpack_array(raw: Any, dtype: np.dtype, what: str) -> list[Any] | None:
     if raw is None:
         return None
     if not isinstance(raw, bytes):
@@ -264,11 +257,11 @@ def unpack_array(raw: Any, dtype: np.dtype, what: str) -> Optional[List[Any]]:
     return np.frombuffer(raw, dtype=dtype).tolist()
 
 
-def _envelope(kind: str, body: Dict[str, Any]) -> bytes:
+def _envelope(kind: str, body: dict[str, Any]) -> bytes:
     return _pack({"schema_version": SCHEMA_VERSION, "kind": kind, "body": body})
 
 
-def _open(data: Any, kind: str) -> Dict[str, Any]:
+def _open(data: Any, kind: str) -> dict[str, Any]:
     obj = _unpack(data)
     if not isinstance(obj, dict):
         raise CodecError("bad_msgpack", f"top level is {type(obj).__name__}, expected a map")
@@ -309,7 +302,7 @@ def decode_request(data: Any) -> RolloutRequest:
     return _build("RolloutRequest", lambda: RolloutRequest.from_dict(body))
 
 
-def _opt_number(x: Any, field: str) -> Optional[float]:
+def _opt_number(x: Any, field: str) -> float | None:
     if x is None:
         return None
     if not isinstance(x, (int, float)) or isinstance(x, bool):
@@ -317,7 +310,7 @@ def _opt_number(x: Any, field: str) -> Optional[float]:
     return float(x)
 
 
-def _pack_trace(tr: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+def _pack_trace(tr: dict[str, Any] | None) -> dict[str, Any] | None:
     if tr is None:
         return None
     return {
@@ -328,7 +321,7 @@ def _pack_trace(tr: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     }
 
 
-def _unpack_trace(tr: Any) -> Optional[Dict[str, Any]]:
+def _unpack_trace(tr: Any) -> dict[str, Any] | None:
     if tr is None:
         return None
     if not isinstance(tr, dict):
@@ -453,7 +446,7 @@ async def wait_event(ev: asyncio.Event, timeout: float) -> bool:
     return ev.is_set()
 
 
-async def backoff_sleep(attempt: int, stop: Optional[asyncio.Event] = None, cap: float = 5.0) -> None:
+async def backoff_sleep(attempt: int, stop: asyncio.Event | None = None, cap: float = 5.0) -> None:
     delay = min(cap, 0.1 * (2 ** min(attempt, 10)))
     if stop is None:
         await asyncio.sleep(delay)
@@ -464,9 +457,9 @@ async def backoff_sleep(attempt: int, stop: Optional[asyncio.Event] = None, cap:
 async def retry_redis(
     fn: Callable[[], Awaitable[Any]],
     *,
-    stop: Optional[asyncio.Event] = None,
-    deadline_s: Optional[float] = None,
-    on_error: Optional[Callable[[BaseException], None]] = None,
+    stop: asyncio.Event | None = None,
+    deadline_s: float | None = None,
+    on_error: Callable[[BaseException], None] | None = None,
 ) -> Any:
     """Call ``fn`` until it does not raise a REDIS_DOWN_ERRORS (idempotent calls only).
 
@@ -570,12 +563,12 @@ class Entry:
     """One stream entry as read by a consumer."""
 
     id: str
-    fields: Dict[bytes, bytes]
+    fields: dict[bytes, bytes]
     claimed: bool = False  # came from XAUTOCLAIM (a redelivery)
     deliveries: int = 1
 
     @property
-    def payload(self) -> Optional[bytes]:
+    def payload(self) -> bytes | None:
         return self.fields.get(b"d")
 
     @property
@@ -584,7 +577,7 @@ class Entry:
         return "" if v is None else _s(v)
 
 
-def _entries(raw: Any, claimed: bool = False) -> List[Entry]:
+def _entries(raw: Any, claimed: bool = False) -> list[Entry]:
     out = []
     for eid, fields in raw or []:
         if fields is None:  # deleted while pending
@@ -608,9 +601,9 @@ async def wait_below(
     stream: str,
     high_water: int,
     *,
-    stop: Optional[asyncio.Event] = None,
+    stop: asyncio.Event | None = None,
     poll_s: float = 0.2,
-    on_wait: Optional[Callable[[int], None]] = None,
+    on_wait: Callable[[int], None] | None = None,
 ) -> float:
     """Block while ``XLEN stream >= high_water`` (0 disables). Returns seconds waited.
 
@@ -658,7 +651,7 @@ class StreamConsumer:
     claim_every_s: float = 1.0
     max_deliveries: int = 5
     done_ttl_s: int = 7 * 24 * 3600
-    on_deadletter: Optional[Callable[[str], None]] = None
+    on_deadletter: Callable[[str], None] | None = None
     acct_stage: str = ""  # requests|rollouts|saw: dead-letters also move libludic.accounting
     _cursor: str = field(default="0-0", init=False)
     _last_claim: float = field(default=0.0, init=False)
@@ -671,7 +664,7 @@ class StreamConsumer:
     async def ensure_group(self) -> None:
         await ensure_group(self.redis, self.stream, self.group)
 
-    async def claim_stale(self, count: int, min_idle_ms: Optional[int] = None) -> List[Entry]:
+    async def claim_stale(self, count: int, min_idle_ms: int | None = None) -> list[Entry]:
         """XAUTOCLAIM up to ``count`` entries idle >= ``min_idle_ms`` from any consumer."""
         idle = self.claim_idle_ms if min_idle_ms is None else min_idle_ms
         res = await self.redis.xautoclaim(
@@ -696,7 +689,7 @@ class StreamConsumer:
                 out.append(e)
         return out
 
-    async def read(self, count: int, block_ms: int = 1000) -> List[Entry]:
+    async def read(self, count: int, block_ms: int = 1000) -> list[Entry]:
         """Up to ``count`` entries: stale claims first, then new ones (blocking)."""
         if count <= 0:
             return []
@@ -723,14 +716,14 @@ class StreamConsumer:
     async def commit(
         self,
         entries: Sequence[Entry],
-        outputs: Sequence[Tuple[str, bytes]],
+        outputs: Sequence[tuple[str, bytes]],
         out_stream: str,
         done_key: str,
     ) -> int:
         """Atomically: if ``done_key`` is new, XADD ``outputs`` (item_id, payload) to
         ``out_stream``; then XACK+XDEL ``entries``. Returns the number written, or -1 if
         ``done_key`` already existed (a redelivery: nothing written, inputs acked)."""
-        args: List[Any] = [self.group, self.done_ttl_s, len(entries)]
+        args: list[Any] = [self.group, self.done_ttl_s, len(entries)]
         args += [e.id for e in entries]
         for item_id, payload in outputs:
             args += [item_id, payload]
@@ -827,14 +820,14 @@ class AdmissionController:
     max_lag: int
     inference_version: Callable[[], Awaitable[int]]
     poll_s: float = 0.5
-    on_wait: Optional[Callable[[], None]] = None
+    on_wait: Callable[[], None] | None = None
 
-    async def lag(self) -> Tuple[int, int, int]:
+    async def lag(self) -> tuple[int, int, int]:
         learner = await get_policy_version(self.redis, self.keys)
         inf = await self.inference_version()
         return learner - inf, learner, inf
 
-    async def admit(self, stop: Optional[asyncio.Event] = None) -> int:
+    async def admit(self, stop: asyncio.Event | None = None) -> int:
         """Wait until admitted; returns the inference version (or -1 when disabled)."""
         if self.max_lag < 0:
             return -1
@@ -864,9 +857,9 @@ async def beat(r: aioredis.Redis, keys: Keys, role: str, consumer: str, ttl_s: f
     await r.set(keys.heartbeat(role, consumer), _pack(body), px=int(ttl_s * 1000))
 
 
-async def alive(r: aioredis.Redis, keys: Keys, role: str) -> Dict[str, Dict[str, Any]]:
+async def alive(r: aioredis.Redis, keys: Keys, role: str) -> dict[str, dict[str, Any]]:
     """consumer -> last heartbeat body, for every live ``role`` process."""
-    out: Dict[str, Dict[str, Any]] = {}
+    out: dict[str, dict[str, Any]] = {}
     prefix = keys.heartbeat(role, "")
     async for k in r.scan_iter(match=keys.heartbeat_pattern(role), count=500):
         v = await r.get(k)

@@ -9,14 +9,15 @@ without pickle. The wire codec (msgpack, packed token arrays) lives in
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple, TypedDict
+from typing import Any, TypedDict
 
 AgentID = str
 Obs = str
 Action = str
-Info = Dict[str, Any]
-RolloutStepKey = Tuple[str, int]  # (rollout_id, step_index)
+Info = dict[str, Any]
+RolloutStepKey = tuple[str, int]  # (rollout_id, step_index)
 
 
 class Message(TypedDict):
@@ -47,10 +48,10 @@ class TokenTrace:
     means 1.0.
     """
 
-    prompt_token_ids: List[int]
-    completion_token_ids: List[int]
-    completion_logprobs: Optional[List[float]] = None
-    temperature: Optional[float] = None
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    completion_logprobs: list[float] | None = None
+    temperature: float | None = None
 
     def __post_init__(self) -> None:
         if self.completion_logprobs is not None and len(self.completion_logprobs) != len(
@@ -61,7 +62,7 @@ class TokenTrace:
                 f"{len(self.completion_token_ids)} completion tokens; they must align 1:1"
             )
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "prompt_token_ids": list(self.prompt_token_ids),
             "completion_token_ids": list(self.completion_token_ids),
@@ -72,7 +73,7 @@ class TokenTrace:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "TokenTrace":
+    def from_dict(cls, d: Mapping[str, Any]) -> TokenTrace:
         lp, temp = d.get("completion_logprobs"), d.get("temperature")
         return cls(
             prompt_token_ids=[int(t) for t in d["prompt_token_ids"]],
@@ -93,14 +94,14 @@ class ChatResponse:
 
     text: str
     finish_reason: str = "stop"
-    prompt_token_ids: Optional[List[int]] = None
-    completion_token_ids: Optional[List[int]] = None
-    completion_logprobs: Optional[List[float]] = None
-    policy_version: Optional[int] = None
-    tool_calls: Optional[List[Dict[str, Any]]] = None
-    temperature: Optional[float] = None  # the request's sampling temperature (TokenTrace)
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    completion_logprobs: list[float] | None = None
+    policy_version: int | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    temperature: float | None = None  # the request's sampling temperature (TokenTrace)
 
-    def trace(self) -> Optional[TokenTrace]:
+    def trace(self) -> TokenTrace | None:
         if self.prompt_token_ids is None or self.completion_token_ids is None:
             return None
         return TokenTrace(
@@ -137,16 +138,16 @@ class Step:
     index: int
     prev_obs: Obs
     action: Action
-    next_obs: Optional[Obs]
+    next_obs: Obs | None
     reward: float
     truncated: bool = False
     terminated: bool = False
     info: Info = field(default_factory=dict)
-    trace: Optional[TokenTrace] = None
-    policy_version: Optional[int] = None
-    agent_id: Optional[AgentID] = None
+    trace: TokenTrace | None = None
+    policy_version: int | None = None
+    agent_id: AgentID | None = None
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "index": self.index,
             "prev_obs": self.prev_obs,
@@ -162,7 +163,7 @@ class Step:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Step":
+    def from_dict(cls, d: Mapping[str, Any]) -> Step:
         tr = d.get("trace")
         pv = d.get("policy_version")
         return cls(
@@ -190,11 +191,11 @@ class Rollout:
     """
 
     id: str = field(default_factory=new_id)
-    steps: List[Step] = field(default_factory=list)
-    meta: Dict[str, Any] = field(default_factory=dict)
+    steps: list[Step] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def group_id(self) -> Optional[str]:
+    def group_id(self) -> str | None:
         gid = self.meta.get("group_id")
         return None if gid is None else str(gid)
 
@@ -207,19 +208,19 @@ class Rollout:
         return len(self.steps)
 
     @property
-    def policy_versions(self) -> List[Optional[int]]:
+    def policy_versions(self) -> list[int | None]:
         return [s.policy_version for s in self.steps]
 
     @property
-    def min_policy_version(self) -> Optional[int]:
+    def min_policy_version(self) -> int | None:
         vs = [v for v in self.policy_versions if v is not None]
         return min(vs) if vs else None
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "steps": [s.to_dict() for s in self.steps], "meta": dict(self.meta)}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Rollout":
+    def from_dict(cls, d: Mapping[str, Any]) -> Rollout:
         return cls(
             id=str(d["id"]),
             steps=[Step.from_dict(s) for s in d["steps"]],

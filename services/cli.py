@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Dict, List, Optional, Tuple
 
-COMMANDS: Dict[str, Tuple[str, str]] = {
+COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("libludic.models.cli:main", "build the tiny offline model: ludic model init DIR"),
     "demo": ("libludic.demo:main", "run the local demo"),
     "sft": ("libludic.training.sft:main", "supervised warm start on the arithmetic task"),
@@ -34,7 +33,7 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(_usage())

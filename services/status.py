@@ -16,7 +16,7 @@ import asyncio
 import json
 import os
 from collections import Counter
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import redis.exceptions as rexc
 
@@ -27,13 +27,13 @@ def _s(x: Any) -> Any:
     return x.decode() if isinstance(x, bytes) else x
 
 
-async def collect(redis_url: str, run_id: str, deadletter_sample: int = 1000) -> Dict[str, Any]:
+async def collect(redis_url: str, run_id: str, deadletter_sample: int = 1000) -> dict[str, Any]:
     keys = transport.Keys(run_id)
     r = transport.connect(redis_url)
     try:
-        streams: Dict[str, Any] = {}
+        streams: dict[str, Any] = {}
         for name, key in keys.streams().items():
-            info: Dict[str, Any] = {"key": key, "length": int(await r.xlen(key)), "groups": []}
+            info: dict[str, Any] = {"key": key, "length": int(await r.xlen(key)), "groups": []}
             try:
                 groups = await r.xinfo_groups(key) if info["length"] or await r.exists(key) else []
             except rexc.ResponseError:
@@ -78,7 +78,7 @@ async def collect(redis_url: str, run_id: str, deadletter_sample: int = 1000) ->
         await r.aclose()
 
 
-def render(st: Dict[str, Any]) -> str:
+def render(st: dict[str, Any]) -> str:
     lines = [
         f"run {st['run_id']}: policy_version={st['policy_version']} learner_step={st['learner_step']} "
         f"actors_alive={st['actors_alive']} credit_leader={st['credit_leader'] or '-'} "
@@ -102,7 +102,7 @@ def render(st: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ludic status", description=__doc__.split("\n")[0])
     p.add_argument("--redis-url", default=os.environ.get("LUDIC_REDIS_URL", "redis://127.0.0.1:6379/0"))
     p.add_argument("--run-id", default=os.environ.get("LUDIC_RUN_ID", "default"))

@@ -15,8 +15,8 @@ import os
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -174,7 +174,7 @@ def redis_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def make_redis(kind: str, workdir: Path, appendonly: bool = False, fsync: str = "always") -> "RedisServer | RedisContainer":
+def make_redis(kind: str, workdir: Path, appendonly: bool = False, fsync: str = "always") -> RedisServer | RedisContainer:
     cls = RedisContainer if kind == "container" else RedisServer
     return cls(workdir, appendonly=appendonly, fsync=fsync)
 

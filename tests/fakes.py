@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from libludic.inference.request import ChatCompletionRequest
 from libludic.types import ChatResponse
 
-Reply = Union[str, Callable[[ChatCompletionRequest], str]]
+Reply = str | Callable[[ChatCompletionRequest], str]
 
 
 class ScriptedClient:
@@ -19,10 +20,10 @@ class ScriptedClient:
 
     def __init__(self, replies: Sequence[Reply], policy_version: int = 0):
         self.replies = list(replies)
-        self.requests: List[ChatCompletionRequest] = []
+        self.requests: list[ChatCompletionRequest] = []
         self.policy_version = policy_version
 
-    async def complete(self, request: ChatCompletionRequest) -> Tuple[ChatResponse, Dict[str, Any]]:
+    async def complete(self, request: ChatCompletionRequest) -> tuple[ChatResponse, dict[str, Any]]:
         self.requests.append(request)
         if not self.replies:
             raise AssertionError("ScriptedClient ran out of replies")
@@ -45,6 +46,6 @@ class ScriptedClient:
     async def get_policy_version(self) -> int:
         return self.policy_version
 
-    def sync_weights(self, params: Mapping[str, Any], timeout_s: float = 600.0, version: Optional[int] = None) -> str:
+    def sync_weights(self, params: Mapping[str, Any], timeout_s: float = 600.0, version: int | None = None) -> str:
         self.policy_version = self.policy_version + 1 if version is None else version
         return "ok"

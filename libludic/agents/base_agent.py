@@ -12,7 +12,7 @@ last response.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from libludic.context.base import ContextStrategy
 from libludic.context.full_dialog import FullDialog
@@ -28,18 +28,18 @@ class AgentTurn:
     """One model call inside ``act()``."""
 
     response: ChatResponse
-    tool_messages: List[Message] = field(default_factory=list)
+    tool_messages: list[Message] = field(default_factory=list)
 
 
 class Agent:
     def __init__(
         self,
         client: ChatClient,
-        ctx: Optional[ContextStrategy] = None,
-        parser: Optional[Parser] = None,
-        sampling: Optional[SamplingConfig] = None,
-        return_spec: Optional[ReturnSpec] = None,
-        model: Optional[str] = None,
+        ctx: ContextStrategy | None = None,
+        parser: Parser | None = None,
+        sampling: SamplingConfig | None = None,
+        return_spec: ReturnSpec | None = None,
+        model: str | None = None,
     ) -> None:
         self.client = client
         self.ctx = ctx if ctx is not None else FullDialog()
@@ -49,17 +49,17 @@ class Agent:
         self.model = model
         self._calls = 0
 
-    def reset(self, system_prompt: Optional[str] = None) -> None:
+    def reset(self, system_prompt: str | None = None) -> None:
         self.ctx.reset(system_prompt)
         self._calls = 0
 
-    def on_env_reset(self, obs: str, info: Dict[str, Any]) -> None:
+    def on_env_reset(self, obs: str, info: dict[str, Any]) -> None:
         self.ctx.on_env_reset(obs, info)
 
-    def on_after_step(self, obs: str, info: Dict[str, Any]) -> None:
+    def on_after_step(self, obs: str, info: dict[str, Any]) -> None:
         self.ctx.on_after_step(obs, info)
 
-    def _request(self, messages: List[Message], seed: Optional[int]) -> ChatCompletionRequest:
+    def _request(self, messages: list[Message], seed: int | None) -> ChatCompletionRequest:
         # Each call of an episode gets its own seed so multi-turn sampling is reproducible.
         call_seed = None if seed is None else seed * 1000 + self._calls
         self._calls += 1
@@ -71,17 +71,17 @@ class Agent:
             seed=call_seed,
         )
 
-    async def _call(self, seed: Optional[int]) -> ChatResponse:
+    async def _call(self, seed: int | None) -> ChatResponse:
         messages = self.ctx.on_before_act()
         response, _ = await self.client.complete(self._request(messages, seed))
         self.ctx.on_after_act(response)
         return response
 
-    async def act(self, *, seed: Optional[int] = None) -> Tuple[Optional[str], Dict[str, Any]]:
+    async def act(self, *, seed: int | None = None) -> tuple[str | None, dict[str, Any]]:
         response = await self._call(seed)
         return act_result(self.parser(response.text), [AgentTurn(response)])
 
 
-def act_result(parsed: ParseResult, turns: List[AgentTurn]) -> Tuple[Optional[str], Dict[str, Any]]:
+def act_result(parsed: ParseResult, turns: list[AgentTurn]) -> tuple[str | None, dict[str, Any]]:
     """``(action, info)`` as ``Agent.act`` returns it (see the module doc)."""
     return parsed.action, {"parsed": parsed, "turns": turns, "response": turns[-1].response}

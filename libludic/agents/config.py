@@ -15,22 +15,23 @@ decoding), so a typo fails before any episode; ``build_agent`` builds the agent.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from libludic.agents.base_agent import Agent
 from libludic.agents.react_agent import ReActAgent
 from libludic.agents.tool_agent import ToolAgent
 from libludic.agents.tools import TOOLS
 
-AGENT_KINDS: Dict[str, type] = {"plain": Agent, "tool": ToolAgent, "react": ReActAgent}
-AGENT_KWARGS: Dict[str, tuple[str, ...]] = {
+AGENT_KINDS: dict[str, type] = {"plain": Agent, "tool": ToolAgent, "react": ReActAgent}
+AGENT_KWARGS: dict[str, tuple[str, ...]] = {
     "plain": (),
     "tool": ("tools", "max_tool_rounds"),
     "react": ("tools", "max_tool_rounds", "think_error_reward"),
 }
 
 
-def validate_agent_config(kind: str, kwargs: Mapping[str, Any]) -> Dict[str, Any]:
+def validate_agent_config(kind: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """Check ``kind`` and its kwargs; returns the kwargs as a plain dict.
 
     Raises ValueError naming the bad value and the valid choices.
@@ -66,7 +67,7 @@ def validate_agent_config(kind: str, kwargs: Mapping[str, Any]) -> Dict[str, Any
     return out
 
 
-def build_agent(kind: str, kwargs: Optional[Mapping[str, Any]] = None, **agent_args: Any) -> Agent:
+def build_agent(kind: str, kwargs: Mapping[str, Any] | None = None, **agent_args: Any) -> Agent:
     """``AGENT_KINDS[kind](**agent_args, **kwargs)`` with tool names resolved to functions.
 
     ``agent_args`` are the Agent constructor's own arguments (client, ctx, parser,

@@ -8,7 +8,7 @@ not open with a think block ends the turn as a parse failure with feedback.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from libludic.agents.tool_agent import ToolAgent
 from libludic.parsers import compose_parsers, think_prefix_parser
@@ -24,7 +24,7 @@ class ReActAgent(ToolAgent):
         super().__init__(*args, **kwargs)
         self.parser = compose_parsers(think_prefix_parser(error_reward=think_error_reward), self.parser)
 
-    def reset(self, system_prompt: Optional[str] = None) -> None:
+    def reset(self, system_prompt: str | None = None) -> None:
         # the think-first format is what the parser enforces, so the model is always told
         super().reset(f"{system_prompt}\n\n{REACT_SYSTEM_PROMPT}" if system_prompt else REACT_SYSTEM_PROMPT)
 

@@ -20,8 +20,9 @@ import asyncio
 import inspect
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple, get_type_hints
+from typing import Any, get_type_hints
 
 from libludic.agents.base_agent import Agent, AgentTurn, act_result
 from libludic.types import ChatResponse, Message
@@ -39,13 +40,13 @@ class Tool:
     name: str
     fn: Callable[..., Any]
     description: str
-    parameters: Dict[str, Any]  # JSON schema of the arguments object
+    parameters: dict[str, Any]  # JSON schema of the arguments object
 
     @classmethod
-    def from_function(cls, fn: Callable[..., Any], name: Optional[str] = None) -> "Tool":
+    def from_function(cls, fn: Callable[..., Any], name: str | None = None) -> Tool:
         hints = get_type_hints(fn)
-        props: Dict[str, Any] = {}
-        required: List[str] = []
+        props: dict[str, Any] = {}
+        required: list[str] = []
         for pname, p in inspect.signature(fn).parameters.items():
             t = hints.get(pname, str)
             if t not in _JSON_TYPES:
@@ -56,13 +57,13 @@ class Tool:
         schema = {"type": "object", "properties": props, "required": required, "additionalProperties": False}
         return cls(name or fn.__name__, fn, (fn.__doc__ or "").strip(), schema)
 
-    def openai_schema(self) -> Dict[str, Any]:
+    def openai_schema(self) -> dict[str, Any]:
         return {
             "type": "function",
             "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
         }
 
-    def validate(self, args: Any) -> Dict[str, Any]:
+    def validate(self, args: Any) -> dict[str, Any]:
         if not isinstance(args, dict):
             raise ToolArgumentError(f"{self.name}: arguments must be a JSON object, got {type(args).__name__}")
         props = self.parameters["properties"]
@@ -87,13 +88,13 @@ class Tool:
         return args
 
 
-def parse_tool_calls(response: ChatResponse) -> List[Tuple[str, Any]]:
+def parse_tool_calls(response: ChatResponse) -> list[tuple[str, Any]]:
     """(name, arguments) pairs from structured tool_calls or ``<tool_call>`` text blocks.
 
     A block whose JSON cannot be decoded yields ``("", error message)`` so the agent can
     be told what was wrong.
     """
-    calls: List[Tuple[str, Any]] = []
+    calls: list[tuple[str, Any]] = []
     for tc in response.tool_calls or []:
         fn = tc.get("function", tc)
         raw = fn.get("arguments", {})
@@ -119,16 +120,16 @@ def parse_tool_calls(response: ChatResponse) -> List[Tuple[str, Any]]:
 
 
 class ToolAgent(Agent):
-    def __init__(self, *args: Any, tools: Optional[List[Callable[..., Any]]] = None, max_tool_rounds: int = 4, **kwargs: Any):
+    def __init__(self, *args: Any, tools: list[Callable[..., Any]] | None = None, max_tool_rounds: int = 4, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.tools: Dict[str, Tool] = {}
+        self.tools: dict[str, Tool] = {}
         for fn in tools or []:
             self.register_tool(fn)
         if max_tool_rounds < 0:
             raise ValueError(f"max_tool_rounds={max_tool_rounds} must be >= 0")
         self.max_tool_rounds = max_tool_rounds
 
-    def register_tool(self, fn: Callable[..., Any], name: Optional[str] = None) -> Tool:
+    def register_tool(self, fn: Callable[..., Any], name: str | None = None) -> Tool:
         tool = Tool.from_function(fn, name)
         self.tools[tool.name] = tool
         return tool
@@ -144,7 +145,7 @@ class ToolAgent(Agent):
         lines += [json.dumps(t.openai_schema()["function"]) for t in self.tools.values()]
         return "\n".join(lines)
 
-    def reset(self, system_prompt: Optional[str] = None) -> None:
+    def reset(self, system_prompt: str | None = None) -> None:
         if self.tools:
             system_prompt = self.tools_prompt() if not system_prompt else f"{system_prompt}\n\n{self.tools_prompt()}"
         super().reset(system_prompt)
@@ -160,15 +161,15 @@ class ToolAgent(Agent):
         except Exception as e:  # the tool's own failure is reported to the model, not raised
             return f"error: {name} raised {type(e).__name__}: {e}"
 
-    async def act(self, *, seed: Optional[int] = None) -> Tuple[Optional[str], Dict[str, Any]]:
-        turns: List[AgentTurn] = []
+    async def act(self, *, seed: int | None = None) -> tuple[str | None, dict[str, Any]]:
+        turns: list[AgentTurn] = []
         for _ in range(self.max_tool_rounds + 1):
             response = await self._call(seed)
             calls = parse_tool_calls(response)
             if not calls or len(turns) == self.max_tool_rounds:
                 turns.append(AgentTurn(response))
                 break
-            tool_msgs: List[Message] = []
+            tool_msgs: list[Message] = []
             for name, args in calls:
                 out = args if name == "" else await asyncio.to_thread(self.run_tool, name, args)
                 msg: Message = {"role": "tool", "content": f"{name}: {out}" if name else f"error: {out}"}

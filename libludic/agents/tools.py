@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import ast
 import operator
-from typing import Any, Callable, Dict
+from collections.abc import Callable
+from typing import Any
 
 _OUT = 400
-_OPS: Dict[type, Callable[..., Any]] = {
+_OPS: dict[type, Callable[..., Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
     ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
     ast.Pow: operator.pow, ast.USub: operator.neg, ast.UAdd: operator.pos,
@@ -52,4 +53,4 @@ def calculator(expression: str) -> str:
     return str(ev(ast.parse(expression, mode="eval").body))
 
 
-TOOLS: Dict[str, Callable[..., Any]] = {"python": python, "calculator": calculator}
+TOOLS: dict[str, Callable[..., Any]] = {"python": python, "calculator": calculator}

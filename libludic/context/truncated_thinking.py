@@ -9,7 +9,6 @@ every action the agent took.
 from __future__ import annotations
 
 import re
-from typing import List
 
 from libludic.context.full_dialog import FullDialog
 from libludic.types import Message
@@ -34,7 +33,7 @@ class TruncatedThinkingContext(FullDialog):
 
         return _THINK.sub(cut, text)
 
-    def on_before_act(self) -> List[Message]:
+    def on_before_act(self) -> list[Message]:
         msgs = super().on_before_act()
         last_assistant = max((i for i, m in enumerate(msgs) if m["role"] == "assistant"), default=-1)
         return [

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
@@ -14,4 +15,4 @@ class PolicyPublisher(Protocol):
     requests; raises if they could not be applied. Called on every rank under FSDP2 (the
     implementation decides which rank talks to the servers)."""
 
-    def publish(self, state_dict: Mapping[str, Tensor], version: Optional[int]) -> None: ...
+    def publish(self, state_dict: Mapping[str, Tensor], version: int | None) -> None: ...

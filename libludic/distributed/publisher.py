@@ -47,8 +47,9 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -58,8 +59,8 @@ from libludic.distributed import weight_sync as ws
 
 log = logging.getLogger(__name__)
 
-ResultFn = Callable[[str, Optional[int], Optional[str]], None]
-Resolver = Callable[[str, int], List[str]]
+ResultFn = Callable[[str, int | None, str | None], None]
+Resolver = Callable[[str, int], list[str]]
 _PERMANENT = {400, 401, 403, 413, 422}
 
 
@@ -80,9 +81,9 @@ class PublishError(RuntimeError):
 # ---------------------------------------------------------------------------- replicas
 
 
-def _default_resolver(host: str, port: int) -> List[str]:
+def _default_resolver(host: str, port: int) -> list[str]:
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    out: List[str] = []
+    out: list[str] = []
     for fam, _, _, _, sa in infos:
         if fam in (socket.AF_INET, socket.AF_INET6) and sa[0] not in out:
             out.append(str(sa[0]))
@@ -106,15 +107,15 @@ class ReplicaSet:
                     "LUDIC_INFERENCE_URLS=http://inference:8000"
                 )
 
-    def resolve(self) -> List[str]:
-        out: List[str] = []
+    def resolve(self) -> list[str]:
+        out: list[str] = []
         for u in self.urls:
             for r in self._expand(u):
                 if r not in out:
                     out.append(r)
         return out
 
-    def _expand(self, url: str) -> List[str]:
+    def _expand(self, url: str) -> list[str]:
         p = urlsplit(url)
         host = p.hostname or ""
         try:
@@ -141,7 +142,7 @@ class ReplicaSet:
 # ---------------------------------------------------------------------------- helpers
 
 
-def _targets(pub: Any, version: Optional[int], who: str) -> Tuple[int, List[str]]:
+def _targets(pub: Any, version: int | None, who: str) -> tuple[int, list[str]]:
     """The version to publish and the replicas to publish it to (resolved now, remembered
     in ``pub.last_replicas``); an error when there is no version or no replica."""
     if version is None:
@@ -181,7 +182,7 @@ def _reason(resp: httpx.Response) -> str:
     return f"HTTP {resp.status_code}: {str(detail)[:300]}"
 
 
-def replica_version(url: str, timeout_s: float = 5.0, token: Optional[str] = None) -> int:
+def replica_version(url: str, timeout_s: float = 5.0, token: str | None = None) -> int:
     """``GET {url}/v1/policy_version`` (raises on any failure)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     r = httpx.get(url.rstrip("/") + "/v1/policy_version", timeout=timeout_s, headers=headers)
@@ -189,13 +190,13 @@ def replica_version(url: str, timeout_s: float = 5.0, token: Optional[str] = Non
     return int(r.json()["policy_version"])
 
 
-def replica_versions(urls: Sequence[str], timeout_s: float = 5.0) -> Dict[str, Optional[int]]:
+def replica_versions(urls: Sequence[str], timeout_s: float = 5.0) -> dict[str, int | None]:
     """Version of every replica (None where it could not be read), queried in parallel."""
     if not urls:
         return {}
     with cf.ThreadPoolExecutor(min(16, len(urls))) as pool:
         futs = {u: pool.submit(replica_version, u, timeout_s) for u in urls}
-        out: Dict[str, Optional[int]] = {}
+        out: dict[str, int | None] = {}
         for u, f in futs.items():
             try:
                 out[u] = f.result()
@@ -213,19 +214,19 @@ class HttpPolicyPublisher:
     """Safetensors over ``POST /v1/weights?version=N`` to every replica in parallel."""
 
     replicas: ReplicaSet
-    token: Optional[str] = None
+    token: str | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    on_result: Optional[ResultFn] = None
-    acked: Dict[str, int] = field(default_factory=dict)
-    last_replicas: List[str] = field(default_factory=list)
+    on_result: ResultFn | None = None
+    acked: dict[str, int] = field(default_factory=dict)
+    last_replicas: list[str] = field(default_factory=list)
 
-    def _headers(self) -> Dict[str, str]:
+    def _headers(self) -> dict[str, str]:
         h = {"Content-Type": "application/octet-stream"}
         if self.token:
             h["Authorization"] = f"Bearer {self.token}"
         return h
 
-    def _push_one(self, url: str, body: bytes, version: int, deadline: float) -> Tuple[bool, str]:
+    def _push_one(self, url: str, body: bytes, version: int, deadline: float) -> tuple[bool, str]:
         """(acknowledged?, last reason) after at most max_attempts bounded attempts."""
         why = "not tried"
         for attempt in range(1, self.retry.max_attempts + 1):
@@ -272,12 +273,12 @@ class HttpPolicyPublisher:
                 time.sleep(min(self.retry.delay(attempt), max(0.0, deadline - time.monotonic())))
         return False, f"{why} (after {self.retry.max_attempts} attempts)"
 
-    def publish(self, state_dict: Mapping[str, torch.Tensor], version: Optional[int]) -> None:
+    def publish(self, state_dict: Mapping[str, torch.Tensor], version: int | None) -> None:
         version, urls = _targets(self, version, "HttpPolicyPublisher")
         body = ws.to_safetensors_bytes(state_dict)
         deadline = time.monotonic() + self.retry.total_timeout_s
-        failures: Dict[str, str] = {}
-        ok: List[str] = []
+        failures: dict[str, str] = {}
+        ok: list[str] = []
         pool = cf.ThreadPoolExecutor(min(32, len(urls)))
         try:
             futs = {u: pool.submit(self._push_one, u, body, version, deadline) for u in urls}
@@ -293,7 +294,7 @@ class HttpPolicyPublisher:
         if failures:
             raise PublishError(version, failures, ok)
 
-    def _record(self, url: str, version: Optional[int], why: Optional[str]) -> None:
+    def _record(self, url: str, version: int | None, why: str | None) -> None:
         if version is not None:
             self.acked[url] = version
         if self.on_result is not None:
@@ -323,14 +324,14 @@ class BroadcastPolicyPublisher:
     replicas: ReplicaSet
     master_address: str
     master_port: int = 0
-    token: Optional[str] = None
+    token: str | None = None
     backend: str = "gloo"
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    on_result: Optional[ResultFn] = None
-    acked: Dict[str, int] = field(default_factory=dict)
-    last_replicas: List[str] = field(default_factory=list)
+    on_result: ResultFn | None = None
+    acked: dict[str, int] = field(default_factory=dict)
+    last_replicas: list[str] = field(default_factory=list)
     _sender: Any = None
-    _urls: List[str] = field(default_factory=list)
+    _urls: list[str] = field(default_factory=list)
 
     def _close_sender(self) -> None:
         if self._sender is not None:
@@ -340,7 +341,7 @@ class BroadcastPolicyPublisher:
                 log.warning("closing the weight-broadcast group failed: %s", e)
             self._sender = None
 
-    def _ensure_sender(self, urls: List[str], timeout_s: float) -> Any:
+    def _ensure_sender(self, urls: list[str], timeout_s: float) -> Any:
         if self._sender is not None and urls == self._urls:
             return self._sender
         self._close_sender()
@@ -357,7 +358,7 @@ class BroadcastPolicyPublisher:
         self._sender, self._urls = sender, list(urls)
         return sender
 
-    def publish(self, state_dict: Mapping[str, torch.Tensor], version: Optional[int]) -> None:
+    def publish(self, state_dict: Mapping[str, torch.Tensor], version: int | None) -> None:
         version, urls = _targets(self, version, "BroadcastPolicyPublisher")
         deadline = time.monotonic() + self.retry.total_timeout_s
         why = "not tried"
@@ -393,7 +394,7 @@ class BroadcastPolicyPublisher:
             self._record(u, None, why)
         raise PublishError(version, {u: why for u in urls})
 
-    def _record(self, url: str, version: Optional[int], why: Optional[str]) -> None:
+    def _record(self, url: str, version: int | None, why: str | None) -> None:
         if version is not None:
             self.acked[url] = version
         if self.on_result is not None:
@@ -406,7 +407,7 @@ class BroadcastPolicyPublisher:
 def _bounded(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
     """Run ``fn`` in a daemon thread; TimeoutError if it does not return in ``timeout_s``
     (the thread is abandoned: collective calls have no cancel, the group is rebuilt)."""
-    box: Dict[str, Any] = {}
+    box: dict[str, Any] = {}
 
     def run() -> None:
         try:
@@ -439,13 +440,13 @@ class Rank0OnlyPublisher:
     inner: Any
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
-    def publish(self, state_dict: Mapping[str, torch.Tensor], version: Optional[int]) -> None:
+    def publish(self, state_dict: Mapping[str, torch.Tensor], version: int | None) -> None:
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
             self.inner.publish(state_dict, version)
             return
-        err: Optional[BaseException] = None
+        err: BaseException | None = None
         code = 0  # 0 ok, 1 PublishError, 2 any other error
         if dist.get_rank() == 0:
             try:

@@ -27,14 +27,15 @@ import datetime as _dt
 import json
 import socket
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any
 
 import httpx
 import torch
 
 # torch dtype <-> the names used on the wire (torch's own spelling, without "torch.").
-WIRE_DTYPES: Dict[str, torch.dtype] = {
+WIRE_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
@@ -46,7 +47,7 @@ WIRE_DTYPES: Dict[str, torch.dtype] = {
     "uint8": torch.uint8,
     "bool": torch.bool,
 }
-DTYPE_NAMES: Dict[torch.dtype, str] = {v: k for k, v in WIRE_DTYPES.items()}
+DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in WIRE_DTYPES.items()}
 
 ACK_OK = "ok"
 GO = "go"
@@ -56,7 +57,7 @@ ABORT = "abort"
 class WeightSyncError(RuntimeError):
     """A replica refused an update (carries the HTTP status and the server's reason)."""
 
-    def __init__(self, message: str, status: Optional[int] = None):
+    def __init__(self, message: str, status: int | None = None):
         super().__init__(message)
         self.status = status
 
@@ -90,7 +91,7 @@ def push_http(
     url: str,
     state_dict: Mapping[str, Any],
     version: int,
-    token: Optional[str],
+    token: str | None,
     timeout_s: float = 600.0,
 ) -> int:
     """POST ``state_dict`` (safetensors bytes) to ``{url}/v1/weights?version=N``.
@@ -240,10 +241,10 @@ class CollectiveWeightSender:
     urls: Sequence[str]
     master_address: str
     master_port: int
-    token: Optional[str] = None
+    token: str | None = None
     backend: str = "gloo"
     timeout_s: float = 600.0
-    group: Optional[WeightGroup] = None
+    group: WeightGroup | None = None
     _round: int = 0
     _http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=None))
 
@@ -251,7 +252,7 @@ class CollectiveWeightSender:
     def world_size(self) -> int:
         return 1 + len(self.urls)
 
-    def _headers(self) -> Dict[str, str]:
+    def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def _post(self, url: str, path: str, **kw: Any) -> httpx.Response:
@@ -301,7 +302,7 @@ class CollectiveWeightSender:
             raise RuntimeError("call CollectiveWeightSender.init() before send()")
         group = self.group
         tensors = {k: _full_tensor(v).to(group.device).contiguous() for k, v in state_dict.items()}
-        names: List[str] = list(tensors)
+        names: list[str] = list(tensors)
         for n in names:
             if tensors[n].dtype not in DTYPE_NAMES:
                 raise ValueError(f"{n}: dtype {tensors[n].dtype} cannot be sent")
@@ -337,12 +338,12 @@ class CollectiveWeightSender:
                 _raise_for_reply(url, f.result())
             return int(futs[0].result().json()["policy_version"]) if futs else int(version)
 
-    def _collect_acks(self, rnd: int, futs: List[cf.Future]) -> List[str]:
+    def _collect_acks(self, rnd: int, futs: list[cf.Future]) -> list[str]:
         """Wait until every replica acked round ``rnd`` or answered; return refusals."""
         store = self.group.store if self.group else None
         assert store is not None
         pending = set(range(len(self.urls)))
-        refusals: List[str] = []
+        refusals: list[str] = []
         deadline = time.monotonic() + self.timeout_s
         while pending:
             for i in list(pending):
@@ -374,7 +375,7 @@ class CollectiveWeightSender:
         self._http.close()
 
 
-def _first_status(futs: List[cf.Future]) -> Optional[int]:
+def _first_status(futs: list[cf.Future]) -> int | None:
     for f in futs:
         if f.done() and f.exception() is None and f.result().status_code != 200:
             return int(f.result().status_code)

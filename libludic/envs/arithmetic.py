@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
 
 from libludic.envs.single_agent_env import SingleAgentEnv
 from libludic.types import Info, Obs, StepOutcome
@@ -39,7 +39,7 @@ def in_eval_split(a: int, b: int) -> bool:
 
 
 def generate_problem(
-    seed: int, digits: int = 2, ops: Sequence[str] = ("+",), split: Optional[str] = None
+    seed: int, digits: int = 2, ops: Sequence[str] = ("+",), split: str | None = None
 ) -> ArithmeticProblem:
     """The problem named by ``seed`` (deterministic across processes and machines)."""
     if split not in SPLITS:
@@ -82,8 +82,8 @@ class ArithmeticEnv(SingleAgentEnv):
         ops: Sequence[str] = ("+",),
         partial_credit: bool = False,
         partial_scale: float = 0.5,
-        system_prompt: Optional[str] = None,
-        split: Optional[str] = None,
+        system_prompt: str | None = None,
+        split: str | None = None,
     ) -> None:
         if split not in SPLITS:
             raise ValueError(f"ArithmeticEnv split={split!r} must be None, 'train' or 'eval'")
@@ -93,13 +93,13 @@ class ArithmeticEnv(SingleAgentEnv):
         self.partial_credit = partial_credit
         self.partial_scale = partial_scale
         self._system_prompt = system_prompt
-        self.problem: Optional[ArithmeticProblem] = None
+        self.problem: ArithmeticProblem | None = None
 
     @property
-    def suggested_system_prompt(self) -> Optional[str]:
+    def suggested_system_prompt(self) -> str | None:
         return self._system_prompt
 
-    def env_reset(self, *, seed: Optional[int] = None) -> Tuple[Obs, Info]:
+    def env_reset(self, *, seed: int | None = None) -> tuple[Obs, Info]:
         s = random.randrange(2**31) if seed is None else seed
         self.problem = generate_problem(s, self.digits, self.ops, self.split)
         return self.problem.question, {"seed": s, "answer": self.problem.answer}

@@ -25,9 +25,10 @@ import json
 import os
 import random
 import re
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any
 
 from libludic.envs.single_agent_env import SingleAgentEnv
 from libludic.types import Info, Obs, StepOutcome
@@ -48,7 +49,7 @@ def exact_match_verifier(prediction: str, reference: str) -> bool:
     return normalise_answer(prediction) == normalise_answer(reference)
 
 
-def last_number(text: str) -> Optional[Decimal]:
+def last_number(text: str) -> Decimal | None:
     """The last number written in ``text`` (thousands commas allowed), or None."""
     for m in reversed(_NUMBER_RE.findall(str(text))):
         try:
@@ -80,7 +81,7 @@ def gsm8k_extract_answer(answer: str) -> str:
     return answer.rsplit("####", 1)[1].strip().replace(",", "")
 
 
-def load_rows(path: str | os.PathLike[str]) -> List[Mapping[str, Any]]:
+def load_rows(path: str | os.PathLike[str]) -> list[Mapping[str, Any]]:
     """Rows of a ``.json`` (list of objects), ``.jsonl`` or ``.csv`` (header row) file."""
     p = Path(path)
     suffix = p.suffix.lower()
@@ -115,9 +116,9 @@ class DatasetQAEnv(SingleAgentEnv):
         question_key: str = "question",
         answer_key: str = "answer",
         verifier: Verifier = exact_match_verifier,
-        answer_extractor: Optional[AnswerExtractor] = None,
+        answer_extractor: AnswerExtractor | None = None,
         prompt_template: str = "{question}",
-        system_prompt: Optional[str] = None,
+        system_prompt: str | None = None,
     ) -> None:
         if len(rows) == 0:
             raise ValueError("DatasetQAEnv got an empty dataset; give at least one row")
@@ -146,21 +147,21 @@ class DatasetQAEnv(SingleAgentEnv):
         self.answer_extractor = answer_extractor
         self.prompt_template = prompt_template
         self._system_prompt = system_prompt
-        self._index: Optional[int] = None
-        self._question: Optional[str] = None
-        self._reference: Optional[str] = None
+        self._index: int | None = None
+        self._question: str | None = None
+        self._reference: str | None = None
 
     # -- constructors ---------------------------------------------------------------------
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str], **kwargs: Any) -> "DatasetQAEnv":
+    def from_file(cls, path: str | os.PathLike[str], **kwargs: Any) -> DatasetQAEnv:
         rows = load_rows(path)
         if not rows:
             raise ValueError(f"{path} holds no rows")
         return cls(rows, **kwargs)
 
     @classmethod
-    def gsm8k(cls, path: str | os.PathLike[str], **kwargs: Any) -> "DatasetQAEnv":
+    def gsm8k(cls, path: str | os.PathLike[str], **kwargs: Any) -> DatasetQAEnv:
         """GSM8K-format file: answers end in ``#### <number>``, checked numerically."""
         kwargs.setdefault("answer_extractor", gsm8k_extract_answer)
         kwargs.setdefault("verifier", numeric_verifier)
@@ -174,9 +175,9 @@ class DatasetQAEnv(SingleAgentEnv):
         question_key: str = "question",
         answer_key: str = "answer",
         *,
-        config_name: Optional[str] = None,
+        config_name: str | None = None,
         **kwargs: Any,
-    ) -> "DatasetQAEnv":
+    ) -> DatasetQAEnv:
         """Rows of a Hugging Face dataset, e.g. ``from_hf("openai/gsm8k", "test",
         config_name="main", answer_extractor=gsm8k_extract_answer,
         verifier=numeric_verifier)``. Needs the optional ``datasets`` package."""
@@ -192,13 +193,13 @@ class DatasetQAEnv(SingleAgentEnv):
     # -- env ----------------------------------------------------------------------------
 
     @property
-    def suggested_system_prompt(self) -> Optional[str]:
+    def suggested_system_prompt(self) -> str | None:
         return self._system_prompt
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def row(self, index: int) -> Tuple[str, str]:
+    def row(self, index: int) -> tuple[str, str]:
         """(question, reference answer) of row ``index``."""
         r = self.rows[index]
         answer = str(r[self.answer_key])
@@ -206,7 +207,7 @@ class DatasetQAEnv(SingleAgentEnv):
             answer = self.answer_extractor(answer)
         return str(r[self.question_key]), answer
 
-    def env_reset(self, *, seed: Optional[int] = None) -> Tuple[Obs, Info]:
+    def env_reset(self, *, seed: int | None = None) -> tuple[Obs, Info]:
         s = random.randrange(2**31) if seed is None else seed
         self._index = s % len(self.rows)
         self._question, self._reference = self.row(self._index)

@@ -9,7 +9,7 @@ takes ``{agent_id: action}`` for the active agents and returns
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Dict, Generic, List, Optional, Tuple, TypeVar
+from typing import Generic, TypeVar
 
 from libludic.types import Info, StepOutcome
 
@@ -21,20 +21,20 @@ ActionT = TypeVar("ActionT")
 class LudicEnv(ABC, Generic[AgentIDT, ObsT, ActionT]):
     @property
     @abstractmethod
-    def agent_ids(self) -> List[AgentIDT]: ...
+    def agent_ids(self) -> list[AgentIDT]: ...
 
     @property
     @abstractmethod
-    def active_agents(self) -> List[AgentIDT]: ...
+    def active_agents(self) -> list[AgentIDT]: ...
 
     @abstractmethod
-    def reset(self, seed: Optional[int] = None) -> Dict[AgentIDT, Tuple[ObsT, Info]]: ...
+    def reset(self, seed: int | None = None) -> dict[AgentIDT, tuple[ObsT, Info]]: ...
 
     @abstractmethod
-    def step(self, actions: Dict[AgentIDT, ActionT]) -> Dict[AgentIDT, StepOutcome]: ...
+    def step(self, actions: dict[AgentIDT, ActionT]) -> dict[AgentIDT, StepOutcome]: ...
 
     @property
-    def suggested_system_prompt(self) -> Optional[str]:
+    def suggested_system_prompt(self) -> str | None:
         """A system prompt the env recommends to agents (None: no suggestion)."""
         return None
 

@@ -7,7 +7,6 @@ methods wrap them under the single agent id ``"agent"``.
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Dict, List, Optional, Tuple
 
 from libludic.envs.env import LudicEnv
 from libludic.types import Info, Obs, StepOutcome
@@ -19,17 +18,17 @@ class SingleAgentEnv(LudicEnv[str, str, str]):
     agent_id: str = DEFAULT_AGENT_ID
 
     @property
-    def agent_ids(self) -> List[str]:
+    def agent_ids(self) -> list[str]:
         return [self.agent_id]
 
     @property
-    def active_agents(self) -> List[str]:
+    def active_agents(self) -> list[str]:
         return [self.agent_id]
 
-    def reset(self, seed: Optional[int] = None) -> Dict[str, Tuple[Obs, Info]]:
+    def reset(self, seed: int | None = None) -> dict[str, tuple[Obs, Info]]:
         return {self.agent_id: self.env_reset(seed=seed)}
 
-    def step(self, actions: Dict[str, str]) -> Dict[str, StepOutcome]:
+    def step(self, actions: dict[str, str]) -> dict[str, StepOutcome]:
         if self.agent_id not in actions:
             raise KeyError(
                 f"{type(self).__name__}.step got actions for {sorted(actions)}; "
@@ -38,7 +37,7 @@ class SingleAgentEnv(LudicEnv[str, str, str]):
         return {self.agent_id: self.env_step(actions[self.agent_id])}
 
     @abstractmethod
-    def env_reset(self, *, seed: Optional[int] = None) -> Tuple[Obs, Info]: ...
+    def env_reset(self, *, seed: int | None = None) -> tuple[Obs, Info]: ...
 
     @abstractmethod
     def env_step(self, action: str) -> StepOutcome: ...

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Dict, List, Optional, Tuple
 
 from libludic.envs.env import LudicEnv
 from libludic.envs.single_agent_env import SingleAgentEnv
@@ -21,24 +20,24 @@ LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4
 SYSTEM_PROMPT = "You play tic-tac-toe. Cells are numbered 1-9, left to right, top to bottom. Reply with one cell number."
 
 
-def winner(board: List[str]) -> Optional[str]:
+def winner(board: list[str]) -> str | None:
     for a, b, c in LINES:
         if board[a] != " " and board[a] == board[b] == board[c]:
             return board[a]
     return None
 
 
-def render(board: List[str]) -> str:
+def render(board: list[str]) -> str:
     cells = [board[i] if board[i] != " " else str(i + 1) for i in range(9)]
     return "\n".join(" ".join(cells[r * 3 : r * 3 + 3]) for r in range(3))
 
 
-def parse_move(action: str) -> Optional[int]:
+def parse_move(action: str) -> int | None:
     digits = re.findall(r"[1-9]", action)
     return int(digits[0]) - 1 if len(digits) == 1 else None
 
 
-def opponent_move(board: List[str], me: str, rng: random.Random, skill: float) -> int:
+def opponent_move(board: list[str], me: str, rng: random.Random, skill: float) -> int:
     """Win if possible, else block, else random; with probability 1-skill just random."""
     free = [i for i in range(9) if board[i] == " "]
     if rng.random() < skill:
@@ -61,14 +60,14 @@ class TicTacToeEnv(SingleAgentEnv):
             raise ValueError(f"opponent_skill={opponent_skill} must be in [0, 1]")
         self.opponent_skill = opponent_skill
         self.illegal_reward = illegal_reward
-        self.board: List[str] = [" "] * 9
+        self.board: list[str] = [" "] * 9
         self.rng = random.Random(0)
 
     @property
     def suggested_system_prompt(self) -> str:
         return SYSTEM_PROMPT
 
-    def env_reset(self, *, seed: Optional[int] = None) -> Tuple[str, Info]:
+    def env_reset(self, *, seed: int | None = None) -> tuple[str, Info]:
         self.board = [" "] * 9
         self.rng = random.Random(seed)
         return self.env_current_obs(), {}
@@ -98,16 +97,16 @@ class TwoPlayerTicTacToeEnv(LudicEnv[str, str, str]):
 
     def __init__(self, illegal_reward: float = -1.0) -> None:
         self.illegal_reward = illegal_reward
-        self.board: List[str] = [" "] * 9
+        self.board: list[str] = [" "] * 9
         self.turn = "X"
         self.done = False
 
     @property
-    def agent_ids(self) -> List[str]:
+    def agent_ids(self) -> list[str]:
         return ["X", "O"]
 
     @property
-    def active_agents(self) -> List[str]:
+    def active_agents(self) -> list[str]:
         return [] if self.done else [self.turn]
 
     @property
@@ -117,11 +116,11 @@ class TwoPlayerTicTacToeEnv(LudicEnv[str, str, str]):
     def _obs(self, me: str) -> str:
         return f"You are {me}.\n{render(self.board)}\n" + ("Your move:" if me == self.turn else "Wait.")
 
-    def reset(self, seed: Optional[int] = None) -> Dict[str, Tuple[str, Info]]:
+    def reset(self, seed: int | None = None) -> dict[str, tuple[str, Info]]:
         self.board, self.turn, self.done = [" "] * 9, "X", False
         return {a: (self._obs(a), {}) for a in self.agent_ids}
 
-    def step(self, actions: Dict[str, str]) -> Dict[str, StepOutcome]:
+    def step(self, actions: dict[str, str]) -> dict[str, StepOutcome]:
         if self.done:
             raise RuntimeError("TwoPlayerTicTacToeEnv.step after the game ended; call reset()")
         me = self.turn

@@ -11,13 +11,14 @@ episodes are never trained on). Reported, over all episodes:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any
 
 from libludic.inference.request import InferenceSpec, ReturnSpec
 from libludic.training.types import RolloutRequest
 
-Requests = Union[Sequence[RolloutRequest], Callable[[], Sequence[RolloutRequest]]]
+Requests = Sequence[RolloutRequest] | Callable[[], Sequence[RolloutRequest]]
 
 
 def as_eval_request(req: RolloutRequest) -> RolloutRequest:
@@ -32,7 +33,7 @@ class Evaluator:
     engine: Any  # has async generate_rollouts(requests, max_steps, concurrency)
     requests: Requests
     max_steps: int = 1
-    concurrency: Optional[int] = None  # None: the Trainer's eval_concurrency (or 32)
+    concurrency: int | None = None  # None: the Trainer's eval_concurrency (or 32)
     pass_threshold: float = 1.0
 
     def __post_init__(self) -> None:
@@ -42,7 +43,7 @@ class Evaluator:
                 "must be >= 1"
             )
 
-    async def evaluate(self) -> Dict[str, float]:
+    async def evaluate(self) -> dict[str, float]:
         reqs = self.requests() if callable(self.requests) else self.requests
         reqs = [as_eval_request(r) for r in reqs]
         if not reqs:
@@ -50,7 +51,7 @@ class Evaluator:
         rollouts = await self.engine.generate_rollouts(
             reqs, max_steps=self.max_steps, concurrency=self.concurrency or 32
         )
-        rewards: List[float] = [r.total_reward for r in rollouts]
+        rewards: list[float] = [r.total_reward for r in rollouts]
         n = len(rewards)
         return {
             "eval/reward_mean": sum(rewards) / n if n else 0.0,

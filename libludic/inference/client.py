@@ -7,7 +7,8 @@ ids, chosen-token logprobs, finish reason and the policy_version that produced i
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Protocol, Tuple, runtime_checkable
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
 
 from libludic.inference.request import ChatCompletionRequest
 from libludic.types import ChatResponse
@@ -19,13 +20,13 @@ class InferenceError(RuntimeError):
 
 @runtime_checkable
 class ChatClient(Protocol):
-    async def complete(self, request: ChatCompletionRequest) -> Tuple[ChatResponse, Dict[str, Any]]: ...
+    async def complete(self, request: ChatCompletionRequest) -> tuple[ChatResponse, dict[str, Any]]: ...
 
     def sync_weights(
         self,
         params: Mapping[str, Any],
         timeout_s: float = 600.0,
-        version: Optional[int] = None,
+        version: int | None = None,
     ) -> str: ...
 
 

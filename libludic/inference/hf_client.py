@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any
 
 import torch
 
@@ -30,14 +31,14 @@ from libludic.types import ChatResponse
 @dataclass
 class _Pending:
     request: ChatCompletionRequest
-    future: "asyncio.Future[ChatResponse]"
-    prompt_ids: List[int] = field(default_factory=list)
+    future: asyncio.Future[ChatResponse]
+    prompt_ids: list[int] = field(default_factory=list)
 
 
 class HFChatClient:
     def __init__(
         self,
-        model_dir: Optional[Union[str, Path]] = None,
+        model_dir: str | Path | None = None,
         *,
         model: Any = None,
         tokenizer: Any = None,
@@ -61,15 +62,15 @@ class HFChatClient:
         eos = getattr(self.model.generation_config, "eos_token_id", None) or self.tokenizer.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self._queue: List[_Pending] = []
-        self._worker: Optional[asyncio.Task[None]] = None
+        self._queue: list[_Pending] = []
+        self._worker: asyncio.Task[None] | None = None
         self._weights_lock = threading.Lock()
 
-    def prompt_ids(self, messages: List[Dict[str, str]]) -> List[int]:
+    def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    async def complete(self, request: ChatCompletionRequest) -> Tuple[ChatResponse, Dict[str, Any]]:
+    async def complete(self, request: ChatCompletionRequest) -> tuple[ChatResponse, dict[str, Any]]:
         loop = asyncio.get_running_loop()
         p = _Pending(request, loop.create_future(), self.prompt_ids(list(request.messages)))  # type: ignore[arg-type]
         self._queue.append(p)
@@ -95,7 +96,7 @@ class HFChatClient:
     async def get_policy_version(self) -> int:
         return self.policy_version
 
-    def sync_weights(self, params: Mapping[str, Any], timeout_s: float = 600.0, version: Optional[int] = None) -> str:
+    def sync_weights(self, params: Mapping[str, Any], timeout_s: float = 600.0, version: int | None = None) -> str:
         with self._weights_lock:
             missing = [k for k in params if k not in self.model.state_dict()]
             if missing:
@@ -105,12 +106,12 @@ class HFChatClient:
         return f"policy_version={self.policy_version}"
 
     @torch.no_grad()
-    def _generate(self, batch: List[_Pending]) -> List[ChatResponse]:
+    def _generate(self, batch: list[_Pending]) -> list[ChatResponse]:
         with self._weights_lock:
             version = self.policy_version
             return self._generate_locked(batch, version)
 
-    def _generate_locked(self, batch: List[_Pending], version: int) -> List[ChatResponse]:
+    def _generate_locked(self, batch: list[_Pending], version: int) -> list[ChatResponse]:
         B = len(batch)
         lens = [len(p.prompt_ids) for p in batch]
         T = max(lens)
@@ -131,10 +132,10 @@ class HFChatClient:
         for p in batch:
             s = p.request.sampling.stop
             stops.append([] if s is None else [s] if isinstance(s, str) else list(s))
-        out_ids: List[List[int]] = [[] for _ in range(B)]
-        out_lp: List[List[float]] = [[] for _ in range(B)]
-        finish: List[Optional[str]] = [None] * B
-        cut_text: List[Optional[str]] = [None] * B
+        out_ids: list[list[int]] = [[] for _ in range(B)]
+        out_lp: list[list[float]] = [[] for _ in range(B)]
+        finish: list[str | None] = [None] * B
+        cut_text: list[str | None] = [None] * B
         past = None
         step_ids, step_pos = ids, pos
         for _t in range(max(max_new)):

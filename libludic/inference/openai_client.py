@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from collections.abc import Mapping
+from typing import Any
 
 import httpx
 
@@ -30,15 +31,15 @@ class OpenAIChatClient:
         self,
         base_url: str,
         *,
-        api_key: Optional[str] = None,
-        auth_token: Optional[str] = None,
-        model: Optional[str] = None,
+        api_key: str | None = None,
+        auth_token: str | None = None,
+        model: str | None = None,
         timeout_s: float = 60.0,
         connect_timeout_s: float = 5.0,
         max_retries: int = 3,
         backoff_s: float = 0.5,
         max_backoff_s: float = 8.0,
-        transport: Optional[httpx.AsyncBaseTransport] = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if max_retries < 0:
             raise ValueError(f"max_retries={max_retries} must be >= 0")
@@ -49,7 +50,7 @@ class OpenAIChatClient:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._model_lock: Optional[asyncio.Lock] = None
+        self._model_lock: asyncio.Lock | None = None
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
@@ -82,7 +83,7 @@ class OpenAIChatClient:
             f"(is the server up?): {last}"
         )
 
-    async def _json(self, method: str, path: str, **kw: Any) -> Tuple[Dict[str, Any], httpx.Response]:
+    async def _json(self, method: str, path: str, **kw: Any) -> tuple[dict[str, Any], httpx.Response]:
         resp = await self._request(method, path, **kw)
         try:
             data = resp.json()
@@ -107,8 +108,8 @@ class OpenAIChatClient:
                     raise InferenceError(f"{self.base_url}/v1/models lists no model: {data!r:.200}") from e
         return self.model
 
-    def _body(self, req: ChatCompletionRequest, model: str) -> Dict[str, Any]:
-        body: Dict[str, Any] = {"model": model, "messages": list(req.messages), **req.sampling.to_openai()}
+    def _body(self, req: ChatCompletionRequest, model: str) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": model, "messages": list(req.messages), **req.sampling.to_openai()}
         if req.seed is not None:
             body["seed"] = req.seed
         rs = req.return_spec
@@ -122,7 +123,7 @@ class OpenAIChatClient:
             body["tools"] = req.tools
         return body
 
-    async def complete(self, request: ChatCompletionRequest) -> Tuple[ChatResponse, Dict[str, Any]]:
+    async def complete(self, request: ChatCompletionRequest) -> tuple[ChatResponse, dict[str, Any]]:
         model = request.model or await self.default_model()
         data, resp = await self._json("POST", "/v1/chat/completions", json=self._body(request, model))
         return parse_chat_completion(data, resp.headers, request, self.base_url), {"raw": data, "url": self.base_url}
@@ -141,7 +142,7 @@ class OpenAIChatClient:
             return False
         return resp.status_code == 200
 
-    def sync_weights(self, params: Mapping[str, Any], timeout_s: float = 600.0, version: Optional[int] = None) -> str:
+    def sync_weights(self, params: Mapping[str, Any], timeout_s: float = 600.0, version: int | None = None) -> str:
         """Push a state dict over the HTTP weight plane (POST /v1/weights)."""
         from libludic.distributed.weight_sync import push_http
 
@@ -169,7 +170,7 @@ def parse_chat_completion(
             f"{url} did not return token ids although return_token_ids was asked; "
             "use `ludic inference` or a vLLM that supports return_token_ids"
         )
-    logprobs: Optional[List[float]] = None
+    logprobs: list[float] | None = None
     if rs.return_chosen_logprobs:
         content = (choice.get("logprobs") or {}).get("content")
         if content is None:

@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any
 
 from libludic.inference.client import InferenceError
 from libludic.inference.request import ChatCompletionRequest
@@ -39,7 +40,7 @@ class Replica:
         return now >= self.down_until
 
 
-def _default_factory(url: str, api_key: Optional[str], timeout_s: float, max_retries: int) -> Any:
+def _default_factory(url: str, api_key: str | None, timeout_s: float, max_retries: int) -> Any:
     from libludic.inference.openai_client import OpenAIChatClient
 
     return OpenAIChatClient(url, api_key=api_key, timeout_s=timeout_s, max_retries=max_retries)
@@ -50,13 +51,13 @@ class InferencePool:
         self,
         urls: Sequence[str],
         *,
-        api_key: Optional[str] = None,
+        api_key: str | None = None,
         timeout_s: float = 60.0,
         max_retries: int = 1,
         down_for_s: float = 5.0,
         all_down_wait_s: float = 30.0,
-        client_factory: Optional[Callable[[str], Any]] = None,
-        on_replica_down: Optional[Callable[[str], None]] = None,
+        client_factory: Callable[[str], Any] | None = None,
+        on_replica_down: Callable[[str], None] | None = None,
     ) -> None:
         urls = [u.strip() for u in urls if u and u.strip()]
         if not urls:
@@ -65,13 +66,13 @@ class InferencePool:
                 "http://host:8000[,http://host2:8000]"
             )
         make = client_factory or (lambda u: _default_factory(u, api_key, timeout_s, max_retries))
-        self.replicas: List[Replica] = [Replica(u, make(u)) for u in urls]
+        self.replicas: list[Replica] = [Replica(u, make(u)) for u in urls]
         self.down_for_s = down_for_s
         self.all_down_wait_s = all_down_wait_s
         self.on_replica_down = on_replica_down
         self._next = 0
 
-    def _order(self) -> List[Replica]:
+    def _order(self) -> list[Replica]:
         """Replicas starting at the round-robin cursor, up ones first."""
         n = len(self.replicas)
         start = self._next % n
@@ -110,8 +111,8 @@ class InferencePool:
             soonest = min(r.down_until for r in self.replicas)
             await asyncio.sleep(max(0.05, min(soonest - now, deadline - now)))
 
-    async def complete(self, request: ChatCompletionRequest) -> Tuple[ChatResponse, Dict[str, Any]]:
-        errors: List[str] = []
+    async def complete(self, request: ChatCompletionRequest) -> tuple[ChatResponse, dict[str, Any]]:
+        errors: list[str] = []
         for _ in range(2):  # a second sweep after waiting for a replica to come back
             await self._wait_for_any()
             for rep in self._order():
@@ -132,7 +133,7 @@ class InferencePool:
         )
 
     async def get_policy_version(self) -> int:
-        versions: List[int] = []
+        versions: list[int] = []
         now = time.monotonic()
         for rep in self.replicas:
             if not rep.up(now):
@@ -160,7 +161,7 @@ class InferencePool:
         return ok
 
     def sync_weights(
-        self, params: Mapping[str, Any], timeout_s: float = 600.0, version: Optional[int] = None
+        self, params: Mapping[str, Any], timeout_s: float = 600.0, version: int | None = None
     ) -> str:
         raise NotImplementedError(
             "actors never push weights; the learner publishes them to every replica "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from libludic.inference.sampling import SamplingConfig
 from libludic.types import Message
@@ -22,29 +22,29 @@ class ReturnSpec:
     top_logprobs_k: int = 1
 
     @classmethod
-    def for_eval(cls) -> "ReturnSpec":
+    def for_eval(cls) -> ReturnSpec:
         return cls(return_token_ids=True, return_chosen_logprobs=False)
 
     @classmethod
-    def for_rl(cls) -> "ReturnSpec":
+    def for_rl(cls) -> ReturnSpec:
         return cls(return_token_ids=True, return_chosen_logprobs=True)
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "ReturnSpec":
+    def from_dict(cls, d: dict[str, Any]) -> ReturnSpec:
         return cls(**d)
 
 
 @dataclass
 class ChatCompletionRequest:
-    messages: List[Message]
+    messages: list[Message]
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     return_spec: ReturnSpec = field(default_factory=ReturnSpec.for_rl)
-    model: Optional[str] = None
-    seed: Optional[int] = None
-    tools: Optional[List[Dict[str, Any]]] = None
+    model: str | None = None
+    seed: int | None = None
+    tools: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -53,9 +53,9 @@ class InferenceSpec:
 
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     return_spec: ReturnSpec = field(default_factory=ReturnSpec.for_rl)
-    model: Optional[str] = None
+    model: str | None = None
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "sampling": self.sampling.to_dict(),
             "return_spec": self.return_spec.to_dict(),
@@ -63,7 +63,7 @@ class InferenceSpec:
         }
 
     @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "InferenceSpec":
+    def from_dict(cls, d: dict[str, Any]) -> InferenceSpec:
         rs = d.get("return_spec")
         return cls(
             sampling=SamplingConfig.from_dict(d.get("sampling") or {}),

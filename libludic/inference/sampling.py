@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Optional, Union
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -13,7 +13,7 @@ class SamplingConfig:
     top_p: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
-    stop: Optional[Union[str, List[str]]] = None
+    stop: str | list[str] | None = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -23,9 +23,9 @@ class SamplingConfig:
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"SamplingConfig.top_p={self.top_p} must be in (0, 1]")
 
-    def to_openai(self) -> Dict[str, Any]:
+    def to_openai(self) -> dict[str, Any]:
         """Fields of an OpenAI-compatible request body."""
-        out: Dict[str, Any] = {
+        out: dict[str, Any] = {
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
             "top_p": self.top_p,
@@ -36,9 +36,9 @@ class SamplingConfig:
             out["stop"] = self.stop
         return out
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "SamplingConfig":
+    def from_dict(cls, d: dict[str, Any]) -> SamplingConfig:
         return cls(**d)

@@ -17,7 +17,7 @@ A protocol returns one Rollout per agent that acted. Rules shared by the protoco
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from libludic.agents.base_agent import AgentTurn
 from libludic.envs.env import LudicEnv
@@ -32,14 +32,14 @@ class InteractionProtocol(ABC):
         env: LudicEnv[Any, Any, Any],
         *,
         max_steps: int,
-        env_seed: Optional[int] = None,
-        sampling_seed: Optional[int] = None,
-    ) -> List[Rollout]: ...
+        env_seed: int | None = None,
+        sampling_seed: int | None = None,
+    ) -> list[Rollout]: ...
 
 
-def tool_steps(turns: List[AgentTurn], start_index: int, obs: str, agent_id: Optional[str]) -> List[Step]:
+def tool_steps(turns: list[AgentTurn], start_index: int, obs: str, agent_id: str | None) -> list[Step]:
     """Steps for the tool-calling turns (all but the last) of one act()."""
-    steps: List[Step] = []
+    steps: list[Step] = []
     for turn in turns[:-1]:
         tool_obs = "\n".join(m["content"] for m in turn.tool_messages)
         steps.append(
@@ -59,7 +59,7 @@ def tool_steps(turns: List[AgentTurn], start_index: int, obs: str, agent_id: Opt
     return steps
 
 
-def action_info(parsed: ParseResult, turn: AgentTurn) -> Dict[str, Any]:
+def action_info(parsed: ParseResult, turn: AgentTurn) -> dict[str, Any]:
     return {
         "kind": "action",
         "parse_error": not parsed.ok,
@@ -68,10 +68,10 @@ def action_info(parsed: ParseResult, turn: AgentTurn) -> Dict[str, Any]:
     }
 
 
-async def step_env(env: LudicEnv[Any, Any, Any], actions: Dict[str, str]) -> Dict[str, StepOutcome]:
+async def step_env(env: LudicEnv[Any, Any, Any], actions: dict[str, str]) -> dict[str, StepOutcome]:
     """``await env.astep(actions)`` when the env has it, else ``env.step(actions)``."""
     astep = getattr(env, "astep", None)
     if astep is not None:
-        out: Dict[str, StepOutcome] = await astep(actions)
+        out: dict[str, StepOutcome] = await astep(actions)
         return out
     return env.step(actions)

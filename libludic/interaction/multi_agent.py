@@ -8,7 +8,7 @@ agent's last step, so the episode's total reward per agent is exact.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from libludic.agents.base_agent import Agent
 from libludic.envs.env import LudicEnv
@@ -17,7 +17,7 @@ from libludic.types import Rollout, Step
 
 
 class MultiAgentProtocol(InteractionProtocol):
-    def __init__(self, agents: Dict[str, Agent], system_prompts: Optional[Dict[str, str]] = None):
+    def __init__(self, agents: dict[str, Agent], system_prompts: dict[str, str] | None = None):
         if not agents:
             raise ValueError("MultiAgentProtocol needs at least one agent")
         self.agents = agents
@@ -28,21 +28,21 @@ class MultiAgentProtocol(InteractionProtocol):
         env: LudicEnv[Any, Any, Any],
         *,
         max_steps: int,
-        env_seed: Optional[int] = None,
-        sampling_seed: Optional[int] = None,
-    ) -> List[Rollout]:
+        env_seed: int | None = None,
+        sampling_seed: int | None = None,
+    ) -> list[Rollout]:
         missing = [a for a in env.agent_ids if a not in self.agents]
         if missing:
             raise ValueError(f"no agent given for env roles {missing}; pass agents={{role: Agent}} for each")
         first = env.reset(seed=env_seed)
-        obs: Dict[str, str] = {}
+        obs: dict[str, str] = {}
         for aid, agent in self.agents.items():
             agent.reset(self.system_prompts.get(aid, env.suggested_system_prompt))
             if aid in first:
                 o, i = first[aid]
                 obs[aid] = o
                 agent.on_env_reset(o, i)
-        steps: Dict[str, List[Step]] = {aid: [] for aid in self.agents}
+        steps: dict[str, list[Step]] = {aid: [] for aid in self.agents}
         ended = False
         for _t in range(max_steps):
             active = list(env.active_agents)
@@ -51,8 +51,8 @@ class MultiAgentProtocol(InteractionProtocol):
                 break
             seeds = {a: None if sampling_seed is None else sampling_seed * 100 + k for k, a in enumerate(active)}
             results = await asyncio.gather(*(self.agents[a].act(seed=seeds[a]) for a in active))
-            actions: Dict[str, str] = {}
-            acted: Dict[str, Step] = {}
+            actions: dict[str, str] = {}
+            acted: dict[str, Step] = {}
             for aid, (_action, ainfo) in zip(active, results):
                 parsed = ainfo["parsed"]
                 turns = ainfo["turns"]

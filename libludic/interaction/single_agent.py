@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any
 
 from libludic.agents.base_agent import Agent
 from libludic.envs.env import LudicEnv
@@ -11,7 +11,7 @@ from libludic.types import Rollout, Step
 
 
 class SingleAgentSyncProtocol(InteractionProtocol):
-    def __init__(self, agent: Agent, stop_on_parse_error: bool = False, system_prompt: Optional[str] = None):
+    def __init__(self, agent: Agent, stop_on_parse_error: bool = False, system_prompt: str | None = None):
         self.agent = agent
         self.stop_on_parse_error = stop_on_parse_error
         self.system_prompt = system_prompt
@@ -21,9 +21,9 @@ class SingleAgentSyncProtocol(InteractionProtocol):
         env: LudicEnv[Any, Any, Any],
         *,
         max_steps: int,
-        env_seed: Optional[int] = None,
-        sampling_seed: Optional[int] = None,
-    ) -> List[Rollout]:
+        env_seed: int | None = None,
+        sampling_seed: int | None = None,
+    ) -> list[Rollout]:
         if max_steps < 1:
             raise ValueError(f"max_steps={max_steps} must be >= 1")
         if len(env.agent_ids) != 1:
@@ -35,7 +35,7 @@ class SingleAgentSyncProtocol(InteractionProtocol):
         obs, info = env.reset(seed=env_seed)[agent_id]
         self.agent.reset(self.system_prompt if self.system_prompt is not None else env.suggested_system_prompt)
         self.agent.on_env_reset(obs, info)
-        steps: List[Step] = []
+        steps: list[Step] = []
         ended = False
         for _ in range(max_steps):
             _action, ainfo = await self.agent.act(seed=sampling_seed)

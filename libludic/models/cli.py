@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import List, Optional
 
 from libludic.models.tiny import SIZES, init_model
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ludic model")
     sub = p.add_subparsers(dest="cmd", required=True)
     i = sub.add_parser("init", help="write a tiny Qwen2 model + byte tokenizer to DIR")

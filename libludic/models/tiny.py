@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Union
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -43,7 +42,7 @@ class TinySize:
     max_position_embeddings: int = 1024
 
 
-SIZES: Dict[str, TinySize] = {
+SIZES: dict[str, TinySize] = {
     # ~0.2M parameters: unit and integration tests.
     "tiny": TinySize(128, 256, 2, 4, 2),
     # ~2.4M parameters: the demo and benchmarks (learns two-digit addition after SFT).
@@ -51,7 +50,7 @@ SIZES: Dict[str, TinySize] = {
 }
 
 
-def bytes_to_unicode() -> Dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable unicode map (what ByteLevel uses)."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
     bs += list(range(ord("®"), ord("ÿ") + 1))
@@ -78,7 +77,7 @@ def build_tokenizer():  # -> tokenizers.Tokenizer
     return tok
 
 
-def save_tokenizer(out_dir: Union[str, Path]) -> None:
+def save_tokenizer(out_dir: str | Path) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     build_tokenizer().save(str(out / "tokenizer.json"))
@@ -109,7 +108,7 @@ def save_tokenizer(out_dir: Union[str, Path]) -> None:
     )
 
 
-def init_model(out_dir: Union[str, Path], size: str = "tiny", seed: int = 0) -> Path:
+def init_model(out_dir: str | Path, size: str = "tiny", seed: int = 0) -> Path:
     """Write a randomly initialised (seeded) Qwen2 model and its tokenizer to ``out_dir``."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
@@ -144,6 +143,6 @@ def init_model(out_dir: Union[str, Path], size: str = "tiny", seed: int = 0) -> 
     return out
 
 
-def encode_bytes(text: str) -> List[int]:
+def encode_bytes(text: str) -> list[int]:
     """Token ids of plain text (no specials): the UTF-8 bytes."""
     return list(text.encode("utf-8"))

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any
 
 from libludic.training.batching.saw import rollouts_to_saw_items
 from libludic.training.credit_assignment import (
@@ -59,7 +60,7 @@ class RLAlgorithm:
     name: str
     credit_assigner: CreditAssigner
     loss: Any  # a libludic.training.loss.Loss
-    preprocess: Optional[PreprocessFn] = None
+    preprocess: PreprocessFn | None = None
 
     @property
     def needs_actor_logprobs(self) -> bool:
@@ -78,10 +79,10 @@ class RLAlgorithm:
     def to_saw_items(
         self,
         rollouts: Sequence[Rollout],
-        sample_filter: Optional[SampleFilter] = None,
+        sample_filter: SampleFilter | None = None,
         *,
         defer_batch_stage: bool = False,
-    ) -> List[SAWItem]:
+    ) -> list[SAWItem]:
         """preprocess -> credit -> SAWItems -> filter.
 
         ``defer_batch_stage=True`` (the credit worker, which sees one group per call): a
@@ -103,8 +104,8 @@ class RLAlgorithm:
         return apply_filter(items, sample_filter)
 
     def apply_batch_stage(
-        self, items: Sequence[SAWItem], all_sum: Optional[SumFn] = None
-    ) -> List[SAWItem]:
+        self, items: Sequence[SAWItem], all_sum: SumFn | None = None
+    ) -> list[SAWItem]:
         """Items whose weight still lacks the batch-level stage get it, computed over
         exactly ``items`` (plus the other ranks' shards through ``all_sum``); other items
         are returned as they are. A batch must not mix the two."""
@@ -160,8 +161,8 @@ def make_grpo(
     normalize_adv: bool = False,
     positive_only: bool = False,
     eps_clip: float = 0.2,
-    eps_clip_higher: Optional[float] = None,
-    dual_clip_c: Optional[float] = None,
+    eps_clip_higher: float | None = None,
+    dual_clip_c: float | None = None,
     kl_coeff: float = 0.0,
     aggregation: str = "token",
 ) -> RLAlgorithm:
@@ -215,7 +216,7 @@ def make_cispo(
     *,
     group_size: int = 8,
     kl_coeff: float = 0.0,
-    eps_clip_low: Optional[float] = None,
+    eps_clip_low: float | None = None,
     eps_clip_high: float = 0.2,
     aggregation: str = "token",
 ) -> RLAlgorithm:
@@ -230,7 +231,7 @@ def make_cispo(
     )
 
 
-ALGORITHMS: Dict[str, Callable[..., RLAlgorithm]] = {
+ALGORITHMS: dict[str, Callable[..., RLAlgorithm]] = {
     "reinforce": make_reinforce,
     "grpo": make_grpo,
     "sft": make_sft,
@@ -250,7 +251,7 @@ class AlgorithmSpec:
 
     name: str = "grpo"
     group_size: int = 8
-    kwargs: Dict[str, Any] = field(default_factory=dict)
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.name not in ALGORITHMS:
@@ -274,7 +275,7 @@ class AlgorithmSpec:
         self.build()  # value errors now, naming the preset
 
     @classmethod
-    def from_mapping(cls, d: Optional[Mapping[str, Any]]) -> "AlgorithmSpec":
+    def from_mapping(cls, d: Mapping[str, Any] | None) -> AlgorithmSpec:
         """The ``algorithm:`` section ({name, group_size, kwargs}); None/empty = defaults."""
         if d is None:
             return cls()
@@ -289,14 +290,14 @@ class AlgorithmSpec:
                 f"unknown key(s) {unknown} in the algorithm: section; known: name, group_size, "
                 "kwargs (preset arguments such as kl_coeff go under kwargs)"
             )
-        kw: Dict[str, Any] = dict(d)
+        kw: dict[str, Any] = dict(d)
         if "group_size" in kw and isinstance(kw["group_size"], str) and kw["group_size"].isdigit():
             kw["group_size"] = int(kw["group_size"])
         if kw.get("kwargs") is None:
             kw.pop("kwargs", None)
         return cls(**kw)
 
-    def build(self, group_size: Optional[int] = None) -> RLAlgorithm:
+    def build(self, group_size: int | None = None) -> RLAlgorithm:
         """The RLAlgorithm; ``group_size`` overrides the configured one (partial groups)."""
         factory = ALGORITHMS[self.name]
         kw = dict(self.kwargs)

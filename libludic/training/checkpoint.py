@@ -24,9 +24,10 @@ import random
 import re
 import shutil
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,7 +45,7 @@ _STEP_RE = re.compile(r"^step_(\d+)$")
 class CheckpointConfig:
     output_dir: str
     every_n_steps: int = 0  # 0 = never save automatically
-    max_to_keep: Optional[int] = 2  # None = keep all
+    max_to_keep: int | None = 2  # None = keep all
     save_optimizer: bool = True
 
     def __post_init__(self) -> None:
@@ -62,16 +63,16 @@ class CheckpointConfig:
 class LoadedCheckpoint:
     step: int
     path: Path
-    model_state: Dict[str, torch.Tensor]
-    optimizer_state: Optional[Dict[str, Any]]
-    rng_state: Dict[str, Any]
-    extra: Dict[str, Any] = field(default_factory=dict)
+    model_state: dict[str, torch.Tensor]
+    optimizer_state: dict[str, Any] | None
+    rng_state: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- RNG state
 
 
-def capture_rng_state() -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+def capture_rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(tensor part, JSON part) of the torch / CUDA / python / numpy generator states."""
     tensors = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -100,10 +101,10 @@ def restore_rng_state(tensors: Mapping[str, torch.Tensor], js: Mapping[str, Any]
 # ---------------------------------------------------------------- optimizer state
 
 
-def _flatten_optimizer(osd: Mapping[str, Any]) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+def _flatten_optimizer(osd: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Split an optimizer state dict into safetensors-able tensors and JSON."""
-    tensors: Dict[str, torch.Tensor] = {}
-    scalars: Dict[str, Dict[str, Any]] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
     for pid, st in osd["state"].items():
         for k, v in st.items():
             if isinstance(v, torch.Tensor):
@@ -123,9 +124,9 @@ def _flatten_optimizer(osd: Mapping[str, Any]) -> Tuple[Dict[str, torch.Tensor],
     return tensors, {"scalars": scalars, "param_groups": groups, "key_kind": key_kind}
 
 
-def _unflatten_optimizer(tensors: Mapping[str, torch.Tensor], js: Mapping[str, Any]) -> Dict[str, Any]:
+def _unflatten_optimizer(tensors: Mapping[str, torch.Tensor], js: Mapping[str, Any]) -> dict[str, Any]:
     conv = int if js.get("key_kind") == "int" else str
-    state: Dict[Any, Dict[str, Any]] = {}
+    state: dict[Any, dict[str, Any]] = {}
     for key, t in tensors.items():
         _, pid, name = key.split("::", 2)
         state.setdefault(conv(pid), {})[name] = t
@@ -142,10 +143,10 @@ def _unflatten_optimizer(tensors: Mapping[str, torch.Tensor], js: Mapping[str, A
     return {"state": state, "param_groups": groups}
 
 
-def _dedup_storage(sd: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+def _dedup_storage(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """safetensors refuses shared storage (tied embeddings): copy repeated tensors."""
     seen: set[int] = set()
-    out: Dict[str, torch.Tensor] = {}
+    out: dict[str, torch.Tensor] = {}
     for k, v in sd.items():
         t = v.detach().cpu().contiguous()
         ptr = t.untyped_storage().data_ptr()
@@ -185,18 +186,18 @@ class CheckpointManager:
         self,
         step: int,
         model_state: Mapping[str, torch.Tensor],
-        optimizer_state: Optional[Mapping[str, Any]] = None,
-        extra: Optional[Mapping[str, Any]] = None,
+        optimizer_state: Mapping[str, Any] | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> Path:
         """Write checkpoint ``step`` atomically (RNG states captured here) and prune old ones."""
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".tmp-step_{step:09d}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:
-            files: Dict[str, int] = {}
+            files: dict[str, int] = {}
             save_file(_dedup_storage(model_state), str(tmp / "model.safetensors"))
             files["model.safetensors"] = 0
-            opt_js: Optional[Dict[str, Any]] = None
+            opt_js: dict[str, Any] | None = None
             if optimizer_state is not None and self.cfg.save_optimizer:
                 ot, opt_js = _flatten_optimizer(optimizer_state)
                 save_file(ot, str(tmp / "optimizer.safetensors"))
@@ -233,7 +234,7 @@ class CheckpointManager:
         self._prune()
         return final
 
-    def validate(self, path: Path) -> Optional[str]:
+    def validate(self, path: Path) -> str | None:
         """None if ``path`` is a complete checkpoint, else why it is torn."""
         if not (path / COMPLETE).exists():
             return f"no {COMPLETE} marker"
@@ -251,7 +252,7 @@ class CheckpointManager:
                 return f"{name} has {p.stat().st_size} bytes, manifest says {size}"
         return None
 
-    def list_checkpoints(self) -> List[Path]:
+    def list_checkpoints(self) -> list[Path]:
         """Valid checkpoints, oldest first; torn ones are skipped with a warning."""
         if not self.root.exists():
             return []
@@ -267,11 +268,11 @@ class CheckpointManager:
             found.append((int(m.group(1)), p))
         return [p for _, p in sorted(found)]
 
-    def latest(self) -> Optional[Path]:
+    def latest(self) -> Path | None:
         cps = self.list_checkpoints()
         return cps[-1] if cps else None
 
-    def load(self, path: Optional[Path] = None, restore_rng: bool = True) -> Optional[LoadedCheckpoint]:
+    def load(self, path: Path | None = None, restore_rng: bool = True) -> LoadedCheckpoint | None:
         """Load ``path`` (default: newest valid). Restores the RNG states unless told not to."""
         if path is None:
             path = self.latest()

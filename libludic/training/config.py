@@ -22,7 +22,7 @@ that pass it still construct.
 from __future__ import annotations
 
 from dataclasses import InitVar, asdict, dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 import torch
 
@@ -39,33 +39,33 @@ DEFAULT_LR = _DefaultLR(1e-5)
 @dataclass
 class TrainerConfig:
     model_device: str = "cuda"
-    runtime_device: Optional[str] = None  # serving device; None = model_device
+    runtime_device: str | None = None  # serving device; None = model_device
     lr: float = DEFAULT_LR
     weight_decay: float = 0.01
-    betas: Tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
-    max_grad_norm: Optional[float] = 1.0
+    max_grad_norm: float | None = 1.0
     max_seq_len: int = 1024
     micro_token_budget: int = 8192  # padded B * T_max tokens per micro-batch
     sync_every_steps: int = 1  # publish weights every N optimizer steps
-    mixed_precision_dtype: Optional[str] = "bf16"  # "bf16" | "fp16" | "fp32" | None
+    mixed_precision_dtype: str | None = "bf16"  # "bf16" | "fp16" | "fp32" | None
     cast_logits_to_fp32: bool = True
-    max_lag: Optional[int] = None  # drop items sampled > max_lag versions ago
+    max_lag: int | None = None  # drop items sampled > max_lag versions ago
     log_every: int = 1
     pad_token_id: int = 0
     eval_at_start: bool = False
-    eval_every_n_steps: Optional[int] = None
+    eval_every_n_steps: int | None = None
     eval_concurrency: int = 32
     # --- beyond the spec table ---
     cpu_autocast: bool = False  # allow autocast on CPU (mixed_precision_dtype must be set)
-    lora_rank: Optional[int] = None  # LoRA via peft when set
+    lora_rank: int | None = None  # LoRA via peft when set
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0
-    lora_target_modules: Tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     # the spec example's name for lr; init-only, stored in lr
-    learning_rate: InitVar[Optional[float]] = None
+    learning_rate: InitVar[float | None] = None
 
-    def __post_init__(self, learning_rate: Optional[float]) -> None:
+    def __post_init__(self, learning_rate: float | None) -> None:
         def bad(name: str, why: str) -> ValueError:
             return ValueError(f"TrainerConfig.{name}={getattr(self, name)!r} {why}")
 
@@ -128,10 +128,10 @@ class TrainerConfig:
         self.lora_target_modules = tuple(self.lora_target_modules)
 
     @property
-    def autocast_dtype(self) -> Optional[torch.dtype]:
+    def autocast_dtype(self) -> torch.dtype | None:
         return None if self.mixed_precision_dtype is None else MIXED_PRECISION[self.mixed_precision_dtype]
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["betas"] = list(self.betas)
         d["lora_target_modules"] = list(self.lora_target_modules)

@@ -13,29 +13,30 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from libludic.types import Rollout, RolloutStepKey
 
 # [partial sums of this shard] -> the same sums over every data-parallel rank's shard
 # (identity on one process)
-SumFn = Callable[[List[float]], List[float]]
+SumFn = Callable[[list[float]], list[float]]
 
 
 @runtime_checkable
 class CreditAssigner(Protocol):
-    def compute(self, rollouts: List[Rollout]) -> Dict[RolloutStepKey, float]: ...
+    def compute(self, rollouts: list[Rollout]) -> dict[RolloutStepKey, float]: ...
 
 
-def group_rollouts(rollouts: Sequence[Rollout], group_size: int) -> "OrderedDict[str, List[Rollout]]":
+def group_rollouts(rollouts: Sequence[Rollout], group_size: int) -> OrderedDict[str, list[Rollout]]:
     """Rollouts by group_id, in first-seen order; every group must hold ``group_size``.
 
     With ``group_size == 1`` a rollout without a group_id is its own group.
     """
     if group_size < 1:
         raise ValueError(f"group_size={group_size} must be >= 1")
-    groups: "OrderedDict[str, List[Rollout]]" = OrderedDict()
+    groups: OrderedDict[str, list[Rollout]] = OrderedDict()
     for r in rollouts:
         gid = r.group_id
         if gid is None:
@@ -56,7 +57,7 @@ def group_rollouts(rollouts: Sequence[Rollout], group_size: int) -> "OrderedDict
     return groups
 
 
-def _broadcast(rollout: Rollout, value: float, out: Dict[RolloutStepKey, float]) -> None:
+def _broadcast(rollout: Rollout, value: float, out: dict[RolloutStepKey, float]) -> None:
     for s in rollout.steps:
         out[(rollout.id, s.index)] = float(value)
 
@@ -71,8 +72,8 @@ class MonteCarloReturn:
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"MonteCarloReturn.gamma={self.gamma} must be in [0, 1]")
 
-    def compute(self, rollouts: List[Rollout]) -> Dict[RolloutStepKey, float]:
-        out: Dict[RolloutStepKey, float] = {}
+    def compute(self, rollouts: list[Rollout]) -> dict[RolloutStepKey, float]:
+        out: dict[RolloutStepKey, float] = {}
         for r in rollouts:
             g = 0.0
             for s in reversed(r.steps):
@@ -97,8 +98,8 @@ class GroupNormalizedReturn:
         if self.group_size < 1:
             raise ValueError(f"GroupNormalizedReturn.group_size={self.group_size} must be >= 1")
 
-    def compute(self, rollouts: List[Rollout]) -> Dict[RolloutStepKey, float]:
-        out: Dict[RolloutStepKey, float] = {}
+    def compute(self, rollouts: list[Rollout]) -> dict[RolloutStepKey, float]:
+        out: dict[RolloutStepKey, float] = {}
         for rs in group_rollouts(rollouts, self.group_size).values():
             rewards = [r.total_reward for r in rs]
             mean = sum(rewards) / len(rewards)
@@ -143,22 +144,22 @@ class HybridNormalizedReturn:
         if self.eps <= 0:
             raise ValueError(f"HybridNormalizedReturn.eps={self.eps} must be > 0")
 
-    def _centred(self, rollouts: List[Rollout]) -> List[Tuple[Rollout, float]]:
-        out: List[Tuple[Rollout, float]] = []
+    def _centred(self, rollouts: list[Rollout]) -> list[tuple[Rollout, float]]:
+        out: list[tuple[Rollout, float]] = []
         for rs in group_rollouts(rollouts, self.group_size).values():
             rewards = [r.total_reward for r in rs]
             mean = sum(rewards) / len(rewards)
             out.extend((r, x - mean) for r, x in zip(rs, rewards, strict=True))
         return out
 
-    def group_stage(self, rollouts: List[Rollout]) -> Dict[RolloutStepKey, float]:
+    def group_stage(self, rollouts: list[Rollout]) -> dict[RolloutStepKey, float]:
         """c_i = R_i - mean of its group, broadcast to every step (no std, no clip)."""
-        out: Dict[RolloutStepKey, float] = {}
+        out: dict[RolloutStepKey, float] = {}
         for r, c in self._centred(rollouts):
             _broadcast(r, c, out)
         return out
 
-    def batch_stage(self, centred: Sequence[float], all_sum: Optional[SumFn] = None) -> List[float]:
+    def batch_stage(self, centred: Sequence[float], all_sum: SumFn | None = None) -> list[float]:
         """A = c / (std(c) + eps), clipped at 0 with ``positive_only``.
 
         ``all_sum`` extends the count and the sums over the other data-parallel ranks'
@@ -175,9 +176,9 @@ class HybridNormalizedReturn:
         out = [c / (std + self.eps) for c in cs]
         return [max(a, 0.0) for a in out] if self.positive_only else out
 
-    def compute(self, rollouts: List[Rollout]) -> Dict[RolloutStepKey, float]:
+    def compute(self, rollouts: list[Rollout]) -> dict[RolloutStepKey, float]:
         centred = self._centred(rollouts)  # std over rollouts: one c per rollout
-        out: Dict[RolloutStepKey, float] = {}
+        out: dict[RolloutStepKey, float] = {}
         for (r, _), a in zip(centred, self.batch_stage([c for _, c in centred]), strict=True):
             _broadcast(r, a, out)
         return out
@@ -189,8 +190,8 @@ class ConstantCredit:
 
     value: float = 1.0
 
-    def compute(self, rollouts: List[Rollout]) -> Dict[RolloutStepKey, float]:
-        out: Dict[RolloutStepKey, float] = {}
+    def compute(self, rollouts: list[Rollout]) -> dict[RolloutStepKey, float]:
+        out: dict[RolloutStepKey, float] = {}
         for r in rollouts:
             _broadcast(r, self.value, out)
         return out

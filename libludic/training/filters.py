@@ -16,13 +16,13 @@ has the ``PreprocessFn`` shape ``Callable[[List[Rollout]], List[Rollout]]`` and 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, List, Sequence
+from collections.abc import Callable, Sequence
 
 from libludic.training.types import SAWItem
 from libludic.types import Rollout
 
 SampleFilter = Callable[[SAWItem], bool]
-PreprocessFn = Callable[[List[Rollout]], List[Rollout]]
+PreprocessFn = Callable[[list[Rollout]], list[Rollout]]
 
 
 def drop_truncated() -> SampleFilter:
@@ -62,17 +62,17 @@ def combine(*filters: SampleFilter) -> SampleFilter:
     return keep
 
 
-def apply_filter(items: Sequence[SAWItem], sample_filter: SampleFilter | None) -> List[SAWItem]:
+def apply_filter(items: Sequence[SAWItem], sample_filter: SampleFilter | None) -> list[SAWItem]:
     return list(items) if sample_filter is None else [it for it in items if sample_filter(it)]
 
 
-def drop_zero_variance_groups(rollouts: List[Rollout]) -> List[Rollout]:
+def drop_zero_variance_groups(rollouts: list[Rollout]) -> list[Rollout]:
     """Drop every group whose rollouts all have the same total reward (ScaleRL's ZVP filter).
 
     Such a group has zero advantage everywhere under group-centred credit, so it only
     dilutes the batch. Rollouts without a group_id are kept.
     """
-    groups: "OrderedDict[str, List[Rollout]]" = OrderedDict()
+    groups: OrderedDict[str, list[Rollout]] = OrderedDict()
     for r in rollouts:
         if r.group_id is not None:
             groups.setdefault(r.group_id, []).append(r)

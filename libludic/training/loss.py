@@ -25,8 +25,9 @@ Conventions shared by every loss here:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Dict, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import Tensor
@@ -38,11 +39,11 @@ NUM_SEQUENCES_KEY = "num_sequences_total"
 WEIGHT_MEAN_KEY = "weight_mean_total"
 AGGREGATIONS = ("token", "sequence")
 
-Stats = Dict[str, Tensor]
+Stats = dict[str, Tensor]
 
 
 class Loss(Protocol):
-    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> Tuple[Tensor, Stats]: ...
+    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> tuple[Tensor, Stats]: ...
 
 
 def token_logprobs(logits: Tensor, input_ids: Tensor) -> Tensor:
@@ -122,13 +123,13 @@ class ReinforceLoss:
 
     aggregation: str = "token"
     needs_actor_logprobs: ClassVar[bool] = False
-    stat_keys: ClassVar[Tuple[str, ...]] = ("loss", "logp_mean", "weight_mean")
+    stat_keys: ClassVar[tuple[str, ...]] = ("loss", "logp_mean", "weight_mean")
 
     def __post_init__(self) -> None:
         _check_agg(self)
 
     @checked_loss
-    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> Tuple[Tensor, Stats]:
+    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> tuple[Tensor, Stats]:
         logp = token_logprobs(logits, batch["input_ids"])
         m = token_mask(batch, logp.dtype)
         w = batch["weight"].to(logp.dtype).unsqueeze(-1)  # [B, 1]
@@ -150,13 +151,13 @@ class ReinforceBaselineLoss:
 
     aggregation: str = "token"
     needs_actor_logprobs: ClassVar[bool] = False
-    stat_keys: ClassVar[Tuple[str, ...]] = ("loss", "logp_mean", "baseline", "adv_mean")
+    stat_keys: ClassVar[tuple[str, ...]] = ("loss", "logp_mean", "baseline", "adv_mean")
 
     def __post_init__(self) -> None:
         _check_agg(self)
 
     @checked_loss
-    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> Tuple[Tensor, Stats]:
+    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> tuple[Tensor, Stats]:
         logp = token_logprobs(logits, batch["input_ids"])
         m = token_mask(batch, logp.dtype)
         w = batch["weight"].to(logp.dtype)
@@ -182,11 +183,11 @@ class TokenClippedSurrogateLoss:
     """
 
     eps_clip: float = 0.2
-    eps_clip_higher: Optional[float] = None
-    dual_clip_c: Optional[float] = None
+    eps_clip_higher: float | None = None
+    dual_clip_c: float | None = None
     aggregation: str = "token"
     needs_actor_logprobs: ClassVar[bool] = True
-    stat_keys: ClassVar[Tuple[str, ...]] = (
+    stat_keys: ClassVar[tuple[str, ...]] = (
         "loss", "logp_mean", "ratio_mean", "clip_frac", "dual_clip_frac", "approx_kl",
     )
 
@@ -200,7 +201,7 @@ class TokenClippedSurrogateLoss:
             raise ValueError(f"dual_clip_c={self.dual_clip_c} must be > 1 (or None)")
 
     @checked_loss
-    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> Tuple[Tensor, Stats]:
+    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> tuple[Tensor, Stats]:
         logp = token_logprobs(logits, batch["input_ids"])
         old = _old_logprobs(batch, "TokenClippedSurrogateLoss").to(logp.dtype)
         m = token_mask(batch, logp.dtype)
@@ -237,11 +238,11 @@ class CISPOLoss:
     the PPO surrogate, no token's gradient is zeroed: the weight is clipped, not the update.
     """
 
-    eps_clip_low: Optional[float] = None
+    eps_clip_low: float | None = None
     eps_clip_high: float = 0.2
     aggregation: str = "token"
     needs_actor_logprobs: ClassVar[bool] = True
-    stat_keys: ClassVar[Tuple[str, ...]] = (
+    stat_keys: ClassVar[tuple[str, ...]] = (
         "loss", "logp_mean", "ratio_mean", "clip_frac", "approx_kl",
     )
 
@@ -253,7 +254,7 @@ class CISPOLoss:
             raise ValueError(f"eps_clip_low={self.eps_clip_low} must be in [0, 1] or None")
 
     @checked_loss
-    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> Tuple[Tensor, Stats]:
+    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> tuple[Tensor, Stats]:
         logp = token_logprobs(logits, batch["input_ids"])
         old = _old_logprobs(batch, "CISPOLoss").to(logp.dtype)
         m = token_mask(batch, logp.dtype)
@@ -290,7 +291,7 @@ class TokenKLLoss:
     aggregation: str = "token"
     needs_actor_logprobs: ClassVar[bool] = False
     needs_ref_logprobs: ClassVar[bool] = True
-    stat_keys: ClassVar[Tuple[str, ...]] = ("loss", "kl")
+    stat_keys: ClassVar[tuple[str, ...]] = ("loss", "kl")
 
     def __post_init__(self) -> None:
         _check_agg(self)
@@ -298,7 +299,7 @@ class TokenKLLoss:
             raise ValueError(f"estimator={self.estimator!r}; use one of {KL_ESTIMATORS}")
 
     @checked_loss
-    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> Tuple[Tensor, Stats]:
+    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> tuple[Tensor, Stats]:
         if batch.get("ref_logprobs") is None:
             raise KeyError(
                 "TokenKLLoss needs batch['ref_logprobs']; fill SampleAttachments.ref_logprobs "
@@ -324,13 +325,13 @@ class MaskedCausalLMCrossEntropyLoss:
 
     aggregation: str = "token"
     needs_actor_logprobs: ClassVar[bool] = False
-    stat_keys: ClassVar[Tuple[str, ...]] = ("loss", "nll", "token_accuracy")
+    stat_keys: ClassVar[tuple[str, ...]] = ("loss", "nll", "token_accuracy")
 
     def __post_init__(self) -> None:
         _check_agg(self)
 
     @checked_loss
-    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> Tuple[Tensor, Stats]:
+    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> tuple[Tensor, Stats]:
         logp = token_logprobs(logits, batch["input_ids"])
         m = token_mask(batch, logp.dtype)
         loss = aggregate(-logp, m, batch, self.aggregation)
@@ -371,15 +372,15 @@ class CompositeLoss:
         return any(getattr(t.loss, "needs_ref_logprobs", False) for t in self.terms)
 
     @property
-    def stat_keys(self) -> Tuple[str, ...]:
+    def stat_keys(self) -> tuple[str, ...]:
         keys = ["loss"]
         for t in self.terms:
             keys += [f"{t.name}/{k}" for k in t.loss.stat_keys]
         return tuple(keys)
 
     @checked_loss
-    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> Tuple[Tensor, Stats]:
-        total: Optional[Tensor] = None
+    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> tuple[Tensor, Stats]:
+        total: Tensor | None = None
         stats: Stats = {}
         for t in self.terms:
             li, si = t.loss.compute(logits, batch)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -85,7 +85,7 @@ def is_peft(model: nn.Module) -> bool:
     return hasattr(model, "get_base_model") and hasattr(model, "peft_config")
 
 
-def decoder_layers(model: nn.Module) -> List[nn.Module]:
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The repeated blocks to shard one by one: the HF ``_no_split_modules`` classes."""
     base = model.get_base_model() if is_peft(model) else model  # type: ignore[operator]
     names = set(getattr(base, "_no_split_modules", None) or [])
@@ -97,10 +97,10 @@ def decoder_layers(model: nn.Module) -> List[nn.Module]:
     return layers
 
 
-def apply_fsdp2(model: nn.Module, mp_dtype: Optional[torch.dtype] = None) -> nn.Module:
+def apply_fsdp2(model: nn.Module, mp_dtype: torch.dtype | None = None) -> nn.Module:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    kw: Dict[str, Any] = {}
+    kw: dict[str, Any] = {}
     if mp_dtype is not None:
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=mp_dtype, reduce_dtype=torch.float32)
     layers = decoder_layers(model)
@@ -117,14 +117,14 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return full() if callable(full) else t
 
 
-def full_state_dict(model: nn.Module, to_cpu: bool = True) -> Dict[str, torch.Tensor]:
+def full_state_dict(model: nn.Module, to_cpu: bool = True) -> dict[str, torch.Tensor]:
     """Full (unsharded) parameters and buffers under their HF names.
 
     FSDP2 shards are all-gathered (every rank must call this). For a peft LoRA model the
     adapters are merged on the fly, W' = W + get_delta_weight(), without touching the
     live model; LoRA tensors are left out and ``.base_layer`` dropped from names.
     """
-    out: Dict[str, torch.Tensor] = {}
+    out: dict[str, torch.Tensor] = {}
     if is_peft(model):
         from peft.tuners.lora import LoraLayer
 

@@ -37,8 +37,9 @@ import argparse
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -54,7 +55,7 @@ CHECK_SEEDS = range(20_000_000, 20_000_200)  # train-split problems for --target
 FINE_MARGIN = 0.1  # within this of the target, check every step
 
 
-def chat_record(question: str, answer: str) -> Dict[str, Any]:
+def chat_record(question: str, answer: str) -> dict[str, Any]:
     return {
         "messages": [
             {"role": "user", "content": question},
@@ -127,12 +128,12 @@ def run_sft(
     seed: int = 0,
     log_every: int = 50,
     eval_n: int = 200,
-    device: Optional[str] = None,
+    device: str | None = None,
     quiet: bool = False,
     lr_schedule: str = "constant",
     target_pass_rate: float = 0.0,
     check_every: int = 10,
-) -> Dict[str, Any]:
+) -> dict[str, Any]:
     """Train, save to ``out_dir``, evaluate; returns losses, pass_rate, steps_run, timings.
 
     ``target_pass_rate`` > 0: every ``check_every`` steps measure the greedy pass rate on
@@ -170,12 +171,12 @@ def run_sft(
     trainer = Trainer(model=model, algo=make_sft(), batch_source=source, cfg=cfg)
     say = (lambda *_a, **_k: None) if quiet else print
     say(f"sft: {n} training samples ({digits}-digit addition), {steps} steps x {batch_size}, lr {lr}, {dev}")
-    losses: List[float] = []
-    checks: List[Dict[str, float]] = []
+    losses: list[float] = []
+    checks: list[dict[str, float]] = []
     t0 = time.perf_counter()
 
     async def loop() -> None:
-        window: List[float] = []
+        window: list[float] = []
         for i in range(1, steps + 1):
             if lr_schedule == "linear":  # decay to 0: a converged, stable endpoint
                 for g in trainer.optimizer.param_groups:
@@ -223,7 +224,7 @@ def run_sft(
             "steps_run": len(losses), "checks": checks}
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="ludic sft", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="model directory (e.g. from `ludic model init`)")
     ap.add_argument("--out", required=True, help="where to save the trained model")

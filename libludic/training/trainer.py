@@ -41,8 +41,9 @@ import contextlib
 import copy
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -67,11 +68,11 @@ class Trainer:
         model: nn.Module,
         algo: RLAlgorithm,
         batch_source: BatchSource,
-        publisher: Optional[PolicyPublisher] = None,
-        cfg: Optional[TrainerConfig] = None,
+        publisher: PolicyPublisher | None = None,
+        cfg: TrainerConfig | None = None,
         evaluator: Any = None,
-        checkpointer: Optional[CheckpointManager] = None,
-        reference_model: Optional[nn.Module] = None,
+        checkpointer: CheckpointManager | None = None,
+        reference_model: nn.Module | None = None,
     ) -> None:
         self.cfg = cfg if cfg is not None else TrainerConfig()
         self.algo = algo
@@ -93,7 +94,7 @@ class Trainer:
         if want_amp and self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
             log.warning("bf16 is not supported on %s; training in fp32", self.device)
             want_amp = False
-        self.ref_model: Optional[nn.Module] = None
+        self.ref_model: nn.Module | None = None
         if algo.needs_ref_logprobs:
             ref = reference_model if reference_model is not None else copy.deepcopy(model)
             ref.requires_grad_(False)
@@ -127,7 +128,7 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self._amp_dtype)
 
-    def drop_stale(self, items: Sequence[SAWItem]) -> Tuple[List[SAWItem], int]:
+    def drop_stale(self, items: Sequence[SAWItem]) -> tuple[list[SAWItem], int]:
         """Items within ``max_lag`` versions of ``policy_version``, and how many were dropped."""
         if self.cfg.max_lag is None:
             return list(items), 0
@@ -135,13 +136,13 @@ class Trainer:
         kept = [it for it in items if it.policy_version is None or it.policy_version >= floor]
         return kept, len(items) - len(kept)
 
-    def full_state_dict(self, to_cpu: bool = True) -> Dict[str, torch.Tensor]:
+    def full_state_dict(self, to_cpu: bool = True) -> dict[str, torch.Tensor]:
         """Full parameters under HF names (gathers FSDP2 shards; every rank must call)."""
         return parallel.full_state_dict(self.model, to_cpu=to_cpu)
 
     # ------------------------------------------------------------------ gradients
 
-    def accumulate_gradients(self, items: Sequence[SAWItem]) -> Dict[str, float]:
+    def accumulate_gradients(self, items: Sequence[SAWItem]) -> dict[str, float]:
         """Zero the grads, then forward/backward every micro-batch of ``items``.
 
         Afterwards ``p.grad`` holds the gradient of the full-batch loss. Returns the
@@ -179,14 +180,14 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         ref_time = 0.0
-        stat_acc: Dict[str, float] = {}
+        stat_acc: dict[str, float] = {}
         local_tok = max(sum(n_tok), 1.0)
         for i, b in enumerate(batches):
             is_last = i == len(batches) - 1
             if hasattr(self.model, "set_requires_gradient_sync"):
                 # FSDP2: reduce-scatter only after the last micro-batch
                 self.model.set_requires_gradient_sync(is_last)  # type: ignore[operator]
-            dev_b: Dict[str, Any] = {
+            dev_b: dict[str, Any] = {
                 k: v.to(self.device, non_blocking=True) for k, v in b.items()
             }
             dev_b.update(macro)
@@ -221,7 +222,7 @@ class Trainer:
         return out_stats
 
     @torch.no_grad()
-    def reference_logprobs(self, batch: Dict[str, Any]) -> torch.Tensor:
+    def reference_logprobs(self, batch: dict[str, Any]) -> torch.Tensor:
         """The frozen reference policy's logprob of every token, aligned to input_ids
         ([B, T], 0.0 at position 0 which nothing predicts): what ``TokenKLLoss`` reads."""
         assert self.ref_model is not None
@@ -233,7 +234,7 @@ class Trainer:
         ref[:, 1:] = L.token_logprobs(logits, ids)
         return ref
 
-    def _all_sum(self, xs: List[float]) -> List[float]:
+    def _all_sum(self, xs: list[float]) -> list[float]:
         """Sums over every rank (for batch-level statistics of a sharded batch)."""
         t = torch.tensor(xs, dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
@@ -251,13 +252,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
 
-    async def train_step(self) -> Dict[str, float]:
+    async def train_step(self) -> dict[str, float]:
         t0 = time.perf_counter()
         batch = await self.batch_source.next_batch()
         items, dropped = self.drop_stale(batch.items)
         self.stale_dropped_total += dropped
         items = self.algo.apply_batch_stage(items, self._all_sum if self.distributed else None)
-        stats: Dict[str, float] = {
+        stats: dict[str, float] = {
             "num_items": float(len(items)),
             "num_tokens": float(sum(it.num_tokens for it in items)),
             "stale_dropped": float(dropped),
@@ -303,13 +304,13 @@ class Trainer:
             )
         return stats
 
-    async def train(self, num_steps: Optional[int] = None) -> List[Dict[str, float]]:
+    async def train(self, num_steps: int | None = None) -> list[dict[str, float]]:
         """Run ``num_steps`` optimizer steps (None: until cancelled); returns per-step stats."""
         if num_steps is not None and num_steps < 0:
             raise ValueError(f"num_steps={num_steps} must be >= 0")
         if self.cfg.eval_at_start and self.evaluator is not None:
             log.info("eval at start: %s", await self.evaluate())
-        history: List[Dict[str, float]] = []
+        history: list[dict[str, float]] = []
         while num_steps is None or len(history) < num_steps:
             history.append(await self.train_step())
         return history
@@ -320,7 +321,7 @@ class Trainer:
         self.publisher.publish(self.full_state_dict(), version=version)
         self.policy_version = version
 
-    async def evaluate(self) -> Dict[str, float]:
+    async def evaluate(self) -> dict[str, float]:
         self.model.eval()
         try:
             res = await self.evaluator.evaluate()
@@ -330,7 +331,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _state_dicts(self) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+    def _state_dicts(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,
@@ -342,20 +343,20 @@ class Trainer:
         osd = get_optimizer_state_dict(self.model, self.optimizer, options=opts)
         return msd, osd  # type: ignore[return-value]
 
-    def save_checkpoint(self, extra: Optional[Dict[str, Any]] = None) -> Optional[Path]:
+    def save_checkpoint(self, extra: dict[str, Any] | None = None) -> Path | None:
         """Model + optimizer + RNG + step + policy_version (+ batch-source position)."""
         if self.checkpointer is None:
             raise ValueError("Trainer has no checkpointer; pass checkpointer=CheckpointManager(...)")
         msd, osd = self._state_dicts()  # collective under FSDP2
         if parallel.rank() != 0:
             return None
-        ex: Dict[str, Any] = {"trainer_step": self.step, "policy_version": self.policy_version}
+        ex: dict[str, Any] = {"trainer_step": self.step, "policy_version": self.policy_version}
         if hasattr(self.batch_source, "state_dict"):
             ex["batch_source"] = self.batch_source.state_dict()
         ex.update(extra or {})
         return self.checkpointer.save(self.step, msd, osd, extra=ex)
 
-    def load_checkpoint(self, path: Optional[Path] = None) -> Optional[LoadedCheckpoint]:
+    def load_checkpoint(self, path: Path | None = None) -> LoadedCheckpoint | None:
         """Restore the newest valid checkpoint (or ``path``); None if there is none."""
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,

@@ -16,7 +16,8 @@ Checked contract of a collated batch (see ``libludic.training.batching.saw.colla
 
 import functools
 import os
-from typing import Any, Callable, Mapping, Optional, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import torch
 from beartype import beartype
@@ -36,13 +37,13 @@ def _check_batch(
     action_mask: Int64[torch.Tensor, "B T"],  # noqa: F722, F821
     weight: Float[torch.Tensor, "B"],  # noqa: F722, F821
     actor_logprobs: Float[torch.Tensor, "B T"],  # noqa: F722, F821
-    ref_logprobs: Optional[Float[torch.Tensor, "B T"]],  # noqa: F722, F821
-    logits: Optional[Float[torch.Tensor, "B T V"]],  # noqa: F722, F821
+    ref_logprobs: Float[torch.Tensor, "B T"] | None,  # noqa: F722, F821
+    logits: Float[torch.Tensor, "B T V"] | None,  # noqa: F722, F821
 ) -> None:
     return None
 
 
-def check_batch(batch: Mapping[str, Any], logits: Optional[torch.Tensor] = None) -> None:
+def check_batch(batch: Mapping[str, Any], logits: torch.Tensor | None = None) -> None:
     """Raise (jaxtyping's TypeCheckError) if the batch tensors disagree on B/T or dtype."""
     missing = [
         k

@@ -9,8 +9,9 @@ that sampled the action). Everything round-trips through plain dicts.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from libludic.inference.request import InferenceSpec
 from libludic.types import new_id
@@ -21,13 +22,13 @@ class EnvSpec:
     """Which environment to build: ``kind`` is a key of the engine's env registry."""
 
     kind: str
-    kwargs: Dict[str, Any] = field(default_factory=dict)
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "kwargs": dict(self.kwargs)}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "EnvSpec":
+    def from_dict(cls, d: Mapping[str, Any]) -> EnvSpec:
         return cls(kind=str(d["kind"]), kwargs=dict(d.get("kwargs") or {}))
 
 
@@ -41,18 +42,18 @@ class AgentSpec:
     """
 
     kind: str = "plain"
-    kwargs: Dict[str, Any] = field(default_factory=dict)
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         from libludic.agents.config import validate_agent_config
 
         validate_agent_config(self.kind, self.kwargs)
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, **self.kwargs}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "AgentSpec":
+    def from_dict(cls, d: Mapping[str, Any]) -> AgentSpec:
         if not isinstance(d, Mapping):
             raise ValueError(f"agent must be a mapping like {{kind: tool, tools: [python]}}; got {d!r}")
         rest = {k: v for k, v in d.items() if k != "kind"}
@@ -68,17 +69,17 @@ class ProtocolSpec:
     """
 
     kind: str = "single_agent"
-    kwargs: Dict[str, Any] = field(default_factory=dict)
-    agent: Optional[AgentSpec] = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    agent: AgentSpec | None = None
 
-    def to_dict(self) -> Dict[str, Any]:
-        d: Dict[str, Any] = {"kind": self.kind, "kwargs": dict(self.kwargs)}
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"kind": self.kind, "kwargs": dict(self.kwargs)}
         if self.agent is not None:
             d["agent"] = self.agent.to_dict()
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ProtocolSpec":
+    def from_dict(cls, d: Mapping[str, Any]) -> ProtocolSpec:
         agent = d.get("agent")
         return cls(
             kind=str(d["kind"]),
@@ -100,11 +101,11 @@ class RolloutRequest:
 
     env: EnvSpec
     protocol: ProtocolSpec = field(default_factory=ProtocolSpec)
-    env_seed: Optional[int] = None
-    sampling_seed: Optional[int] = None
-    inference: Optional[InferenceSpec] = None
+    env_seed: int | None = None
+    sampling_seed: int | None = None
+    inference: InferenceSpec | None = None
     num_episodes: int = 1
-    meta: Dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
     id: str = field(default_factory=new_id)
     # True: every episode of this request uses env_seed itself (same problem, a group).
     same_env_seed: bool = False
@@ -113,7 +114,7 @@ class RolloutRequest:
         if self.num_episodes < 1:
             raise ValueError(f"RolloutRequest.num_episodes={self.num_episodes} must be >= 1")
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "env": self.env.to_dict(),
@@ -127,7 +128,7 @@ class RolloutRequest:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "RolloutRequest":
+    def from_dict(cls, d: Mapping[str, Any]) -> RolloutRequest:
         inf = d.get("inference")
         return cls(
             id=str(d["id"]),
@@ -152,12 +153,12 @@ class SampleAttachments:
     on-policy importance ratio is exactly 1. None or 0 (greedy) means T = 1.
     """
 
-    actor_logprobs: Optional[List[float]] = None
-    ref_logprobs: Optional[List[float]] = None
-    policy_version: Optional[int] = None
-    temperature: Optional[float] = None
+    actor_logprobs: list[float] | None = None
+    ref_logprobs: list[float] | None = None
+    policy_version: int | None = None
+    temperature: float | None = None
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "actor_logprobs": None if self.actor_logprobs is None else list(self.actor_logprobs),
             "ref_logprobs": None if self.ref_logprobs is None else list(self.ref_logprobs),
@@ -166,7 +167,7 @@ class SampleAttachments:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "SampleAttachments":
+    def from_dict(cls, d: Mapping[str, Any]) -> SampleAttachments:
         a, r, v = d.get("actor_logprobs"), d.get("ref_logprobs"), d.get("policy_version")
         t = d.get("temperature")
         return cls(
@@ -194,11 +195,11 @@ class SAWItem:
     meta                item_id, rollout_id, step_index, group_id, reward, ...
     """
 
-    input_ids: List[int]
-    attention_mask: List[int]
-    action_mask: List[int]
+    input_ids: list[int]
+    attention_mask: list[int]
+    action_mask: list[int]
     weight: float
-    meta: Dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
     attachments: SampleAttachments = field(default_factory=SampleAttachments)
 
     def __post_init__(self) -> None:
@@ -221,7 +222,7 @@ class SAWItem:
         return str(self.meta.get("item_id", ""))
 
     @property
-    def policy_version(self) -> Optional[int]:
+    def policy_version(self) -> int | None:
         return self.attachments.policy_version
 
     @property
@@ -232,7 +233,7 @@ class SAWItem:
     def num_action_tokens(self) -> int:
         return int(sum(self.action_mask))
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "input_ids": list(self.input_ids),
             "attention_mask": list(self.attention_mask),
@@ -243,7 +244,7 @@ class SAWItem:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "SAWItem":
+    def from_dict(cls, d: Mapping[str, Any]) -> SAWItem:
         return cls(
             input_ids=[int(t) for t in d["input_ids"]],
             attention_mask=[int(t) for t in d["attention_mask"]],
@@ -258,8 +259,8 @@ class SAWItem:
 class SAWBatch:
     """A macro-batch: the items of one optimizer step plus batch-level stats."""
 
-    items: List[SAWItem]
-    meta: Dict[str, Any] = field(default_factory=dict)
+    items: list[SAWItem]
+    meta: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.items)

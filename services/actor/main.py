@@ -27,7 +27,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import redis.exceptions as rexc
 from prometheus_client import Counter, Gauge, Histogram
@@ -66,11 +66,11 @@ INFLIGHT = Gauge("ludic_actor_inflight_requests", "Requests being run by this ac
 class ActorSettings:
     redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={"help": "Redis URL"})
     run_id: str = field(default="default", metadata={"help": "run namespace of the Redis keys"})
-    inference_urls: List[str] = field(
+    inference_urls: list[str] = field(
         default_factory=lambda: ["http://127.0.0.1:8000"],
         metadata={"help": "comma-separated inference base URLs (round-robin)"},
     )
-    api_key: Optional[str] = field(default=None, metadata={"help": "bearer token for inference"})
+    api_key: str | None = field(default=None, metadata={"help": "bearer token for inference"})
     max_lag: int = field(
         default=2, metadata={"help": "max learner-inference version gap to start an episode (-1 off)"}
     )
@@ -89,7 +89,7 @@ class ActorSettings:
     drain_grace_s: float = field(default=30.0, metadata={"help": "SIGTERM: time to finish work"})
     inference_timeout_s: float = field(default=120.0, metadata={"help": "per-call timeout"})
     metrics_port: int = field(default=9101, metadata={"help": "/metrics and /health (0 off)"})
-    consumer: Optional[str] = field(default=None, metadata={"help": "consumer name (default auto)"})
+    consumer: str | None = field(default=None, metadata={"help": "consumer name (default auto)"})
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
 
     def __post_init__(self) -> None:
@@ -133,8 +133,8 @@ class Actor:
             r, self.keys, settings.max_lag, self._inference_version,
             on_wait=STALE_WAITS.inc,
         )
-        self.inflight: Dict[str, transport.Entry] = {}
-        self.tasks: Dict[str, asyncio.Task[None]] = {}
+        self.inflight: dict[str, transport.Entry] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
         self.stats = ActorStats()
         self.last_tick = time.monotonic()
 
@@ -197,7 +197,7 @@ class Actor:
             return
         await self._commit(entry, req, rollouts)
 
-    async def _commit(self, entry: transport.Entry, req: RolloutRequest, rollouts: List[Any]) -> None:
+    async def _commit(self, entry: transport.Entry, req: RolloutRequest, rollouts: list[Any]) -> None:
         whole_group = req.meta.get("group_id") == req.id
         for ro in rollouts:
             ro.meta.setdefault("actor", self.name)
@@ -309,7 +309,7 @@ class Actor:
 
 
 async def run(
-    settings: ActorSettings, *, client: Any = None, stop: Optional[asyncio.Event] = None
+    settings: ActorSettings, *, client: Any = None, stop: asyncio.Event | None = None
 ) -> ActorStats:
     """Run until ``stop`` is set (or SIGTERM). ``client`` overrides the inference pool."""
     stop = stop or asyncio.Event()
@@ -335,7 +335,7 @@ async def run(
         await r.aclose()
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     settings = load_settings(ActorSettings, argv, service="actor", description=__doc__.split("\n")[0])
     setup_logging(settings.log_level)
     log_settings(log, "actor", settings)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, Callable, Optional
+from collections.abc import Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
@@ -20,10 +20,10 @@ HealthFn = Callable[[], Awaitable[bool]]
 
 async def start_http(
     port: int,
-    health: Optional[HealthFn] = None,
+    health: HealthFn | None = None,
     registry: CollectorRegistry = REGISTRY,
     host: str = "0.0.0.0",
-) -> Optional[asyncio.AbstractServer]:
+) -> asyncio.AbstractServer | None:
     """Serve /metrics and /health on ``port`` (0 disables; returns None)."""
     if port <= 0:
         return None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from typing import Dict
 
 import redis.asyncio as aioredis
 from prometheus_client import Gauge
@@ -31,7 +30,7 @@ async def sleep_or_stop(stop: asyncio.Event, seconds: float) -> bool:
     return await transport.wait_event(stop, seconds)
 
 
-async def update_stream_gauges(r: aioredis.Redis, keys: transport.Keys) -> Dict[str, int]:
+async def update_stream_gauges(r: aioredis.Redis, keys: transport.Keys) -> dict[str, int]:
     streams = keys.streams()
     pipe = r.pipeline(transaction=False)
     for key in streams.values():

@@ -27,9 +27,11 @@ import json
 import logging
 import os
 import sys
+import types
 import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type, TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 ENV_PREFIX = "LUDIC_"
@@ -38,10 +40,10 @@ _FALSE = {"0", "false", "no", "off", "n", ""}
 _SECRET_WORDS = ("token", "password", "secret", "api_key")
 
 
-def _base_type(tp: Any) -> Tuple[Any, bool]:
+def _base_type(tp: Any) -> tuple[Any, bool]:
     """(underlying type, optional?) of a field annotation."""
     origin = typing.get_origin(tp)
-    if origin is typing.Union:
+    if origin is typing.Union or origin is types.UnionType:  # Optional[X] or X | None
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return (args[0] if len(args) == 1 else str), True
     return tp, False
@@ -65,16 +67,16 @@ def coerce(name: str, tp: Any, value: Any) -> Any:
             if s in _FALSE:
                 return False
             raise ValueError(f"expected a boolean (true/false), got {value!r}")
-        if origin in (list, List, Sequence, tuple):
+        if origin in (list, list, Sequence, tuple):
             args = typing.get_args(base)
             item_tp = args[0] if args else str
             if isinstance(value, str):
                 s = value.strip()
-                items: List[Any] = json.loads(s) if s.startswith("[") else [v for v in s.split(",") if v.strip()]
+                items: list[Any] = json.loads(s) if s.startswith("[") else [v for v in s.split(",") if v.strip()]
             else:
                 items = list(value)
             return [coerce(name, item_tp, v.strip() if isinstance(v, str) else v) for v in items]
-        if origin in (dict, Dict, Mapping):
+        if origin in (dict, dict, Mapping):
             if isinstance(value, str):
                 value = json.loads(value) if value.strip() else {}
             if not isinstance(value, dict):
@@ -100,12 +102,12 @@ def _flag(name: str) -> str:
 
 
 def load_settings(
-    cls: Type[T],
-    argv: Optional[Sequence[str]],
+    cls: type[T],
+    argv: Sequence[str] | None,
     *,
     service: str,
     description: str = "",
-    environ: Optional[Mapping[str, str]] = None,
+    environ: Mapping[str, str] | None = None,
 ) -> T:
     """Build ``cls`` (a dataclass) from defaults, YAML, ``LUDIC_*`` env and ``argv``."""
     env = os.environ if environ is None else environ
@@ -128,7 +130,7 @@ def load_settings(
             )
     args = parser.parse_args(list(argv or []))
 
-    values: Dict[str, Any] = {}
+    values: dict[str, Any] = {}
     cfg_path = args.config or env.get(ENV_PREFIX + "CONFIG")
     names = {f.name for f in fields}
     if "algorithm" in names:
@@ -154,7 +156,7 @@ def load_settings(
     return cls(**out)
 
 
-def read_yaml(path: str | Path) -> Dict[str, Any]:
+def read_yaml(path: str | Path) -> dict[str, Any]:
     import yaml
 
     p = Path(path)
@@ -221,7 +223,7 @@ def algorithm_group_size(algorithm: Mapping[str, Any]) -> int:
     return n
 
 
-def read_yaml_section(path: str | Path, service: str, names: set) -> Dict[str, Any]:
+def read_yaml_section(path: str | Path, service: str, names: set) -> dict[str, Any]:
     data = read_yaml(path)
     check_algorithm_section(data, path)
     out = {k: v for k, v in data.items() if k in names}
@@ -239,7 +241,7 @@ def read_yaml_section(path: str | Path, service: str, names: set) -> Dict[str, A
     return out
 
 
-def redacted(settings: Any) -> Dict[str, Any]:
+def redacted(settings: Any) -> dict[str, Any]:
     d = dataclasses.asdict(settings)
     for k in list(d):
         words = k.lower().split("_")

@@ -36,8 +36,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 import redis.exceptions as rexc
 from prometheus_client import Counter, Gauge
@@ -65,7 +66,7 @@ LEADER = Gauge("ludic_credit_leader", "1 while this worker holds the credit leas
 class CreditSettings:
     redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={"help": "Redis URL"})
     run_id: str = field(default="default", metadata={"help": "run namespace of the Redis keys"})
-    algorithm: Dict[str, Any] = field(
+    algorithm: dict[str, Any] = field(
         default_factory=dict,
         metadata={
             "help": "the run's algorithm {name, group_size, kwargs}: the top-level algorithm: "
@@ -76,7 +77,7 @@ class CreditSettings:
     min_partial_group: int = field(
         default=2, metadata={"help": "timed-out groups at least this big are processed as-is"}
     )
-    filters: List[str] = field(
+    filters: list[str] = field(
         default_factory=list,
         metadata={"help": "sample filters by name: drop_truncated,drop_incomplete_completions,..."},
     )
@@ -89,7 +90,7 @@ class CreditSettings:
     )
     lease_ttl_ms: int = field(default=10_000, metadata={"help": "leader lease TTL"})
     metrics_port: int = field(default=9102, metadata={"help": "/metrics and /health (0 off)"})
-    consumer: Optional[str] = field(default=None, metadata={"help": "consumer name (default auto)"})
+    consumer: str | None = field(default=None, metadata={"help": "consumer name (default auto)"})
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
 
     def __post_init__(self) -> None:
@@ -100,7 +101,7 @@ class CreditSettings:
             raise ValueError(f"min_partial_group={self.min_partial_group} must be >= 1")
 
 
-def make_filter(names: List[str]) -> Optional[Callable[[Any], bool]]:
+def make_filter(names: list[str]) -> Callable[[Any], bool] | None:
     if not names:
         return None
     from libludic.training import filters as flt
@@ -122,8 +123,8 @@ class Group:
     gid: str
     size: int
     first_seen: float
-    entries: Dict[str, transport.Entry] = field(default_factory=dict)  # rollout id -> entry
-    rollouts: Dict[str, Rollout] = field(default_factory=dict)
+    entries: dict[str, transport.Entry] = field(default_factory=dict)  # rollout id -> entry
+    rollouts: dict[str, Rollout] = field(default_factory=dict)
 
 
 class CreditWorker:
@@ -143,12 +144,12 @@ class CreditWorker:
         )
         self.lease = transport.Lease(r, self.keys.lease("credit"), self.name, settings.lease_ttl_ms)
         self.sample_filter = make_filter(settings.filters)
-        self._algos: Dict[int, Any] = {}
-        self.groups: Dict[str, Group] = {}
+        self._algos: dict[int, Any] = {}
+        self.groups: dict[str, Group] = {}
         self.leader = False
         self.last_tick = time.monotonic()
         self.items_written = 0
-        self.outcomes: Dict[str, int] = {}
+        self.outcomes: dict[str, int] = {}
 
     def algo(self, n: int) -> Any:
         if n not in self._algos:
@@ -308,7 +309,7 @@ class CreditWorker:
                 pass
 
 
-async def run(settings: CreditSettings, *, stop: Optional[asyncio.Event] = None) -> CreditWorker:
+async def run(settings: CreditSettings, *, stop: asyncio.Event | None = None) -> CreditWorker:
     stop = stop or asyncio.Event()
     r = transport.connect(settings.redis_url, socket_timeout=settings.block_ms / 1000 + 30)
     worker = CreditWorker(settings, r, stop)
@@ -322,7 +323,7 @@ async def run(settings: CreditSettings, *, stop: Optional[asyncio.Event] = None)
     return worker
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     settings = load_settings(CreditSettings, argv, service="credit", description=__doc__.split("\n")[0])
     setup_logging(settings.log_level)
     log_settings(log, "credit", settings)

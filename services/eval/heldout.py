@@ -9,7 +9,8 @@ right after the pass.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from libludic.inference.openai_client import OpenAIChatClient
 from libludic.inference.request import InferenceSpec
@@ -17,7 +18,7 @@ from libludic.inference.sampling import SamplingConfig
 from libludic.training.types import EnvSpec, RolloutRequest
 
 
-def eval_requests(env: Mapping[str, Any], n: int, max_tokens: int) -> List[RolloutRequest]:
+def eval_requests(env: Mapping[str, Any], n: int, max_tokens: int) -> list[RolloutRequest]:
     spec = InferenceSpec(sampling=SamplingConfig(temperature=0.0, max_tokens=max_tokens))
     return [
         RolloutRequest(env=EnvSpec.from_dict(env), env_seed=i, sampling_seed=i, inference=spec, meta={"eval": True})
@@ -26,8 +27,8 @@ def eval_requests(env: Mapping[str, Any], n: int, max_tokens: int) -> List[Rollo
 
 
 async def evaluate(
-    url: str, env: Mapping[str, Any], n: int, max_tokens: int, api_key: Optional[str] = None
-) -> Dict[str, float]:
+    url: str, env: Mapping[str, Any], n: int, max_tokens: int, api_key: str | None = None
+) -> dict[str, float]:
     """One greedy pass over the held-out problems against ``url``."""
     from libludic.eval.evaluator import Evaluator
     from libludic.registry import build_registries

@@ -29,7 +29,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import httpx
 from prometheus_client import Counter, Gauge
@@ -60,19 +60,19 @@ _UP_FALLBACK = {"env": "eval_env", "n": "eval_n", "every_steps": "eval_every_ste
 class EvalSettings:
     redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={"help": "Redis URL"})
     run_id: str = field(default="default", metadata={"help": "run namespace of the Redis keys"})
-    inference_urls: List[str] = field(
+    inference_urls: list[str] = field(
         default_factory=lambda: ["http://127.0.0.1:8000"],
         metadata={"help": "inference base URLs; the first one is evaluated"},
     )
-    api_key: Optional[str] = field(default=None, metadata={"help": "bearer token for inference"})
-    env: Optional[Dict[str, Any]] = field(
+    api_key: str | None = field(default=None, metadata={"help": "bearer token for inference"})
+    env: dict[str, Any] | None = field(
         default=None, metadata={"help": "held-out env {kind, kwargs} (default: up.eval_env)"}
     )
-    n: Optional[int] = field(default=None, metadata={"help": "held-out problems (default: up.eval_n)"})
-    every_steps: Optional[int] = field(
+    n: int | None = field(default=None, metadata={"help": "held-out problems (default: up.eval_n)"})
+    every_steps: int | None = field(
         default=None, metadata={"help": "learner steps between evaluations (default: up.eval_every_steps)"}
     )
-    max_tokens: Optional[int] = field(
+    max_tokens: int | None = field(
         default=None, metadata={"help": "max tokens of an answer (default: up.eval_max_tokens)"}
     )
     at_start: bool = field(default=True, metadata={"help": "evaluate step 0 (the starting policy)"})
@@ -85,11 +85,11 @@ class EvalSettings:
     poll_s: float = field(default=2.0, metadata={"help": "seconds between looks at the learner step"})
     output_file: str = field(default="", metadata={"help": "append each result as JSON here"})
     metrics_port: int = field(default=9105, metadata={"help": "/metrics and /health (0 off)"})
-    config_path: Optional[str] = field(default=None, metadata={"help": "set from --config"})
+    config_path: str | None = field(default=None, metadata={"help": "set from --config"})
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
 
     def __post_init__(self) -> None:
-        up: Dict[str, Any] = {}
+        up: dict[str, Any] = {}
         if self.config_path:
             up = read_yaml(self.config_path).get("up") or {}
         defaults = UpSettings()
@@ -112,7 +112,7 @@ class EvalService:
         self.s, self.r, self.stop = s, r, stop
         self.keys = transport.Keys(s.run_id)
         self.url = s.inference_urls[0]
-        self.results: List[Dict[str, float]] = []
+        self.results: list[dict[str, float]] = []
         self.last_tick = time.monotonic()
         self.evaluating = False
 
@@ -140,7 +140,7 @@ class EvalService:
                 return
             await sleep_or_stop(self.stop, 1.0)
 
-    async def evaluate(self, step: int) -> Optional[Dict[str, float]]:
+    async def evaluate(self, step: int) -> dict[str, float] | None:
         """One evaluation for learner ``step``; None (counted) when inference failed."""
         s = self.s
         self.evaluating = True
@@ -177,9 +177,9 @@ class EvalService:
 
     async def run(self) -> None:
         s = self.s
-        done: Optional[int] = None  # last evaluated step
+        done: int | None = None  # last evaluated step
         every = int(s.every_steps or 0)
-        target: Optional[int] = 0 if s.at_start else (every if every > 0 else None)
+        target: int | None = 0 if s.at_start else (every if every > 0 else None)
         seen, seen_at, attempt = -1, time.monotonic(), 0
         while not self.stop.is_set():
             self.last_tick = time.monotonic()
@@ -203,7 +203,7 @@ class EvalService:
             await sleep_or_stop(self.stop, s.poll_s)
 
 
-async def run(settings: EvalSettings, *, stop: Optional[asyncio.Event] = None) -> EvalService:
+async def run(settings: EvalSettings, *, stop: asyncio.Event | None = None) -> EvalService:
     stop = stop or asyncio.Event()
     r = transport.connect(settings.redis_url)
     svc = EvalService(settings, r, stop)
@@ -217,7 +217,7 @@ async def run(settings: EvalSettings, *, stop: Optional[asyncio.Event] = None) -
     return svc
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     settings = load_settings(EvalSettings, argv, service="eval", description=__doc__.split("\n")[0])
     setup_logging(settings.log_level)
     log_settings(log, "eval", settings)

@@ -17,7 +17,7 @@ import asyncio
 import hashlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from prometheus_client import Counter
 
@@ -47,13 +47,13 @@ class Task:
     name: str
     env: EnvSpec
     protocol: ProtocolSpec
-    inference: Optional[InferenceSpec]
+    inference: InferenceSpec | None
     weight: float = 1.0
 
     KEYS = ("name", "env", "protocol", "agent", "inference", "weight")
 
     @classmethod
-    def from_dict(cls, d: Dict[str, Any], i: int) -> "Task":
+    def from_dict(cls, d: dict[str, Any], i: int) -> Task:
         unknown = sorted(set(d) - set(cls.KEYS))
         if unknown:
             raise ValueError(f"feeder task #{i}: unknown key(s) {unknown}; valid keys: {list(cls.KEYS)}")
@@ -88,11 +88,11 @@ class Task:
 class FeederSettings:
     redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={"help": "Redis URL"})
     run_id: str = field(default="default", metadata={"help": "run namespace of the Redis keys"})
-    tasks: List[Dict[str, Any]] = field(
+    tasks: list[dict[str, Any]] = field(
         default_factory=lambda: [{"env": {"kind": "arithmetic", "kwargs": {}}}],
         metadata={"help": "curriculum: list of {name, env, protocol, agent, inference, weight} (YAML)"},
     )
-    algorithm: Dict[str, Any] = field(
+    algorithm: dict[str, Any] = field(
         default_factory=dict,
         metadata={
             "help": "the run's top-level algorithm: section; its group_size = episodes per "
@@ -114,7 +114,7 @@ class FeederSettings:
         self.parsed_tasks = [Task.from_dict(d, i) for i, d in enumerate(self.tasks)]
 
 
-def pick_task(tasks: List[Task], seed: int) -> Task:
+def pick_task(tasks: list[Task], seed: int) -> Task:
     """Weighted choice that is a pure function of ``seed`` (same seed, same task)."""
     if len(tasks) == 1:
         return tasks[0]
@@ -160,7 +160,7 @@ async def top_up(r: Any, keys: transport.Keys, settings: FeederSettings, limit: 
     return n
 
 
-async def run(settings: FeederSettings, *, stop: Optional[asyncio.Event] = None) -> int:
+async def run(settings: FeederSettings, *, stop: asyncio.Event | None = None) -> int:
     """Feed until ``stop`` (or ``max_requests``). Returns the number of requests added."""
     stop = stop or asyncio.Event()
     keys = transport.Keys(settings.run_id)
@@ -194,7 +194,7 @@ async def run(settings: FeederSettings, *, stop: Optional[asyncio.Event] = None)
     return added
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     settings = load_settings(FeederSettings, argv, service="feeder", description=__doc__.split("\n")[0])
     setup_logging(settings.log_level)
     log_settings(log, "feeder", settings)

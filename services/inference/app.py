@@ -14,8 +14,9 @@ import hmac
 import json
 import logging
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Dict, Optional
+from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -74,12 +75,12 @@ async def read_body_once(request: Request, max_bytes: int) -> bytearray:
 
 def create_app(
     settings: InferenceSettings,
-    engine: Optional[Any] = None,
-    metrics: Optional[InferenceMetrics] = None,
+    engine: Any | None = None,
+    metrics: InferenceMetrics | None = None,
 ) -> FastAPI:
     metrics = metrics or (engine.metrics if engine is not None else InferenceMetrics())
     receiver = CollectiveReceiver(timeout_s=settings.collective_timeout_s)
-    holder: Dict[str, Any] = {"engine": engine}
+    holder: dict[str, Any] = {"engine": engine}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -237,7 +238,7 @@ def create_app(
         metrics.weight_updates.labels(plane, outcome).inc()
 
     async def _apply(
-        e: Any, plane: str, version: int, tensors: Dict[str, Any], payload: Any, t0: float
+        e: Any, plane: str, version: int, tensors: dict[str, Any], payload: Any, t0: float
     ) -> JSONResponse:
         """Caller holds e.lock and has validated everything."""
         try:

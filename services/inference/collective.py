@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Dict, Optional
 
 import torch
 
@@ -28,7 +27,7 @@ from services.inference.schemas import CollectiveInitRequest, CollectiveUpdateRe
 @dataclass
 class CollectiveReceiver:
     timeout_s: float = 600.0
-    group: Optional[WeightGroup] = None
+    group: WeightGroup | None = None
 
     @property
     def ready(self) -> bool:
@@ -59,12 +58,12 @@ class CollectiveReceiver:
         val = await asyncio.to_thread(wait_key, self.group.store, f"go/{rnd}", self.timeout_s)
         return val == GO
 
-    async def receive(self, req: CollectiveUpdateRequest) -> Dict[str, torch.Tensor]:
+    async def receive(self, req: CollectiveUpdateRequest) -> dict[str, torch.Tensor]:
         assert self.group is not None
         group = self.group
 
-        def _recv() -> Dict[str, torch.Tensor]:
-            out: Dict[str, torch.Tensor] = {}
+        def _recv() -> dict[str, torch.Tensor]:
+            out: dict[str, torch.Tensor] = {}
             for name, dt, shape in zip(req.names, req.dtypes, req.shapes):
                 t = torch.empty(tuple(shape), dtype=WIRE_DTYPES[dt], device=group.device)
                 group.broadcast(t, src=0)

@@ -20,8 +20,9 @@ import contextvars
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Dict, Iterable, List, Optional, Tuple
+from typing import Any
 
 import torch
 
@@ -46,7 +47,7 @@ class SwapError(RuntimeError):
 class VersionCollector:
     """Weight versions and token counts of the generations of one HTTP request."""
 
-    versions: List[int] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
     tokens: int = 0
 
     def add(self, output: Any) -> None:
@@ -56,14 +57,14 @@ class VersionCollector:
                 if span.end > span.start:
                     self.versions.append(_as_version(span.version))
 
-    def policy_version(self, current: int) -> Tuple[int, bool]:
+    def policy_version(self, current: int) -> tuple[int, bool]:
         """(version that produced the tokens, whether they span several versions)."""
         if not self.versions:
             return current, False
         return min(self.versions), len(set(self.versions)) > 1
 
 
-COLLECTOR: contextvars.ContextVar[Optional[VersionCollector]] = contextvars.ContextVar(
+COLLECTOR: contextvars.ContextVar[VersionCollector | None] = contextvars.ContextVar(
     "ludic_version_collector", default=None
 )
 
@@ -80,13 +81,13 @@ class WeightShadow:
 
     def __init__(self, spec: ParamSpec):
         self.spec = spec
-        self.overrides: Dict[str, torch.Tensor] = {}
+        self.overrides: dict[str, torch.Tensor] = {}
 
-    def get(self, names: Iterable[str]) -> Dict[str, torch.Tensor]:
+    def get(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
         from safetensors import safe_open
 
-        out: Dict[str, torch.Tensor] = {}
-        by_file: Dict[Any, List[str]] = {}
+        out: dict[str, torch.Tensor] = {}
+        by_file: dict[Any, list[str]] = {}
         for n in names:
             if n in self.overrides:
                 out[n] = self.overrides[n]
@@ -98,17 +99,17 @@ class WeightShadow:
                     out[n] = f.get_tensor(n)
         return out
 
-    def update(self, tensors: Dict[str, torch.Tensor]) -> None:
+    def update(self, tensors: dict[str, torch.Tensor]) -> None:
         self.overrides.update(tensors)
 
 
-def _to_payload(tensors: Dict[str, torch.Tensor]) -> bytes:
+def _to_payload(tensors: dict[str, torch.Tensor]) -> bytes:
     from safetensors.torch import save
 
     return save({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()})
 
 
-def platform_default_args(vllm_args: List[str], is_cpu: bool) -> List[str]:
+def platform_default_args(vllm_args: list[str], is_cpu: bool) -> list[str]:
     """The user's pass-through vLLM flags, plus our defaults for the platform.
 
     CPU: ``--no-enable-chunked-prefill`` unless the user chose either way. vLLM 0.32's CPU
@@ -144,12 +145,12 @@ class LudicEngine:
         self.version = 0
         self.lock = asyncio.Lock()
         self._probe_at = -1e9
-        self._probe_result: Tuple[bool, str] = (False, "not probed yet")
+        self._probe_result: tuple[bool, str] = (False, "not probed yet")
         self._wrap_generate()
 
     # ------------------------------------------------------------------ start/stop
     @classmethod
-    async def start(cls, settings: InferenceSettings, metrics: InferenceMetrics) -> "LudicEngine":
+    async def start(cls, settings: InferenceSettings, metrics: InferenceMetrics) -> LudicEngine:
         from starlette.datastructures import State
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
@@ -210,7 +211,7 @@ class LudicEngine:
         self.llm.generate = generate
 
     # ------------------------------------------------------------------ health
-    async def probe(self) -> Tuple[bool, str]:
+    async def probe(self) -> tuple[bool, str]:
         """Engine check + a 1-token greedy generation, cached ``health_cache_s``."""
         now = time.monotonic()
         if now - self._probe_at < self.settings.health_cache_s:
@@ -245,8 +246,8 @@ class LudicEngine:
     async def swap(
         self,
         version: int,
-        tensors: Dict[str, torch.Tensor],
-        payload: Optional[Any] = None,
+        tensors: dict[str, torch.Tensor],
+        payload: Any | None = None,
     ) -> float:
         """Apply validated ``tensors`` as ``version``; caller holds ``self.lock``.
 

@@ -17,7 +17,6 @@ import logging
 import os
 import signal
 import sys
-from typing import List, Optional
 
 from services.inference.settings import InferenceSettings, SettingsError, load_settings
 
@@ -77,7 +76,7 @@ def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt("SIGTERM")
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         settings = load_settings(args)

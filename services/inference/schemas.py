@@ -6,7 +6,7 @@ The OpenAI endpoints reuse vLLM's own protocol models (``CompletionRequest``,
 
 from __future__ import annotations
 
-from typing import List, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -35,7 +35,7 @@ class CollectiveInitRequest(BaseModel):
     rank: int = Field(default=1, ge=1)
 
     @model_validator(mode="after")
-    def _rank_in_world(self) -> "CollectiveInitRequest":
+    def _rank_in_world(self) -> CollectiveInitRequest:
         if self.rank >= self.world_size:
             raise ValueError(f"rank {self.rank} must be < world_size {self.world_size}")
         return self
@@ -50,14 +50,14 @@ class CollectiveInitResponse(BaseModel):
 class CollectiveUpdateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    names: List[str] = Field(min_length=1)
-    dtypes: List[str]
-    shapes: List[List[int]]
+    names: list[str] = Field(min_length=1)
+    dtypes: list[str]
+    shapes: list[list[int]]
     # Round number chosen by the sender; keys the ack/go handshake in the group's store.
     round: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
-    def _same_lengths(self) -> "CollectiveUpdateRequest":
+    def _same_lengths(self) -> CollectiveUpdateRequest:
         n = len(self.names)
         if len(self.dtypes) != n or len(self.shapes) != n:
             raise ValueError(

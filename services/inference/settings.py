@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any
 
 
 class SettingsError(ValueError):
@@ -27,8 +28,8 @@ class InferenceSettings:
     model: str  # model directory (HF layout, safetensors weights)
     host: str = "0.0.0.0"
     port: int = 8000
-    served_model_name: Optional[str] = None  # default: the model path, as vLLM does
-    auth_token: Optional[str] = field(default=None, repr=False)
+    served_model_name: str | None = None  # default: the model path, as vLLM does
+    auth_token: str | None = field(default=None, repr=False)
     insecure_no_auth: bool = False
     # Served dtype. Default: the learner's parameter dtype (fp32), so served logprobs equal a
     # training-side forward to ~5e-7 nats; "bfloat16" is faster but off by up to ~5e-3.
@@ -38,7 +39,7 @@ class InferenceSettings:
     # distribution actually sampled (after temperature, top-k/top-p, penalties); vLLM's
     # default "raw_logprobs" is the untempered distribution. Prompt logprobs are raw in both.
     logprobs_mode: str = "processed_logprobs"
-    max_model_len: Optional[int] = None
+    max_model_len: int | None = None
     gpu_memory_utilization: float = 0.85
     tensor_parallel_size: int = 1
     enforce_eager: bool = True
@@ -50,7 +51,7 @@ class InferenceSettings:
     collective_timeout_s: float = 600.0
     graceful_shutdown_s: float = 30.0
     log_level: str = "info"
-    vllm_args: List[str] = field(default_factory=list)  # passed through to vLLM's parser
+    vllm_args: list[str] = field(default_factory=list)  # passed through to vLLM's parser
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -83,7 +84,7 @@ class InferenceSettings:
     def weight_updates_allowed(self) -> bool:
         return bool(self.auth_token) or self.insecure_no_auth
 
-    def public_dict(self) -> Dict[str, Any]:
+    def public_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["auth_token"] = "<set>" if self.auth_token else None
         return d
@@ -152,11 +153,11 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def load_settings(
-    argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> InferenceSettings:
     env = os.environ if environ is None else environ
     args = _build_parser().parse_args(list(argv or []))
-    values: Dict[str, Any] = {}
+    values: dict[str, Any] = {}
 
     cfg_path = args.config or env.get("LUDIC_INFERENCE_CONFIG")
     if cfg_path:

@@ -13,14 +13,14 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 import torch
 
 # safetensors dtype codes -> torch dtypes.
-ST_DTYPES: Dict[str, torch.dtype] = {
+ST_DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
     "F32": torch.float32,
     "F16": torch.float16,
@@ -47,12 +47,12 @@ class WeightValidationError(ValueError):
 class TensorEntry:
     name: str
     dtype: torch.dtype
-    shape: Tuple[int, ...]
+    shape: tuple[int, ...]
     begin: int  # offset inside the data section
     end: int
 
 
-def parse_safetensors_header(buf: memoryview | bytes | bytearray) -> Tuple[int, List[TensorEntry]]:
+def parse_safetensors_header(buf: memoryview | bytes | bytearray) -> tuple[int, list[TensorEntry]]:
     """Return ``(data_start, entries)`` of a complete safetensors buffer or raise (400)."""
     mv = memoryview(buf)
     total = len(mv)
@@ -76,7 +76,7 @@ def parse_safetensors_header(buf: memoryview | bytes | bytearray) -> Tuple[int, 
         raise WeightValidationError("safetensors header must be a JSON object", 400)
     data_start = 8 + n
     data_len = total - data_start
-    entries: List[TensorEntry] = []
+    entries: list[TensorEntry] = []
     max_end = 0
     for name, info in header.items():
         if name == "__metadata__":
@@ -136,24 +136,24 @@ def tensor_view(buf: memoryview | bytearray, data_start: int, e: TensorEntry) ->
 class ParamSpec:
     """What the served checkpoint accepts: name -> (shape, accepted dtypes)."""
 
-    shapes: Dict[str, Tuple[int, ...]]
-    dtypes: Dict[str, FrozenSet[torch.dtype]]
-    files: Dict[str, Path] = field(default_factory=dict)  # name -> shard holding it
-    aliases: Dict[str, str] = field(default_factory=dict)  # e.g. tied lm_head -> embed
+    shapes: dict[str, tuple[int, ...]]
+    dtypes: dict[str, frozenset[torch.dtype]]
+    files: dict[str, Path] = field(default_factory=dict)  # name -> shard holding it
+    aliases: dict[str, str] = field(default_factory=dict)  # e.g. tied lm_head -> embed
 
     @classmethod
     def from_model_dir(
         cls, model_dir: str | Path, extra_dtypes: Iterable[torch.dtype] = ()
-    ) -> "ParamSpec":
+    ) -> ParamSpec:
         """Read every ``*.safetensors`` header under ``model_dir`` (no tensor data)."""
         d = Path(model_dir)
         shards = sorted(d.glob("*.safetensors"))
         if not shards:
             raise FileNotFoundError(f"{d}: no *.safetensors files (weights must be safetensors)")
         extra = frozenset(extra_dtypes)
-        shapes: Dict[str, Tuple[int, ...]] = {}
-        dtypes: Dict[str, FrozenSet[torch.dtype]] = {}
-        files: Dict[str, Path] = {}
+        shapes: dict[str, tuple[int, ...]] = {}
+        dtypes: dict[str, frozenset[torch.dtype]] = {}
+        files: dict[str, Path] = {}
         for shard in shards:
             with open(shard, "rb") as f:
                 (n,) = struct.unpack("<Q", f.read(8))
@@ -164,7 +164,7 @@ class ParamSpec:
                 shapes[name] = tuple(info["shape"])
                 dtypes[name] = frozenset({ST_DTYPES[info["dtype"]]}) | extra
                 files[name] = shard
-        aliases: Dict[str, str] = {}
+        aliases: dict[str, str] = {}
         cfg_path = d / "config.json"
         if cfg_path.exists():
             cfg = json.loads(cfg_path.read_text())
@@ -175,7 +175,7 @@ class ParamSpec:
                 dtypes["lm_head.weight"] = dtypes["model.embed_tokens.weight"]
         return cls(shapes, dtypes, files, aliases)
 
-    def check_meta(self, name: str, dtype: torch.dtype, shape: Tuple[int, ...]) -> None:
+    def check_meta(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
         if name not in self.shapes:
             close = [k for k in self.shapes if k.split(".")[-2:] == name.split(".")[-2:]][:3]
             hint = f"; did you mean one of {close}?" if close else ""
@@ -209,7 +209,7 @@ class ParamSpec:
                 )
 
 
-def decode_and_validate(buf: bytearray, spec: ParamSpec) -> Dict[str, torch.Tensor]:
+def decode_and_validate(buf: bytearray, spec: ParamSpec) -> dict[str, torch.Tensor]:
     """Parse a safetensors body, check it against ``spec``; return zero-copy tensors."""
     data_start, entries = parse_safetensors_header(buf)
     for e in entries:
@@ -230,7 +230,7 @@ def module_of(name: str) -> str:
     return ".".join(parts[:-2]) if len(parts) > 2 else ""
 
 
-def complete_partial(names: Iterable[str], spec: ParamSpec) -> Optional[List[str]]:
+def complete_partial(names: Iterable[str], spec: ParamSpec) -> list[str] | None:
     """Names that must be added to a partial update (None if it is already complete)."""
     given = set(names)
     touched = {module_of(n) for n in given}

@@ -18,18 +18,18 @@ post-processing of every layer that shares a parameter with another layer after 
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any
 
 import torch
 
 
-def shared_parameter_layers(model: torch.nn.Module) -> List[torch.nn.Module]:
+def shared_parameter_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Modules holding (directly) a parameter that another module also holds (tied weights)."""
-    holders: Dict[int, List[torch.nn.Module]] = {}
+    holders: dict[int, list[torch.nn.Module]] = {}
     for module in model.modules():
         for p in module.parameters(recurse=False):
             holders.setdefault(id(p), []).append(module)
-    out: List[torch.nn.Module] = []
+    out: list[torch.nn.Module] = []
     for mods in holders.values():
         if len(mods) > 1:
             out.extend(m for m in mods if not any(m is o for o in out))

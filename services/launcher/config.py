@@ -11,7 +11,7 @@ directory) through ``LUDIC_*`` environment variables.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any
 
 
 @dataclass
@@ -32,7 +32,7 @@ class UpSettings:
     sft_check_every: int = field(default=5, metadata={"help": "SFT steps between sft_target_pass_rate checks"})
     actors: int = field(default=2, metadata={"help": "actor processes"})
     learner_nproc: int = field(default=1, metadata={"help": "learner ranks (>1: torchrun, FSDP2)"})
-    eval_env: Dict[str, Any] = field(
+    eval_env: dict[str, Any] = field(
         default_factory=lambda: {"kind": "arithmetic", "kwargs": {"split": "eval"}},
         metadata={"help": "env of the held-out greedy evaluation ({kind, kwargs})"},
     )
@@ -45,7 +45,7 @@ class UpSettings:
     prometheus_server: bool = field(
         default=False, metadata={"help": "also run Debian's prometheus on a free loopback port"}
     )
-    live: Optional[bool] = field(default=None, metadata={"help": "rich live view (default: when stdout is a TTY)"})
+    live: bool | None = field(default=None, metadata={"help": "rich live view (default: when stdout is a TTY)"})
     fresh: bool = field(default=True, metadata={"help": "start from an empty Redis (the embedded one)"})
-    config_path: Optional[str] = field(default=None, metadata={"help": "set from --config"})
+    config_path: str | None = field(default=None, metadata={"help": "set from --config"})
     log_level: str = field(default="INFO", metadata={"help": "logging level"})

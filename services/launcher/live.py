@@ -7,7 +7,7 @@ pipe) one plain progress line every ``plain_every_s`` seconds.
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import httpx
 import redis
@@ -24,11 +24,11 @@ class LiveView:
         self.enabled = enabled
         self.plain_every_s = plain_every_s
         self._last_plain = 0.0
-        self._live: Optional[Live] = None
-        self._redis: Optional[redis.Redis] = None
+        self._live: Live | None = None
+        self._redis: redis.Redis | None = None
         self.console = Console()
 
-    def __enter__(self) -> "LiveView":
+    def __enter__(self) -> LiveView:
         if self.enabled:
             self._live = Live(self.render(), console=self.console, refresh_per_second=2, transient=False)
             self._live.__enter__()
@@ -40,7 +40,7 @@ class LiveView:
         if self._redis is not None:
             self._redis.close()
 
-    def queues(self) -> Dict[str, int]:
+    def queues(self) -> dict[str, int]:
         try:
             if self._redis is None:
                 self._redis = redis.Redis.from_url(self.run.redis_url, socket_timeout=1.0)
@@ -50,13 +50,13 @@ class LiveView:
         except (redis.RedisError, OSError):
             return {}
 
-    def inference_version(self) -> Optional[int]:
+    def inference_version(self) -> int | None:
         try:
             return int(httpx.get(f"{self.run.inference_url}/v1/policy_version", timeout=1.0).json()["policy_version"])
         except (httpx.HTTPError, KeyError, ValueError):
             return None
 
-    def snapshot(self) -> Dict[str, Any]:
+    def snapshot(self) -> dict[str, Any]:
         m = self.run.last_learner
         ev = self.run.evals[-1] if self.run.evals else {}
         learner_v = int(m.get("ludic_learner_policy_version", 0))
@@ -117,7 +117,7 @@ class LiveView:
             print(self.plain_line(), flush=True)
 
 
-def summary_lines(summary: Dict[str, Any]) -> List[str]:
+def summary_lines(summary: dict[str, Any]) -> list[str]:
     keys = ("pass_rate_before", "pass_rate_after", "steps", "samples_trained", "stale_dropped",
             "wall_seconds", "samples_per_second")
     return [f"{k:>20}: {summary.get(k)}" for k in keys]

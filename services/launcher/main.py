@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import yaml
 
@@ -84,7 +84,7 @@ def prepare_model(s: UpSettings, run_dir: Path) -> Path:
 
 
 class Run:
-    def __init__(self, s: UpSettings, cfg: Dict[str, Any]) -> None:
+    def __init__(self, s: UpSettings, cfg: dict[str, Any]) -> None:
         self.s = s
         self.cfg = cfg
         self.run_dir = Path(s.runs_dir) / s.name
@@ -92,13 +92,13 @@ class Run:
         self.sup = Supervisor(self.run_dir)
         self.run_id = str(cfg.get("run_id") or f"{s.name}-{int(time.time())}")
         self.token = secrets.token_hex(24)
-        self.metrics: Dict[str, str] = {}  # service -> /metrics URL
-        self.curve: List[Dict[str, float]] = []
-        self.last_learner: Dict[str, float] = {}
-        self.evals: List[Dict[str, float]] = []
-        self.accounting: Optional[Dict[str, Any]] = None
+        self.metrics: dict[str, str] = {}  # service -> /metrics URL
+        self.curve: list[dict[str, float]] = []
+        self.last_learner: dict[str, float] = {}
+        self.evals: list[dict[str, float]] = []
+        self.accounting: dict[str, Any] | None = None
 
-    def env(self, **extra: Any) -> Dict[str, str]:
+    def env(self, **extra: Any) -> dict[str, str]:
         base = {
             "LUDIC_CONFIG": str(self.s.config_path),
             "LUDIC_REDIS_URL": self.redis_url,
@@ -134,12 +134,12 @@ class Run:
         ))
         self.sup.wait_healthy("inference", self.s.startup_timeout_s)
 
-    def inference_config(self) -> Dict[str, str]:
+    def inference_config(self) -> dict[str, str]:
         """`ludic inference` reads its YAML from LUDIC_INFERENCE_CONFIG, not LUDIC_CONFIG (and
         a file without an ``inference:`` section as a whole), so pass it only with one."""
         return {"LUDIC_INFERENCE_CONFIG": str(self.s.config_path)} if "inference" in self.cfg else {}
 
-    def eval_now(self, label: str, step: int) -> Optional[Dict[str, float]]:
+    def eval_now(self, label: str, step: int) -> dict[str, float] | None:
         if self.s.eval_n <= 0:
             return None
         t = time.monotonic()
@@ -151,7 +151,7 @@ class Run:
         return res
 
     def start_workers(self, model_dir: Path) -> None:
-        def add(name: str, argv: List[str], critical: bool = True, **env: Any) -> None:
+        def add(name: str, argv: list[str], critical: bool = True, **env: Any) -> None:
             mp = stack.free_port()
             self.metrics[name] = f"http://127.0.0.1:{mp}/metrics"
             # one torch thread per worker: with vLLM on the same cores, spinning OpenMP threads
@@ -177,7 +177,7 @@ class Run:
             self.write_prometheus()
 
     def write_prometheus(self) -> Path:
-        targets: Dict[str, List[str]] = {}
+        targets: dict[str, list[str]] = {}
         for name, url in self.metrics.items():
             job = name.split("-")[0]
             targets.setdefault(job, []).append(url.split("//")[1].split("/")[0])
@@ -290,7 +290,7 @@ class Run:
         return code
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     s = load_settings(UpSettings, argv, service="up", description=__doc__ or "")
     setup_logging(s.log_level)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the evals' per-request lines

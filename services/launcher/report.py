@@ -6,7 +6,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -14,7 +14,7 @@ from rich.table import Table
 from libludic import accounting
 
 
-def build_summary(run: Any, before: Optional[Dict[str, float]], after: Optional[Dict[str, float]], ok: bool) -> Dict[str, Any]:
+def build_summary(run: Any, before: dict[str, float] | None, after: dict[str, float] | None, ok: bool) -> dict[str, Any]:
     m = run.last_learner
     wall = time.monotonic() - run.t0
     rl_wall = time.monotonic() - getattr(run, "rl_t0", run.t0)
@@ -43,7 +43,7 @@ def build_summary(run: Any, before: Optional[Dict[str, float]], after: Optional[
     }
 
 
-def plot(summary: Dict[str, Any], path: Path) -> None:
+def plot(summary: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -67,7 +67,7 @@ def plot(summary: Dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(run: Any, before: Optional[Dict[str, float]], after: Optional[Dict[str, float]], ok: bool) -> Dict[str, Any]:
+def write_report(run: Any, before: dict[str, float] | None, after: dict[str, float] | None, ok: bool) -> dict[str, Any]:
     summary = build_summary(run, before, after, ok)
     (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     plot(summary, run.run_dir / "curves.png")

@@ -6,8 +6,9 @@ import asyncio
 import shutil
 import socket
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -65,13 +66,13 @@ def wait_redis(port: int, timeout_s: float = 15.0) -> None:
     raise RuntimeError(f"embedded redis-server did not answer on port {port}")
 
 
-def scrape(url: str, timeout_s: float = 2.0) -> Dict[str, float]:
+def scrape(url: str, timeout_s: float = 2.0) -> dict[str, float]:
     """Prometheus text -> {metric or metric{labels}: value}; {} when unreachable."""
     try:
         text = httpx.get(url, timeout=timeout_s).text
     except httpx.HTTPError:
         return {}
-    out: Dict[str, float] = {}
+    out: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             key = s.name if not s.labels else s.name + "{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}"
@@ -83,13 +84,13 @@ def sum_prefix(metrics: Mapping[str, float], name: str) -> float:
     return sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))
 
 
-def evaluate(url: str, env: Mapping[str, Any], n: int, max_tokens: int) -> Dict[str, float]:
+def evaluate(url: str, env: Mapping[str, Any], n: int, max_tokens: int) -> dict[str, float]:
     """Greedy held-out evaluation against the inference service (its current weights);
     the same pass as the ``ludic eval`` service (services/eval/heldout.py)."""
     return asyncio.run(heldout.evaluate(url, env, n, max_tokens))
 
 
-def prometheus_config(targets: Mapping[str, List[str]], interval_s: int = 5) -> str:
+def prometheus_config(targets: Mapping[str, list[str]], interval_s: int = 5) -> str:
     """A scrape config with one job per service (static loopback targets)."""
     lines = ["global:", f"  scrape_interval: {interval_s}s", f"  evaluation_interval: {interval_s}s", "scrape_configs:"]
     for job, tgts in targets.items():
@@ -97,5 +98,5 @@ def prometheus_config(targets: Mapping[str, List[str]], interval_s: int = 5) -> 
     return "\n".join(lines) + "\n"
 
 
-def port_of(url: Optional[str]) -> int:
+def port_of(url: str | None) -> int:
     return int(httpx.URL(url).port or 80) if url else 0

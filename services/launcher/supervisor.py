@@ -15,7 +15,6 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
 
 import httpx
 
@@ -23,10 +22,10 @@ import httpx
 @dataclass
 class ServiceSpec:
     name: str
-    argv: List[str]
-    env: Dict[str, str] = field(default_factory=dict)
-    health_url: Optional[str] = None  # polled until 200
-    metrics_url: Optional[str] = None
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    health_url: str | None = None  # polled until 200
+    metrics_url: str | None = None
     critical: bool = True  # its death stops the run
 
 
@@ -38,8 +37,8 @@ class Supervisor:
     def __init__(self, run_dir: Path) -> None:
         self.log_dir = run_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.procs: Dict[str, subprocess.Popen[bytes]] = {}
-        self.specs: Dict[str, ServiceSpec] = {}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.specs: dict[str, ServiceSpec] = {}
 
     def start(self, spec: ServiceSpec) -> subprocess.Popen[bytes]:
         if spec.name in self.procs:
@@ -79,7 +78,7 @@ class Supervisor:
             time.sleep(0.5)
         raise ServiceError(f"{name} not healthy at {spec.health_url} after {timeout_s:.0f}s; see {self.log_dir}/{name}.log")
 
-    def dead(self) -> Dict[str, int]:
+    def dead(self) -> dict[str, int]:
         """Services that have exited, with their exit codes."""
         return {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
 
@@ -94,7 +93,7 @@ class Supervisor:
         except httpx.HTTPError:
             return False
 
-    def stop(self, name: str, grace_s: float = 15.0) -> Optional[int]:
+    def stop(self, name: str, grace_s: float = 15.0) -> int | None:
         proc = self.procs.get(name)
         if proc is None:
             return None

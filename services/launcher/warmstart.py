@@ -13,7 +13,6 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 from services.common.settings import load_settings, setup_logging
 from services.launcher.config import UpSettings
@@ -22,7 +21,7 @@ from services.launcher.main import prepare_model
 log = logging.getLogger("ludic.warmstart")
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     s = load_settings(UpSettings, argv, service="up", description=__doc__ or "")
     setup_logging(s.log_level)
     run_dir = Path(s.runs_dir) / s.name

@@ -54,7 +54,7 @@ import shutil
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -113,7 +113,7 @@ class Learner:
         self.rank = parallel.rank()
         self.keys = transport.Keys(s.run_id)
         self.r: Any = None
-        self.trainer: Optional[Trainer] = None
+        self.trainer: Trainer | None = None
         self.publisher: Any = None
         self.inner_publisher: Any = None
         self.version_floor = 0
@@ -123,8 +123,8 @@ class Learner:
         self.last_ckpt_step = -1
         self.last_pub_step = -1
         self.ckcfg = s.checkpoint_config()
-        self.trained_log: Optional[Path] = None
-        self.accounting: Optional[Dict[str, Any]] = None  # last libludic.accounting snapshot
+        self.trained_log: Path | None = None
+        self.accounting: dict[str, Any] | None = None  # last libludic.accounting snapshot
         log_dir = self.ckcfg.output_dir if self.ckcfg is not None else s.output_dir
         if s.trained_log and log_dir:
             self.trained_log = Path(log_dir) / TRAINED_LOG
@@ -218,7 +218,7 @@ class Learner:
         if self.rank != 0 or self.trained_log is None:
             return
         self.trained_log.parent.mkdir(parents=True, exist_ok=True)
-        kept: List[str] = []
+        kept: list[str] = []
         if self.trained_log.exists():
             for line in self.trained_log.read_text().splitlines():
                 try:
@@ -228,7 +228,7 @@ class Learner:
                     continue
         self.trained_log.write_text("".join(k + "\n" for k in kept))
 
-    def _shared_ints(self, values: List[int]) -> List[int]:
+    def _shared_ints(self, values: list[int]) -> list[int]:
         """Rank 0's ``values`` on every rank."""
         if not parallel.is_distributed():
             return values
@@ -403,7 +403,7 @@ class Learner:
 
     # ------------------------------------------------------------------ loop
 
-    def _global_stats(self, stats: Dict[str, float]) -> Dict[str, float]:
+    def _global_stats(self, stats: dict[str, float]) -> dict[str, float]:
         """Loss and token counts summed over ranks (each rank's loss is its share)."""
         if not parallel.is_distributed():
             return stats
@@ -418,7 +418,7 @@ class Learner:
         out["tokens_per_s"] = out["num_tokens"] / max(stats["step_time_s"], 1e-9)
         return out
 
-    def _log_trained(self, step: int, ids: List[str]) -> None:
+    def _log_trained(self, step: int, ids: list[str]) -> None:
         if self.rank != 0 or self.trained_log is None:
             return
         tr = self.trainer
@@ -562,7 +562,7 @@ class Learner:
             await self.r.aclose()
 
 
-async def run(settings: LearnerSettings, *, stop: Optional[asyncio.Event] = None) -> Learner:
+async def run(settings: LearnerSettings, *, stop: asyncio.Event | None = None) -> Learner:
     """Run the learner until ``num_steps`` or ``stop``; returns it (for tests/benches)."""
     stop = stop or asyncio.Event()
     init_distributed(settings.device)
@@ -577,7 +577,7 @@ async def run(settings: LearnerSettings, *, stop: Optional[asyncio.Event] = None
     return learner
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     settings = load(argv)
     setup_logging(settings.log_level)
     if parallel.rank() == 0 and int(os.environ.get("RANK", "0")) == 0:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Dict, Optional
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -73,7 +73,7 @@ TRAINED_TWICE = Gauge(
 )
 
 
-def export_accounting(a: Dict[str, Any]) -> None:
+def export_accounting(a: dict[str, Any]) -> None:
     for name, g in RUN_GROUPS.items():
         g.set(a[name])
     RUN_IN_FLIGHT.set(a["groups_in_flight"])
@@ -82,14 +82,14 @@ def export_accounting(a: Dict[str, Any]) -> None:
     TRAINED_TWICE.set(a["items_trained_twice"])
 
 
-def on_replica_result(replica: str, version: Optional[int], why: Optional[str]) -> None:
+def on_replica_result(replica: str, version: int | None, why: str | None) -> None:
     if version is not None:
         REPLICA_ACKED.labels(replica=replica).set(version)
     else:
         PUBLISH_FAILURES.labels(replica=replica).inc()
 
 
-def export_step(stats: Dict[str, float]) -> None:
+def export_step(stats: dict[str, float]) -> None:
     STEP.set(stats["step"])
     LOSS.set(stats.get("loss", 0.0))
     GRAD_NORM.set(stats.get("grad_norm", 0.0))
@@ -105,7 +105,7 @@ class StepLogger:
     wandb is installed; TensorBoard when ``tensorboard_dir`` is set and it is installed."""
 
     def __init__(
-        self, log_every: int, tensorboard_dir: str = "", config: Optional[Dict[str, Any]] = None
+        self, log_every: int, tensorboard_dir: str = "", config: dict[str, Any] | None = None
     ):
         self.log_every = max(1, log_every)
         self.console: Any = None
@@ -133,7 +133,7 @@ class StepLogger:
             except ImportError:
                 log.warning("tensorboard_dir is set but tensorboard is not installed; skipping")
 
-    def step(self, stats: Dict[str, float]) -> None:
+    def step(self, stats: dict[str, float]) -> None:
         step = int(stats["step"])
         if self.wandb is not None:
             self.wandb.log(stats, step=step)

@@ -14,9 +14,10 @@ the same one the credit worker reads; a ``learner.algorithm`` copy is an error.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any
 
 from libludic.training.algorithm import AlgorithmSpec
 from libludic.training.checkpoint import CheckpointConfig
@@ -26,7 +27,7 @@ from services.common.settings import load_settings, read_yaml
 PLANES = ("http", "collective")
 
 
-def check_ack_window(checkpoint_every: int, batch_size: int, run_config: Dict[str, Any]) -> None:
+def check_ack_window(checkpoint_every: int, batch_size: int, run_config: dict[str, Any]) -> None:
     """With checkpoints on, the learner acks items only at a checkpoint: up to
     ``checkpoint_every * batch_size`` trained items stay in the saw stream. Credit pauses while
     the stream holds ``saw_high_water`` items (its backpressure), so a larger window never
@@ -54,17 +55,17 @@ class LearnerSettings:
     output_dir: str = field(
         default="", metadata={"help": "checkpoints and the trained-items log ('' = none)"}
     )
-    inference_urls: List[str] = field(
+    inference_urls: list[str] = field(
         default_factory=list,
         metadata={
             "help": "inference base URLs; a host with several addresses = one replica each "
             "(empty: publishing off)"
         },
     )
-    auth_token: Optional[str] = field(
+    auth_token: str | None = field(
         default=None, metadata={"help": "bearer token for /v1/weights"}
     )
-    auth_token_file: Optional[str] = field(
+    auth_token_file: str | None = field(
         default=None, metadata={"help": "file holding the token"}
     )
     publish_plane: str = field(default="http", metadata={"help": "http | collective"})
@@ -73,7 +74,7 @@ class LearnerSettings:
     )
     collective_master_port: int = field(default=0, metadata={"help": "0 = a free port"})
     collective_backend: str = field(default="", metadata={"help": "gloo | nccl ('' = by device)"})
-    algorithm: Dict[str, Any] = field(
+    algorithm: dict[str, Any] = field(
         default_factory=dict,
         metadata={
             "help": "the run's algorithm {name, group_size, kwargs}: the top-level algorithm: "
@@ -99,12 +100,12 @@ class LearnerSettings:
     sync_every_steps: int = field(default=1, metadata={"help": "publish every N steps"})
     mixed_precision: str = field(default="bf16", metadata={"help": "bf16 | fp32 (CUDA autocast)"})
     lora_rank: int = field(default=0, metadata={"help": "LoRA rank (0 = full fine-tuning)"})
-    trainer: Dict[str, Any] = field(
+    trainer: dict[str, Any] = field(
         default_factory=dict, metadata={"help": "any TrainerConfig field (wins over flat ones)"}
     )
     checkpoint_every: int = field(default=0, metadata={"help": "checkpoint every N steps (0 off)"})
     max_to_keep: int = field(default=2, metadata={"help": "checkpoints kept"})
-    checkpoint: Dict[str, Any] = field(
+    checkpoint: dict[str, Any] = field(
         default_factory=dict, metadata={"help": "CheckpointConfig mapping (wins over flat ones)"}
     )
     resume: bool = field(default=False, metadata={"help": "continue from the newest checkpoint"})
@@ -137,7 +138,7 @@ class LearnerSettings:
     device: str = field(default="cuda", metadata={"help": "cuda | cpu (cuda falls back to cpu)"})
     seed: int = field(default=0, metadata={"help": "torch/python/numpy seed"})
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
-    config_path: Optional[str] = field(default=None, metadata={"help": "set from --config"})
+    config_path: str | None = field(default=None, metadata={"help": "set from --config"})
 
     def __post_init__(self) -> None:
         self.spec = AlgorithmSpec.from_mapping(self.algorithm)
@@ -167,7 +168,7 @@ class LearnerSettings:
 
     # ------------------------------------------------------------------ derived configs
 
-    def token(self) -> Optional[str]:
+    def token(self) -> str | None:
         if self.auth_token:
             return self.auth_token
         if self.auth_token_file:
@@ -193,7 +194,7 @@ class LearnerSettings:
                     "setting, keep one"
                 )
             over["lr"] = over.pop("learning_rate")
-        kw: Dict[str, Any] = dict(
+        kw: dict[str, Any] = dict(
             model_device=self.device,
             lr=self.lr,
             weight_decay=self.weight_decay,
@@ -208,8 +209,8 @@ class LearnerSettings:
         kw.update(over)
         return TrainerConfig(**kw)
 
-    def checkpoint_config(self) -> Optional[CheckpointConfig]:
-        d: Dict[str, Any] = {
+    def checkpoint_config(self) -> CheckpointConfig | None:
+        d: dict[str, Any] = {
             "output_dir": self.output_dir,
             "every_n_steps": self.checkpoint_every,
             "max_to_keep": self.max_to_keep,
@@ -224,11 +225,11 @@ class LearnerSettings:
         return CheckpointConfig(**d)
 
     @property
-    def lag(self) -> Optional[int]:
+    def lag(self) -> int | None:
         return None if self.max_lag < 0 else self.max_lag
 
 
-def load(argv: Optional[Sequence[str]] = None) -> LearnerSettings:
+def load(argv: Sequence[str] | None = None) -> LearnerSettings:
     return load_settings(
         LearnerSettings,
         argv,

@@ -25,7 +25,7 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 
@@ -37,7 +37,7 @@ PROM = "http://127.0.0.1:9090"
 # ~2 min for inference on 2 cores; one step is a few seconds).
 # measured: ~1 s per step with 2-4 actors, so 300 steps outlast the scale step and the faults
 NUM_STEPS = int(os.environ.get("NUM_STEPS", "300"))
-REPORT: Dict[str, Any] = {"faults": []}
+REPORT: dict[str, Any] = {"faults": []}
 
 
 def sh(*argv: str, check: bool = True, timeout: float = 900) -> str:
@@ -51,13 +51,13 @@ def compose(*args: str, **kw: Any) -> str:
     return sh("docker", "compose", *args, **kw)
 
 
-def prom(query: str) -> List[Dict[str, Any]]:
+def prom(query: str) -> list[dict[str, Any]]:
     url = f"{PROM}/api/v1/query?" + urllib.parse.urlencode({"query": query})
     with urllib.request.urlopen(url, timeout=5) as r:
         return list(json.load(r)["data"]["result"])
 
 
-def targets(job: str) -> List[Dict[str, Any]]:
+def targets(job: str) -> list[dict[str, Any]]:
     with urllib.request.urlopen(f"{PROM}/api/v1/targets?state=active", timeout=5) as r:
         active = json.load(r)["data"]["activeTargets"]
     return [t for t in active if t["labels"]["job"] == job]
@@ -68,11 +68,11 @@ def learner_step() -> int:
     return int(float(res[0]["value"][1])) if res else -1
 
 
-def containers(service: str) -> List[str]:
+def containers(service: str) -> list[str]:
     return compose("ps", "-q", service).split()
 
 
-def state(cid: str) -> Dict[str, Any]:
+def state(cid: str) -> dict[str, Any]:
     return dict(json.loads(sh("docker", "inspect", "-f", "{{json .State}}", cid)))
 
 
@@ -153,7 +153,7 @@ ACCOUNTING = {
 }
 
 
-def accounting_now() -> Dict[str, float]:
+def accounting_now() -> dict[str, float]:
     return {k: gauge(f"max({m})") for k, m in ACCOUNTING.items()}
 
 

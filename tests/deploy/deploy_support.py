@@ -13,7 +13,7 @@ import json
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 import pytest
 import yaml
@@ -53,10 +53,10 @@ KNOWN_METRICS = {
     "ludic_inference_requests_total",
 }
 
-Doc = Dict[str, Any]
+Doc = dict[str, Any]
 
 
-def scenario_values(scenario: str) -> Dict[str, Any]:
+def scenario_values(scenario: str) -> dict[str, Any]:
     if scenario == "default":
         return {}
     return yaml.safe_load((CHART / "ci" / f"{scenario}-values.yaml").read_text()) or {}
@@ -68,13 +68,13 @@ def _chart():
     return helm_python.Chart.load(str(CHART))
 
 
-def render(values: Dict[str, Any]) -> Dict[str, str]:
+def render(values: dict[str, Any]) -> dict[str, str]:
     """Template path -> rendered text (raises helm_python.HelmError on failure)."""
     return _chart().render(values, name=RELEASE, namespace=NAMESPACE)
 
 
-def parse_docs(rendered: Dict[str, str]) -> List[Doc]:
-    docs: List[Doc] = []
+def parse_docs(rendered: dict[str, str]) -> list[Doc]:
+    docs: list[Doc] = []
     for path, text in sorted(rendered.items()):
         if path.endswith(".txt"):  # NOTES.txt
             continue
@@ -92,16 +92,16 @@ def _rendered_json(scenario: str) -> str:
     return json.dumps(parse_docs(render(scenario_values(scenario))))
 
 
-def rendered(scenario: str) -> List[Doc]:
+def rendered(scenario: str) -> list[Doc]:
     """Parsed documents of one scenario (a fresh copy; tests may mutate it)."""
     return json.loads(_rendered_json(scenario))
 
 
-def by_kind(docs: List[Doc], kind: str) -> List[Doc]:
+def by_kind(docs: list[Doc], kind: str) -> list[Doc]:
     return [d for d in docs if d.get("kind") == kind]
 
 
-def find(docs: List[Doc], kind: str, component: str) -> Doc:
+def find(docs: list[Doc], kind: str, component: str) -> Doc:
     for d in docs:
         labels = d["metadata"].get("labels") or {}
         if d.get("kind") == kind and labels.get("app.kubernetes.io/component") == component:
@@ -109,14 +109,14 @@ def find(docs: List[Doc], kind: str, component: str) -> Doc:
     raise AssertionError(f"no {kind} for component {component!r} in the rendered chart")
 
 
-def containers(workload: Doc) -> List[Doc]:
+def containers(workload: Doc) -> list[Doc]:
     return workload["spec"]["template"]["spec"]["containers"]
 
 
-def developers_table() -> Dict[str, Tuple[int, List[str]]]:
+def developers_table() -> dict[str, tuple[int, list[str]]]:
     """service -> (metrics port, LUDIC_* variables it reads), from DEVELOPERS.md's table."""
     text = (ROOT / "DEVELOPERS.md").read_text()
-    table: Dict[str, Tuple[int, List[str]]] = {}
+    table: dict[str, tuple[int, list[str]]] = {}
     for line in text.splitlines():
         m = re.match(
             r"^\|\s*(inference|actor|credit|learner|feeder)\s*\|.*?\|\s*(\d+)[^|]*\|([^|]*)\|", line

@@ -10,7 +10,7 @@ through the image's `ludic-healthcheck`, whose per-service URL table is read fro
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, Dict, List, Set, Tuple
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -20,7 +20,7 @@ from deploy_support import ROOT, Doc, containers, find, parse_docs, render, rend
 pytest.importorskip("helm_python", reason="helm-python-sdk not installed")
 
 # service -> (kind in the chart, compose service of the CPU default, compose service of the GPU profile)
-SERVICES: Dict[str, Tuple[str, str, str]] = {
+SERVICES: dict[str, tuple[str, str, str]] = {
     "inference": ("Deployment", "inference", "inference-gpu"),
     "actor": ("Deployment", "actor", "actor"),
     "credit": ("Deployment", "credit", "credit"),
@@ -34,7 +34,7 @@ SERVICES: Dict[str, Tuple[str, str, str]] = {
 K8S_EXPANSION_ONLY = {"REDIS_PASSWORD"}
 
 
-def compose() -> Dict[str, Any]:
+def compose() -> dict[str, Any]:
     return yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
 
 
@@ -49,7 +49,7 @@ def chart_container(component: str, cpu: bool = False) -> Doc:
     return c
 
 
-def healthcheck_probes() -> Dict[str, str]:
+def healthcheck_probes() -> dict[str, str]:
     path = ROOT / "deploy" / "docker" / "ludic-healthcheck.py"
     spec = importlib.util.spec_from_file_location("ludic_healthcheck", path)
     assert spec and spec.loader
@@ -64,20 +64,20 @@ def repository_name(image: str) -> str:
     return name.split(":")[0]
 
 
-def compose_ports(svc: Dict[str, Any]) -> Set[int]:
+def compose_ports(svc: dict[str, Any]) -> set[int]:
     ports = {int(p) for p in svc.get("expose", [])}
     for p in svc.get("ports", []):  # "127.0.0.1:8000-8007:8000" -> container port 8000
         ports.add(int(str(p).rsplit(":", 1)[-1].split("/")[0]))
     return ports
 
 
-def chart_env_names(c: Doc) -> Set[str]:
+def chart_env_names(c: Doc) -> set[str]:
     names = {e["name"] for e in c.get("env", [])}
     assert not c.get("envFrom"), f"{c['name']}: envFrom hides variable names from this check"
     return names
 
 
-def chart_probes(c: Doc) -> List[Tuple[str, int]]:
+def chart_probes(c: Doc) -> list[tuple[str, int]]:
     ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
     out = []
     for kind in ("startupProbe", "livenessProbe", "readinessProbe"):

@@ -15,7 +15,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 import yaml
@@ -26,7 +26,7 @@ from deploy_support import KNOWN_METRICS, ROOT, developers_table, promtool
 
 
 @pytest.fixture(scope="module")
-def compose() -> Dict[str, Any]:
+def compose() -> dict[str, Any]:
     return yaml.safe_load((ROOT / "compose.yaml").read_text())
 
 
@@ -64,7 +64,7 @@ def test_compose_schema_check_rejects_a_broken_file(tmp_path, compose):
 # ---------------------------------------------------------------- cross-references
 
 
-def enabled_services(compose: Dict[str, Any], profiles: List[str]) -> Dict[str, Any]:
+def enabled_services(compose: dict[str, Any], profiles: list[str]) -> dict[str, Any]:
     return {
         n: s
         for n, s in compose["services"].items()
@@ -72,10 +72,10 @@ def enabled_services(compose: Dict[str, Any], profiles: List[str]) -> Dict[str, 
     }
 
 
-def dependency_problems(compose: Dict[str, Any]) -> List[str]:
+def dependency_problems(compose: dict[str, Any]) -> list[str]:
     """depends_on that Compose would refuse: an undefined service, or (per active profile set)
     a required dependency disabled by its profile ("depends on undefined service")."""
-    problems: List[str] = []
+    problems: list[str] = []
     defined = set(compose["services"])
     for profiles in ([], ["gpu"]):
         enabled = enabled_services(compose, profiles)
@@ -182,8 +182,8 @@ def test_gpu_profile_reserves_nvidia_devices_and_keeps_dns_names(compose):
 # ---------------------------------------------------------------- environment contract
 
 
-def ludic_env(compose: Dict[str, Any]) -> Dict[str, str]:
-    out: Dict[str, str] = {}
+def ludic_env(compose: dict[str, Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
     for name, svc in compose["services"].items():
         env = svc.get("environment", {})
         env = dict(e.split("=", 1) for e in env) if isinstance(env, list) else env
@@ -193,7 +193,7 @@ def ludic_env(compose: Dict[str, Any]) -> Dict[str, str]:
     return out
 
 
-def undocumented_env(compose: Dict[str, Any]) -> List[str]:
+def undocumented_env(compose: dict[str, Any]) -> list[str]:
     docs = (ROOT / "DEVELOPERS.md").read_text()
     deployment = ROOT / "docs" / "deployment.md"
     docs += deployment.read_text() if deployment.exists() else ""
@@ -232,7 +232,7 @@ def test_no_secret_is_written_in_the_compose_file(compose):
 # ---------------------------------------------------------------- Prometheus targets
 
 
-def scrape_targets(prom: Dict[str, Any]) -> List[tuple]:
+def scrape_targets(prom: dict[str, Any]) -> list[tuple]:
     out = []
     for job in prom["scrape_configs"]:
         for sc in job.get("static_configs", []):
@@ -245,7 +245,7 @@ def scrape_targets(prom: Dict[str, Any]) -> List[tuple]:
     return out
 
 
-def target_problems(compose: Dict[str, Any], prom: Dict[str, Any]) -> List[str]:
+def target_problems(compose: dict[str, Any], prom: dict[str, Any]) -> list[str]:
     problems = []
     svcs = compose["services"]
     names = {n: n for n in svcs}
@@ -272,7 +272,7 @@ def target_problems(compose: Dict[str, Any], prom: Dict[str, Any]) -> List[str]:
 
 
 @pytest.fixture(scope="module")
-def prometheus_config() -> Dict[str, Any]:
+def prometheus_config() -> dict[str, Any]:
     return yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
 
 
@@ -309,11 +309,11 @@ def test_prometheus_and_grafana_mounts_point_at_deploy(compose):
 
 
 @pytest.fixture(scope="module")
-def dashboard() -> Dict[str, Any]:
+def dashboard() -> dict[str, Any]:
     return json.loads((ROOT / "deploy/grafana/dashboards/ludic.json").read_text())
 
 
-def dashboard_exprs(dashboard: Dict[str, Any]) -> Dict[str, List[str]]:
+def dashboard_exprs(dashboard: dict[str, Any]) -> dict[str, list[str]]:
     return {p["title"]: [t["expr"] for t in p.get("targets", [])] for p in dashboard["panels"]}
 
 

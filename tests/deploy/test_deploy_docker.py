@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Dict, List
 
 import pytest
 from deploy_support import ROOT, developers_table
@@ -57,8 +56,8 @@ def test_hadolint_ignores_are_justified():
         )
 
 
-def stages() -> Dict[str, List[str]]:
-    out: Dict[str, List[str]] = {}
+def stages() -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
     current = None
     for line in DOCKERFILE.read_text().splitlines():
         m = re.match(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", line, flags=re.I)

@@ -13,7 +13,7 @@ import base64
 import copy
 import json
 import re
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 import yaml
@@ -64,7 +64,7 @@ def test_helm_lint_strict_is_clean(scenario):
     assert not report["errors"] and not problems, json.dumps(report, indent=1)
 
 
-def k8s_errors(doc: Doc, version: str) -> List[str]:
+def k8s_errors(doc: Doc, version: str) -> list[str]:
     """kubernetes-validate (strict: unknown fields are errors) -> list of messages."""
     doc = {k: v for k, v in doc.items() if k != "_template"}
     try:
@@ -114,8 +114,8 @@ def test_only_known_custom_resources_skip_schema_validation():
 # ---------------------------------------------------------------- custom resources (structural)
 
 
-def crd_problems(docs: List[Doc]) -> List[str]:
-    problems: List[str] = []
+def crd_problems(docs: list[Doc]) -> list[str]:
+    problems: list[str] = []
     deployments = {d["metadata"]["name"] for d in by_kind(docs, "Deployment")}
     trigger_auths = {d["metadata"]["name"] for d in by_kind(docs, "TriggerAuthentication")}
     for sm in by_kind(docs, "ServiceMonitor"):
@@ -288,7 +288,7 @@ def test_hpa_owns_actor_replicas_when_enabled():
 # ---------------------------------------------------------------- secrets
 
 
-def secret_literals(values: Dict[str, Any]) -> List[str]:
+def secret_literals(values: dict[str, Any]) -> list[str]:
     out = [
         values.get("auth", {}).get("token", ""),
         values.get("redis", {}).get("auth", {}).get("password", ""),
@@ -297,9 +297,9 @@ def secret_literals(values: Dict[str, Any]) -> List[str]:
     return [s for s in out if s]
 
 
-def secret_leaks(docs: List[Doc], literals: List[str]) -> List[str]:
+def secret_leaks(docs: list[Doc], literals: list[str]) -> list[str]:
     """Secret values outside Secret objects, and secret env vars not taken from a Secret."""
-    leaks: List[str] = []
+    leaks: list[str] = []
     needles = literals + [base64.b64encode(s.encode()).decode() for s in literals]
     for d in docs:
         if d["kind"] == "Secret":
@@ -375,8 +375,8 @@ def test_secret_leak_check_catches_an_inline_token():
 # ---------------------------------------------------------------- probes, ports
 
 
-def probe_problems(docs: List[Doc]) -> List[str]:
-    problems: List[str] = []
+def probe_problems(docs: list[Doc]) -> list[str]:
+    problems: list[str] = []
     for d in docs:
         if d["kind"] not in WORKLOAD_KINDS:
             continue
@@ -427,12 +427,12 @@ def test_ports_and_commands_follow_developers_md(scenario):
 # ---------------------------------------------------------------- ServiceMonitor
 
 
-def selects(selector: Dict[str, str], labels: Dict[str, str]) -> bool:
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-def servicemonitor_problems(docs: List[Doc]) -> List[str]:
-    problems: List[str] = []
+def servicemonitor_problems(docs: list[Doc]) -> list[str]:
+    problems: list[str] = []
     services = by_kind(docs, "Service")
     workloads = [d for d in docs if d["kind"] in WORKLOAD_KINDS]
     for sm in by_kind(docs, "ServiceMonitor"):
@@ -500,7 +500,7 @@ def test_ludic_pods_carry_prometheus_annotations(scenario):
 # ---------------------------------------------------------------- NetworkPolicy, PDB
 
 
-def policy_for(docs: List[Doc], component: str) -> Doc:
+def policy_for(docs: list[Doc], component: str) -> Doc:
     return find(docs, "NetworkPolicy", component)
 
 

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
 
 import httpx
 
@@ -20,23 +19,23 @@ class InferenceServer:
         self,
         model_dir: Path,
         port: int,
-        token: Optional[str],
+        token: str | None,
         log_path: Path,
-        extra_args: Optional[List[str]] = None,
+        extra_args: list[str] | None = None,
     ):
         self.model_dir = model_dir
         self.port = port
         self.token = token
         self.log_path = log_path
         self.extra_args = extra_args or []
-        self.proc: Optional[subprocess.Popen[bytes]] = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 240.0) -> None:
-        env: Dict[str, str] = dict(os.environ)
+        env: dict[str, str] = dict(os.environ)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         env.pop("LUDIC_AUTH_TOKEN", None)
@@ -72,7 +71,7 @@ class InferenceServer:
         except OSError:
             return ""
 
-    def stop(self) -> Optional[int]:
+    def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after 60 s; returns the exit code."""
         if self.proc is None:
             return None

@@ -8,18 +8,18 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Dict, List, Optional
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 
 class FakeReplica:
-    def __init__(self, token: Optional[str] = None, fail_first: int = 0, hang: bool = False):
+    def __init__(self, token: str | None = None, fail_first: int = 0, hang: bool = False):
         self.token = token
         self.fail_first = fail_first
         self.hang = hang
         self.version = 0
-        self.updates: List[int] = []
-        self.last_tensors: Dict[str, Any] = {}
+        self.updates: list[int] = []
+        self.last_tensors: dict[str, Any] = {}
         self.lock = threading.Lock()
         self._release = threading.Event()
         outer = self
@@ -28,7 +28,7 @@ class FakeReplica:
             def log_message(self, *a: Any) -> None:
                 pass
 
-            def _send(self, code: int, body: Dict[str, Any]) -> None:
+            def _send(self, code: int, body: dict[str, Any]) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
@@ -83,7 +83,7 @@ class FakeReplica:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def __enter__(self) -> "FakeReplica":
+    def __enter__(self) -> FakeReplica:
         self.thread.start()
         return self
 

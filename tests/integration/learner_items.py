@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from typing import Any, Iterable, List, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from libludic import transport as t
 from libludic.training.types import SampleAttachments, SAWItem
@@ -23,7 +24,7 @@ def make_item(
     action: bytes,
     *,
     weight: float = 1.0,
-    policy_version: Optional[int] = 0,
+    policy_version: int | None = 0,
     reward: float = 1.0,
 ) -> SAWItem:
     state = list(prompt)
@@ -43,7 +44,7 @@ def make_item(
 
 def random_items(
     n: int, seed: int = 0, prefix: str = "it", policy_version: int = 0
-) -> List[SAWItem]:
+) -> list[SAWItem]:
     rng = random.Random(seed)
     out = []
     for i in range(n):
@@ -62,7 +63,7 @@ def random_items(
     return out
 
 
-async def push(redis_url: str, run_id: str, items: Iterable[SAWItem]) -> List[str]:
+async def push(redis_url: str, run_id: str, items: Iterable[SAWItem]) -> list[str]:
     """XADD every item to the run's saw stream in order; returns the entry ids."""
     r = t.connect(redis_url)
     keys = t.Keys(run_id)
@@ -72,7 +73,7 @@ async def push(redis_url: str, run_id: str, items: Iterable[SAWItem]) -> List[st
         await r.aclose()
 
 
-def push_sync(redis_url: str, run_id: str, items: Sequence[SAWItem]) -> List[str]:
+def push_sync(redis_url: str, run_id: str, items: Sequence[SAWItem]) -> list[str]:
     return asyncio.run(push(redis_url, run_id, items))
 
 

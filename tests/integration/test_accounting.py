@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 
@@ -37,13 +37,13 @@ REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "services.cli"]
 
 
-def env() -> Dict[str, str]:
+def env() -> dict[str, str]:
     e = dict(os.environ)
     e.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     return e
 
 
-def rollouts_for(req: Any, pv: int) -> List[Rollout]:
+def rollouts_for(req: Any, pv: int) -> list[Rollout]:
     out = []
     for i in range(req.num_episodes):  # rewards 0, 1: a GRPO group with non-zero advantages
         tr = TokenTrace([257, 49, 43, 50], [51, 258], [-0.25, -0.5])
@@ -54,7 +54,7 @@ def rollouts_for(req: Any, pv: int) -> List[Rollout]:
     return out
 
 
-async def snap(url: str, run: str) -> Dict[str, Any]:
+async def snap(url: str, run: str) -> dict[str, Any]:
     r = t.connect(url)
     try:
         return await accounting.snapshot(r, t.Keys(run))
@@ -68,7 +68,7 @@ class Sampler(threading.Thread):
     def __init__(self, url: str, run: str):
         super().__init__(daemon=True)
         self.url, self.run_id = url, run
-        self.samples: List[Dict[str, Any]] = []
+        self.samples: list[dict[str, Any]] = []
         self.halt = threading.Event()
 
     def run(self) -> None:
@@ -77,7 +77,7 @@ class Sampler(threading.Thread):
             time.sleep(0.05)
 
 
-def wait(cond: Any, timeout: float, what: str, procs: List[Any] = ()) -> None:  # type: ignore[assignment]
+def wait(cond: Any, timeout: float, what: str, procs: list[Any] = ()) -> None:  # type: ignore[assignment]
     deadline = time.monotonic() + timeout
     while not cond():
         for p, logf in procs:
@@ -102,9 +102,9 @@ def test_identity_holds_through_kill9_of_credit_and_learner(
     n_req, group = 16, 2
     sampler = Sampler(url, run)
     sampler.start()
-    procs: List[Any] = []
+    procs: list[Any] = []
 
-    def start(name: str, args: List[str]) -> Any:
+    def start(name: str, args: list[str]) -> Any:
         logf = tmp_path / f"{name}.log"
         f = open(logf, "ab")
         p = subprocess.Popen(CLI + args, cwd=REPO, env=env(), stdout=f, stderr=subprocess.STDOUT)

@@ -14,9 +14,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
@@ -46,7 +47,7 @@ class FakeOpenAI:
             def log_message(self, *a: Any) -> None:
                 pass
 
-            def _send(self, obj: Dict[str, Any], code: int = 200) -> None:
+            def _send(self, obj: dict[str, Any], code: int = 200) -> None:
                 body = json.dumps(obj).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
@@ -108,13 +109,13 @@ def request(i: int, **kw: Any) -> RolloutRequest:
     )
 
 
-async def feed(r: Any, keys: t.Keys, reqs: List[RolloutRequest]) -> None:
+async def feed(r: Any, keys: t.Keys, reqs: list[RolloutRequest]) -> None:
     await t.ensure_group(r, keys.requests, t.GROUP_ACTORS)
     for q in reqs:
         await t.xadd(r, keys.requests, q.id, t.encode_request(q))
 
 
-async def rollouts(r: Any, keys: t.Keys) -> List[Any]:
+async def rollouts(r: Any, keys: t.Keys) -> list[Any]:
     return [t.decode_rollout(f[b"d"]) for _, f in await r.xrange(keys.rollouts)]
 
 
@@ -145,7 +146,7 @@ async def test_kill9_actor_then_peer_finishes_all_and_sigterm_drains(
     keys = t.Keys("act1")
     r = t.connect(redis_url)
     await feed(r, keys, [request(i) for i in range(6)])
-    procs: List[subprocess.Popen] = []
+    procs: list[subprocess.Popen] = []
     try:
         a = spawn_actor(redis_url, "act1", fake_openai.url)
         procs.append(a)
@@ -308,7 +309,7 @@ async def test_inference_pool_round_robin_and_failover() -> None:
     from libludic.inference.request import ChatCompletionRequest
 
     a, b = FakeOpenAI(version=3), FakeOpenAI(version=2)
-    downs: List[str] = []
+    downs: list[str] = []
     pool = InferencePool([a.url, b.url], max_retries=0, down_for_s=30, on_replica_down=downs.append)
     req = ChatCompletionRequest(messages=[{"role": "user", "content": "1+1="}])
     try:

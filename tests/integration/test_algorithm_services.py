@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 from pathlib import Path
-from typing import Any, List
+from typing import Any
 
 import pytest
 
@@ -70,7 +70,7 @@ async def credit_then_learner(cfg: Path, run_id: str, redis_url: str, monkeypatc
     saw = [t.decode_saw_item(f[b"d"]) for _, f in await r.xrange(keys.saw)]
     await r.aclose()
 
-    trained: List[Any] = []
+    trained: list[Any] = []
     original = Trainer.accumulate_gradients
 
     def recording(self: Trainer, items: Any) -> Any:  # what the learner trains on

@@ -9,8 +9,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any
 
 import pytest
 
@@ -34,12 +35,12 @@ async def add(r: Any, keys: t.Keys, ros: Sequence[Rollout]) -> None:
         await t.xadd(r, keys.rollouts, ro.id, t.encode_rollout(ro))
 
 
-async def saw_items(r: Any, keys: t.Keys) -> List[Any]:
+async def saw_items(r: Any, keys: t.Keys) -> list[Any]:
     return [t.decode_saw_item(f[b"d"]) for _, f in await r.xrange(keys.saw)]
 
 
 def settings(redis_url: str, run_id: str, **kw: Any) -> credit_main.CreditSettings:
-    base: Dict[str, Any] = dict(
+    base: dict[str, Any] = dict(
         redis_url=redis_url, run_id=run_id, algorithm={"name": "grpo", "group_size": 4}, group_timeout_s=1.0,
         metrics_port=0, block_ms=100, claim_idle_ms=600, lease_ttl_ms=600,
     )
@@ -78,7 +79,7 @@ async def test_groups_complete_partial_dropped_late_and_deadlettered(redis_url: 
     worker = await asyncio.wait_for(task, 10)
 
     items = await saw_items(r, keys)
-    by_group: Dict[str, List[Any]] = {}
+    by_group: dict[str, list[Any]] = {}
     for it in items:
         by_group.setdefault(it.meta["group_id"], []).append(it)
     # A complete: GRPO weight A_i = R_i - mean(R) = R_i - 0.5

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 import redis
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 ENV = {"kind": "arithmetic", "kwargs": {"split": "eval"}}
 
 
-def wait_metrics(url: str, cond: Any, timeout: float, proc: Any, log: Path) -> Dict[str, float]:
+def wait_metrics(url: str, cond: Any, timeout: float, proc: Any, log: Path) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     while True:
         m = scrape(url)

@@ -15,8 +15,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple
 
 import httpx
 import pytest
@@ -51,11 +51,11 @@ def server(
 
 
 @pytest.fixture(scope="module")
-def base_sd(tiny_model_dir: Path) -> Dict[str, torch.Tensor]:
+def base_sd(tiny_model_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(str(tiny_model_dir / "model.safetensors"))
 
 
-def random_sd(base: Dict[str, torch.Tensor], seed: int) -> Dict[str, torch.Tensor]:
+def random_sd(base: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {k: torch.randn(v.shape, generator=g) * 0.5 for k, v in base.items()}
 
@@ -64,7 +64,7 @@ def version(srv: InferenceServer) -> int:
     return int(httpx.get(srv.url + "/v1/policy_version").json()["policy_version"])
 
 
-def greedy(srv: InferenceServer, n: int = 16) -> Tuple[List[int], List[float], int]:
+def greedy(srv: InferenceServer, n: int = 16) -> tuple[list[int], list[float], int]:
     r = httpx.post(
         srv.url + "/v1/completions",
         json={
@@ -84,7 +84,7 @@ def greedy(srv: InferenceServer, n: int = 16) -> Tuple[List[int], List[float], i
     return ch["token_ids"], ch["logprobs"]["token_logprobs"], body["policy_version"]
 
 
-def auth(token: str = TOKEN) -> Dict[str, str]:
+def auth(token: str = TOKEN) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
@@ -183,7 +183,7 @@ def test_models_health_and_version(server: InferenceServer) -> None:
 
 
 def test_http_update_bumps_version_and_changes_greedy_output(
-    server: InferenceServer, base_sd: Dict[str, torch.Tensor]
+    server: InferenceServer, base_sd: dict[str, torch.Tensor]
 ) -> None:
     before_ids, _, v0 = greedy(server)
     assert push_http(server.url, random_sd(base_sd, seed=1), v0 + 1, TOKEN) == v0 + 1
@@ -192,13 +192,13 @@ def test_http_update_bumps_version_and_changes_greedy_output(
     assert after_ids != before_ids
 
 
-def _body(tensors: Dict[str, torch.Tensor]) -> bytes:
+def _body(tensors: dict[str, torch.Tensor]) -> bytes:
     return save({k: v.contiguous() for k, v in tensors.items()})
 
 
 def _bad_requests(
-    base: Dict[str, torch.Tensor],
-) -> Dict[str, Tuple[bytes, Dict[str, str], int, int]]:
+    base: dict[str, torch.Tensor],
+) -> dict[str, tuple[bytes, dict[str, str], int, int]]:
     """name -> (body, headers, version offset from current, expected status)."""
     good = _body(random_sd(base, seed=99))
     norm = base["model.norm.weight"]
@@ -221,7 +221,7 @@ def _bad_requests(
 
 
 def test_bad_updates_change_nothing(
-    server: InferenceServer, base_sd: Dict[str, torch.Tensor]
+    server: InferenceServer, base_sd: dict[str, torch.Tensor]
 ) -> None:
     ref_ids, ref_lp, v = greedy(server)
     for case, (body, headers, dv, status) in _bad_requests(base_sd).items():
@@ -241,7 +241,7 @@ def test_bad_updates_change_nothing(
 
 
 def test_partial_update_changes_only_what_it_names(
-    server: InferenceServer, base_sd: Dict[str, torch.Tensor]
+    server: InferenceServer, base_sd: dict[str, torch.Tensor]
 ) -> None:
     ref_ids, ref_lp, v = greedy(server)
     # One projection of a fused qkv module: the server completes it with current k/v values.
@@ -255,10 +255,10 @@ def test_partial_update_changes_only_what_it_names(
 
 
 def test_in_flight_generation_finishes_on_old_weights(
-    server: InferenceServer, base_sd: Dict[str, torch.Tensor]
+    server: InferenceServer, base_sd: dict[str, torch.Tensor]
 ) -> None:
     v = version(server)
-    result: Dict[str, object] = {}
+    result: dict[str, object] = {}
 
     def long_generation() -> None:
         r = httpx.post(
@@ -287,7 +287,7 @@ def test_in_flight_generation_finishes_on_old_weights(
 
 
 def test_concurrent_updates_are_serialised(
-    server: InferenceServer, base_sd: Dict[str, torch.Tensor]
+    server: InferenceServer, base_sd: dict[str, torch.Tensor]
 ) -> None:
     v = version(server)
     sds = {v + i: random_sd(base_sd, seed=100 + i) for i in range(1, 5)}
@@ -317,7 +317,7 @@ def test_concurrent_updates_are_serialised(
 
 
 def test_gloo_collective_matches_http_plane(
-    server: InferenceServer, base_sd: Dict[str, torch.Tensor]
+    server: InferenceServer, base_sd: dict[str, torch.Tensor]
 ) -> None:
     weights = random_sd(base_sd, seed=7)
     v = version(server)
@@ -408,7 +408,7 @@ def test_metrics(server: InferenceServer) -> None:
         (["--model", str(REPO), "--config", "/no/such.yaml"], "does not exist"),
     ],
 )
-def test_startup_errors_exit_nonzero_with_one_line(args: List[str], needle: str) -> None:
+def test_startup_errors_exit_nonzero_with_one_line(args: list[str], needle: str) -> None:
     p = subprocess.run(
         [sys.executable, "-m", "services.inference.main", *args],
         cwd=REPO,
@@ -424,7 +424,7 @@ def test_startup_errors_exit_nonzero_with_one_line(args: List[str], needle: str)
 # ---------------------------------------------------------------------------- engine death
 
 
-def children(pid: int) -> List[int]:
+def children(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
     return [int(x) for x in out.split()]
 

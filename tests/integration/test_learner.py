@@ -18,7 +18,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 import httpx
 import pytest
@@ -49,14 +49,14 @@ TOKEN = "learner-test-token"
 PROMPT = b"hello world"
 
 
-def learner_cmd(redis_url: str, run_id: str, model_dir: Path, *args: str) -> List[str]:
+def learner_cmd(redis_url: str, run_id: str, model_dir: Path, *args: str) -> list[str]:
     return [
         "learner", "--redis-url", redis_url, "--run-id", run_id, "--model-dir", str(model_dir),
         "--device", "cpu", "--metrics-port", "0", "--block-ms", "200", "--trained-log", *args,
     ]  # fmt: skip
 
 
-def env() -> Dict[str, str]:
+def env() -> dict[str, str]:
     e = dict(os.environ)
     e.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     for k in [k for k in e if k.startswith("LUDIC_")]:
@@ -64,11 +64,11 @@ def env() -> Dict[str, str]:
     return e
 
 
-def trained_log(out: Path) -> List[Dict[str, Any]]:
+def trained_log(out: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in (out / "trained_items.jsonl").read_text().splitlines()]
 
 
-def final_model(out: Path, step: int) -> Dict[str, torch.Tensor]:
+def final_model(out: Path, step: int) -> dict[str, torch.Tensor]:
     return load_file(str(out / f"step_{step:09d}" / "model.safetensors"))
 
 
@@ -92,7 +92,7 @@ def wait_for_no_vllm(timeout_s: float = 900) -> None:
     pytest.skip("another vLLM kept running; one vLLM at a time on this machine")
 
 
-def greedy(url: str) -> tuple[List[int], int]:
+def greedy(url: str) -> tuple[list[int], int]:
     r = httpx.post(
         url + "/v1/completions",
         json={
@@ -110,8 +110,8 @@ def greedy(url: str) -> tuple[List[int], int]:
 
 
 def reference_training(
-    model_dir: Path, batches: List[List[Any]], lr: float
-) -> Dict[str, torch.Tensor]:
+    model_dir: Path, batches: list[list[Any]], lr: float
+) -> dict[str, torch.Tensor]:
     """Single-process Trainer on the whole batches: what the 2-rank FSDP2 run must equal."""
     from transformers import AutoModelForCausalLM
 

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, List
+from typing import Any
 
 import httpx
 import pytest
@@ -41,7 +41,7 @@ TASKS = [{
 }]
 
 
-def recompute_logprobs(model_dir: Path, input_ids: List[int]) -> List[float]:
+def recompute_logprobs(model_dir: Path, input_ids: list[int]) -> list[float]:
     """log_softmax(logits[i-1])[input_ids[i]] for every position i >= 1 (0.0 at i = 0)."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -53,7 +53,7 @@ def recompute_logprobs(model_dir: Path, input_ids: List[int]) -> List[float]:
     return [0.0] + lp.tolist()
 
 
-async def run_pipeline(redis_url: str, run_id: str, client: Any = None, urls: Any = None) -> List[Any]:
+async def run_pipeline(redis_url: str, run_id: str, client: Any = None, urls: Any = None) -> list[Any]:
     keys = t.Keys(run_id)
     r = t.connect(redis_url)
     fs = feeder_main.FeederSettings(
@@ -90,7 +90,7 @@ async def run_pipeline(redis_url: str, run_id: str, client: Any = None, urls: An
     return items
 
 
-def check_items(items: List[Any], model_dir: Path, atol: float) -> None:
+def check_items(items: list[Any], model_dir: Path, atol: float) -> None:
     assert len(items) == GROUPS * GROUP_SIZE
     groups = {it.meta["group_id"] for it in items}
     assert len(groups) == GROUPS
@@ -169,7 +169,7 @@ def test_feeder_cli_restart_never_repeats_seeds_and_status_reports(
         subprocess.run([sys.executable, "-m", "services.cli", "feeder"], cwd=REPO, env=env,
                        check=True, timeout=60, capture_output=True)
 
-    async def read() -> List[Any]:
+    async def read() -> list[Any]:
         r = t.connect(redis_url)
         out = [t.decode_request(f[b"d"]) for _, f in await r.xrange(t.Keys("cli").requests)]
         await r.aclose()

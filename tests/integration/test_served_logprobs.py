@@ -24,8 +24,8 @@ Tolerances (max |served - HF| over all positions, nats), measured on this machin
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple
 
 import httpx
 import pytest
@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
 TOKEN = "served-token"
 # 24 tokens: bytes of arithmetic text (token id == byte for the tiny byte tokenizer)
-PROMPT_IDS: List[int] = list(b"12+34=46\n7*8=56\n90-12=78")
+PROMPT_IDS: list[int] = list(b"12+34=46\n7*8=56\n90-12=78")
 assert len(PROMPT_IDS) == 24
 TOL = {"float32": 1e-4, "bfloat16": 2e-2}  # derivation in the module docstring
 MAX_TOKENS = 24
@@ -49,7 +49,7 @@ MAX_TOKENS = 24
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
 def served(
     request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Tuple[InferenceServer, str]]:
+) -> Iterator[tuple[InferenceServer, str]]:
     dtype = request.param
     log = tmp_path_factory.mktemp(f"served-{dtype}") / "server.log"
     srv = InferenceServer(tiny_model_dir, free_port(), TOKEN, log, ["--dtype", dtype])
@@ -59,11 +59,11 @@ def served(
 
 
 @pytest.fixture(scope="module")
-def base_sd(tiny_model_dir: Path) -> Dict[str, torch.Tensor]:
+def base_sd(tiny_model_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(str(tiny_model_dir / "model.safetensors"))
 
 
-def perturbed(base: Dict[str, torch.Tensor], seed: int) -> Dict[str, torch.Tensor]:
+def perturbed(base: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
     """``w + 0.3 * std(w) * noise`` on every matrix; vectors (norms, biases) unchanged."""
     g = torch.Generator().manual_seed(seed)
     out = {}
@@ -74,7 +74,7 @@ def perturbed(base: Dict[str, torch.Tensor], seed: int) -> Dict[str, torch.Tenso
     return out
 
 
-def hf_logits(model_dir: Path, weights: Dict[str, torch.Tensor], ids: List[int]) -> torch.Tensor:
+def hf_logits(model_dir: Path, weights: dict[str, torch.Tensor], ids: list[int]) -> torch.Tensor:
     """fp32 transformers logits ``[len(ids), vocab]`` with ``weights`` loaded."""
     from transformers import AutoModelForCausalLM
 
@@ -88,22 +88,22 @@ def hf_logits(model_dir: Path, weights: Dict[str, torch.Tensor], ids: List[int])
         return model(torch.tensor([ids])).logits[0].float()
 
 
-def completion(srv: InferenceServer, body: Dict[str, object]) -> Dict[str, object]:
+def completion(srv: InferenceServer, body: dict[str, object]) -> dict[str, object]:
     r = httpx.post(
         srv.url + "/v1/completions",
         json={"prompt": PROMPT_IDS, "return_token_ids": True, **body},
         timeout=300,
     )
     assert r.status_code == 200, r.text
-    out: Dict[str, object] = r.json()
+    out: dict[str, object] = r.json()
     return out
 
 
 def max_diffs(
-    srv: InferenceServer, model_dir: Path, weights: Dict[str, torch.Tensor]
-) -> Dict[str, float]:
+    srv: InferenceServer, model_dir: Path, weights: dict[str, torch.Tensor]
+) -> dict[str, float]:
     """max |served - HF| for prompt_logprobs and for sampled tokens at T=1 and T=0.6."""
-    out: Dict[str, float] = {}
+    out: dict[str, float] = {}
     body = completion(srv, {"max_tokens": 1, "temperature": 0, "prompt_logprobs": 0})
     plp = body["choices"][0]["prompt_logprobs"]  # type: ignore[index]
     assert plp[0] is None and len(plp) == len(PROMPT_IDS)
@@ -127,7 +127,7 @@ def max_diffs(
             },
         )
         ch = body["choices"][0]  # type: ignore[index]
-        gen: List[int] = ch["token_ids"]
+        gen: list[int] = ch["token_ids"]
         lps = ch["logprobs"]["token_logprobs"]
         assert len(gen) == len(lps) == MAX_TOKENS
         logits = hf_logits(model_dir, weights, PROMPT_IDS + gen)
@@ -143,7 +143,7 @@ def version(srv: InferenceServer) -> int:
 
 
 def test_served_logprobs_equal_hf_before_update(
-    served: Tuple[InferenceServer, str], tiny_model_dir: Path, base_sd: Dict[str, torch.Tensor]
+    served: tuple[InferenceServer, str], tiny_model_dir: Path, base_sd: dict[str, torch.Tensor]
 ) -> None:
     srv, dtype = served
     assert version(srv) == 0
@@ -153,7 +153,7 @@ def test_served_logprobs_equal_hf_before_update(
 
 
 def test_served_logprobs_equal_hf_after_http_update(
-    served: Tuple[InferenceServer, str], tiny_model_dir: Path, base_sd: Dict[str, torch.Tensor]
+    served: tuple[InferenceServer, str], tiny_model_dir: Path, base_sd: dict[str, torch.Tensor]
 ) -> None:
     srv, dtype = served
     weights = perturbed(base_sd, seed=1)
@@ -165,7 +165,7 @@ def test_served_logprobs_equal_hf_after_http_update(
 
 
 def test_served_logprobs_equal_hf_after_collective_update(
-    served: Tuple[InferenceServer, str], tiny_model_dir: Path, base_sd: Dict[str, torch.Tensor]
+    served: tuple[InferenceServer, str], tiny_model_dir: Path, base_sd: dict[str, torch.Tensor]
 ) -> None:
     srv, dtype = served
     weights = perturbed(base_sd, seed=2)
@@ -191,9 +191,9 @@ class MaxLogRatio:
         self.inner = inner
         self.needs_actor_logprobs = True
         self.needs_ref_logprobs = False
-        self.seen: List[float] = []
+        self.seen: list[float] = []
 
-    def compute(self, logits: torch.Tensor, batch: Dict[str, torch.Tensor]) -> object:
+    def compute(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> object:
         from libludic.training import loss as L
 
         logp = L.token_logprobs(logits.detach().double(), batch["input_ids"])
@@ -205,9 +205,9 @@ class MaxLogRatio:
 
 @pytest.mark.parametrize("temp", [1.0, 0.6])
 async def test_onpolicy_importance_ratio_is_one_at_the_sampling_temperature(
-    served: Tuple[InferenceServer, str],
+    served: tuple[InferenceServer, str],
     tiny_model_dir: Path,
-    base_sd: Dict[str, torch.Tensor],
+    base_sd: dict[str, torch.Tensor],
     temp: float,
 ) -> None:
     """The path the services take, end to end: after an update, libludic's client samples

@@ -11,7 +11,6 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import List
 
 import pytest
 
@@ -44,11 +43,11 @@ async def echo_once(c: t.StreamConsumer, n: int = 10, block_ms: int = 100) -> in
     return done
 
 
-async def out_ids(r) -> List[str]:
+async def out_ids(r) -> list[str]:
     return [t._s(f[b"id"]) for _, f in await r.xrange(OUT)]
 
 
-async def add_requests(r, n: int, start: int = 0) -> List[str]:
+async def add_requests(r, n: int, start: int = 0) -> list[str]:
     ids = []
     for i in range(start, start + n):
         req = RolloutRequest(env=EnvSpec("arithmetic"), env_seed=i, id=f"req-{i}")
@@ -142,7 +141,7 @@ async def test_malformed_entries_are_deadlettered_counted_and_acked(redis_url: s
     for reason, payload in bad.items():
         src[reason] = await t.xadd(r, STREAM, f"bad-{reason}", payload)
     await add_requests(r, 1)
-    counted: List[str] = []
+    counted: list[str] = []
     c = consumer(r, "w", on_deadletter=counted.append)
     while len(counted) < 3 or not await out_ids(r):
         await echo_once(c)
@@ -177,8 +176,8 @@ async def test_poison_entry_deadlettered_after_max_deliveries(redis_url: str) ->
 async def test_backpressure_holds_producer_and_trims_nothing(redis_url: str) -> None:
     r = t.connect(redis_url)
     await t.ensure_group(r, STREAM, GROUP)
-    waits: List[int] = []
-    produced: List[str] = []
+    waits: list[int] = []
+    produced: list[str] = []
 
     async def producer() -> None:
         for i in range(20):
@@ -221,7 +220,7 @@ async def test_admission_control_waits_for_inference_to_catch_up(redis_url: str)
     assert await t.set_policy_version(r, keys, 5) == 5
     assert await t.set_policy_version(r, keys, 3) == 5  # never goes back
     inference = {"v": 2}
-    waits: List[int] = []
+    waits: list[int] = []
 
     async def inf_version() -> int:
         return inference["v"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import List, Set
 
 import pytest
 
@@ -35,12 +34,12 @@ async def test_redis_kill9_and_restart_loses_no_acknowledged_entry(
         srv.stop()
 
 
-async def _run(srv: "RedisServer | RedisContainer") -> None:
+async def _run(srv: RedisServer | RedisContainer) -> None:
     producer_r = t.connect(srv.url)
     consumer_r = t.connect(srv.url)
     await t.ensure_group(producer_r, STREAM, GROUP)
-    acked: List[str] = []  # ids whose XADD returned
-    processed: Set[str] = set()
+    acked: list[str] = []  # ids whose XADD returned
+    processed: set[str] = set()
     stop = asyncio.Event()
     outages = {"producer": 0, "consumer": 0}
 

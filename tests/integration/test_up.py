@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
 
 import httpx
 import pytest
@@ -23,7 +22,7 @@ import yaml
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def config(tmp_path: Path, model: Path, run_id: str, num_steps: int, kwargs: Optional[dict] = None,
+def config(tmp_path: Path, model: Path, run_id: str, num_steps: int, kwargs: dict | None = None,
            **up: object) -> Path:
     cfg = {
         "run_id": run_id,
@@ -43,7 +42,7 @@ def config(tmp_path: Path, model: Path, run_id: str, num_steps: int, kwargs: Opt
     return p
 
 
-def procs_of_run(run_id: str) -> List[int]:
+def procs_of_run(run_id: str) -> list[int]:
     """Pids whose environment carries this run's LUDIC_RUN_ID (every service we start)."""
     needle = f"LUDIC_RUN_ID={run_id}".encode()
     out = []

@@ -24,7 +24,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List
 
 import pytest
 import redis
@@ -43,7 +42,7 @@ class SawWatcher(threading.Thread):
         super().__init__(daemon=True)
         self.r = redis.Redis.from_url(url)
         self.key = transport.Keys(run_id).saw
-        self.items: Dict[bytes, object] = {}
+        self.items: dict[bytes, object] = {}
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -65,7 +64,7 @@ def text(item: object) -> str:
     return bytes(i for i in item.input_ids if i < 256).decode("utf-8", "replace")  # type: ignore[attr-defined]
 
 
-def run_example(example: str, tmp_path: Path, model: Path, redis_url: str) -> tuple[Dict, List[object], int]:
+def run_example(example: str, tmp_path: Path, model: Path, redis_url: str) -> tuple[dict, list[object], int]:
     cfg = REPO / "examples" / example / "grpo.yaml"
     import yaml
 
@@ -94,7 +93,7 @@ def run_example(example: str, tmp_path: Path, model: Path, redis_url: str) -> tu
     return summary, list(watcher.items.values()), dead
 
 
-def check_trained(summary: Dict, dead: int) -> None:
+def check_trained(summary: dict, dead: int) -> None:
     assert summary["steps"] >= STEPS and summary["samples_trained"] >= STEPS * 16
     # the learner published: the final eval ran on a newer policy than the first
     assert summary["evals"][-1]["eval/policy_version"] > summary["evals"][0]["eval/policy_version"]

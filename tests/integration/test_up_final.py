@@ -8,7 +8,7 @@ import asyncio
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 import torch
@@ -26,7 +26,7 @@ from tests.integration.test_up import config, ludic_up
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def hf_eval(model_dir: Path, n: int) -> Dict[str, float]:
+def hf_eval(model_dir: Path, n: int) -> dict[str, float]:
     """The launcher's held-out evaluation (same requests: env seeds 0..n-1, greedy) run on
     transformers instead of the inference service."""
     s = UpSettings()
@@ -37,7 +37,7 @@ def hf_eval(model_dir: Path, n: int) -> Dict[str, float]:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp_path = tmp_path_factory.mktemp("up_final")
     run_id = f"final-{os.getpid()}"
     # a built `small` model after 300 SFT steps (lr 1e-3) answers roughly 5-15% of the held-out

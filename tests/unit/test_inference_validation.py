@@ -9,7 +9,7 @@ import asyncio
 import json
 import struct
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import pytest
 import torch
@@ -49,7 +49,7 @@ def spec(model_dir: Path) -> ParamSpec:
     return ParamSpec.from_model_dir(model_dir)
 
 
-def body(tensors: Dict[str, torch.Tensor]) -> bytearray:
+def body(tensors: dict[str, torch.Tensor]) -> bytearray:
     return bytearray(save(tensors))
 
 
@@ -105,7 +105,7 @@ def test_offsets_must_match_shape() -> None:
         ({"model.norm.weight": torch.tensor([1.0, float("inf"), 1.0, 1.0])}, "1 non-finite"),
     ],
 )
-def test_bad_tensors_are_422(spec: ParamSpec, tensors: Dict[str, torch.Tensor], match: str) -> None:
+def test_bad_tensors_are_422(spec: ParamSpec, tensors: dict[str, torch.Tensor], match: str) -> None:
     with pytest.raises(WeightValidationError, match=match) as ei:
         decode_and_validate(body(tensors), spec)
     assert ei.value.status == 422
@@ -146,7 +146,7 @@ def test_settings_precedence_flags_over_env_over_yaml(model_dir: Path, tmp_path:
         (["--auth-token-file", "/nope/token"], {"LUDIC_MODEL_DIR": "."}, "cannot read auth token"),
     ],
 )
-def test_settings_errors_name_the_fix(argv: List[str], env: Dict[str, str], match: str) -> None:
+def test_settings_errors_name_the_fix(argv: list[str], env: dict[str, str], match: str) -> None:
     with pytest.raises(SettingsError, match=match):
         load_settings(argv, env)
 
@@ -168,21 +168,21 @@ class FakeEngine:
         self.spec = spec
         self.version = 0
         self.lock = asyncio.Lock()
-        self.swaps: List[Tuple[int, List[str]]] = []
+        self.swaps: list[tuple[int, list[str]]] = []
         self.metrics = InferenceMetrics()
         self.serving = None
 
-    async def swap(self, version: int, tensors: Dict[str, Any], payload: Optional[Any]) -> float:
+    async def swap(self, version: int, tensors: dict[str, Any], payload: Any | None) -> float:
         assert self.lock.locked()
         self.swaps.append((version, sorted(tensors)))
         self.version = version
         return 0.0
 
-    async def probe(self) -> Tuple[bool, str]:
+    async def probe(self) -> tuple[bool, str]:
         return True, ""
 
 
-def client(model_dir: Path, spec: ParamSpec, **kw: Any) -> Tuple[TestClient, FakeEngine]:
+def client(model_dir: Path, spec: ParamSpec, **kw: Any) -> tuple[TestClient, FakeEngine]:
     eng = FakeEngine(spec)
     settings = InferenceSettings(model=str(model_dir), **kw)
     return TestClient(create_app(settings, engine=eng)), eng
@@ -206,7 +206,7 @@ def test_update_ok_and_version_rules(model_dir: Path, spec: ParamSpec) -> None:
 
 @pytest.mark.parametrize("header", [None, "Bearer wrong", "Basic s3cret", "s3cret"])
 def test_wrong_or_missing_token_is_401(
-    model_dir: Path, spec: ParamSpec, header: Optional[str]
+    model_dir: Path, spec: ParamSpec, header: str | None
 ) -> None:
     c, eng = client(model_dir, spec, auth_token="s3cret")
     h = {"Authorization": header} if header else {}

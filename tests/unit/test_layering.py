@@ -11,13 +11,12 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
-from typing import List
 
 LIB = Path(__file__).resolve().parents[2] / "libludic"
 MODULE_STRING = re.compile(r"services(\.\w+)+(:\w+)?")
 
 
-def service_references(path: Path) -> List[str]:
+def service_references(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     found = []
     for node in ast.walk(tree):

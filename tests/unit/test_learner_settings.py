@@ -45,3 +45,16 @@ def test_ack_window_larger_than_credits_high_water_is_refused(tmp_path):
     with pytest.raises(ValueError, match="saw_high_water=4096"):
         LearnerSettings(output_dir=str(tmp_path), checkpoint_every=65, batch_size=64, device="cpu",
                         config_path=str(cfg))
+
+
+def test_settings_read_pep604_optionals_from_env_and_yaml(tmp_path):
+    """Settings annotations are ``X | None`` (pyupgrade): ``coerce`` must see them as optional."""
+    from services.common.settings import coerce
+
+    assert coerce("n", int | None, "7") == 7
+    assert coerce("n", int | None, "none") is None
+    assert coerce("xs", list[str] | None, "a,b") == ["a", "b"]
+    with pytest.raises(ValueError, match="may not be empty"):
+        coerce("n", int, None)
+    s = LearnerSettings(device="cpu", auth_token_file=None, config_path=None)
+    assert s.config_path is None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 _MEMORY_RE = re.compile(r"^[1-9][0-9]*[bkmg]?$", re.IGNORECASE)
 _PY_VERSION_RE = re.compile(r"^3\.[0-9]+(\.[0-9]+)?$")
@@ -25,7 +24,7 @@ class CodeExecConfig:
 
     timeout_per_test_s: float = 5.0  # wall clock per test; CPU rlimit is derived from it
     memory_limit_mb: int = 256  # address-space limit of the test process
-    max_tests: Optional[int] = None  # run at most the first N tests (None: all)
+    max_tests: int | None = None  # run at most the first N tests (None: all)
     stop_on_first_failure: bool = True  # skip the remaining tests after a failure
     partial_credit: bool = False  # reward = pass fraction instead of all-or-nothing
 
@@ -55,7 +54,7 @@ class DockerSandboxConfig:
     """
 
     python_version: str = "3.11"
-    base_image: Optional[str] = None
+    base_image: str | None = None
     memory_limit: str = "256m"
     network_disabled: bool = True
 

@@ -33,7 +33,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
 
 from libludic.envs.code_exec.config import DockerSandboxConfig
 from libludic.envs.code_exec.sandbox import (
@@ -46,7 +45,7 @@ from libludic.envs.code_exec.sandbox import (
     pump,
 )
 
-_AVAILABLE: Optional[bool] = None
+_AVAILABLE: bool | None = None
 _AVAILABLE_LOCK = threading.Lock()
 _PRESENT: set = set()  # images seen locally (``docker image inspect`` succeeded)
 
@@ -61,7 +60,7 @@ def sandbox_image(config: DockerSandboxConfig) -> str:
 
 def build_command_for_image(
     tag: str, base: str, python_version: str, docker_bin: str = "docker", context: Path = SANDBOX_DIR
-) -> List[str]:
+) -> list[str]:
     """``docker build`` argv of the sandbox image ``tag`` FROM ``base``."""
     return [
         docker_bin, "build", "-t", tag, "--build-arg", f"BASE={base}",
@@ -70,7 +69,7 @@ def build_command_for_image(
 
 
 def build_image(
-    config: Optional[DockerSandboxConfig] = None, base: Optional[str] = None, docker_bin: str = "docker"
+    config: DockerSandboxConfig | None = None, base: str | None = None, docker_bin: str = "docker"
 ) -> str:
     """Build the sandbox image of ``config`` locally FROM ``base`` (default: the official
     ``python:<version>-slim``, which the build may pull; pass a local image where Docker Hub
@@ -143,11 +142,11 @@ class DockerSandbox:
     tmpfs_size: str = "16m"  # the writable cwd /tmp
     cpus: float = 1.0
     user: str = "65534:65534"  # nobody
-    work_root: Optional[str] = None
+    work_root: str | None = None
 
     def build_command(
-        self, *, workdir: str, name: str, timeout_s: float, memory_limit: Optional[str] = None
-    ) -> List[str]:
+        self, *, workdir: str, name: str, timeout_s: float, memory_limit: str | None = None
+    ) -> list[str]:
         """The ``docker run`` argv of one run; ``memory_limit`` overrides the config's."""
         mem = memory_limit or self.config.memory_limit
         cpu = int(math.ceil(timeout_s)) + 1
@@ -192,7 +191,7 @@ class DockerSandbox:
             mem = f"{memory_limit_mb}m"
         name = f"ludic-sbx-{uuid.uuid4().hex[:16]}"
         workdir = tempfile.mkdtemp(prefix="ludic-docker-", dir=self.work_root)
-        proc: Optional[subprocess.Popen[bytes]] = None
+        proc: subprocess.Popen[bytes] | None = None
         t0 = time.monotonic()
         try:
             os.chmod(workdir, 0o755)
@@ -268,7 +267,7 @@ def _docker_bytes(size: str) -> int:
     return int(s)
 
 
-def select_sandbox(docker: Optional[DockerSandboxConfig] = None) -> Sandbox:
+def select_sandbox(docker: DockerSandboxConfig | None = None) -> Sandbox:
     """``DockerSandbox(docker)`` when a config is given and an engine is reachable, else a
     ``SubprocessSandbox`` (whose ``describe()`` says what it enforces here)."""
     if docker is not None and docker_available():
@@ -276,7 +275,7 @@ def select_sandbox(docker: Optional[DockerSandboxConfig] = None) -> Sandbox:
     return SubprocessSandbox()
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """``ludic sandbox build [--base IMAGE] [--python-version V]`` (services/cli.py)."""
     import argparse
 

@@ -43,8 +43,9 @@ import random
 import re
 import secrets
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any
 
 from libludic.envs.code_exec.config import CodeExecConfig
 from libludic.envs.code_exec.sandbox import Sandbox, SubprocessSandbox
@@ -92,8 +93,8 @@ class CodeTest:
     """One test: io (``expected_stdout`` set) or assert (``assert_code`` set)."""
 
     stdin: str = ""
-    expected_stdout: Optional[str] = None
-    assert_code: Optional[str] = None
+    expected_stdout: str | None = None
+    assert_code: str | None = None
 
     def __post_init__(self) -> None:
         if (self.expected_stdout is None) == (self.assert_code is None):
@@ -108,7 +109,7 @@ class CodeTest:
         return "assert" if self.assert_code is not None else "io"
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "CodeTest":
+    def from_dict(cls, d: Mapping[str, Any]) -> CodeTest:
         known = {"stdin", "input", "expected_stdout", "output", "assert"}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -121,7 +122,7 @@ class CodeTest:
             assert_code=None if d.get("assert") is None else str(d["assert"]),
         )
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         if self.assert_code is not None:
             return {"assert": self.assert_code}
         return {"stdin": self.stdin, "expected_stdout": self.expected_stdout}
@@ -130,8 +131,8 @@ class CodeTest:
 @dataclass(frozen=True)
 class CodeProblem:
     prompt: str
-    tests: Tuple[CodeTest, ...]
-    id: Optional[str] = None
+    tests: tuple[CodeTest, ...]
+    id: str | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt.strip():
@@ -140,7 +141,7 @@ class CodeProblem:
             raise ValueError(f"CodeProblem {self.id!r} has no tests; give at least one")
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "CodeProblem":
+    def from_dict(cls, d: Mapping[str, Any]) -> CodeProblem:
         for key in ("prompt", "tests"):
             if key not in d:
                 raise ValueError(
@@ -155,7 +156,7 @@ class CodeProblem:
         )
 
 
-def load_problems(path: str | os.PathLike[str]) -> List[CodeProblem]:
+def load_problems(path: str | os.PathLike[str]) -> list[CodeProblem]:
     """Problems from a JSONL file, one ``CodeProblem.from_dict`` object a line."""
     out = []
     with open(path, encoding="utf-8") as f:
@@ -183,7 +184,7 @@ class TestResult:
     stdout: str = ""
     stderr: str = ""
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "index": self.index,
             "kind": self.kind,
@@ -236,10 +237,10 @@ def run_test(
 
 def run_tests(
     code: str, tests: Sequence[CodeTest], config: CodeExecConfig, sandbox: Sandbox
-) -> List[TestResult]:
+) -> list[TestResult]:
     """Results for the selected tests (first ``max_tests``), in order; see module doc."""
     selected = list(tests)[: config.max_tests] if config.max_tests else list(tests)
-    results: List[TestResult] = []
+    results: list[TestResult] = []
     failed = False
     for i, t in enumerate(selected):
         if failed and config.stop_on_first_failure:
@@ -261,7 +262,7 @@ def score(results: Sequence[TestResult], partial_credit: bool) -> float:
     return 1.0 if passed == len(results) else 0.0
 
 
-_DEFAULT_SANDBOX: Optional[SubprocessSandbox] = None
+_DEFAULT_SANDBOX: SubprocessSandbox | None = None
 _DEFAULT_LOCK = threading.Lock()
 
 
@@ -283,9 +284,9 @@ class CodeExecEnv(SingleAgentEnv):
     def __init__(
         self,
         problems: Sequence[CodeProblem],
-        config: Optional[CodeExecConfig] = None,
-        sandbox: Optional[Sandbox] = None,
-        system_prompt: Optional[str] = DEFAULT_SYSTEM_PROMPT,
+        config: CodeExecConfig | None = None,
+        sandbox: Sandbox | None = None,
+        system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
     ) -> None:
         if not problems:
             raise ValueError("CodeExecEnv needs at least one problem; got an empty list")
@@ -293,18 +294,18 @@ class CodeExecEnv(SingleAgentEnv):
         self.config = config or CodeExecConfig()
         self.sandbox: Sandbox = sandbox if sandbox is not None else default_sandbox()
         self._system_prompt = system_prompt
-        self.problem: Optional[CodeProblem] = None
-        self._index: Optional[int] = None
+        self.problem: CodeProblem | None = None
+        self._index: int | None = None
 
     @classmethod
-    def from_jsonl(cls, path: str | os.PathLike[str], **kwargs: Any) -> "CodeExecEnv":
+    def from_jsonl(cls, path: str | os.PathLike[str], **kwargs: Any) -> CodeExecEnv:
         return cls(load_problems(path), **kwargs)
 
     @property
-    def suggested_system_prompt(self) -> Optional[str]:
+    def suggested_system_prompt(self) -> str | None:
         return self._system_prompt
 
-    def env_reset(self, *, seed: Optional[int] = None) -> Tuple[Obs, Info]:
+    def env_reset(self, *, seed: int | None = None) -> tuple[Obs, Info]:
         s = random.randrange(2**31) if seed is None else seed
         self._index = s % len(self.problems)
         self.problem = self.problems[self._index]
@@ -319,7 +320,7 @@ class CodeExecEnv(SingleAgentEnv):
         if self.problem is None:
             raise RuntimeError("CodeExecEnv.env_step called before env_reset")
         code = extract_code(action)
-        info: Dict[str, Any] = {"problem_id": self.problem.id, "code": code}
+        info: dict[str, Any] = {"problem_id": self.problem.id, "code": code}
         if not code.strip():
             selected = self.problem.tests[: self.config.max_tests or None]
             results = [
@@ -349,7 +350,7 @@ class CodeExecEnv(SingleAgentEnv):
         """``env_step`` in a worker thread, so the event loop keeps serving other episodes."""
         return await asyncio.to_thread(self.env_step, action)
 
-    async def astep(self, actions: Dict[str, str]) -> Dict[str, StepOutcome]:
+    async def astep(self, actions: dict[str, str]) -> dict[str, StepOutcome]:
         """Async counterpart of ``step``."""
         if self.agent_id not in actions:
             raise KeyError(

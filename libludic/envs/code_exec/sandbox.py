@@ -74,8 +74,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Protocol, Tuple
+from typing import Protocol
 
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
@@ -93,7 +94,7 @@ _SETUP_FAILED = "ludic-sandbox: setup failed"
 @dataclass(frozen=True)
 class ExecResult:
     status: str
-    returncode: Optional[int]
+    returncode: int | None
     stdout: str
     stderr: str
     duration_s: float
@@ -124,7 +125,7 @@ class Sandbox(Protocol):
 class Limits:
     """Resource limits of one run, as rlimit values (soft, hard)."""
 
-    cpu_s: Tuple[int, int]
+    cpu_s: tuple[int, int]
     as_bytes: int
     fsize_bytes: int
     nproc: int
@@ -133,7 +134,7 @@ class Limits:
     @classmethod
     def make(
         cls, *, timeout_s: float, memory_limit_mb: int, max_file_bytes: int, max_processes: int
-    ) -> "Limits":
+    ) -> Limits:
         cpu = int(math.ceil(timeout_s)) + 1
         return cls(
             cpu_s=(cpu, cpu + 1),
@@ -142,7 +143,7 @@ class Limits:
             nproc=int(max_processes),
         )
 
-    def rlimits(self, nproc: Optional[int] = None) -> List[Tuple[int, Tuple[int, int]]]:
+    def rlimits(self, nproc: int | None = None) -> list[tuple[int, tuple[int, int]]]:
         n = self.nproc if nproc is None else nproc
         return [
             (resource.RLIMIT_CPU, self.cpu_s),
@@ -153,7 +154,7 @@ class Limits:
             (resource.RLIMIT_NOFILE, (self.nofile, self.nofile)),
         ]
 
-    def prlimit_args(self) -> List[str]:
+    def prlimit_args(self) -> list[str]:
         return [
             f"--cpu={self.cpu_s[0]}:{self.cpu_s[1]}",
             f"--as={self.as_bytes}",
@@ -184,7 +185,7 @@ setpriv --reuid="$u" --regid="$g" --clear-groups --no-new-privs -- "$@"
 
 def namespace_command(
     *, python: str, workdir: str, uid: int, gid: int, limits: Limits, tmpfs_bytes: int
-) -> List[str]:
+) -> list[str]:
     """argv of a namespace-mode run (see the module docstring). Exit status: the code's,
     or 128+N when it died of signal N (the script does not ``exec`` so it can report it)."""
     return [
@@ -225,7 +226,7 @@ def namespace_command(
 # /proc helpers: the sweep and the watchdog
 
 
-def _proc_pids() -> List[int]:
+def _proc_pids() -> list[int]:
     try:
         return [int(n) for n in os.listdir("/proc") if n.isdigit()]
     except OSError:
@@ -240,7 +241,7 @@ class ProcInfo:
     rss_bytes: int
 
 
-def _proc_info(pid: int) -> Optional[ProcInfo]:
+def _proc_info(pid: int) -> ProcInfo | None:
     # /proc/<pid>/status, not the dir owner: a process that made itself non-dumpable shows
     # as root-owned in /proc but its status still names its real uid.
     try:
@@ -259,7 +260,7 @@ def _proc_info(pid: int) -> Optional[ProcInfo]:
     return None if uid is None else ProcInfo(pid, uid, state, rss)
 
 
-def _session_id(pid: int) -> Optional[int]:
+def _session_id(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
@@ -268,7 +269,7 @@ def _session_id(pid: int) -> Optional[int]:
         return None
 
 
-def procs_of_uid(uid: int) -> List[ProcInfo]:
+def procs_of_uid(uid: int) -> list[ProcInfo]:
     """Processes whose real uid is ``uid``, zombies included (they still count against
     RLIMIT_NPROC until reaped)."""
     out = []
@@ -279,7 +280,7 @@ def procs_of_uid(uid: int) -> List[ProcInfo]:
     return out
 
 
-def procs_in_session(sid: int) -> List[ProcInfo]:
+def procs_in_session(sid: int) -> list[ProcInfo]:
     out = []
     for p in _proc_pids():
         if _session_id(p) == sid:
@@ -289,15 +290,15 @@ def procs_in_session(sid: int) -> List[ProcInfo]:
     return out
 
 
-def pids_of_uid(uid: int, *, live_only: bool = False) -> List[int]:
+def pids_of_uid(uid: int, *, live_only: bool = False) -> list[int]:
     return [i.pid for i in procs_of_uid(uid) if not (live_only and i.state in ("Z", "X"))]
 
 
-def pids_in_session(sid: int) -> List[int]:
+def pids_in_session(sid: int) -> list[int]:
     return [i.pid for i in procs_in_session(sid)]
 
 
-def _kill_pids(pids: List[int]) -> None:
+def _kill_pids(pids: list[int]) -> None:
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -363,14 +364,14 @@ def _rmtree(path: str) -> None:
 
 
 def pump(
-    proc: "subprocess.Popen[bytes]",
+    proc: subprocess.Popen[bytes],
     *,
     deadline: float,
     max_output_bytes: int,
-    tick: Optional[Callable[[], Optional[str]]] = None,
-    on_exit: Optional[Callable[[], None]] = None,
+    tick: Callable[[], str | None] | None = None,
+    on_exit: Callable[[], None] | None = None,
     exit_grace_s: float = 1.0,
-) -> Tuple[bytes, bytes, Optional[str]]:
+) -> tuple[bytes, bytes, str | None]:
     """Read stdout/stderr until both close and the process exits.
 
     Returns (stdout, stderr, stop) where stop is None (finished), ``"timeout"``,
@@ -379,16 +380,16 @@ def pump(
     kill descendants that still hold the pipes.
     """
     assert proc.stdout is not None and proc.stderr is not None
-    bufs: Dict[int, bytearray] = {
+    bufs: dict[int, bytearray] = {
         proc.stdout.fileno(): bytearray(),
         proc.stderr.fileno(): bytearray(),
     }
     sel = selectors.DefaultSelector()
     for fd in bufs:
         sel.register(fd, selectors.EVENT_READ)
-    exited_at: Optional[float] = None
+    exited_at: float | None = None
     next_tick = time.monotonic() + 0.1
-    stop: Optional[str] = None
+    stop: str | None = None
     try:
         while True:
             now = time.monotonic()
@@ -437,11 +438,11 @@ def _last_line(text: str) -> str:
 
 def classify(
     *,
-    returncode: Optional[int],
-    stop: Optional[str],
+    returncode: int | None,
+    stop: str | None,
     stderr: str,
     signal_from_exit_code: bool,
-) -> Tuple[str, str]:
+) -> tuple[str, str]:
     """(status, detail) of a finished run; see ``ExecResult``."""
     fork_failed = bool(_FORK_FAILED_RE.search(stderr))
     if stop == STATUS_TIMEOUT:
@@ -450,7 +451,7 @@ def classify(
         return stop, ""
     if returncode is None:
         return STATUS_ERROR, "no exit status"
-    sig: Optional[int] = None
+    sig: int | None = None
     if returncode < 0:
         sig = -returncode
     elif signal_from_exit_code and returncode > 128:
@@ -491,16 +492,16 @@ class SubprocessSandbox:
     """The subprocess sandbox described in the module docstring."""
 
     isolation: str = "auto"  # "auto" | "namespace" | "plain"
-    python: Optional[str] = None  # interpreter for the code (None: pick one the uid can run)
+    python: str | None = None  # interpreter for the code (None: pick one the uid can run)
     max_processes: int = 16  # RLIMIT_NPROC and watchdog cap (tasks incl. the main one)
     max_output_bytes: int = 1 << 20  # per stream
     max_file_bytes: int = 1 << 20  # RLIMIT_FSIZE
     tmpfs_bytes: int = 16 << 20  # namespace mode: size of the writable cwd
-    uid_range: Tuple[int, int] = (1_100_000, 2_100_000)  # fresh uid per run when host is root
+    uid_range: tuple[int, int] = (1_100_000, 2_100_000)  # fresh uid per run when host is root
     # Parent of the run dirs (None: system temp dir); must be traversable by others when
     # the host is root, since the code runs as a fresh uid.
-    work_root: Optional[str] = None
-    _plan_cache: Optional[_Plan] = field(default=None, init=False, repr=False)
+    work_root: str | None = None
+    _plan_cache: _Plan | None = field(default=None, init=False, repr=False)
     _plan_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -529,7 +530,7 @@ class SubprocessSandbox:
     def mode(self) -> str:
         return self._plan().mode
 
-    def describe(self) -> Dict[str, object]:
+    def describe(self) -> dict[str, object]:
         """What this sandbox enforces on this machine (for logs and run metadata)."""
         p = self._plan()
         return {
@@ -601,7 +602,7 @@ class SubprocessSandbox:
         )
         uid = _lease_uid(*self.uid_range) if plan.drop_uid else None
         workdir = tempfile.mkdtemp(prefix="ludic-sbx-", dir=self.work_root)
-        proc: Optional[subprocess.Popen[bytes]] = None
+        proc: subprocess.Popen[bytes] | None = None
         t0 = time.monotonic()
         try:
             main = os.path.join(workdir, "main.py")
@@ -609,7 +610,7 @@ class SubprocessSandbox:
                 f.write(source)
             os.chmod(main, 0o644)
             env = {"PATH": _SAFE_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
-            kwargs: Dict[str, object] = {}
+            kwargs: dict[str, object] = {}
             if plan.mode == "namespace":
                 assert uid is not None
                 os.chmod(workdir, 0o755)
@@ -652,7 +653,7 @@ class SubprocessSandbox:
                 elif proc is not None:
                     _kill_pids([p for p in pids_in_session(proc.pid) if p != os.getpid()])
 
-            def watchdog() -> Optional[str]:
+            def watchdog() -> str | None:
                 # RLIMIT_AS caps each process; this caps their sum (n x memory otherwise).
                 if uid is not None:
                     procs = procs_of_uid(uid)
@@ -718,7 +719,7 @@ class SubprocessSandbox:
                 _release_uid(uid)
 
 
-def _kill_group(proc: Optional["subprocess.Popen[bytes]"]) -> None:
+def _kill_group(proc: subprocess.Popen[bytes] | None) -> None:
     if proc is None:
         return
     try:
@@ -730,7 +731,7 @@ def _kill_group(proc: Optional["subprocess.Popen[bytes]"]) -> None:
 _PR_SET_PDEATHSIG = 1
 
 
-def _make_preexec(rlimits: List[Tuple[int, Tuple[int, int]]]) -> Callable[[], None]:
+def _make_preexec(rlimits: list[tuple[int, tuple[int, int]]]) -> Callable[[], None]:
     libc = ctypes.CDLL(None, use_errno=True)  # resolved here, not in the forked child
     prctl = libc.prctl
 

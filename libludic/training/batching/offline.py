@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any
 
 from libludic.training.algorithm import RLAlgorithm, make_sft
 from libludic.training.filters import SampleFilter
@@ -29,7 +30,7 @@ from libludic.training.types import SAWBatch, SAWItem
 from libludic.types import Rollout, Step, TokenTrace
 
 
-def _ids(enc: Any) -> List[int]:
+def _ids(enc: Any) -> list[int]:
     if isinstance(enc, Mapping) or hasattr(enc, "keys"):
         enc = enc["input_ids"]
     return [int(t) for t in enc]
@@ -69,14 +70,14 @@ def chat_sample_to_rollout(record: Mapping[str, Any], tokenizer: Any, rollout_id
 class OfflineBatchSource:
     def __init__(
         self,
-        records: Union[str, Path, Sequence[Mapping[str, Any]]],
+        records: str | Path | Sequence[Mapping[str, Any]],
         *,
         batch_size: int,
         tokenizer: Any = None,
-        algorithm: Optional[RLAlgorithm] = None,
+        algorithm: RLAlgorithm | None = None,
         shuffle: bool = True,
         seed: int = 0,
-        sample_filter: Optional[SampleFilter] = None,
+        sample_filter: SampleFilter | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"OfflineBatchSource.batch_size={batch_size} must be >= 1")
@@ -91,8 +92,8 @@ class OfflineBatchSource:
             name = Path(records).stem
             records = self._read_jsonl(Path(records))
         # entries: a precomputed list of SAWItems (rollout line) or a raw chat record
-        self._entries: List[Any] = []
-        rollouts: List[Rollout] = []
+        self._entries: list[Any] = []
+        rollouts: list[Rollout] = []
         for i, rec in enumerate(records):
             if "steps" in rec:
                 rollouts.append(Rollout.from_dict(rec))
@@ -106,17 +107,17 @@ class OfflineBatchSource:
                 )
         if not self._entries:
             raise ValueError(f"OfflineBatchSource got no records from {name}")
-        self._rollout_items: Dict[str, List[SAWItem]] = {}
+        self._rollout_items: dict[str, list[SAWItem]] = {}
         if rollouts:
             for it in self.algorithm.to_saw_items(rollouts, None):
                 self._rollout_items.setdefault(str(it.meta["rollout_id"]), []).append(it)
-        self._chat_cache: Dict[str, List[SAWItem]] = {}
+        self._chat_cache: dict[str, list[SAWItem]] = {}
         self.epoch = 0
         self.pos = 0
         self._order = self._make_order()
 
     @staticmethod
-    def _read_jsonl(path: Path) -> List[Dict[str, Any]]:
+    def _read_jsonl(path: Path) -> list[dict[str, Any]]:
         out = []
         with open(path, encoding="utf-8") as f:
             for n, line in enumerate(f, 1):
@@ -131,13 +132,13 @@ class OfflineBatchSource:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _make_order(self) -> List[int]:
+    def _make_order(self) -> list[int]:
         order = list(range(len(self._entries)))
         if self.shuffle:
             random.Random(self.seed + self.epoch).shuffle(order)
         return order
 
-    def _items_of(self, idx: int) -> List[SAWItem]:
+    def _items_of(self, idx: int) -> list[SAWItem]:
         e = self._entries[idx]
         if e[0] == "rollout":
             items = self._rollout_items.get(e[1], [])
@@ -154,7 +155,7 @@ class OfflineBatchSource:
         return items
 
     async def next_batch(self) -> SAWBatch:
-        items: List[SAWItem] = []
+        items: list[SAWItem] = []
         visited = 0
         while len(items) < self.batch_size:
             if self.pos >= len(self._order):
@@ -168,7 +169,7 @@ class OfflineBatchSource:
                 raise ValueError("every record was filtered out; check sample_filter")
         return SAWBatch(items=items, meta={"epoch": self.epoch, "pos": self.pos})
 
-    def state_dict(self) -> Dict[str, int]:
+    def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "pos": self.pos}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

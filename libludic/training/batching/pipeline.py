@@ -57,8 +57,9 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 import msgpack
 import torch
@@ -77,7 +78,7 @@ class SourceStopped(Exception):
     """Raised by ``next_batch`` on every rank once a stop was requested."""
 
 
-def stream_id_key(eid: str) -> Tuple[int, int]:
+def stream_id_key(eid: str) -> tuple[int, int]:
     """``"1700000000000-3"`` -> (1700000000000, 3), for comparing stream ids."""
     ms, _, seq = eid.partition("-")
     return int(ms), int(seq or 0)
@@ -87,7 +88,7 @@ def _dist() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def broadcast_bytes(data: Optional[bytes], device: torch.device, src: int = 0) -> bytes:
+def broadcast_bytes(data: bytes | None, device: torch.device, src: int = 0) -> bytes:
     """Broadcast ``data`` (given on ``src``) to every rank as a uint8 tensor; returns it."""
     me = dist.get_rank()
     n = torch.tensor(
@@ -118,7 +119,7 @@ def any_rank(flag: bool, device: torch.device) -> bool:
     return bool(t.item())
 
 
-def shard_bounds(n: int, world: int, rank: int) -> Tuple[int, int]:
+def shard_bounds(n: int, world: int, rank: int) -> tuple[int, int]:
     """[start, end) of shard ``rank`` when ``n`` items are split into ``world`` contiguous,
     near-equal shards (the first ``n % world`` shards get one more)."""
     base, extra = divmod(n, world)
@@ -136,33 +137,33 @@ class PipelineBatchSource:
     """
 
     redis: Any
-    keys: Optional[transport.Keys]
+    keys: transport.Keys | None
     batch_size: int
     version_fn: Callable[[], int] = lambda: 0
-    max_lag: Optional[int] = None
+    max_lag: int | None = None
     consumer: str = DEFAULT_CONSUMER
     block_ms: int = 1000
     shard: bool = True
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     stop_fn: Callable[[], bool] = lambda: False
-    on_stale: Optional[Callable[[int], None]] = None
-    idle_check: Optional[Callable[[], Awaitable[bool]]] = None  # rank 0, while waiting
-    idle_action: Optional[Callable[[], Awaitable[None]]] = None  # every rank, when it said so
+    on_stale: Callable[[int], None] | None = None
+    idle_check: Callable[[], Awaitable[bool]] | None = None  # rank 0, while waiting
+    idle_action: Callable[[], Awaitable[None]] | None = None  # every rank, when it said so
     idle_check_s: float = 10.0
     # --- state (checkpointed via state_dict) ---
-    last_committed_id: Optional[str] = None
+    last_committed_id: str | None = None
     items_trained: int = 0
     stale_dropped: int = 0
     recovered_acked: int = 0  # pending entries <= last_committed_id acked on resume
-    _replay_cursor: Optional[str] = field(default="0", init=False)  # None: reading ">"
-    _buffer: List[Tuple[transport.Entry, SAWItem]] = field(default_factory=list, init=False)
-    _handed: List[Tuple[str, str]] = field(default_factory=list, init=False)  # (entry id, item id)
-    _uncommitted: List[str] = field(default_factory=list, init=False)
-    _max_trained_id: Optional[str] = field(default=None, init=False)
-    _sc: Optional[transport.StreamConsumer] = field(default=None, init=False)
-    _last_seen: Optional[str] = field(default=None, init=False)
+    _replay_cursor: str | None = field(default="0", init=False)  # None: reading ">"
+    _buffer: list[tuple[transport.Entry, SAWItem]] = field(default_factory=list, init=False)
+    _handed: list[tuple[str, str]] = field(default_factory=list, init=False)  # (entry id, item id)
+    _uncommitted: list[str] = field(default_factory=list, init=False)
+    _max_trained_id: str | None = field(default=None, init=False)
+    _sc: transport.StreamConsumer | None = field(default=None, init=False)
+    _last_seen: str | None = field(default=None, init=False)
     _read_errors: int = field(default=0, init=False)
-    _idle_since: Optional[float] = field(default=None, init=False)
+    _idle_since: float | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -191,7 +192,7 @@ class PipelineBatchSource:
 
     # ------------------------------------------------------------------ state
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """Position after the last trained batch (saved in checkpoints; JSON-able)."""
         last = self._max_trained_id or self.last_committed_id
         return {
@@ -201,7 +202,7 @@ class PipelineBatchSource:
             "consumer": self.consumer,
         }
 
-    def load_state_dict(self, sd: Dict[str, Any]) -> None:
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
         self.last_committed_id = sd.get("last_committed_id")
         self._max_trained_id = self.last_committed_id
         self.items_trained = int(sd.get("items_trained", 0))
@@ -236,7 +237,7 @@ class PipelineBatchSource:
             self.last_committed_id
         )
 
-    async def _read(self, count: int) -> List[transport.Entry]:
+    async def _read(self, count: int) -> list[transport.Entry]:
         assert self.keys is not None
         stream = self.keys.saw
         start = ">" if self._replay_cursor is None else self._replay_cursor
@@ -263,7 +264,7 @@ class PipelineBatchSource:
             assert self._sc is not None
             await self._sc.ensure_group()
             return []
-        raw: List[Any] = []
+        raw: list[Any] = []
         if isinstance(res, dict):
             for v in res.values():
                 for msgs in v:
@@ -271,8 +272,8 @@ class PipelineBatchSource:
         else:
             for _, msgs in res or []:
                 raw.extend(msgs)
-        out: List[transport.Entry] = []
-        deleted: List[str] = []
+        out: list[transport.Entry] = []
+        deleted: list[str] = []
         self._read_errors = 0
         for eid, fields in raw:
             eid_s = transport._s(eid)
@@ -298,8 +299,8 @@ class PipelineBatchSource:
             entries = await self._read(self.batch_size - len(self._buffer))
             if not entries and self._replay_cursor is None:
                 return
-            stale: List[transport.Entry] = []
-            recovered: List[transport.Entry] = []
+            stale: list[transport.Entry] = []
+            recovered: list[transport.Entry] = []
             floor = None if self.max_lag is None else self.version_fn() - self.max_lag
             for e in entries:
                 if self._committed(e.id):
@@ -328,7 +329,7 @@ class PipelineBatchSource:
                 if self.on_stale is not None:
                     self.on_stale(len(stale))
 
-    async def _take_batch_rank0(self) -> Optional[List[Tuple[transport.Entry, SAWItem]]]:
+    async def _take_batch_rank0(self) -> list[tuple[transport.Entry, SAWItem]] | None:
         """One fill attempt (blocks up to ``block_ms``); the batch if complete, else None."""
         if len(self._buffer) < self.batch_size:
             await self._fill()
@@ -347,7 +348,7 @@ class PipelineBatchSource:
                 "mark_trained() once the step that used it finished"
             )
         while True:
-            batch: Optional[List[Tuple[transport.Entry, SAWItem]]] = None
+            batch: list[tuple[transport.Entry, SAWItem]] | None = None
             idle = False
             if self.rank == 0:
                 batch = await self._take_batch_rank0()
@@ -363,7 +364,7 @@ class PipelineBatchSource:
                 continue
             # every rank: rank 0 tells whether a batch is ready (payloads), to keep waiting,
             # or to run the idle action together
-            msg: Optional[bytes] = None
+            msg: bytes | None = None
             if self.rank == 0:
                 if batch is None:
                     msg = msgpack.packb({"k": _MSG_IDLE if idle else _MSG_WAIT})
@@ -384,7 +385,7 @@ class PipelineBatchSource:
                     await self.idle_action()
                 await asyncio.sleep(0)
                 continue
-            payloads: List[bytes] = got["items"]
+            payloads: list[bytes] = got["items"]
             if self.shard:
                 lo, hi = shard_bounds(len(payloads), self.world, self.rank)
             else:
@@ -422,7 +423,7 @@ class PipelineBatchSource:
             return False
 
     def _hand_out(
-        self, batch: Sequence[Tuple[transport.Entry, SAWItem]], mine: List[SAWItem]
+        self, batch: Sequence[tuple[transport.Entry, SAWItem]], mine: list[SAWItem]
     ) -> SAWBatch:
         self._handed = [(e.id, it.item_id) for e, it in batch]
         self._idle_since = None
@@ -430,7 +431,7 @@ class PipelineBatchSource:
 
     # ------------------------------------------------------------------ commit
 
-    def mark_trained(self) -> List[str]:
+    def mark_trained(self) -> list[str]:
         """The batch handed out last was trained (its step finished). Returns its item ids
         (of the whole batch, every rank)."""
         ids = [iid for _, iid in self._handed]

@@ -8,8 +8,9 @@ new requests are run, up to ``max_empty_batches`` times in a row.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional
+from typing import Any
 
 from libludic.training.algorithm import RLAlgorithm
 from libludic.training.filters import SampleFilter
@@ -19,11 +20,11 @@ from libludic.training.types import RolloutRequest, SAWBatch
 @dataclass
 class RolloutBatchSource:
     engine: Any  # has async generate_rollouts(requests, max_steps, concurrency) -> List[Rollout]
-    request_fn: Callable[[], List[RolloutRequest]]
+    request_fn: Callable[[], list[RolloutRequest]]
     algorithm: RLAlgorithm
     max_steps: int = 1
     concurrency: int = 8
-    sample_filter: Optional[SampleFilter] = None
+    sample_filter: SampleFilter | None = None
     max_empty_batches: int = 16
 
     def __post_init__(self) -> None:

@@ -14,7 +14,8 @@ backend that honours per-request seeds the same requests give the same rollouts.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from libludic.envs.env import LudicEnv
 from libludic.inference.request import InferenceSpec
@@ -46,12 +47,12 @@ class RolloutEngine:
                 f"registered: {sorted(self.protocol_registry)}"
             )
         env = self.env_registry[req.env.kind](**req.env.kwargs)
-        extra: Dict[str, Any] = {} if req.protocol.agent is None else {"agent": req.protocol.agent}
+        extra: dict[str, Any] = {} if req.protocol.agent is None else {"agent": req.protocol.agent}
         proto = self.protocol_registry[req.protocol.kind](inference=req.inference, **req.protocol.kwargs, **extra)
         return env, proto
 
-    async def run_episode(self, req: RolloutRequest, episode: int, max_steps: int) -> List[Rollout]:
-        env_seed: Optional[int] = None
+    async def run_episode(self, req: RolloutRequest, episode: int, max_steps: int) -> list[Rollout]:
+        env_seed: int | None = None
         if req.env_seed is not None:
             env_seed = req.env_seed if req.same_env_seed else req.env_seed + episode
         sampling_seed = None if req.sampling_seed is None else req.sampling_seed + episode
@@ -61,7 +62,7 @@ class RolloutEngine:
         finally:
             env.close()
         for r in rollouts:
-            meta: Dict[str, Any] = dict(req.meta)
+            meta: dict[str, Any] = dict(req.meta)
             meta.update(r.meta)
             meta.update(
                 request_id=req.id,
@@ -79,7 +80,7 @@ class RolloutEngine:
         requests: Sequence[RolloutRequest],
         max_steps: int,
         concurrency: int = 8,
-    ) -> List[Rollout]:
+    ) -> list[Rollout]:
         """Run every episode of every request, at most ``concurrency`` at once.
 
         Rollouts come back in request order, then episode order. The first episode that
@@ -90,7 +91,7 @@ class RolloutEngine:
         sem = asyncio.Semaphore(concurrency)
         jobs = [(req, i) for req in requests for i in range(req.num_episodes)]
 
-        async def one(req: RolloutRequest, i: int) -> List[Rollout]:
+        async def one(req: RolloutRequest, i: int) -> list[Rollout]:
             async with sem:
                 return await self.run_episode(req, i, max_steps)
 
@@ -108,7 +109,7 @@ class RolloutEngine:
         self,
         requests: Sequence[RolloutRequest],
         algorithm: Any,
-        sample_filter: Optional[Callable[..., bool]] = None,
+        sample_filter: Callable[..., bool] | None = None,
         *,
         max_steps: int = 1,
         concurrency: int = 8,
@@ -138,7 +139,7 @@ class RolloutEngine:
         )
 
 
-def inference_overrides(inference: Optional[InferenceSpec]) -> Dict[str, Any]:
+def inference_overrides(inference: InferenceSpec | None) -> dict[str, Any]:
     """Agent keyword arguments taken from a request's InferenceSpec."""
     if inference is None:
         return {}

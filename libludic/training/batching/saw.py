@@ -12,7 +12,7 @@ first token, does not fit) is **rejected** with a ValueError naming the item.
 
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -23,7 +23,7 @@ from libludic.types import Rollout, RolloutStepKey
 
 def rollouts_to_saw_items(
     rollouts: Sequence[Rollout], weights: Mapping[RolloutStepKey, float]
-) -> List[SAWItem]:
+) -> list[SAWItem]:
     """One SAWItem per step (with a TokenTrace) of every rollout.
 
     ``weights[(rollout.id, step.index)]`` is the step's credit (a CreditAssigner's output).
@@ -34,7 +34,7 @@ def rollouts_to_saw_items(
     total), step_reward, truncated, terminated and, when the step recorded them,
     finish_reason and parse_error.
     """
-    items: List[SAWItem] = []
+    items: list[SAWItem] = []
     for r in rollouts:
         total = r.total_reward
         for step in r.steps:
@@ -105,13 +105,13 @@ def truncation_offset(item: SAWItem, max_seq_len: int) -> int:
     return k
 
 
-def effective_len(item: SAWItem, max_seq_len: Optional[int]) -> int:
+def effective_len(item: SAWItem, max_seq_len: int | None) -> int:
     return item.num_tokens if max_seq_len is None else min(item.num_tokens, max_seq_len)
 
 
 def collate(
-    items: Sequence[SAWItem], pad_token_id: int, max_seq_len: Optional[int] = None
-) -> Dict[str, torch.Tensor]:
+    items: Sequence[SAWItem], pad_token_id: int, max_seq_len: int | None = None
+) -> dict[str, torch.Tensor]:
     """Right-pad items into tensors (CPU; the trainer moves them).
 
     Returns ``input_ids`` [B, T] int64 (pad = pad_token_id), ``attention_mask`` [B, T],
@@ -124,12 +124,12 @@ def collate(
         raise ValueError("collate() got no items; the batch source returned an empty batch")
     offs = [0 if max_seq_len is None else truncation_offset(it, max_seq_len) for it in items]
     T = max(it.num_tokens - o for it, o in zip(items, offs, strict=True))
-    ids: List[List[int]] = []
-    attn: List[List[int]] = []
-    act: List[List[int]] = []
-    lp: List[List[float]] = []
+    ids: list[list[int]] = []
+    attn: list[list[int]] = []
+    act: list[list[int]] = []
+    lp: list[list[float]] = []
     has_ref = all(it.attachments.ref_logprobs is not None for it in items)
-    ref: List[List[float]] = []
+    ref: list[list[float]] = []
     for it, o in zip(items, offs, strict=True):
         pad = T - (it.num_tokens - o)
         ids.append(it.input_ids[o:] + [pad_token_id] * pad)
@@ -158,8 +158,8 @@ def collate(
 
 
 def pack_micro_batches(
-    items: Sequence[SAWItem], micro_token_budget: int, max_seq_len: Optional[int] = None
-) -> List[List[SAWItem]]:
+    items: Sequence[SAWItem], micro_token_budget: int, max_seq_len: int | None = None
+) -> list[list[SAWItem]]:
     """Split items into micro-batches whose padded size ``B * T_max`` <= the budget.
 
     Items are sorted longest first (stable, so the split is deterministic) and filled
@@ -171,8 +171,8 @@ def pack_micro_batches(
         raise ValueError(f"micro_token_budget={micro_token_budget} must be >= 1")
     lens = [effective_len(it, max_seq_len) for it in items]
     order = sorted(range(len(items)), key=lambda i: -lens[i])
-    out: List[List[SAWItem]] = []
-    cur: List[SAWItem] = []
+    out: list[list[SAWItem]] = []
+    cur: list[SAWItem] = []
     cur_max = 0
     for i in order:
         L = lens[i]
@@ -187,6 +187,6 @@ def pack_micro_batches(
     return out
 
 
-def padded_tokens(micro: Sequence[SAWItem], max_seq_len: Optional[int] = None) -> Tuple[int, int]:
+def padded_tokens(micro: Sequence[SAWItem], max_seq_len: int | None = None) -> tuple[int, int]:
     """(B, T_max) of a micro-batch: its padded cost is B * T_max tokens."""
     return len(micro), max((effective_len(it, max_seq_len) for it in micro), default=0)

@@ -19,8 +19,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Dict, Iterator, List
 
 import pytest
 
@@ -53,9 +53,9 @@ PROBLEMS = REPO / "examples" / "code_exec" / "problems.jsonl"
 class FakeSandbox:
     """Runs nothing: the "program" is a dict stdin -> stdout; records every call."""
 
-    def __init__(self, answers: Dict[str, str]):
+    def __init__(self, answers: dict[str, str]):
         self.answers = answers
-        self.calls: List[str] = []
+        self.calls: list[str] = []
 
     def run(self, source, *, stdin="", timeout_s=5.0, memory_limit_mb=256):
         self.calls.append(stdin)
@@ -369,7 +369,7 @@ def sandbox(request, work_root) -> SubprocessSandbox:
     return SubprocessSandbox(isolation=request.param, work_root=work_root, max_processes=16)
 
 
-def all_pids() -> List[int]:
+def all_pids() -> list[int]:
     return [int(n) for n in os.listdir("/proc") if n.isdigit()]
 
 
@@ -381,7 +381,7 @@ def open_cmdline(pid: int) -> str:
         return ""
 
 
-def marker_pids(marker: str) -> List[int]:
+def marker_pids(marker: str) -> list[int]:
     out = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -395,7 +395,7 @@ def marker_pids(marker: str) -> List[int]:
     return out
 
 
-def child_pids() -> List[int]:
+def child_pids() -> list[int]:
     me = os.getpid()
     out = []
     for name in os.listdir("/proc"):

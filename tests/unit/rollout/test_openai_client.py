@@ -2,7 +2,7 @@
 
 import threading
 import time
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 import uvicorn
@@ -18,20 +18,20 @@ from tests.conftest import free_port
 class FakeServer:
     def __init__(self) -> None:
         self.app = FastAPI()
-        self.bodies: List[Dict[str, Any]] = []
-        self.fail_next: List[int] = []  # status codes to answer before succeeding
+        self.bodies: list[dict[str, Any]] = []
+        self.fail_next: list[int] = []  # status codes to answer before succeeding
         self.mode = "ok"
         app = self.app
 
         self.model_gets = 0
 
         @app.get("/v1/models")
-        async def models() -> Dict[str, Any]:
+        async def models() -> dict[str, Any]:
             self.model_gets += 1
             return {"data": [{"id": "tiny"}]}
 
         @app.get("/v1/policy_version")
-        async def pv() -> Dict[str, Any]:
+        async def pv() -> dict[str, Any]:
             return {"policy_version": 7}
 
         @app.post("/v1/chat/completions")

@@ -6,7 +6,7 @@ against other processes and make each step ~50x slower than one thread does.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch

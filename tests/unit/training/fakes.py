@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from libludic.training.types import SampleAttachments, SAWBatch, SAWItem
 from libludic.types import Rollout, Step, TokenTrace
@@ -13,9 +14,9 @@ def make_step(
     reward: float = 0.0,
     prompt: Sequence[int] = (1, 2, 3),
     completion: Sequence[int] = (4, 5),
-    logprobs: Optional[Sequence[float]] = None,
-    policy_version: Optional[int] = 0,
-    info: Optional[Dict[str, Any]] = None,
+    logprobs: Sequence[float] | None = None,
+    policy_version: int | None = 0,
+    info: dict[str, Any] | None = None,
     truncated: bool = False,
     trace: bool = True,
 ) -> Step:
@@ -35,7 +36,7 @@ def make_step(
     )
 
 
-def make_rollout(rid: str, rewards: Sequence[float], group_id: Optional[str] = None, **kw: Any) -> Rollout:
+def make_rollout(rid: str, rewards: Sequence[float], group_id: str | None = None, **kw: Any) -> Rollout:
     meta = {} if group_id is None else {"group_id": group_id}
     return Rollout(id=rid, steps=[make_step(i, r, **kw) for i, r in enumerate(rewards)], meta=meta)
 
@@ -45,7 +46,7 @@ def make_item(
     n_action: int,
     weight: float = 1.0,
     seed: int = 0,
-    policy_version: Optional[int] = 0,
+    policy_version: int | None = 0,
     vocab: int = 250,
     logprobs: bool = True,
 ) -> SAWItem:
@@ -73,21 +74,21 @@ class ListBatchSource:
         self.pos += 1
         return SAWBatch(items=list(b))
 
-    def state_dict(self) -> Dict[str, int]:
+    def state_dict(self) -> dict[str, int]:
         return {"pos": self.pos}
 
-    def load_state_dict(self, s: Dict[str, int]) -> None:
+    def load_state_dict(self, s: dict[str, int]) -> None:
         self.pos = int(s["pos"])
 
 
 class FakeEngine:
     """generate_rollouts: request i's episodes get reward ``rewards[call][i]`` (one step each)."""
 
-    def __init__(self, rewards_per_call: List[List[float]]) -> None:
+    def __init__(self, rewards_per_call: list[list[float]]) -> None:
         self.rewards_per_call = rewards_per_call
-        self.calls: List[Dict[str, Any]] = []
+        self.calls: list[dict[str, Any]] = []
 
-    async def generate_rollouts(self, requests, max_steps: int, concurrency: int = 8) -> List[Rollout]:
+    async def generate_rollouts(self, requests, max_steps: int, concurrency: int = 8) -> list[Rollout]:
         rewards = self.rewards_per_call[len(self.calls) % len(self.rewards_per_call)]
         self.calls.append({"requests": list(requests), "max_steps": max_steps, "concurrency": concurrency})
         out = []

@@ -4,8 +4,9 @@ with the Trainer's frozen reference policy, worked by hand."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any
 
 import pytest
 import torch
@@ -34,7 +35,7 @@ WANT_B = [-1.25 / STD_BATCH] * 3 + [3.75 / STD_BATCH]
 PER_GROUP = [-0.25 / math.sqrt(0.1875)] * 3 + [0.75 / math.sqrt(0.1875)]
 
 
-def groups() -> Tuple[List[Any], List[Any]]:
+def groups() -> tuple[list[Any], list[Any]]:
     a = [make_rollout(f"a{i}", [r], group_id="a", logprobs=[-1.0, -1.0]) for i, r in enumerate([0, 0, 0, 1])]
     b = [make_rollout(f"b{i}", [r], group_id="b", logprobs=[-1.0, -1.0]) for i, r in enumerate([0, 0, 0, 5])]
     return a, b
@@ -93,13 +94,13 @@ class Recording:
     """Wraps a loss; records the weights of every micro-batch it sees."""
 
     inner: Any
-    seen: List[float]
+    seen: list[float]
 
     @property
     def needs_actor_logprobs(self) -> bool:
         return bool(self.inner.needs_actor_logprobs)
 
-    def compute(self, logits: torch.Tensor, batch: Mapping[str, Any]) -> Tuple[torch.Tensor, Dict[str, Any]]:
+    def compute(self, logits: torch.Tensor, batch: Mapping[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
         self.seen.extend(float(x) for x in batch["weight"])
         return self.inner.compute(logits, batch)
 
@@ -110,7 +111,7 @@ async def test_trainer_applies_the_batch_stage_to_exactly_its_batch(tiny_model_d
     algo = make_scalerl(group_size=4, filter_zvp=False)
     a, b = groups()
     items = algo.to_saw_items(a, defer_batch_stage=True) + algo.to_saw_items(b, defer_batch_stage=True)
-    seen: List[float] = []
+    seen: list[float] = []
     algo.loss = Recording(algo.loss, seen)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     tr = Trainer(model=model, algo=algo, batch_source=ListBatchSource([items]), cfg=cpu_cfg())
@@ -124,7 +125,7 @@ async def test_trainer_applies_the_batch_stage_to_exactly_its_batch(tiny_model_d
 class ConstLogits(nn.Module):
     """logits[b, t] = bias for every position (vocab 2); the bias is the only parameter."""
 
-    def __init__(self, bias: List[float], trainable: bool = True) -> None:
+    def __init__(self, bias: list[float], trainable: bool = True) -> None:
         super().__init__()
         self.bias = nn.Parameter(torch.tensor(bias), requires_grad=trainable)
 
