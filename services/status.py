@@ -58,8 +58,8 @@ async def collect(redis_url: str, run_id: str, deadletter_sample: int = 1000) ->
                 })
             streams[name] = info
         reasons: Counter = Counter()
-        for _, fields in await r.xrevrange(keys.deadletter, count=deadletter_sample):
-            reasons[_s(fields.get(b"reason", b"?"))] += 1
+        for _, fields in await r.xrevrange(keys.deadletter, count=deadletter_sample) or []:
+            reasons[_s((fields or {}).get(b"reason", b"?"))] += 1
         lease = await r.get(keys.lease("credit"))
         actors = await transport.alive(r, keys, "actor")
         return {

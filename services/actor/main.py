@@ -39,6 +39,9 @@ from services.common.http import start_http
 from services.common.lifecycle import install_stop_signals, update_stream_gauges
 from services.common.settings import load_settings, log_settings, setup_logging
 
+# a request that failed on these is left pending and retried (anything else is dead-lettered)
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (InferenceError, *transport.REDIS_DOWN_ERRORS)
+
 log = logging.getLogger("ludic.actor")
 
 EPISODES = Counter("ludic_actor_episodes_total", "Rollouts written to the rollouts stream")
@@ -181,7 +184,7 @@ class Actor:
                 [req], max_steps=self.s.max_steps,
                 concurrency=min(self.s.episode_concurrency, req.num_episodes),
             )
-        except (InferenceError, *transport.REDIS_DOWN_ERRORS) as e:
+        except TRANSIENT_ERRORS as e:
             # transient: leave it pending; a claimer (maybe us) retries after claim_idle_ms
             ERRORS.labels(kind="inference").inc()
             self.stats.retried += 1
@@ -278,8 +281,8 @@ class Actor:
                     continue
                 if entries:
                     CLAIM.observe(time.monotonic() - t0)
-                for e in entries:
-                    self._spawn(e)
+                for entry in entries:
+                    self._spawn(entry)
         finally:
             await self._drain()
             keepalive.cancel()
