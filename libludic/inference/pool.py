@@ -163,10 +163,34 @@ class InferencePool:
     def sync_weights(
         self, params: Mapping[str, Any], timeout_s: float = 600.0, version: int | None = None
     ) -> str:
-        raise NotImplementedError(
-            "actors never push weights; the learner publishes them to every replica "
-            "(libludic.distributed)"
-        )
+        """Push ``params`` as ``version`` to every replica, in parallel, through each
+        replica client's own ``sync_weights`` (the HTTP weight plane for OpenAIChatClient).
+        Every replica must acknowledge; otherwise InferenceError names each one that did not
+        (replicas that did keep the new weights). Down-marking is ignored: a replica marked
+        down must still get the weights. The services' learner publishes through
+        libludic.distributed.publisher instead (retries, 409 resolution, the collective
+        plane); this is the ChatClient contract for a library user holding a pool."""
+        if version is None:
+            raise ValueError("InferencePool.sync_weights needs an explicit version")
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=len(self.replicas)) as ex:
+            futs = {
+                r.url: ex.submit(r.client.sync_weights, params, timeout_s, version)
+                for r in self.replicas
+            }
+        failures: dict[str, str] = {}
+        for url, fut in futs.items():
+            try:
+                fut.result()
+            except Exception as e:  # collected: every replica's outcome is reported
+                failures[url] = f"{type(e).__name__}: {e}"
+        if failures:
+            raise InferenceError(
+                f"sync_weights v{version} failed on {len(failures)} of {len(self.replicas)} "
+                f"replica(s): {failures}"
+            )
+        return f"policy_version={version} on {len(self.replicas)} replica(s)"
 
     async def aclose(self) -> None:
         for rep in self.replicas:
