@@ -220,12 +220,6 @@ class HttpPolicyPublisher:
     acked: dict[str, int] = field(default_factory=dict)
     last_replicas: list[str] = field(default_factory=list)
 
-    def _headers(self) -> dict[str, str]:
-        h = {"Content-Type": "application/octet-stream"}
-        if self.token:
-            h["Authorization"] = f"Bearer {self.token}"
-        return h
-
     def _push_one(self, url: str, body: bytes, version: int, deadline: float) -> tuple[bool, str]:
         """(acknowledged?, last reason) after at most max_attempts bounded attempts."""
         why = "not tried"
@@ -236,13 +230,7 @@ class HttpPolicyPublisher:
             t = min(self.retry.attempt_timeout_s, left)
             timeout = httpx.Timeout(t, connect=min(self.retry.connect_timeout_s, t))
             try:
-                resp = httpx.post(
-                    f"{url}/v1/weights",
-                    params={"version": int(version)},
-                    content=body,
-                    headers=self._headers(),
-                    timeout=timeout,
-                )
+                resp = ws.post_weights(url, body, version, self.token, timeout)
                 if resp.status_code == 200:
                     got = int(resp.json()["policy_version"])
                     if got == version:

@@ -99,20 +99,27 @@ def push_http(
     Returns the policy version the replica now serves (== ``version``); raises
     ``WeightSyncError`` (with ``.status``: 401/403/409/4xx/5xx) when it refuses.
     """
-    body = to_safetensors_bytes(state_dict)
+    resp = post_weights(url, to_safetensors_bytes(state_dict), version, token, timeout_s)
+    _raise_for_reply(url.rstrip("/"), resp)
+    return int(resp.json()["policy_version"])
+
+
+def post_weights(
+    url: str, body: bytes, version: int, token: str | None, timeout: float | httpx.Timeout
+) -> httpx.Response:
+    """One ``POST {url}/v1/weights?version=N`` of safetensors ``body``: the one place the
+    HTTP weight plane is spoken (``push_http`` and the learner's ``HttpPolicyPublisher``,
+    which adds retries and 409 resolution, both call it). Returns the raw response."""
     headers = {"Content-Type": "application/octet-stream"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    base = url.rstrip("/")
-    resp = httpx.post(
-        f"{base}/v1/weights",
+    return httpx.post(
+        f"{url.rstrip('/')}/v1/weights",
         params={"version": int(version)},
         content=body,
         headers=headers,
-        timeout=timeout_s,
+        timeout=timeout,
     )
-    _raise_for_reply(base, resp)
-    return int(resp.json()["policy_version"])
 
 
 # --------------------------------------------------------------------------- groups
