@@ -84,7 +84,8 @@ import redis.exceptions as rexc
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from libludic.training.types import RolloutRequest, SampleAttachments, SAWItem
+from libludic.rollout.request import RolloutRequest
+from libludic.training.types import SampleAttachments, SAWItem
 from libludic.types import Rollout
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from libludic import accounting, transport
 from libludic.inference.client import InferenceError
-from libludic.training.types import RolloutRequest
+from libludic.rollout.request import RolloutRequest
 from services.common.http import start_http
 from services.common.lifecycle import install_stop_signals, update_stream_gauges
 from services.common.settings import load_settings, log_settings, setup_logging
@@ -114,7 +114,7 @@ class ActorStats:
 class Actor:
     def __init__(self, settings: ActorSettings, client: Any, r: Any, stop: asyncio.Event):
         from libludic.registry import build_registries
-        from libludic.training.batching.rollout_engine import RolloutEngine
+        from libludic.rollout.engine import RolloutEngine
 
         self.s = settings
         self.client = client

@@ -15,7 +15,7 @@ from typing import Any
 from libludic.inference.openai_client import OpenAIChatClient
 from libludic.inference.request import InferenceSpec
 from libludic.inference.sampling import SamplingConfig
-from libludic.training.types import EnvSpec, RolloutRequest
+from libludic.rollout.request import EnvSpec, RolloutRequest
 
 
 def eval_requests(env: Mapping[str, Any], n: int, max_tokens: int) -> list[RolloutRequest]:
@@ -32,7 +32,7 @@ async def evaluate(
     """One greedy pass over the held-out problems against ``url``."""
     from libludic.eval.evaluator import Evaluator
     from libludic.registry import build_registries
-    from libludic.training.batching.rollout_engine import RolloutEngine
+    from libludic.rollout.engine import RolloutEngine
 
     client = OpenAIChatClient(url, api_key=api_key, timeout_s=120.0)
     try:

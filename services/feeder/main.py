@@ -23,7 +23,7 @@ from prometheus_client import Counter
 
 from libludic import accounting, transport
 from libludic.inference.request import InferenceSpec, ReturnSpec
-from libludic.training.types import EnvSpec, ProtocolSpec, RolloutRequest
+from libludic.rollout.request import EnvSpec, ProtocolSpec, RolloutRequest
 from services.common.http import start_http
 from services.common.lifecycle import install_stop_signals, sleep_or_stop, update_stream_gauges
 from services.common.settings import (

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from libludic import transport as t
-from libludic.training.types import EnvSpec, RolloutRequest
+from libludic.rollout.request import EnvSpec, RolloutRequest
 
 pytestmark = pytest.mark.integration
 

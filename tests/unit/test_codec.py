@@ -9,13 +9,8 @@ import pytest
 from libludic import transport as t
 from libludic.inference.request import InferenceSpec
 from libludic.inference.sampling import SamplingConfig
-from libludic.training.types import (
-    EnvSpec,
-    ProtocolSpec,
-    RolloutRequest,
-    SampleAttachments,
-    SAWItem,
-)
+from libludic.rollout.request import EnvSpec, ProtocolSpec, RolloutRequest
+from libludic.training.types import SampleAttachments, SAWItem
 from libludic.types import Rollout, Step, TokenTrace
 
 

@@ -6,8 +6,8 @@ import pytest
 import yaml
 
 from libludic.registry import build_registries
-from libludic.training.batching.rollout_engine import RolloutEngine
-from libludic.training.types import EnvSpec, RolloutRequest
+from libludic.rollout.engine import RolloutEngine
+from libludic.rollout.request import EnvSpec, RolloutRequest
 from services.feeder.main import Task
 from tests.fakes import ScriptedClient
 

@@ -10,10 +10,10 @@ from libludic.agents.tool_agent import ToolAgent
 from libludic.envs.arithmetic import generate_problem
 from libludic.parsers import xml_parser
 from libludic.registry import build_registries
+from libludic.rollout.engine import RolloutEngine
+from libludic.rollout.request import EnvSpec, RolloutRequest
 from libludic.training.algorithm import make_reinforce
-from libludic.training.batching.rollout_engine import RolloutEngine
 from libludic.training.config import TrainerConfig
-from libludic.training.types import EnvSpec, RolloutRequest
 from tests.fakes import ScriptedClient
 
 

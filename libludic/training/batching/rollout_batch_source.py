@@ -12,9 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from libludic.rollout.request import RolloutRequest
 from libludic.training.algorithm import RLAlgorithm
 from libludic.training.filters import SampleFilter
-from libludic.training.types import RolloutRequest, SAWBatch
+from libludic.training.types import SAWBatch
 
 
 @dataclass

@@ -10,11 +10,12 @@ from transformers import AutoTokenizer
 from libludic.eval.evaluator import Evaluator
 from libludic.inference.request import ReturnSpec
 from libludic.models.tiny import IM_END_ID, encode_bytes
+from libludic.rollout.request import EnvSpec, RolloutRequest
 from libludic.training.algorithm import make_grpo, make_reinforce, make_sft
 from libludic.training.batching.offline import OfflineBatchSource
 from libludic.training.batching.rollout_batch_source import RolloutBatchSource
 from libludic.training.filters import drop_parse_errors
-from libludic.training.types import BatchSource, EnvSpec, RolloutRequest
+from libludic.training.types import BatchSource
 
 from .fakes import FakeEngine, make_rollout
 
