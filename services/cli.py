@@ -13,7 +13,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("libludic.models.cli:main", "build the tiny offline model: ludic model init DIR"),
     "demo": ("libludic.demo:main", "run the local demo"),
-    "sft": ("libludic.training.sft:main", "supervised warm start on the arithmetic task"),
+    "sft": ("libludic.training.sft_cli:main", "supervised warm start on the arithmetic task"),
     "inference": ("services.inference.main:main", "vLLM inference service with weight updates"),
     "actor": ("services.actor.main:main", "stateless rollout worker"),
     "credit": ("services.credit.main:main", "credit-assignment worker: rollouts -> SAWItems"),

@@ -1,8 +1,6 @@
-"""``ludic sft``: supervised warm start of a model directory on the arithmetic task.
-
-    ludic sft --model DIR --out DIR [--steps 600] [--batch-size 64] [--lr 1e-3]
-              [--digits 2] [--seed 0] [--lr-schedule constant|linear]
-              [--target-pass-rate 0.55 --check-every 5]
+"""Supervised warm start of a model directory on the arithmetic task (``run_sft``; its
+command line is ``ludic sft``, libludic/training/sft_cli.py; the data is sft_data.py, the
+greedy evaluation libludic/eval/greedy.py).
 
 Data: chat samples ``[{"role": "user", "content": "12+34="}, {"role": "assistant",
 "content": "46"}]``; the trained action is the answer followed by ``<|im_end|>``. They are
@@ -30,91 +28,26 @@ Output: the trained model and tokenizer in ``--out`` (``save_pretrained``), a pr
 line every ``--log-every`` steps and, at the end, the greedy pass rate on the 200 held-out
 problems (exact match of the stripped decoded answer).
 """
-
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from libludic.envs.arithmetic import generate_problem, score_answer
+from libludic.envs.arithmetic import generate_problem
+from libludic.eval.greedy import greedy_pass_rate
 from libludic.training.algorithm import make_sft
 from libludic.training.batching.offline import OfflineBatchSource
 from libludic.training.config import TrainerConfig
+from libludic.training.sft_data import CHECK_SEEDS, EVAL_SEEDS, write_train_jsonl
 from libludic.training.trainer import Trainer
 
-TRAIN_SEED_BASE = 10_000_000
-EVAL_SEEDS = range(0, 200)
-CHECK_SEEDS = range(20_000_000, 20_000_200)  # train-split problems for --target-pass-rate
+__all__ = ["run_sft", "greedy_pass_rate", "write_train_jsonl", "EVAL_SEEDS", "CHECK_SEEDS", "FINE_MARGIN"]
+
 FINE_MARGIN = 0.1  # within this of the target, check every step
-
-
-def chat_record(question: str, answer: str) -> dict[str, Any]:
-    return {
-        "messages": [
-            {"role": "user", "content": question},
-            {"role": "assistant", "content": answer},
-        ]
-    }
-
-
-def write_train_jsonl(path: Path, n: int, digits: int, exclude: set[str]) -> int:
-    """Write ``n`` training samples (fewer if some collide with ``exclude``); returns count."""
-    written = 0
-    with open(path, "w", encoding="utf-8") as f:
-        for i in range(n):
-            p = generate_problem(TRAIN_SEED_BASE + i, digits, split="train")
-            if p.question in exclude:
-                continue
-            f.write(json.dumps(chat_record(p.question, p.answer)) + "\n")
-            written += 1
-    return written
-
-
-@torch.no_grad()
-def greedy_pass_rate(
-    model: Any, tokenizer: Any, seeds: Sequence[int], digits: int, batch_size: int = 100,
-    split: str = "eval",
-) -> float:
-    """Fraction of problems ``generate_problem(s, digits, split=split)`` whose greedy answer
-    (stripped) equals the target."""
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
-    pad = tokenizer.pad_token_id
-    probs = [generate_problem(s, digits, split=split) for s in seeds]
-    passed = 0
-    for start in range(0, len(probs), batch_size):
-        chunk = probs[start : start + batch_size]
-        prompts = []
-        for p in chunk:
-            enc = tokenizer.apply_chat_template(
-                [{"role": "user", "content": p.question}], add_generation_prompt=True, tokenize=True
-            )
-            prompts.append(list(enc["input_ids"] if hasattr(enc, "keys") else enc))
-        T = max(len(x) for x in prompts)
-        ids = torch.tensor([[pad] * (T - len(x)) + x for x in prompts], device=device)
-        attn = torch.tensor([[0] * (T - len(x)) + [1] * len(x) for x in prompts], device=device)
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=attn,
-            max_new_tokens=2 * digits + 3,
-            do_sample=False,
-            eos_token_id=eos,
-            pad_token_id=pad,
-        )
-        for p, row in zip(chunk, out[:, T:].tolist(), strict=True):
-            text = tokenizer.decode(row, skip_special_tokens=True)
-            passed += int(score_answer(text, p.answer) == 1.0)
-    model.train(was_training)
-    return passed / max(len(probs), 1)
 
 
 def run_sft(
@@ -222,32 +155,3 @@ def run_sft(
         say(f"training {train_s:.1f} s, model saved to {out} (no held-out evaluation: eval_n=0)")
     return {"losses": losses, "pass_rate": pass_rate, "train_s": train_s, "num_samples": n,
             "steps_run": len(losses), "checks": checks}
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="ludic sft", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="model directory (e.g. from `ludic model init`)")
-    ap.add_argument("--out", required=True, help="where to save the trained model")
-    ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--digits", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--log-every", type=int, default=50)
-    ap.add_argument("--eval-n", type=int, default=200, help="held-out problems (seeds 0..N-1)")
-    ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    ap.add_argument("--lr-schedule", default="constant", choices=["constant", "linear"])
-    ap.add_argument("--target-pass-rate", type=float, default=0.0,
-                    help="stop once the greedy pass rate on 200 train-split problems reaches this (0: off)")
-    ap.add_argument("--check-every", type=int, default=10, help="steps between --target-pass-rate checks")
-    a = ap.parse_args(argv)
-    if a.steps < 1 or a.batch_size < 1:
-        ap.error("--steps and --batch-size must be >= 1")
-    if not 0 <= a.eval_n <= len(EVAL_SEEDS):
-        ap.error(f"--eval-n must be in [0, {len(EVAL_SEEDS)}]")
-    run_sft(
-        a.model, a.out, steps=a.steps, batch_size=a.batch_size, lr=a.lr, digits=a.digits,
-        seed=a.seed, log_every=a.log_every, eval_n=a.eval_n, device=a.device, lr_schedule=a.lr_schedule,
-        target_pass_rate=a.target_pass_rate, check_every=a.check_every,
-    )
-    return 0

@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 
 import libludic.training.sft as sft
 from libludic.envs.arithmetic import generate_problem
-from libludic.training.sft import EVAL_SEEDS, main, run_sft, write_train_jsonl
+from libludic.training.sft import EVAL_SEEDS, run_sft, write_train_jsonl
+from libludic.training.sft_cli import main
 
 
 def test_sft_cli_lowers_loss_and_saves(tiny_model_dir, tmp_path, capsys) -> None:
