@@ -386,7 +386,7 @@ async def snapshot(r: aioredis.Redis, keys: transport.Keys) -> dict[str, Any]:
           keys.deadletter]
     raw = await r.eval(_SNAPSHOT_LUA, len(ks), *ks)
     flat = raw[0]
-    counters = {transport._s(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+    counters = {transport.as_str(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
     observed = {
         "rolling": int(raw[1]),
         "open": int(raw[2]),

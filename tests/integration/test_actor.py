@@ -229,7 +229,7 @@ async def test_actor_deadletters_bad_requests_and_retries_inference_errors(redis
     stop.set()
     stats = await asyncio.wait_for(task, 30)
     assert stats.retried == 1 and stats.episodes == 1 and stats.deadlettered == 2
-    reasons = sorted(t._s(f[b"reason"]) for _, f in await r.xrange(keys.deadletter))
+    reasons = sorted(t.as_str(f[b"reason"]) for _, f in await r.xrange(keys.deadletter))
     assert reasons == ["bad_msgpack", "episode_error"]
     (ro,) = await rollouts(r, keys)
     assert ro.meta["request_id"] == "req-0" and ro.meta["group_rollouts"] == 1

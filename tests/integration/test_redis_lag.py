@@ -1,6 +1,6 @@
 """Issue 12 point 8: the figure the chart's KEDA trigger scales actors on must always be defined.
 
-Our consumers XACK + XDEL every entry they finish (libludic/transport.py StreamConsumer.ack), so
+Our consumers XACK + XDEL every entry they finish (libludic/transport/consumer.py StreamConsumer.ack), so
 XLEN of a requests stream is exactly its un-acked backlog (undelivered + delivered-but-pending).
 XINFO GROUPS `lag` is not: once the group's last-delivered entry has been deleted while earlier
 entries are still pending, Redis (7.0 here) cannot compute it and reports NULL until the next

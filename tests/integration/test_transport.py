@@ -44,7 +44,7 @@ async def echo_once(c: t.StreamConsumer, n: int = 10, block_ms: int = 100) -> in
 
 
 async def out_ids(r) -> list[str]:
-    return [t._s(f[b"id"]) for _, f in await r.xrange(OUT)]
+    return [t.as_str(f[b"id"]) for _, f in await r.xrange(OUT)]
 
 
 async def add_requests(r, n: int, start: int = 0) -> list[str]:
@@ -134,8 +134,8 @@ async def test_malformed_entries_are_deadlettered_counted_and_acked(redis_url: s
     await t.ensure_group(r, STREAM, GROUP)
     bad = {
         "bad_msgpack": b"\xc1garbage",
-        "unknown_schema_version": t._pack({"schema_version": 99, "kind": "rollout_request", "body": {}}),
-        "missing_field": t._pack({"schema_version": 1, "kind": "rollout_request", "body": {"id": "x"}}),
+        "unknown_schema_version": t.pack_msg({"schema_version": 99, "kind": "rollout_request", "body": {}}),
+        "missing_field": t.pack_msg({"schema_version": 1, "kind": "rollout_request", "body": {"id": "x"}}),
     }
     src = {}
     for reason, payload in bad.items():
@@ -146,10 +146,10 @@ async def test_malformed_entries_are_deadlettered_counted_and_acked(redis_url: s
     while len(counted) < 3 or not await out_ids(r):
         await echo_once(c)
     assert sorted(counted) == sorted(bad)
-    dl = {t._s(f[b"reason"]): f for _, f in await r.xrange(DL)}
+    dl = {t.as_str(f[b"reason"]): f for _, f in await r.xrange(DL)}
     for reason, sid in src.items():
-        assert t._s(dl[reason][b"source_id"]) == sid
-        assert t._s(dl[reason][b"source_stream"]) == STREAM
+        assert t.as_str(dl[reason][b"source_id"]) == sid
+        assert t.as_str(dl[reason][b"source_stream"]) == STREAM
         assert dl[reason][b"d"] == bad[reason]
     assert await out_ids(r) == ["req-0"]
     assert await pending(r) == 0 and await r.xlen(STREAM) == 0

@@ -48,7 +48,7 @@ async def _run(srv: RedisServer | RedisContainer) -> None:
         while not stop.is_set() and i < 400:
             item = f"item-{i}"
             try:
-                await t.xadd(producer_r, STREAM, item, t._pack({"n": i}))
+                await t.xadd(producer_r, STREAM, item, t.pack_msg({"n": i}))
                 acked.append(item)
                 i += 1
             except t.REDIS_DOWN_ERRORS:
@@ -89,7 +89,7 @@ async def _run(srv: RedisServer | RedisContainer) -> None:
     assert (await consumer_r.info("server"))["run_id"] != run_id_before  # a new process
     assert outages["consumer"] > 0 and outages["producer"] > 0  # both saw the outage
     assert len(acked) == 400 and n_before >= 100
-    out = [t._s(f[b"id"]) for _, f in await consumer_r.xrange(OUT)]
+    out = [t.as_str(f[b"id"]) for _, f in await consumer_r.xrange(OUT)]
     assert set(acked) <= set(out)  # every acknowledged XADD made it through
     assert len(out) == len(set(out))  # and none twice
     assert int((await consumer_r.xpending(STREAM, GROUP))["pending"]) == 0

@@ -276,7 +276,7 @@ class PipelineBatchSource:
         deleted: list[str] = []
         self._read_errors = 0
         for eid, fields in raw:
-            eid_s = transport._s(eid)
+            eid_s = transport.as_str(eid)
             if self._last_seen is None or stream_id_key(eid_s) > stream_id_key(self._last_seen):
                 self._last_seen = eid_s
             if self._replay_cursor is not None:

@@ -87,7 +87,7 @@ def test_bad_agent_on_the_wire_is_a_codec_error():
     body = RolloutRequest(env=EnvSpec("arithmetic")).to_dict()
     body["protocol"]["agent"] = {"kind": "nope"}
     with pytest.raises(transport.CodecError, match="agent kind 'nope' is unknown"):
-        transport.decode_request(transport._envelope(transport.KIND_REQUEST, body))
+        transport.decode_request(transport.envelope(transport.KIND_REQUEST, body))
 
 
 def test_agent_spec_round_trips_flat():

@@ -1,0 +1,289 @@
+"""Streams and consumers: ``Entry``, ``xadd``, ``backlog``/``wait_below`` (backpressure),
+``StreamConsumer`` (read, claim, touch, commit, dead-letter: one Lua script each)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+import redis.exceptions as rexc
+
+from libludic.transport.connection import wait_event
+
+log = logging.getLogger("libludic.transport")
+
+_COMMIT_LUA = """
+local n = tonumber(ARGV[3])
+local fresh = redis.call('SET', KEYS[3], '1', 'NX', 'EX', ARGV[2])
+local written = -1
+if fresh then
+  written = 0
+  for i = 4 + n, #ARGV, 2 do
+    redis.call('XADD', KEYS[2], '*', 'id', ARGV[i], 'd', ARGV[i + 1])
+    written = written + 1
+  end
+end
+for i = 4, 3 + n do
+  redis.call('XACK', KEYS[1], ARGV[1], ARGV[i])
+  redis.call('XDEL', KEYS[1], ARGV[i])
+end
+return written
+"""
+
+_DEADLETTER_LUA = """
+redis.call('XADD', KEYS[2], '*', 'reason', ARGV[3], 'detail', ARGV[4],
+           'source_stream', KEYS[1], 'source_id', ARGV[2], 'group', ARGV[1],
+           'consumer', ARGV[5], 'id', ARGV[7], 'd', ARGV[6])
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+redis.call('XDEL', KEYS[1], ARGV[2])
+return 1
+"""
+
+_TOUCH_LUA = """
+local kept = 0
+for i = 3, #ARGV do
+  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  if p[1] and p[1][2] == ARGV[2] then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+    kept = kept + 1
+  end
+end
+return kept
+"""
+
+# --------------------------------------------------------------------------------------
+# streams
+
+
+def as_str(x: Any) -> str:
+    return x.decode() if isinstance(x, (bytes, bytearray)) else str(x)
+
+
+@dataclass
+class Entry:
+    """One stream entry as read by a consumer."""
+
+    id: str
+    fields: dict[bytes, bytes]
+    claimed: bool = False  # came from XAUTOCLAIM (a redelivery)
+    deliveries: int = 1
+
+    @property
+    def payload(self) -> bytes | None:
+        return self.fields.get(b"d")
+
+    @property
+    def item_id(self) -> str:
+        v = self.fields.get(b"id")
+        return "" if v is None else as_str(v)
+
+
+def _entries(raw: Any, claimed: bool = False) -> list[Entry]:
+    out = []
+    for eid, fields in raw or []:
+        if fields is None:  # deleted while pending
+            continue
+        out.append(Entry(as_str(eid), dict(fields), claimed=claimed))
+    return out
+
+
+async def xadd(r: aioredis.Redis, stream: str, item_id: str, payload: bytes) -> str:
+    """Append one entry (never trimmed). Returns the entry id."""
+    return as_str(await r.xadd(stream, {"id": item_id, "d": payload}))
+
+
+async def backlog(r: aioredis.Redis, stream: str) -> int:
+    """Un-acked entries of ``stream`` (consumers XDEL on ack, so this is XLEN)."""
+    return int(await r.xlen(stream))
+
+
+async def wait_below(
+    r: aioredis.Redis,
+    stream: str,
+    high_water: int,
+    *,
+    stop: asyncio.Event | None = None,
+    poll_s: float = 0.2,
+    on_wait: Callable[[int], None] | None = None,
+) -> float:
+    """Block while ``XLEN stream >= high_water`` (0 disables). Returns seconds waited.
+
+    ``on_wait(length)`` is called once per poll that had to wait.
+    """
+    if high_water <= 0:
+        return 0.0
+    t0 = time.monotonic()
+    while True:
+        n = await backlog(r, stream)
+        if n < high_water or (stop is not None and stop.is_set()):
+            return time.monotonic() - t0
+        if on_wait is not None:
+            on_wait(n)
+        if stop is None:
+            await asyncio.sleep(poll_s)
+        else:
+            await wait_event(stop, poll_s)
+
+
+async def ensure_group(r: aioredis.Redis, stream: str, group: str) -> None:
+    """Create ``group`` on ``stream`` (and the stream) if missing; reads start at 0."""
+    try:
+        await r.xgroup_create(stream, group, id="0", mkstream=True)
+    except rexc.ResponseError as e:
+        if "BUSYGROUP" not in str(e):
+            raise
+
+
+@dataclass
+class StreamConsumer:
+    """One consumer of a consumer group, with claim-over, commit, touch and dead-letter.
+
+    ``read()`` first XAUTOCLAIMs entries idle for ``claim_idle_ms`` (left by a dead or
+    stalled consumer; entries already delivered more than ``max_deliveries`` times are
+    dead-lettered instead of returned), then XREADGROUPs new ones.
+    """
+
+    redis: aioredis.Redis
+    stream: str
+    group: str
+    consumer: str
+    deadletter: str
+    claim_idle_ms: int = 30_000
+    claim_every_s: float = 1.0
+    max_deliveries: int = 5
+    done_ttl_s: int = 7 * 24 * 3600
+    on_deadletter: Callable[[str], None] | None = None
+    acct_stage: str = ""  # requests|rollouts|saw: dead-letters also move libludic.accounting
+    _cursor: str = field(default="0-0", init=False)
+    _last_claim: float = field(default=0.0, init=False)
+
+    def __post_init__(self) -> None:
+        self._commit = self.redis.register_script(_COMMIT_LUA)
+        self._dl = self.redis.register_script(_DEADLETTER_LUA)
+        self._touch = self.redis.register_script(_TOUCH_LUA)
+
+    async def ensure_group(self) -> None:
+        await ensure_group(self.redis, self.stream, self.group)
+
+    async def claim_stale(self, count: int, min_idle_ms: int | None = None) -> list[Entry]:
+        """XAUTOCLAIM up to ``count`` entries idle >= ``min_idle_ms`` from any consumer."""
+        idle = self.claim_idle_ms if min_idle_ms is None else min_idle_ms
+        res = await self.redis.xautoclaim(
+            self.stream, self.group, self.consumer, idle, start_id=self._cursor, count=count
+        )
+        self._cursor = as_str(res[0])
+        entries = _entries(res[1], claimed=True)
+        if not entries:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for e in entries:
+            pipe.xpending_range(self.stream, self.group, e.id, e.id, 1)
+        infos = await pipe.execute()
+        out = []
+        for e, info in zip(entries, infos, strict=True):
+            e.deliveries = int(info[0]["times_delivered"]) if info else 1
+            if e.deliveries > self.max_deliveries:
+                await self.dead_letter(
+                    e, "max_deliveries", f"delivered {e.deliveries} times (> {self.max_deliveries})"
+                )
+            else:
+                out.append(e)
+        return out
+
+    async def read(self, count: int, block_ms: int = 1000) -> list[Entry]:
+        """Up to ``count`` entries: stale claims first, then new ones (blocking)."""
+        if count <= 0:
+            return []
+        try:
+            now = time.monotonic()
+            if now - self._last_claim >= self.claim_every_s:
+                self._last_claim = now
+                claimed = await self.claim_stale(count)
+                if claimed:
+                    return claimed
+            res = await self.redis.xreadgroup(
+                self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms
+            )
+        except rexc.ResponseError as e:
+            if "NOGROUP" in str(e):  # redis restarted without persistence, or stream deleted
+                log.warning("group %s on %s missing; recreating", self.group, self.stream)
+                await self.ensure_group()
+                return []
+            raise
+        if isinstance(res, dict):  # RESP3 shape: {stream: [messages]}
+            return [e for v in res.values() for msgs in v for e in _entries(msgs)]
+        return [e for _, msgs in res or [] for e in _entries(msgs)]
+
+    async def commit(
+        self,
+        entries: Sequence[Entry],
+        outputs: Sequence[tuple[str, bytes]],
+        out_stream: str,
+        done_key: str,
+    ) -> int:
+        """Atomically: if ``done_key`` is new, XADD ``outputs`` (item_id, payload) to
+        ``out_stream``; then XACK+XDEL ``entries``. Returns the number written, or -1 if
+        ``done_key`` already existed (a redelivery: nothing written, inputs acked)."""
+        args: list[Any] = [self.group, self.done_ttl_s, len(entries)]
+        args += [e.id for e in entries]
+        for item_id, payload in outputs:
+            args += [item_id, payload]
+        return int(await self._commit(keys=[self.stream, out_stream, done_key], args=args))
+
+    async def ack(self, entries: Sequence[Entry]) -> None:
+        """XACK + XDEL without output (e.g. a late duplicate)."""
+        if not entries:
+            return
+        ids = [e.id for e in entries]
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.xack(self.stream, self.group, *ids)
+        pipe.xdel(self.stream, *ids)
+        await pipe.execute()
+
+    async def dead_letter(self, entry: Entry, reason: str, detail: str = "") -> None:
+        """Move ``entry`` to the dead-letter stream with its reason; ack it here."""
+        if self.acct_stage:
+            from libludic import accounting  # (imports this module)
+
+            await accounting.dead_letter(self, entry, self.acct_stage, reason, detail)
+        else:
+            await self._dl(
+                keys=[self.stream, self.deadletter],
+                args=[
+                    self.group,
+                    entry.id,
+                    reason,
+                    detail[:2000],
+                    self.consumer,
+                    entry.payload if entry.payload is not None else b"",
+                    entry.item_id,
+                ],
+            )
+        log.warning("dead-lettered %s %s: %s %s", self.stream, entry.id, reason, detail[:200])
+        if self.on_deadletter is not None:
+            self.on_deadletter(reason)
+
+    async def touch(self, entries: Sequence[Entry]) -> int:
+        """Reset the idle time of entries still owned by this consumer."""
+        if not entries:
+            return 0
+        return int(
+            await self._touch(
+                keys=[self.stream], args=[self.group, self.consumer] + [e.id for e in entries]
+            )
+        )
+
+    async def delete_consumer(self) -> None:
+        """Remove this consumer from the group if it owns nothing (clean shutdown)."""
+        try:
+            info = await self.redis.xinfo_consumers(self.stream, self.group)
+            for c in info:
+                if as_str(c.get("name")) == self.consumer and int(c.get("pending", 0)) == 0:
+                    await self.redis.xgroup_delconsumer(self.stream, self.group, self.consumer)
+        except rexc.ResponseError:
+            pass

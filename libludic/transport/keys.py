@@ -1,0 +1,94 @@
+"""Redis key names of a run (``ludic:{run_id}:...``), stream names, consumer groups."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+
+log = logging.getLogger("libludic.transport")
+
+GROUP_ACTORS = "actors"
+GROUP_CREDIT = "credit"
+GROUP_LEARNER = "learner"
+
+# --------------------------------------------------------------------------------------
+# keys
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Every Redis key of run ``run_id``."""
+
+    run_id: str
+
+    def __post_init__(self) -> None:
+        if not self.run_id or any(c in self.run_id for c in "{}: \t\n"):
+            raise ValueError(
+                f"run_id={self.run_id!r} must be non-empty without braces, colons or spaces; "
+                "set LUDIC_RUN_ID"
+            )
+
+    @property
+    def prefix(self) -> str:
+        return f"ludic:{{{self.run_id}}}"
+
+    @property
+    def requests(self) -> str:
+        return f"{self.prefix}:requests"
+
+    @property
+    def rollouts(self) -> str:
+        return f"{self.prefix}:rollouts"
+
+    @property
+    def saw(self) -> str:
+        return f"{self.prefix}:saw"
+
+    @property
+    def deadletter(self) -> str:
+        return f"{self.prefix}:deadletter"
+
+    @property
+    def policy_version(self) -> str:
+        return f"{self.prefix}:policy_version"
+
+    @property
+    def learner_step(self) -> str:
+        return f"{self.prefix}:learner_step"
+
+    @property
+    def feeder_seed(self) -> str:
+        return f"{self.prefix}:feeder:seed"
+
+    def heartbeat(self, role: str, consumer: str) -> str:
+        return f"{self.prefix}:heartbeat:{role}:{consumer}"
+
+    def heartbeat_pattern(self, role: str) -> str:
+        # the braces of the hash tag are glob metacharacters: escape them for SCAN MATCH
+        return f"ludic:\\{{{self.run_id}\\}}:heartbeat:{role}:*"
+
+    def lease(self, role: str) -> str:
+        return f"{self.prefix}:lease:{role}"
+
+    def done(self, role: str, item_id: str) -> str:
+        return f"{self.prefix}:done:{role}:{item_id}"
+
+    def streams(self) -> dict[str, str]:
+        """Short name -> key of every stream, with the consumer group reading it."""
+        return {
+            "requests": self.requests,
+            "rollouts": self.rollouts,
+            "saw": self.saw,
+            "deadletter": self.deadletter,
+        }
+
+
+STREAM_GROUPS = {"requests": GROUP_ACTORS, "rollouts": GROUP_CREDIT, "saw": GROUP_LEARNER}
+
+
+def consumer_name(role: str) -> str:
+    """Unique, human-readable consumer name: ``actor-host-pid-ab12``."""
+    return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
