@@ -268,6 +268,41 @@ class StreamConsumer:
         if self.on_deadletter is not None:
             self.on_deadletter(reason)
 
+    async def read_own(
+        self, start: str, count: int, block_ms: int | None
+    ) -> tuple[list[Entry], list[str]]:
+        """XREADGROUP from ``start``: ``">"`` new entries (blocking ``block_ms``), or a stream
+        id to re-read this consumer's own pending entries after it (no claiming, never
+        another consumer's). Returns the entries and every id read, in stream order; an
+        entry deleted while pending (no fields) is acked here and only its id is returned.
+        Errors propagate (the caller decides: REDIS_DOWN_ERRORS, NOGROUP)."""
+        res = await self.redis.xreadgroup(
+            self.group, self.consumer, {self.stream: start}, count=count, block=block_ms
+        )
+        raw: list[Any] = []
+        if isinstance(res, dict):  # RESP3 shape: {stream: [messages]}
+            for v in res.values():
+                for msgs in v:
+                    raw.extend(msgs)
+        else:
+            for _, msgs in res or []:
+                raw.extend(msgs)
+        ids = [as_str(eid) for eid, _ in raw]
+        deleted = [i for i, (_, fields) in zip(ids, raw, strict=True) if not fields]
+        if deleted:
+            await self.redis.xack(self.stream, self.group, *deleted)
+        entries = [Entry(i, dict(fields)) for i, (_, fields) in zip(ids, raw, strict=True) if fields]
+        return entries, ids
+
+    async def hand_back(self, entry_ids: Sequence[str]) -> None:
+        """Make entries this consumer owns claimable by any peer now (XCLAIM JUSTID with an
+        idle time past ``claim_idle_ms``): a draining worker's unfinished work."""
+        if entry_ids:
+            await self.redis.xclaim(
+                self.stream, self.group, self.consumer, 0, list(entry_ids),
+                idle=self.claim_idle_ms + 1, justid=True,
+            )
+
     async def touch(self, entries: Sequence[Entry]) -> int:
         """Reset the idle time of entries still owned by this consumer."""
         if not entries:

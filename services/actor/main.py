@@ -300,10 +300,7 @@ class Actor:
             await asyncio.wait(list(self.tasks.values()), timeout=5.0)
         try:
             if left:  # hand back: make them claimable by peers right away
-                await self.r.xclaim(
-                    self.keys.requests, transport.GROUP_ACTORS, self.name, 0,
-                    [e.id for e in left], idle=self.s.claim_idle_ms + 1, justid=True,
-                )
+                await self.consumer.hand_back([e.id for e in left])
                 log.info("handed back %d unfinished request(s)", len(left))
             await self.consumer.delete_consumer()
             await self.r.delete(self.keys.heartbeat("actor", self.name))

@@ -241,13 +241,10 @@ class PipelineBatchSource:
         assert self.keys is not None
         stream = self.keys.saw
         start = ">" if self._replay_cursor is None else self._replay_cursor
+        assert self._sc is not None
         try:
-            res = await self.redis.xreadgroup(
-                transport.GROUP_LEARNER,
-                self.consumer,
-                {stream: start},
-                count=count,
-                block=None if self._replay_cursor is not None else self.block_ms,
+            out, ids = await self._sc.read_own(
+                start, count, None if self._replay_cursor is not None else self.block_ms
             )
         except transport.REDIS_DOWN_ERRORS as e:
             # A lost XREADGROUP '>' reply may have moved entries into our PEL unseen: re-read
@@ -264,30 +261,13 @@ class PipelineBatchSource:
             assert self._sc is not None
             await self._sc.ensure_group()
             return []
-        raw: list[Any] = []
-        if isinstance(res, dict):
-            for v in res.values():
-                for msgs in v:
-                    raw.extend(msgs)
-        else:
-            for _, msgs in res or []:
-                raw.extend(msgs)
-        out: list[transport.Entry] = []
-        deleted: list[str] = []
         self._read_errors = 0
-        for eid, fields in raw:
-            eid_s = transport.as_str(eid)
+        for eid_s in ids:  # (entries deleted while pending were acked by read_own)
             if self._last_seen is None or stream_id_key(eid_s) > stream_id_key(self._last_seen):
                 self._last_seen = eid_s
             if self._replay_cursor is not None:
                 self._replay_cursor = eid_s
-            if not fields:  # deleted while pending: just drop it from the PEL
-                deleted.append(eid_s)
-                continue
-            out.append(transport.Entry(eid_s, dict(fields)))
-        if deleted:
-            await self.redis.xack(stream, transport.GROUP_LEARNER, *deleted)
-        if self._replay_cursor is not None and not raw:
+        if self._replay_cursor is not None and not ids:
             log.info("re-read all pending entries of %s; reading new ones", self.consumer)
             self._replay_cursor = None
         return out
