@@ -35,9 +35,8 @@ from prometheus_client import Counter, Gauge, Histogram
 from libludic import accounting, transport
 from libludic.inference.client import InferenceError
 from libludic.rollout.request import RolloutRequest
-from services.common.http import start_http
-from services.common.lifecycle import install_stop_signals, update_stream_gauges
-from services.common.settings import load_settings, log_settings, setup_logging
+from services.common.lifecycle import update_stream_gauges
+from services.common.skeleton import service_main, serving
 
 # a request that failed on these is left pending and retried (anything else is dead-lettered)
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (InferenceError, *transport.REDIS_DOWN_ERRORS)
@@ -321,33 +320,21 @@ async def run(
             settings.inference_urls, api_key=settings.api_key, timeout_s=settings.inference_timeout_s,
             on_replica_down=lambda url: ERRORS.labels(kind="replica_down").inc(),
         )
-    r = transport.connect(settings.redis_url, socket_timeout=settings.block_ms / 1000 + 30)
-    actor = Actor(settings, client, r, stop)
-    server = await start_http(settings.metrics_port, actor.health)
-    log.info("actor %s consuming %s", actor.name, actor.keys.requests)
     try:
-        return await actor.run()
+        async with serving(settings.redis_url, settings.metrics_port,
+                           socket_timeout=settings.block_ms / 1000 + 30) as (r, endpoint):
+            actor = Actor(settings, client, r, stop)
+            endpoint.check = actor.health
+            log.info("actor %s consuming %s", actor.name, actor.keys.requests)
+            return await actor.run()
     finally:
-        if server is not None:
-            server.close()
         if own_client:
             await client.aclose()
-        await r.aclose()
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings = load_settings(ActorSettings, argv, service="actor", description=__doc__.split("\n")[0])
-    setup_logging(settings.log_level)
-    log_settings(log, "actor", settings)
-
-    async def go() -> None:
-        stop = asyncio.Event()
-        install_stop_signals(stop)
-        stats = await run(settings, stop=stop)
-        log.info("actor exiting: %s", stats)
-
-    asyncio.run(go())
-    return 0
+    return service_main("actor", ActorSettings, run, argv, description=__doc__.split("\n")[0],
+                        finished=lambda stats: log.info("actor exiting: %s", stats))
 
 
 if __name__ == "__main__":

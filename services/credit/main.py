@@ -45,9 +45,8 @@ from prometheus_client import Counter, Gauge
 
 from libludic import accounting, transport
 from libludic.types import Rollout
-from services.common.http import start_http
-from services.common.lifecycle import install_stop_signals, sleep_or_stop, update_stream_gauges
-from services.common.settings import load_settings, log_settings, setup_logging
+from services.common.lifecycle import sleep_or_stop, update_stream_gauges
+from services.common.skeleton import service_main, serving
 
 log = logging.getLogger("ludic.credit")
 
@@ -311,31 +310,19 @@ class CreditWorker:
 
 async def run(settings: CreditSettings, *, stop: asyncio.Event | None = None) -> CreditWorker:
     stop = stop or asyncio.Event()
-    r = transport.connect(settings.redis_url, socket_timeout=settings.block_ms / 1000 + 30)
-    worker = CreditWorker(settings, r, stop)
-    server = await start_http(settings.metrics_port, worker.health)
-    try:
+    async with serving(settings.redis_url, settings.metrics_port,
+                       socket_timeout=settings.block_ms / 1000 + 30) as (r, endpoint):
+        worker = CreditWorker(settings, r, stop)
+        endpoint.check = worker.health
         await worker.run()
-    finally:
-        if server is not None:
-            server.close()
-        await r.aclose()
     return worker
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings = load_settings(CreditSettings, argv, service="credit", description=__doc__.split("\n")[0])
-    setup_logging(settings.log_level)
-    log_settings(log, "credit", settings)
-
-    async def go() -> None:
-        stop = asyncio.Event()
-        install_stop_signals(stop)
-        w = await run(settings, stop=stop)
-        log.info("credit exiting: items=%d groups=%s", w.items_written, w.outcomes)
-
-    asyncio.run(go())
-    return 0
+    return service_main(
+        "credit", CreditSettings, run, argv, description=__doc__.split("\n")[0],
+        finished=lambda w: log.info("credit exiting: items=%d groups=%s", w.items_written, w.outcomes),
+    )
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ config gives the same evaluation under ``ludic up`` and under compose.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import time
@@ -36,9 +35,9 @@ from prometheus_client import Counter, Gauge
 
 from libludic import transport
 from libludic.inference.openai_client import InferenceError, OpenAIChatClient
-from services.common.http import start_http
-from services.common.lifecycle import install_stop_signals, sleep_or_stop
-from services.common.settings import load_settings, log_settings, read_yaml, setup_logging
+from services.common.lifecycle import sleep_or_stop
+from services.common.settings import read_yaml
+from services.common.skeleton import service_main, serving
 from services.eval import heldout
 from services.launcher.config import UpSettings
 
@@ -205,31 +204,18 @@ class EvalService:
 
 async def run(settings: EvalSettings, *, stop: asyncio.Event | None = None) -> EvalService:
     stop = stop or asyncio.Event()
-    r = transport.connect(settings.redis_url)
-    svc = EvalService(settings, r, stop)
-    server = await start_http(settings.metrics_port, svc.health)
-    try:
+    async with serving(settings.redis_url, settings.metrics_port) as (r, endpoint):
+        svc = EvalService(settings, r, stop)
+        endpoint.check = svc.health
         await svc.run()
-    finally:
-        if server is not None:
-            server.close()
-        await r.aclose()
     return svc
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings = load_settings(EvalSettings, argv, service="eval", description=__doc__.split("\n")[0])
-    setup_logging(settings.log_level)
-    log_settings(log, "eval", settings)
-    log.info("evaluating %s: %s", settings.inference_urls[0], dataclasses.asdict(settings)["env"])
-
-    async def go() -> None:
-        stop = asyncio.Event()
-        install_stop_signals(stop)
-        await run(settings, stop=stop)
-
-    asyncio.run(go())
-    return 0
+    return service_main(
+        "eval", EvalSettings, run, argv, description=__doc__.split("\n")[0],
+        started=lambda s: log.info("evaluating %s: %s", s.inference_urls[0], s.env),
+    )
 
 
 if __name__ == "__main__":

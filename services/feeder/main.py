@@ -24,14 +24,11 @@ from prometheus_client import Counter
 from libludic import accounting, transport
 from libludic.inference.request import InferenceSpec, ReturnSpec
 from libludic.rollout.request import EnvSpec, ProtocolSpec, RolloutRequest
-from services.common.http import start_http
-from services.common.lifecycle import install_stop_signals, sleep_or_stop, update_stream_gauges
+from services.common.lifecycle import sleep_or_stop, update_stream_gauges
 from services.common.settings import (
     algorithm_group_size,
-    load_settings,
-    log_settings,
-    setup_logging,
 )
+from services.common.skeleton import service_main, serving
 
 log = logging.getLogger("ludic.feeder")
 
@@ -164,10 +161,8 @@ async def run(settings: FeederSettings, *, stop: asyncio.Event | None = None) ->
     """Feed until ``stop`` (or ``max_requests``). Returns the number of requests added."""
     stop = stop or asyncio.Event()
     keys = transport.Keys(settings.run_id)
-    r = transport.connect(settings.redis_url)
-    server = await start_http(settings.metrics_port)
     added, attempt = 0, 0
-    try:
+    async with serving(settings.redis_url, settings.metrics_port) as (r, _):
         while not stop.is_set():
             limit = settings.max_requests - added if settings.max_requests > 0 else 1 << 30
             if limit <= 0:
@@ -186,26 +181,12 @@ async def run(settings: FeederSettings, *, stop: asyncio.Event | None = None) ->
             if n == 0:
                 FULL.inc()
             await sleep_or_stop(stop, settings.poll_s)
-    finally:
-        if server is not None:
-            server.close()
-        await r.aclose()
     log.info("feeder added %d request(s)", added)
     return added
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings = load_settings(FeederSettings, argv, service="feeder", description=__doc__.split("\n")[0])
-    setup_logging(settings.log_level)
-    log_settings(log, "feeder", settings)
-
-    async def go() -> None:
-        stop = asyncio.Event()
-        install_stop_signals(stop)
-        await run(settings, stop=stop)
-
-    asyncio.run(go())
-    return 0
+    return service_main("feeder", FeederSettings, run, argv, description=__doc__.split("\n")[0])
 
 
 if __name__ == "__main__":
