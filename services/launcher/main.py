@@ -151,13 +151,15 @@ class Run:
         return res
 
     def start_workers(self, model_dir: Path) -> None:
-        def add(name: str, argv: list[str], critical: bool = True, **env: Any) -> None:
+        def add(name: str, argv: list[str], critical: bool = True, may_finish: bool = False,
+                **env: Any) -> None:
             mp = stack.free_port()
             self.metrics[name] = f"http://127.0.0.1:{mp}/metrics"
             # one torch thread per worker: with vLLM on the same cores, spinning OpenMP threads
             # make small models ~50x slower (DEVELOPERS.md)
             self.sup.start(ServiceSpec(name, argv, env=self.env(LUDIC_METRICS_PORT=mp, OMP_NUM_THREADS=1, **env),
-                                       health_url=self.metrics[name], critical=critical))
+                                       health_url=self.metrics[name], critical=critical,
+                                       may_finish=may_finish))
 
         add("feeder", LUDIC + ["feeder"])
         add("credit", LUDIC + ["credit"])
@@ -168,7 +170,7 @@ class Run:
         if self.s.learner_nproc > 1:
             learner = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                        f"--nproc_per_node={self.s.learner_nproc}", "-m", "services.cli", "learner"]
-        add("learner", learner, LUDIC_INFERENCE_URLS=self.inference_url, LUDIC_AUTH_TOKEN=self.token,
+        add("learner", learner, may_finish=True, LUDIC_INFERENCE_URLS=self.inference_url, LUDIC_AUTH_TOKEN=self.token,
             LUDIC_MODEL_DIR=str(model_dir), LUDIC_OUTPUT_DIR=str(self.run_dir / "learner"))
         for name in self.metrics:
             if name not in ("inference",):

@@ -27,6 +27,9 @@ class ServiceSpec:
     health_url: str | None = None  # polled until 200
     metrics_url: str | None = None
     critical: bool = True  # its death stops the run
+    # a job that may finish its work (exit 0) before its first health check passes (the
+    # learner of a short run): that exit is success, not a failed start
+    may_finish: bool = False
 
 
 class ServiceError(RuntimeError):
@@ -66,6 +69,8 @@ class Supervisor:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
+                if spec.may_finish and proc.returncode == 0:
+                    return
                 raise ServiceError(
                     f"{name} exited with code {proc.returncode} before becoming healthy; "
                     f"last log lines:\n{self.log_tail(name)}"
