@@ -57,6 +57,9 @@ class TrainerConfig:
     eval_every_n_steps: int | None = None
     eval_concurrency: int = 32
     # --- beyond the spec table ---
+    # consecutive failed publishes (PublishError) tolerated: training goes on with the old
+    # version served; at this many in a row the Trainer raises PublishFailed
+    max_publish_failures: int = 5
     cpu_autocast: bool = False  # allow autocast on CPU (mixed_precision_dtype must be set)
     lora_rank: int | None = None  # LoRA via peft when set
     lora_alpha: float = 16.0
@@ -123,6 +126,8 @@ class TrainerConfig:
             raise bad("eval_every_n_steps", "must be >= 1 or None")
         if self.eval_concurrency < 1:
             raise bad("eval_concurrency", "must be >= 1")
+        if self.max_publish_failures < 1:
+            raise bad("max_publish_failures", "must be >= 1")
         if self.lora_rank is not None and self.lora_rank < 1:
             raise bad("lora_rank", "must be >= 1 or None")
         self.lora_target_modules = tuple(self.lora_target_modules)

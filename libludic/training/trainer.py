@@ -15,7 +15,22 @@ One optimizer step (``train_step``):
    accumulated gradient equals the full-batch gradient up to float rounding. Under FSDP2
    the loss is multiplied by world_size because the reduce-scatter averages gradients.
 5. Gradients are clipped to ``max_grad_norm``, AdamW steps.
-6. Every ``sync_every_steps`` steps, ``publisher.publish(full_state_dict(), version)``.
+6. The batch source's items are marked trained (``mark_trained()``, when it has one).
+7. Every ``sync_every_steps`` steps, ``publish()``: ``publisher.publish(full_state_dict(),
+   version)`` with ``version = max(policy_version, version_floor) + 1``. The Trainer is the
+   only writer of ``policy_version`` (publish, load_checkpoint). A ``PublishError`` is
+   counted and training goes on with the old version served (the next publish retries);
+   ``cfg.max_publish_failures`` failures in a row raise :class:`PublishFailed`.
+8. Every ``eval_every_n_steps``, the evaluator; then the checkpoint when
+   ``checkpointer.should_save(step)`` (after which the batch source's trained items are
+   committed: ``commit()``, when it has one, so an item is committed iff it is inside a saved
+   checkpoint), or, without a checkpointer, the commit right away.
+9. ``hooks`` (TrainerHooks) let a service wire metrics, logs and Redis into the loop:
+   ``on_step``, ``on_publish``, ``on_checkpoint``, awaited on every rank.
+
+``train(num_steps, should_stop)`` repeats ``train_step`` until ``num_steps`` more steps, until
+``should_stop()`` is true on any rank, or until the source raises ``SourceStopped``
+(``stop_reason`` says which: "done" or "stopped").
 
 Batch-level credit. Before step 3, ``algo.apply_batch_stage`` finishes the credit of items
 whose algorithm has a batch-level statistic (ScaleRL's std) that the credit worker left
@@ -37,11 +52,13 @@ Autocast: ``mixed_precision_dtype`` on CUDA; on CPU only with ``cfg.cpu_autocast
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,15 +67,35 @@ import torch.distributed as dist
 from torch import nn
 
 from libludic.distributed.interfaces import PolicyPublisher
+from libludic.distributed.publisher import PublishError
 from libludic.training import loss as L
 from libludic.training import parallel
 from libludic.training.algorithm import RLAlgorithm
 from libludic.training.batching.saw import collate, pack_micro_batches
 from libludic.training.checkpoint import CheckpointManager, LoadedCheckpoint
 from libludic.training.config import TrainerConfig
-from libludic.training.types import BatchSource, SAWItem
+from libludic.training.types import BatchSource, SAWItem, SourceStopped
 
 log = logging.getLogger(__name__)
+
+
+class PublishFailed(RuntimeError):
+    """``cfg.max_publish_failures`` consecutive publishes failed: training cannot go on."""
+
+
+@dataclass
+class TrainerHooks:
+    """What a service wires into the loop; each hook is optional and awaited on every rank
+    (rank-0-only work, such as writing to Redis, is the hook's own business).
+
+    on_step(stats, item_ids)          after each step (ids: the batch source's, all ranks)
+    on_publish(version, error, secs)  after each publish; error None = served, else why not
+    on_checkpoint(path, committed)    after each checkpoint (path None on ranks > 0)
+    """
+
+    on_step: Callable[[dict[str, float], list[str]], Awaitable[None]] | None = None
+    on_publish: Callable[[int, str | None, float], Awaitable[None]] | None = None
+    on_checkpoint: Callable[[Path | None, int], Awaitable[None]] | None = None
 
 
 class Trainer:
@@ -73,8 +110,10 @@ class Trainer:
         evaluator: Any = None,
         checkpointer: CheckpointManager | None = None,
         reference_model: nn.Module | None = None,
+        hooks: TrainerHooks | None = None,
     ) -> None:
         self.cfg = cfg if cfg is not None else TrainerConfig()
+        self.hooks = hooks if hooks is not None else TrainerHooks()
         self.algo = algo
         self.batch_source = batch_source
         self.publisher = publisher
@@ -118,8 +157,16 @@ class Trainer:
             weight_decay=self.cfg.weight_decay,
         )
         self.step = 0
-        self.policy_version = 0
+        self.policy_version = 0  # written only by publish() and load_checkpoint()
+        self.version_floor = 0  # publish never labels a version <= this (set before training)
         self.stale_dropped_total = 0
+        self.publish_failures = 0
+        self.consecutive_publish_failures = 0
+        self.last_publish_error = ""
+        self.last_publish_step = -1
+        self.last_checkpoint_step = -1
+        self.checkpoint_extra: dict[str, Any] = {}  # stored with every checkpoint
+        self.stop_reason = ""
 
     # ------------------------------------------------------------------ helpers
 
@@ -257,12 +304,14 @@ class Trainer:
         batch = await self.batch_source.next_batch()
         items, dropped = self.drop_stale(batch.items)
         self.stale_dropped_total += dropped
+        # a source that drops stale items before batching (PipelineBatchSource) counts them
+        source_stale = int(getattr(self.batch_source, "stale_dropped", 0) or 0)
         items = self.algo.apply_batch_stage(items, self._all_sum if self.distributed else None)
         stats: dict[str, float] = {
             "num_items": float(len(items)),
             "num_tokens": float(sum(it.num_tokens for it in items)),
             "stale_dropped": float(dropped),
-            "stale_dropped_total": float(self.stale_dropped_total),
+            "stale_dropped_total": float(self.stale_dropped_total + source_stale),
             "lr": float(self.optimizer.param_groups[0]["lr"]),
         }
         rewards = [float(it.meta["reward"]) for it in items if "reward" in it.meta]
@@ -281,45 +330,131 @@ class Trainer:
             log.warning("step %d: no items left after dropping %d stale; no update", self.step + 1, dropped)
             stats.update(loss=0.0, grad_norm=0.0)
         self.step += 1
+        mark = getattr(self.batch_source, "mark_trained", None)
+        ids: list[str] = list(mark()) if callable(mark) else []
         dt = max(time.perf_counter() - t0, 1e-9)
+        if self.distributed:  # each rank's loss is its share of the batch loss: sum them
+            t = torch.tensor([stats["loss"], stats["num_tokens"]], dtype=torch.float64, device=self.device)
+            dist.all_reduce(t)
+            stats["loss"], stats["num_tokens"] = float(t[0]), float(t[1])
+        batch_items = float(len(ids)) if ids else stats["num_items"]
         stats.update(
             step=float(self.step),
-            samples_per_s=stats["num_items"] / dt,
+            batch_items=batch_items,
+            samples_per_s=batch_items / dt,
             tokens_per_s=stats["num_tokens"] / dt,
             step_time_s=dt,
         )
         if self.publisher is not None and self.step % self.cfg.sync_every_steps == 0:
-            self.publish()
+            await self.publish()
         stats["policy_version"] = float(self.policy_version)
         n_eval = self.cfg.eval_every_n_steps
         if self.evaluator is not None and n_eval and self.step % n_eval == 0:
             stats.update(await self.evaluate())
-        if self.checkpointer is not None and self.checkpointer.should_save(self.step):
-            self.save_checkpoint()
+        if self.checkpointer is None:
+            await self.commit()
+        elif self.checkpointer.should_save(self.step):
+            await self.checkpoint()
         if self.step % self.cfg.log_every == 0 and parallel.rank() == 0:
             log.info(
-                "step %d loss %.4f grad_norm %.3f items %d reward %.3f stale %d tok/s %.0f",
-                self.step, stats["loss"], stats["grad_norm"], stats["num_items"],
-                stats["reward_mean"], dropped, stats["tokens_per_s"],
+                "step %d loss %.4f grad_norm %.3f items %d reward %.3f stale %d tok/s %.0f "
+                "samples/s %.1f v%d",
+                self.step, stats["loss"], stats["grad_norm"], int(batch_items),
+                stats["reward_mean"], int(stats["stale_dropped_total"]), stats["tokens_per_s"],
+                stats["samples_per_s"], self.policy_version,
             )
+        if self.hooks.on_step is not None:
+            await self.hooks.on_step(stats, ids)
         return stats
 
-    async def train(self, num_steps: int | None = None) -> list[dict[str, float]]:
-        """Run ``num_steps`` optimizer steps (None: until cancelled); returns per-step stats."""
+    async def train(
+        self, num_steps: int | None = None, should_stop: Callable[[], bool] | None = None
+    ) -> list[dict[str, float]]:
+        """Run ``num_steps`` more optimizer steps (None: until stopped); returns per-step
+        stats. Ends early, with ``stop_reason = "stopped"``, once ``should_stop()`` is true on
+        any rank (checked before each step) or the source raises SourceStopped."""
         if num_steps is not None and num_steps < 0:
             raise ValueError(f"num_steps={num_steps} must be >= 0")
         if self.cfg.eval_at_start and self.evaluator is not None:
             log.info("eval at start: %s", await self.evaluate())
         history: list[dict[str, float]] = []
+        self.stop_reason = "done"
         while num_steps is None or len(history) < num_steps:
-            history.append(await self.train_step())
+            if should_stop is not None and self._any_rank(should_stop()):
+                self.stop_reason = "stopped"
+                break
+            try:
+                history.append(await self.train_step())
+            except SourceStopped:
+                self.stop_reason = "stopped"
+                break
         return history
 
-    def publish(self) -> None:
-        assert self.publisher is not None
-        version = self.policy_version + 1
-        self.publisher.publish(self.full_state_dict(), version=version)
+    def _any_rank(self, flag: bool) -> bool:
+        if not self.distributed:
+            return flag
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    async def publish(self) -> bool:
+        """Publish the current weights as ``max(policy_version, version_floor) + 1``; True
+        once served. Every rank calls it (the gather is collective under FSDP2)."""
+        if self.publisher is None:
+            raise ValueError("Trainer has no publisher; pass publisher=...")
+        version = max(self.policy_version, self.version_floor) + 1
+        t0 = time.perf_counter()
+        sd = self.full_state_dict()
+        try:
+            await asyncio.to_thread(self.publisher.publish, sd, version)
+        except PublishError as e:
+            self.publish_failures += 1
+            self.consecutive_publish_failures += 1
+            self.last_publish_error = str(e)[:1000]
+            (log.error if parallel.rank() == 0 else log.debug)(
+                "PUBLISH FAILED (%d in a row, limit %d); training continues on v%d weights, "
+                "v%d stays served: %s",
+                self.consecutive_publish_failures, self.cfg.max_publish_failures, version,
+                self.policy_version, e,
+            )
+            if self.hooks.on_publish is not None:
+                await self.hooks.on_publish(version, str(e), time.perf_counter() - t0)
+            if self.consecutive_publish_failures >= self.cfg.max_publish_failures:
+                raise PublishFailed(
+                    f"{self.consecutive_publish_failures} consecutive publishes failed "
+                    f"(max_publish_failures={self.cfg.max_publish_failures}); last: {e}"
+                ) from e
+            return False
+        finally:
+            del sd
+        dt = time.perf_counter() - t0
         self.policy_version = version
+        self.consecutive_publish_failures = 0
+        self.last_publish_step = self.step
+        if parallel.rank() == 0:
+            log.info("published policy v%d in %.2fs", version, dt)
+        if self.hooks.on_publish is not None:
+            await self.hooks.on_publish(version, None, dt)
+        return True
+
+    async def commit(self) -> int:
+        """Commit the batch source's trained items (``commit()``, when it has one)."""
+        commit = getattr(self.batch_source, "commit", None)
+        return int(await commit()) if callable(commit) else 0
+
+    async def checkpoint(self) -> Path | None:
+        """Save a checkpoint of this step (once; collective under FSDP2), then commit the
+        items it includes. Returns its path on rank 0."""
+        if self.checkpointer is None:
+            raise ValueError("Trainer has no checkpointer; pass checkpointer=CheckpointManager(...)")
+        if self.step == self.last_checkpoint_step:
+            return None
+        path = self.save_checkpoint(self.checkpoint_extra)
+        self.last_checkpoint_step = self.step
+        n = await self.commit()
+        if self.hooks.on_checkpoint is not None:
+            await self.hooks.on_checkpoint(path, n)
+        return path
 
     async def evaluate(self) -> dict[str, float]:
         self.model.eval()
@@ -374,6 +509,7 @@ class Trainer:
         if ck.optimizer_state is not None:
             set_optimizer_state_dict(self.model, self.optimizer, ck.optimizer_state, options=opts)
         self.step = int(ck.extra.get("trainer_step", ck.step))
+        self.last_checkpoint_step = self.step
         self.policy_version = int(ck.extra.get("policy_version", 0))
         if "batch_source" in ck.extra and hasattr(self.batch_source, "load_state_dict"):
             self.batch_source.load_state_dict(ck.extra["batch_source"])

@@ -144,3 +144,8 @@ class SAWBatch:
 @runtime_checkable
 class BatchSource(Protocol):
     async def next_batch(self) -> SAWBatch: ...
+
+
+class SourceStopped(Exception):
+    """Raised by a BatchSource's ``next_batch`` (on every rank) once a stop was requested:
+    ``Trainer.train`` ends there, as on its own ``should_stop``."""

@@ -3,10 +3,13 @@
     ludic learner --model-dir DIR --inference-urls http://inference:8000 [--resume]
     torchrun --nproc_per_node N -m services.cli learner ...      # FSDP2, gloo/NCCL
 
-One step: ``PipelineBatchSource`` (rank 0 reads Redis, shares the batch; stale items are
-dropped there) -> ``Trainer.train_step`` -> every ``sync_every_steps`` a publish -> every
-``checkpoint_every`` steps a checkpoint -> ack of the committed items. The full state dict
-is gathered only for a publish or a checkpoint.
+The loop is the library's (``Trainer.train``: batch, stale filter, step, publish, checkpoint
+and commit, stop conditions; ``Trainer`` is the only writer of the policy version); this
+module wires settings, Redis and metrics into it: ``PipelineBatchSource`` (rank 0 reads
+Redis, shares the batch; it drops stale items before batching, at the Trainer's
+``max_lag`` and version), the publisher, the checkpoint manager and ``TrainerHooks``
+(metrics, the version in Redis, the status entry, the trained-items log). The full state
+dict is gathered only for a publish or a checkpoint.
 
 Exactly-once. Items are acked only once committed: with checkpointing, when a checkpoint
 that includes them is saved (its extra holds ``batch_source.last_committed_id``,
@@ -51,7 +54,6 @@ import logging
 import os
 import random
 import shutil
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -64,16 +66,15 @@ from libludic import accounting, transport
 from libludic.distributed.publisher import (
     BroadcastPolicyPublisher,
     HttpPolicyPublisher,
-    PublishError,
     Rank0OnlyPublisher,
     ReplicaSet,
     RetryPolicy,
     replica_versions,
 )
 from libludic.training import parallel
-from libludic.training.batching.pipeline import PipelineBatchSource, SourceStopped, any_rank
+from libludic.training.batching.pipeline import PipelineBatchSource
 from libludic.training.checkpoint import CheckpointManager
-from libludic.training.trainer import Trainer
+from libludic.training.trainer import PublishFailed, Trainer, TrainerHooks
 from services.common.http import start_http
 from services.common.lifecycle import install_stop_signals
 from services.common.settings import log_settings, setup_logging
@@ -116,12 +117,7 @@ class Learner:
         self.trainer: Trainer | None = None
         self.publisher: Any = None
         self.inner_publisher: Any = None
-        self.version_floor = 0
-        self.consecutive_failures = 0
-        self.publish_failures = 0
-        self.last_publish_error = ""
-        self.last_ckpt_step = -1
-        self.last_pub_step = -1
+        self.logger: M.StepLogger | None = None
         self.ckcfg = s.checkpoint_config()
         self.trained_log: Path | None = None
         self.accounting: dict[str, Any] | None = None  # last libludic.accounting snapshot
@@ -149,15 +145,14 @@ class Learner:
             if pad is None:
                 eos = getattr(model.config, "eos_token_id", 0)
                 pad = eos[0] if isinstance(eos, list) else (eos or 0)
-        # the source drops stale items (before batching); the Trainer's console line is ours
-        cfg = dataclasses.replace(cfg, max_lag=None, log_every=10**9, pad_token_id=int(pad))
+        cfg = dataclasses.replace(cfg, pad_token_id=int(pad))
         device = parallel.resolve_device(cfg.model_device)
         source = PipelineBatchSource(
             redis=self.r,
             keys=self.keys if self.rank == 0 else None,
             batch_size=s.batch_size,
             version_fn=lambda: self.trainer.policy_version if self.trainer else 0,
-            max_lag=s.lag,
+            max_lag=cfg.max_lag,  # the Trainer's: the source filters before batching
             consumer=s.consumer,
             block_ms=s.block_ms,
             device=device,
@@ -167,19 +162,6 @@ class Learner:
             idle_action=self._republish,
             idle_check_s=s.replica_check_s or 10.0,
         )
-        checkpointer = None
-        if self.ckcfg is not None:  # the service decides when to save (then acks)
-            checkpointer = CheckpointManager(dataclasses.replace(self.ckcfg, every_n_steps=0))
-        self.trainer = Trainer(
-            model=model,
-            algo=s.spec.build(),
-            batch_source=source,
-            publisher=None,
-            cfg=cfg,
-            checkpointer=checkpointer,
-        )
-        self.source = source
-        self.device = device
         if s.inference_urls:
             retry = RetryPolicy(
                 max_attempts=s.publish_attempts,
@@ -213,6 +195,20 @@ class Learner:
             self.publisher = (
                 Rank0OnlyPublisher(inner, device) if parallel.is_distributed() else inner
             )
+        self.source = source
+        self.device = device
+        self.trainer = Trainer(
+            model=model,
+            algo=s.spec.build(),
+            batch_source=source,
+            publisher=self.publisher,
+            cfg=cfg,
+            checkpointer=CheckpointManager(self.ckcfg) if self.ckcfg is not None else None,
+            hooks=TrainerHooks(
+                on_step=self._on_step, on_publish=self._on_publish, on_checkpoint=self._on_checkpoint
+            ),
+        )
+        self.trainer.checkpoint_extra = {"run_id": s.run_id}
 
     def _cut_trained_log(self, step: int) -> None:
         if self.rank != 0 or self.trained_log is None:
@@ -252,7 +248,6 @@ class Learner:
                 )
             else:
                 resumed = True
-                self.last_ckpt_step = tr.step
                 log.info(
                     "resumed from %s: step %d, policy version %d, stream position %s",
                     ck.path,
@@ -273,7 +268,7 @@ class Learner:
                 vs = replica_versions(self.inner_publisher.replicas.resolve())
                 floor = max([floor] + [v for v in vs.values() if v is not None])
         (floor,) = self._shared_ints([floor])
-        self.version_floor = floor
+        tr.version_floor = floor
         M.STEP.set(tr.step)
         M.POLICY_VERSION.set(max(tr.policy_version, 0))
         if self.publisher is not None and (resumed or floor > tr.policy_version):
@@ -283,55 +278,22 @@ class Learner:
                 tr.policy_version,
                 floor,
             )
-            await self.publish()
+            await tr.publish()
         await self._status()
 
     # ------------------------------------------------------------------ publish / commit
 
-    async def publish(self) -> bool:
-        tr = self.trainer
-        assert tr is not None and self.publisher is not None
-        version = max(tr.policy_version, self.version_floor) + 1
-        t0 = time.perf_counter()
-        sd = tr.full_state_dict()  # collective under FSDP2 (LoRA merged)
-        try:
-            await asyncio.to_thread(self.publisher.publish, sd, version)
-        except PublishError as e:
-            self.consecutive_failures += 1
-            self.publish_failures += 1
-            self.last_publish_error = str(e)[:1000]
+    async def _on_publish(self, version: int, error: str | None, seconds: float) -> None:
+        if error is not None:
             M.PUBLISHES.labels(outcome="failed").inc()
-            (log.error if self.rank == 0 else log.debug)(
-                "PUBLISH FAILED (%d in a row, limit %d); training continues on v%d weights, "
-                "Redis keeps v%d: %s",
-                self.consecutive_failures,
-                self.s.max_publish_failures,
-                version,
-                tr.policy_version,
-                e,
-            )
-            if self.consecutive_failures >= self.s.max_publish_failures:
-                raise LearnerFatal(
-                    f"{self.consecutive_failures} consecutive publishes failed (max_publish_failures="
-                    f"{self.s.max_publish_failures}); last: {e}"
-                ) from e
-            return False
-        finally:
-            del sd
-        dt = time.perf_counter() - t0
-        tr.policy_version = version
-        self.consecutive_failures = 0
-        self.last_pub_step = tr.step
+            return
         M.PUBLISHES.labels(outcome="ok").inc()
-        M.PUBLISH_SECONDS.observe(dt)
+        M.PUBLISH_SECONDS.observe(seconds)
         M.POLICY_VERSION.set(version)
-        if self.rank == 0:
+        if self.rank == 0:  # actors' admission control reads it
             await transport.retry_redis(
                 lambda: transport.set_policy_version(self.r, self.keys, version), deadline_s=60
             )
-        if self.rank == 0:
-            log.info("published policy v%d in %.2fs", version, dt)
-        return True
 
     async def _replica_behind(self) -> bool:
         """Rank 0, while the source waits for items: does a reachable replica serve an older
@@ -355,19 +317,13 @@ class Learner:
 
     async def _republish(self) -> None:
         """Every rank (the gather is collective): publish the current weights again."""
-        await self.publish()
+        assert self.trainer is not None
+        await self.trainer.publish()
 
-    async def checkpoint(self) -> None:
-        tr = self.trainer
-        assert tr is not None
-        if tr.checkpointer is None or tr.step == self.last_ckpt_step:
-            return
-        path = tr.save_checkpoint(extra={"run_id": self.s.run_id})  # collective under FSDP2
-        self.last_ckpt_step = tr.step
+    async def _on_checkpoint(self, path: Path | None, committed: int) -> None:
         M.CHECKPOINTS.inc()
-        n = await self.source.commit()  # the checkpoint is durable: ack what it includes
         if self.rank == 0:
-            log.info("checkpoint %s saved; acked %d items", path, n)
+            log.info("checkpoint %s saved; acked %d items", path, committed)
 
     async def _status(self) -> None:
         if self.rank != 0 or self.r is None:
@@ -379,9 +335,9 @@ class Learner:
             "step": tr.step,
             "policy_version": tr.policy_version,
             "replicas": dict(getattr(self.inner_publisher, "acked", {}) or {}),
-            "publish_failures": self.publish_failures,
-            "consecutive_publish_failures": self.consecutive_failures,
-            "last_publish_error": self.last_publish_error,
+            "publish_failures": tr.publish_failures,
+            "consecutive_publish_failures": tr.consecutive_publish_failures,
+            "last_publish_error": tr.last_publish_error,
             "items_trained": self.source.items_trained,
             "stale_dropped": self.source.stale_dropped,
             "uncommitted": self.source.uncommitted,
@@ -403,20 +359,16 @@ class Learner:
 
     # ------------------------------------------------------------------ loop
 
-    def _global_stats(self, stats: dict[str, float]) -> dict[str, float]:
-        """Loss and token counts summed over ranks (each rank's loss is its share)."""
-        if not parallel.is_distributed():
-            return stats
-        t = torch.tensor(
-            [stats.get("loss", 0.0), stats.get("num_tokens", 0.0)],
-            dtype=torch.float64,
-            device=self.device,
-        )
-        dist.all_reduce(t)
-        out = dict(stats)
-        out["loss"], out["num_tokens"] = float(t[0]), float(t[1])
-        out["tokens_per_s"] = out["num_tokens"] / max(stats["step_time_s"], 1e-9)
-        return out
+    async def _on_step(self, stats: dict[str, float], ids: list[str]) -> None:
+        tr = self.trainer
+        assert tr is not None
+        self._log_trained(tr.step, ids)
+        if self.rank == 0:
+            M.export_step(stats)
+            M.UNCOMMITTED.set(self.source.uncommitted)
+            if self.logger is not None:
+                self.logger.step(stats)
+            await self._status()
 
     def _log_trained(self, step: int, ids: list[str]) -> None:
         if self.rank != 0 or self.trained_log is None:
@@ -433,54 +385,21 @@ class Learner:
         await self.setup()
         tr = self.trainer
         assert tr is not None
-        logger = (
-            M.StepLogger(
-                s.log_every,
-                s.tensorboard_dir if self.rank == 0 else "",
-                config=dataclasses.asdict(s),
-            )
-            if self.rank == 0
-            else None
-        )
+        if self.rank == 0:
+            self.logger = M.StepLogger(s.tensorboard_dir, config=dataclasses.asdict(s))
         keep = asyncio.create_task(self._keepalive()) if self.rank == 0 else None
         reason = "done"
         try:
-            while True:
-                if s.num_steps and tr.step >= s.num_steps:
-                    break
-                if any_rank(self.stop.is_set(), self.device):
-                    reason = "signal"
-                    break
-                try:
-                    stats = await tr.train_step()
-                except SourceStopped:
-                    reason = "signal"
-                    break
-                ids = self.source.mark_trained()
-                self._log_trained(tr.step, ids)
-                stats = self._global_stats(stats)
-                stats["batch_items"] = float(len(ids))
-                stats["samples_per_s"] = len(ids) / max(stats["step_time_s"], 1e-9)
-                if self.publisher is not None and tr.step % tr.cfg.sync_every_steps == 0:
-                    await self.publish()
-                if self.ckcfg is None:
-                    await self.source.commit()
-                elif self.ckcfg.every_n_steps and tr.step % self.ckcfg.every_n_steps == 0:
-                    await self.checkpoint()
-                stats["policy_version"] = float(tr.policy_version)
-                stats["stale_dropped_total"] = float(self.source.stale_dropped)
-                if self.rank == 0:
-                    M.export_step(stats)
-                    M.UNCOMMITTED.set(self.source.uncommitted)
-                    assert logger is not None
-                    logger.step(stats)
-                    await self._status()
-            if reason == "done" and self.publisher is not None and self.last_pub_step != tr.step:
-                await self.publish()
-            if self.ckcfg is None:
-                await self.source.commit()
+            await tr.train(
+                max(s.num_steps - tr.step, 0) if s.num_steps else None, should_stop=self.stop.is_set
+            )
+            reason = "done" if tr.stop_reason == "done" else "signal"
+            if reason == "done" and self.publisher is not None and tr.last_publish_step != tr.step:
+                await tr.publish()
+            if tr.checkpointer is None:
+                await tr.commit()
             else:
-                await self.checkpoint()
+                await tr.checkpoint()
             self._save_final()
             if self.rank == 0:
                 log.info(
@@ -492,20 +411,21 @@ class Learner:
                     self.source.stale_dropped,
                 )
             return 0
-        except LearnerFatal:
-            try:
-                await self.checkpoint()
-            except Exception as e:  # keep the original error; the checkpoint is best effort
-                log.error("checkpoint after a fatal error failed: %s", e)
-            raise
+        except PublishFailed as e:
+            if tr.checkpointer is not None:
+                try:
+                    await tr.checkpoint()
+                except Exception as ce:  # keep the original error; the checkpoint is best effort
+                    log.error("checkpoint after a fatal error failed: %s", ce)
+            raise LearnerFatal(str(e)) from e
         finally:
             if keep is not None:
                 keep.cancel()
                 await asyncio.gather(keep, return_exceptions=True)
             await self._status()
             self._write_final(reason)
-            if logger is not None:
-                logger.close()
+            if self.logger is not None:
+                self.logger.close()
 
     def _save_final(self) -> None:
         """``<output_dir>/final/``: the policy at a clean exit (after the final publish, so
@@ -547,7 +467,7 @@ class Learner:
             "policy_version": tr.policy_version,
             "items_trained": self.source.items_trained,
             "stale_dropped": self.source.stale_dropped,
-            "publish_failures": self.publish_failures,
+            "publish_failures": tr.publish_failures,
             "accounting": self.accounting,  # libludic/accounting.py, read at the last status
         }
         tmp = out / "learner_final.json.tmp"

@@ -101,20 +101,11 @@ def export_step(stats: dict[str, float]) -> None:
 
 
 class StepLogger:
-    """Rich console line every ``log_every`` steps; wandb when ``WANDB_PROJECT`` is set and
-    wandb is installed; TensorBoard when ``tensorboard_dir`` is set and it is installed."""
+    """Every step's stats to wandb when ``WANDB_PROJECT`` is set and wandb is installed, and
+    to TensorBoard when ``tensorboard_dir`` is set and it is installed. (The console line is
+    the Trainer's, every ``log_every`` steps.)"""
 
-    def __init__(
-        self, log_every: int, tensorboard_dir: str = "", config: dict[str, Any] | None = None
-    ):
-        self.log_every = max(1, log_every)
-        self.console: Any = None
-        try:
-            from rich.console import Console
-
-            self.console = Console(stderr=True, highlight=False)
-        except ImportError:  # pragma: no cover - rich is a dependency
-            pass
+    def __init__(self, tensorboard_dir: str = "", config: dict[str, Any] | None = None):
         self.wandb: Any = None
         if os.environ.get("WANDB_PROJECT"):
             try:
@@ -140,18 +131,6 @@ class StepLogger:
         if self.tb is not None:
             for k, v in stats.items():
                 self.tb.add_scalar(k, v, step)
-        if step % self.log_every:
-            return
-        line = (
-            f"[bold]step {step}[/bold] loss {stats.get('loss', 0.0):.4f} "
-            f"reward {stats.get('reward_mean', 0.0):.3f} "
-            f"samples/s {stats.get('samples_per_s', 0.0):.1f} tok/s {stats.get('tokens_per_s', 0.0):.0f} "
-            f"stale {int(stats.get('stale_dropped_total', 0))} v{int(stats.get('policy_version', 0))}"
-        )
-        if self.console is not None:
-            self.console.print(line)
-        else:  # pragma: no cover
-            log.info(line)
 
     def close(self) -> None:
         if self.tb is not None:

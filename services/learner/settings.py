@@ -205,6 +205,8 @@ class LearnerSettings:
             mixed_precision_dtype=self.mixed_precision or None,
             lora_rank=self.lora_rank or None,
             log_every=self.log_every,
+            max_lag=self.lag,
+            max_publish_failures=self.max_publish_failures,
         )
         kw.update(over)
         return TrainerConfig(**kw)

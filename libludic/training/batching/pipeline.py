@@ -66,7 +66,7 @@ import torch
 import torch.distributed as dist
 
 from libludic import accounting, transport
-from libludic.training.types import SAWBatch, SAWItem
+from libludic.training.types import SAWBatch, SAWItem, SourceStopped
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +74,6 @@ DEFAULT_CONSUMER = "learner-0"
 _MSG_BATCH, _MSG_WAIT, _MSG_IDLE = "batch", "wait", "idle"
 
 
-class SourceStopped(Exception):
-    """Raised by ``next_batch`` on every rank once a stop was requested."""
 
 
 def stream_id_key(eid: str) -> tuple[int, int]:
@@ -309,10 +307,31 @@ class PipelineBatchSource:
                 if self.on_stale is not None:
                     self.on_stale(len(stale))
 
+    async def _drop_stale_buffered(self) -> None:
+        """Re-check buffered items against the version now: one read fresh when buffered can
+        be stale at batch formation if the version moved meanwhile (a republish while the
+        source waited), and the Trainer must never get an item it would drop as stale."""
+        if self.max_lag is None or not self._buffer:
+            return
+        floor = self.version_fn() - self.max_lag
+        keep: list[tuple[transport.Entry, SAWItem]] = []
+        stale: list[tuple[transport.Entry, SAWItem]] = []
+        for e, it in self._buffer:
+            pv = it.policy_version
+            (stale if pv is not None and pv < floor else keep).append((e, it))
+        if stale:
+            assert self._sc is not None
+            self._buffer = keep
+            await accounting.ack_items(self._sc, [e.id for e, _ in stale], "stale")
+            self.stale_dropped += len(stale)
+            if self.on_stale is not None:
+                self.on_stale(len(stale))
+
     async def _take_batch_rank0(self) -> list[tuple[transport.Entry, SAWItem]] | None:
         """One fill attempt (blocks up to ``block_ms``); the batch if complete, else None."""
         if len(self._buffer) < self.batch_size:
             await self._fill()
+        await self._drop_stale_buffered()
         if len(self._buffer) < self.batch_size:
             return None
         batch, self._buffer = self._buffer[: self.batch_size], self._buffer[self.batch_size :]

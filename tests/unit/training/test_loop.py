@@ -1,0 +1,157 @@
+"""Trainer.train is the one RL loop (issue #14): publish with a version floor and a failure
+policy, commit of the source's trained items (after each step, or only inside checkpoints),
+stop conditions, and hooks, on the tiny model with fakes for the source and the publisher."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from libludic.distributed.publisher import PublishError
+from libludic.models.tiny import PAD_ID
+from libludic.training.algorithm import make_sft
+from libludic.training.checkpoint import CheckpointConfig, CheckpointManager
+from libludic.training.config import TrainerConfig
+from libludic.training.trainer import PublishFailed, Trainer, TrainerHooks
+from libludic.training.types import SAWBatch, SourceStopped
+
+from .fakes import make_item
+
+
+@pytest.fixture(scope="module")
+def base_model(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+
+
+class CommittingSource:
+    """Batches of 2 items; records mark_trained / commit like PipelineBatchSource; raises
+    SourceStopped after ``stop_after`` batches (None: never)."""
+
+    def __init__(self, stop_after: int | None = None) -> None:
+        self.n = 0
+        self.stop_after = stop_after
+        self.handed: list[str] = []
+        self.trained: list[str] = []
+        self.committed: list[str] = []
+        self.stale_dropped = 3  # dropped before batching: the Trainer reports it
+
+    async def next_batch(self) -> SAWBatch:
+        if self.stop_after is not None and self.n >= self.stop_after:
+            raise SourceStopped()
+        self.n += 1
+        items = [make_item(4, 2, seed=10 * self.n + i) for i in range(2)]
+        for i, it in enumerate(items):
+            it.meta["item_id"] = f"b{self.n}-{i}"
+        self.handed = [it.item_id for it in items]
+        return SAWBatch(items=items)
+
+    def mark_trained(self) -> list[str]:
+        ids, self.handed = self.handed, []
+        self.trained += ids
+        return ids
+
+    async def commit(self) -> int:
+        new = [i for i in self.trained if i not in self.committed]
+        self.committed += new
+        return len(new)
+
+
+class Publisher:
+    def __init__(self, fail: set[int] = frozenset()) -> None:  # type: ignore[assignment]
+        self.fail = set(fail)
+        self.calls: list[int] = []
+        self.n = 0
+
+    def publish(self, state_dict: Any, version: int | None) -> None:
+        self.n += 1
+        self.calls.append(int(version or 0))
+        if self.n in self.fail:
+            raise PublishError(int(version or 0), {"http://r": "HTTP 503"})
+
+
+def cfg(**kw: Any) -> TrainerConfig:
+    return TrainerConfig(model_device="cpu", mixed_precision_dtype=None, pad_token_id=PAD_ID, **kw)
+
+
+def trainer(model: Any, source: Any, **kw: Any) -> Trainer:
+    return Trainer(model=copy.deepcopy(model), algo=make_sft(), batch_source=source, **kw)
+
+
+async def test_versions_start_above_the_floor_and_a_failed_publish_keeps_the_version(base_model) -> None:
+    seen: list[tuple[int, str | None]] = []
+
+    async def on_publish(version: int, error: str | None, secs: float) -> None:
+        seen.append((version, error))
+
+    pub = Publisher(fail={2})
+    tr = trainer(base_model, CommittingSource(), publisher=pub, cfg=cfg(),
+                 hooks=TrainerHooks(on_publish=on_publish))
+    tr.version_floor = 7  # Redis or a replica already serves v7
+    await tr.train(num_steps=3)
+    # step 1 -> v8; step 2 fails (v9 not served, the version stays 8); step 3 retries v9
+    assert pub.calls == [8, 9, 9]
+    assert tr.policy_version == 9 and tr.publish_failures == 1
+    assert tr.consecutive_publish_failures == 0
+    assert [v for v, _ in seen] == [8, 9, 9] and seen[1][1] is not None and "503" in seen[1][1]
+
+
+async def test_max_publish_failures_in_a_row_raise(base_model) -> None:
+    tr = trainer(base_model, CommittingSource(), publisher=Publisher(fail={1, 2, 3}),
+                 cfg=cfg(max_publish_failures=3))
+    with pytest.raises(PublishFailed, match="3 consecutive publishes failed"):
+        await tr.train(num_steps=5)
+    assert tr.step == 3 and tr.policy_version == 0
+
+
+async def test_without_checkpoints_each_step_commits_its_items(base_model) -> None:
+    src = CommittingSource()
+    steps: list[tuple[float, list[str]]] = []
+
+    async def on_step(stats: dict[str, float], ids: list[str]) -> None:
+        steps.append((stats["batch_items"], ids))
+        assert src.committed == src.trained  # committed before the hook runs
+
+    tr = trainer(base_model, src, cfg=cfg(), hooks=TrainerHooks(on_step=on_step))
+    hist = await tr.train(num_steps=2)
+    assert src.committed == ["b1-0", "b1-1", "b2-0", "b2-1"]
+    assert steps == [(2.0, ["b1-0", "b1-1"]), (2.0, ["b2-0", "b2-1"])]
+    assert hist[-1]["stale_dropped_total"] == 3.0
+
+
+async def test_with_checkpoints_items_commit_only_inside_a_checkpoint(base_model, tmp_path) -> None:
+    src = CommittingSource()
+    saved: list[int] = []
+
+    async def on_checkpoint(path: Any, committed: int) -> None:
+        saved.append(committed)
+
+    mgr = CheckpointManager(CheckpointConfig(str(tmp_path), every_n_steps=2))
+    tr = trainer(base_model, src, cfg=cfg(), checkpointer=mgr,
+                 hooks=TrainerHooks(on_checkpoint=on_checkpoint))
+    await tr.train(num_steps=1)
+    assert src.trained == ["b1-0", "b1-1"] and src.committed == []  # no checkpoint yet
+    await tr.train(num_steps=2)  # the checkpoint at step 2 commits steps 1-2; step 3 waits
+    assert src.committed == ["b1-0", "b1-1", "b2-0", "b2-1"] and saved == [4]
+    assert await tr.checkpoint() is not None  # explicit (final) checkpoint of step 3
+    assert src.committed == src.trained and saved == [4, 2]
+    assert await tr.checkpoint() is None  # this step has one already
+
+
+async def test_stop_conditions(base_model) -> None:
+    tr = trainer(base_model, CommittingSource(stop_after=2), cfg=cfg())
+    hist = await tr.train()  # until stopped: the source stops after 2 batches
+    assert len(hist) == 2 and tr.stop_reason == "stopped"
+    tr2 = trainer(base_model, CommittingSource(), cfg=cfg())
+    assert await tr2.train(num_steps=2) and tr2.stop_reason == "done"
+    flag = {"stop": False}
+
+    async def on_step(stats: dict[str, float], ids: list[str]) -> None:
+        flag["stop"] = stats["step"] >= 3
+
+    tr3 = trainer(base_model, CommittingSource(), cfg=cfg(), hooks=TrainerHooks(on_step=on_step))
+    hist3 = await tr3.train(num_steps=10, should_stop=lambda: flag["stop"])
+    assert len(hist3) == 3 and tr3.stop_reason == "stopped"
