@@ -90,7 +90,8 @@ compose-env:
 	  test -f "$$w" && { test -f deploy/docker/wheels/$${w##*/} || ln "$$w" deploy/docker/wheels/ 2>/dev/null || cp "$$w" deploy/docker/wheels/; }; done; true
 
 compose-build: docker-host compose-env
-	flock /tmp/ludic-docker.lock $(COMPOSE) build
+	@start=$$(date +%s); flock /tmp/ludic-docker.lock $(COMPOSE) build && \
+	  echo "compose build: $$(( $$(date +%s) - start )) s; $$(docker image inspect ludic:cpu --format '{{.Size}}' | awk '{printf "ludic:cpu %.2f GB", $$1/1e9}')"
 
 compose-up: compose-build
 	$(COMPOSE) up -d --wait

@@ -210,6 +210,9 @@ def test_run_reaches_its_step_count_and_keeps_the_policy(stack):
                           "ludic:cpu", "/c/learner_final.json"))
     REPORT["learner_final"] = final
     assert final.get("step", final.get("steps", 0)) >= NUM_STEPS, final
+    # the held-out pass rate of the trained policy: eval's evaluation of a last step
+    wait(lambda: gauge("ludic_eval_step") >= NUM_STEPS - 10, 300, "an evaluation of the last steps")
+    REPORT["eval_final"] = {"pass_rate": gauge("ludic_eval_pass_rate"), "step": gauge("ludic_eval_step")}
     acct = final["accounting"]
     assert acct["items_trained_twice"] == 0, acct
     # in flight is derived (requested - trained - dropped - dead-lettered); it must equal what
