@@ -3,7 +3,7 @@
 Per stream: length (un-acked backlog: consumers XDEL on ack), the consumer group's
 pending count and lag, and each consumer's pending count and idle time. Also the
 dead-letter count (XLEN of ``deadletter``) with its reasons, the run accounting
-(libludic/accounting.py: groups requested = trained + dropped + dead-lettered + in flight,
+(libludic/transport/accounting.py: groups requested = trained + dropped + dead-lettered + in flight,
 items trained twice), the learner's
 ``policy_version`` and ``learner_step``, the credit leader and the live actors (heartbeat
 keys that have not expired).
@@ -18,9 +18,8 @@ import os
 from collections import Counter
 from typing import Any
 
-import redis.exceptions as rexc
-
-from libludic import accounting, transport
+from libludic import transport
+from libludic.transport import accounting
 
 
 def _s(x: Any) -> Any:
@@ -31,35 +30,8 @@ async def collect(redis_url: str, run_id: str, deadletter_sample: int = 1000) ->
     keys = transport.Keys(run_id)
     r = transport.connect(redis_url)
     try:
-        streams: dict[str, Any] = {}
-        for name, key in keys.streams().items():
-            info: dict[str, Any] = {"key": key, "length": int(await r.xlen(key)), "groups": []}
-            try:
-                groups = await r.xinfo_groups(key) if info["length"] or await r.exists(key) else []
-            except rexc.ResponseError:
-                groups = []
-            for g in groups:
-                gname = _s(g["name"])
-                consumers = []
-                for c in await r.xinfo_consumers(key, gname):
-                    consumers.append({
-                        "name": _s(c["name"]),
-                        "pending": int(c["pending"]),
-                        "idle_ms": int(c["idle"]),
-                        "inactive_ms": int(c["inactive"]) if c.get("inactive") is not None else None,
-                    })
-                lag = g.get("lag")
-                info["groups"].append({
-                    "name": gname,
-                    "pending": int(g["pending"]),
-                    "lag": None if lag is None else int(lag),
-                    "last_delivered_id": _s(g.get("last-delivered-id")),
-                    "consumers": consumers,
-                })
-            streams[name] = info
-        reasons: Counter = Counter()
-        for _, fields in await r.xrevrange(keys.deadletter, count=deadletter_sample) or []:
-            reasons[_s((fields or {}).get(b"reason", b"?"))] += 1
+        streams = {name: await transport.stream_info(r, key) for name, key in keys.streams().items()}
+        reasons = Counter(await transport.recent_fields(r, keys.deadletter, b"reason", deadletter_sample))
         lease = await r.get(keys.lease("credit"))
         actors = await transport.alive(r, keys, "actor")
         return {

@@ -19,7 +19,7 @@ below may touch several of them atomically)::
     ludic:{run_id}:feeder:seed                                 next env seed (INCRBY)
     ludic:{run_id}:heartbeat:{role}:{consumer}                 liveness, SET ... EX ttl
     ludic:{run_id}:lease:{role}                                singleton lease (credit)
-    ludic:{run_id}:acct, acct:*                             run accounting (libludic/accounting.py)
+    ludic:{run_id}:acct, acct:*                             run accounting (libludic/transport/accounting.py)
     ludic:{run_id}:done:{role}:{item_id}                       de-dup marker, EX done_ttl
 
 Codec. An entry is ``{"id": item_id, "d": payload}``; ``payload`` is msgpack of
@@ -102,6 +102,10 @@ from libludic.transport.consumer import (  # noqa: F401
     as_str,
     backlog,
     ensure_group,
+    recent_fields,
+    stream_info,
+    stream_lengths,
+    stream_lengths_sync,
     wait_below,
     xadd,
 )
@@ -124,4 +128,4 @@ from libludic.transport.state import (  # noqa: F401
     set_policy_version,
 )
 
-__all__ = ['pack_msg', 'unpack_msg', 'AdmissionController', 'CodecError', 'Entry', 'GROUP_ACTORS', 'GROUP_CREDIT', 'GROUP_LEARNER', 'KIND_REQUEST', 'KIND_ROLLOUT', 'KIND_SAW', 'Keys', 'Lease', 'MAX_PAYLOAD_BYTES', 'REDIS_DOWN_ERRORS', 'SCHEMA_VERSION', 'STREAM_GROUPS', 'StreamConsumer', 'alive', 'as_str', 'backlog', 'backoff_sleep', 'beat', 'connect', 'consumer_name', 'decode_request', 'decode_rollout', 'decode_saw_item', 'encode_request', 'encode_rollout', 'encode_saw_item', 'ensure_group', 'envelope', 'get_int', 'get_policy_version', 'pack_array', 'retry_redis', 'set_learner_step', 'set_policy_version', 'unpack_array', 'wait_below', 'wait_event', 'xadd']
+__all__ = ['stream_lengths_sync', 'recent_fields', 'stream_info', 'stream_lengths', 'pack_msg', 'unpack_msg', 'AdmissionController', 'CodecError', 'Entry', 'GROUP_ACTORS', 'GROUP_CREDIT', 'GROUP_LEARNER', 'KIND_REQUEST', 'KIND_ROLLOUT', 'KIND_SAW', 'Keys', 'Lease', 'MAX_PAYLOAD_BYTES', 'REDIS_DOWN_ERRORS', 'SCHEMA_VERSION', 'STREAM_GROUPS', 'StreamConsumer', 'alive', 'as_str', 'backlog', 'backoff_sleep', 'beat', 'connect', 'consumer_name', 'decode_request', 'decode_rollout', 'decode_saw_item', 'encode_request', 'encode_rollout', 'encode_saw_item', 'ensure_group', 'envelope', 'get_int', 'get_policy_version', 'pack_array', 'retry_redis', 'set_learner_step', 'set_policy_version', 'unpack_array', 'wait_below', 'wait_event', 'xadd']

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,7 +158,7 @@ class StreamConsumer:
     max_deliveries: int = 5
     done_ttl_s: int = 7 * 24 * 3600
     on_deadletter: Callable[[str], None] | None = None
-    acct_stage: str = ""  # requests|rollouts|saw: dead-letters also move libludic.accounting
+    acct_stage: str = ""  # requests|rollouts|saw: dead-letters also move libludic.transport.accounting
     _cursor: str = field(default="0-0", init=False)
     _last_claim: float = field(default=0.0, init=False)
 
@@ -248,7 +248,7 @@ class StreamConsumer:
     async def dead_letter(self, entry: Entry, reason: str, detail: str = "") -> None:
         """Move ``entry`` to the dead-letter stream with its reason; ack it here."""
         if self.acct_stage:
-            from libludic import accounting  # (imports this module)
+            from libludic.transport import accounting  # (imports this module)
 
             await accounting.dead_letter(self, entry, self.acct_stage, reason, detail)
         else:
@@ -322,3 +322,60 @@ class StreamConsumer:
                     await self.redis.xgroup_delconsumer(self.stream, self.group, self.consumer)
         except rexc.ResponseError:
             pass
+
+
+# ------------------------------------------------------------------ inspection (status, gauges)
+
+
+async def stream_lengths(r: aioredis.Redis, streams: Mapping[str, str]) -> dict[str, int]:
+    """``{name: XLEN}`` for ``{name: key}`` (one pipeline); XLEN is the un-acked backlog."""
+    pipe = r.pipeline(transaction=False)
+    for key in streams.values():
+        pipe.xlen(key)
+    lens = await pipe.execute()
+    return {name: int(n) for name, n in zip(streams, lens, strict=True)}
+
+
+def stream_lengths_sync(r: Any, streams: Mapping[str, str]) -> dict[str, int]:
+    """:func:`stream_lengths` with a synchronous ``redis.Redis`` (the launcher's live view)."""
+    pipe = r.pipeline(transaction=False)
+    for key in streams.values():
+        pipe.xlen(key)
+    return {name: int(n) for name, n in zip(streams, pipe.execute(), strict=True)}
+
+
+async def stream_info(r: aioredis.Redis, key: str) -> dict[str, Any]:
+    """Length, consumer groups (pending, lag, last delivered id) and their consumers."""
+    info: dict[str, Any] = {"key": key, "length": int(await r.xlen(key)), "groups": []}
+    try:
+        groups = await r.xinfo_groups(key) if info["length"] or await r.exists(key) else []
+    except rexc.ResponseError:
+        groups = []
+    for g in groups:
+        gname = as_str(g["name"])
+        consumers = [
+            {
+                "name": as_str(c["name"]),
+                "pending": int(c["pending"]),
+                "idle_ms": int(c["idle"]),
+                "inactive_ms": int(c["inactive"]) if c.get("inactive") is not None else None,
+            }
+            for c in await r.xinfo_consumers(key, gname)
+        ]
+        lag = g.get("lag")
+        info["groups"].append({
+            "name": gname,
+            "pending": int(g["pending"]),
+            "lag": None if lag is None else int(lag),
+            "last_delivered_id": as_str(g.get("last-delivered-id")),
+            "consumers": consumers,
+        })
+    return info
+
+
+async def recent_fields(r: aioredis.Redis, key: str, field: bytes, count: int) -> list[str]:
+    """``field`` of the newest ``count`` entries of a stream (e.g. dead-letter reasons)."""
+    out = []
+    for _, fields in await r.xrevrange(key, count=count) or []:
+        out.append(as_str((fields or {}).get(field, b"?")))
+    return out

@@ -32,9 +32,10 @@ from typing import Any
 import redis.exceptions as rexc
 from prometheus_client import Counter, Gauge, Histogram
 
-from libludic import accounting, transport
+from libludic import transport
 from libludic.inference.client import InferenceError
 from libludic.rollout.request import RolloutRequest
+from libludic.transport import accounting
 from services.common.lifecycle import update_stream_gauges
 from services.common.skeleton import service_main, serving
 

@@ -31,13 +31,7 @@ async def sleep_or_stop(stop: asyncio.Event, seconds: float) -> bool:
 
 
 async def update_stream_gauges(r: aioredis.Redis, keys: transport.Keys) -> dict[str, int]:
-    streams = keys.streams()
-    pipe = r.pipeline(transaction=False)
-    for key in streams.values():
-        pipe.xlen(key)
-    lens = await pipe.execute()
-    out = {}
-    for (name, _), n in zip(streams.items(), lens, strict=True):
-        STREAM_LENGTH.labels(stream=name).set(int(n))
-        out[name] = int(n)
+    out = await transport.stream_lengths(r, keys.streams())
+    for name, n in out.items():
+        STREAM_LENGTH.labels(stream=name).set(n)
     return out

@@ -43,7 +43,8 @@ from typing import Any
 import redis.exceptions as rexc
 from prometheus_client import Counter, Gauge
 
-from libludic import accounting, transport
+from libludic import transport
+from libludic.transport import accounting
 from libludic.types import Rollout
 from services.common.lifecycle import sleep_or_stop, update_stream_gauges
 from services.common.skeleton import service_main, serving

@@ -8,7 +8,7 @@ function of the seed) and XADD one RolloutRequest with ``num_episodes=algorithm.
 ``same_env_seed=True``, ``env_seed=s``, ``meta.group_id = request id = "{run_id}-{s}"``.
 A crash between INCRBY and XADD skips seeds, never repeats them; the XADDs run in one
 script with a ``done:feeder:{id}`` marker per request and the run accounting's
-``groups_requested`` count (libludic/accounting.py), so a retried top-up adds nothing twice.
+``groups_requested`` count (libludic/transport/accounting.py), so a retried top-up adds nothing twice.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from libludic import accounting, transport
+from libludic import transport
 from libludic.inference.request import InferenceSpec, ReturnSpec
 from libludic.rollout.request import EnvSpec, ProtocolSpec, RolloutRequest
+from libludic.transport import accounting
 from services.common.lifecycle import sleep_or_stop, update_stream_gauges
 from services.common.settings import (
     algorithm_group_size,

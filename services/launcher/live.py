@@ -15,7 +15,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from libludic.transport import Keys
+from libludic.transport import Keys, stream_lengths_sync
 
 
 class LiveView:
@@ -44,9 +44,7 @@ class LiveView:
         try:
             if self._redis is None:
                 self._redis = redis.Redis.from_url(self.run.redis_url, socket_timeout=1.0)
-            k = Keys(self.run.run_id)
-            return {n: int(self._redis.xlen(key)) for n, key in
-                    (("requests", k.requests), ("rollouts", k.rollouts), ("saw", k.saw), ("deadletter", k.deadletter))}
+            return stream_lengths_sync(self._redis, Keys(self.run.run_id).streams())
         except (redis.RedisError, OSError):
             return {}
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from libludic import accounting
+from libludic.transport import accounting
 from services.common.settings import load_settings, log_settings, setup_logging
 from services.launcher import stack
 from services.launcher.config import UpSettings

@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from libludic import accounting
+from libludic.transport import accounting
 
 
 def build_summary(run: Any, before: dict[str, float] | None, after: dict[str, float] | None, ok: bool) -> dict[str, Any]:
@@ -36,7 +36,7 @@ def build_summary(run: Any, before: dict[str, float] | None, after: dict[str, fl
         "rl_wall_seconds": round(rl_wall, 1),
         "samples_per_second": round(trained / rl_wall, 2) if rl_wall > 0 else None,
         "actors": run.s.actors,
-        # libludic/accounting.py, read from Redis when the learner finished (services running)
+        # libludic/transport/accounting.py, read from Redis when the learner finished (services running)
         "accounting": getattr(run, "accounting", None),
         "evals": run.evals,
         "curve": run.curve,

@@ -62,7 +62,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from libludic import accounting, transport
+from libludic import transport
 from libludic.distributed.publisher import (
     BroadcastPolicyPublisher,
     HttpPolicyPublisher,
@@ -75,6 +75,7 @@ from libludic.training import parallel
 from libludic.training.batching.pipeline import PipelineBatchSource
 from libludic.training.checkpoint import CheckpointManager
 from libludic.training.trainer import PublishFailed, Trainer, TrainerHooks
+from libludic.transport import accounting
 from services.common.http import start_http
 from services.common.lifecycle import install_stop_signals
 from services.common.settings import log_settings, setup_logging
@@ -120,7 +121,7 @@ class Learner:
         self.logger: M.StepLogger | None = None
         self.ckcfg = s.checkpoint_config()
         self.trained_log: Path | None = None
-        self.accounting: dict[str, Any] | None = None  # last libludic.accounting snapshot
+        self.accounting: dict[str, Any] | None = None  # last libludic.transport.accounting snapshot
         log_dir = self.ckcfg.output_dir if self.ckcfg is not None else s.output_dir
         if s.trained_log and log_dir:
             self.trained_log = Path(log_dir) / TRAINED_LOG
@@ -468,7 +469,7 @@ class Learner:
             "items_trained": self.source.items_trained,
             "stale_dropped": self.source.stale_dropped,
             "publish_failures": tr.publish_failures,
-            "accounting": self.accounting,  # libludic/accounting.py, read at the last status
+            "accounting": self.accounting,  # libludic/transport/accounting.py, read at the last status
         }
         tmp = out / "learner_final.json.tmp"
         tmp.write_text(json.dumps(final))

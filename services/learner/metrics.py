@@ -47,7 +47,7 @@ UNCOMMITTED = Gauge(
 )
 CHECKPOINTS = Counter("ludic_learner_checkpoints_total", "Checkpoints saved")
 
-# Run accounting (libludic/accounting.py): read from Redis at every learner status write, so
+# Run accounting (libludic/transport/accounting.py): read from Redis at every learner status write, so
 # they are gauges even where the name says _total (the counts live in Redis, across restarts).
 RUN_GROUPS = {
     name: Gauge(f"ludic_run_{name}_total", f"Groups (feeder requests) {what}, whole run")

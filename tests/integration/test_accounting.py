@@ -1,4 +1,4 @@
-"""Run accounting (libludic/accounting.py) against a real redis-server, the real feeder
+"""Run accounting (libludic/transport/accounting.py) against a real redis-server, the real feeder
 top-up, real ``ludic credit`` and ``ludic learner`` processes, each killed with SIGKILL
 mid-run and restarted: the identity
 
@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 
-from libludic import accounting
 from libludic import transport as t
+from libludic.transport import accounting
 from libludic.types import Rollout, Step, TokenTrace
 from services.feeder import main as feeder_main
 

@@ -1,10 +1,10 @@
-"""The accounting arithmetic (libludic/accounting.py ``compute``) and its Prometheus export."""
+"""The accounting arithmetic (libludic/transport/accounting.py ``compute``) and its Prometheus export."""
 
 from __future__ import annotations
 
 from prometheus_client import REGISTRY
 
-from libludic import accounting
+from libludic.transport import accounting
 from services.learner import metrics as M
 
 OBS = {"requests_backlog": 3, "rolling": 2, "open": 1, "saw_backlog": 4}

@@ -50,3 +50,34 @@ def test_the_check_sees_each_kind_of_reference(tmp_path: Path) -> None:
             "module name 'services.learner.main:main'"]
     finally:
         LIB = saved
+
+
+STREAM_COMMANDS = {
+    "xadd", "xreadgroup", "xread", "xack", "xdel", "xclaim", "xautoclaim", "xlen", "xrange",
+    "xrevrange", "xinfo_groups", "xinfo_consumers", "xinfo_stream", "xpending", "xpending_range",
+    "xgroup_create", "xgroup_delconsumer", "xgroup_destroy", "xtrim", "eval", "evalsha",
+    "register_script",
+}
+
+
+def stream_calls(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [f"{path.name}:{n.lineno}: .{n.func.attr}(" for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+            and n.func.attr in STREAM_COMMANDS
+            # torch's nn.Module.eval() takes no argument; redis' eval always has a script
+            and not (n.func.attr == "eval" and not n.args)]
+
+
+def test_only_the_transport_package_talks_to_redis_streams() -> None:
+    """Keys, codec, consumer (read, claim, commit, dead-letter), the accounting scripts and
+    stream inspection live in libludic/transport/; every service and library module goes
+    through its API (issue #14)."""
+    root = LIB.parent
+    files = [f for d in ("libludic", "services") for f in sorted((root / d).rglob("*.py"))
+             if "transport" not in f.relative_to(root).parts]
+    assert len(files) > 80
+    calls = [c for f in files for c in stream_calls(f)]
+    assert not calls, calls
+    inside = [c for f in sorted((root / "libludic" / "transport").glob("*.py")) for c in stream_calls(f)]
+    assert len(inside) > 10  # the scan sees the calls where they are

@@ -65,8 +65,9 @@ import msgpack
 import torch
 import torch.distributed as dist
 
-from libludic import accounting, transport
+from libludic import transport
 from libludic.training.types import SAWBatch, SAWItem, SourceStopped
+from libludic.transport import accounting
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +186,7 @@ class PipelineBatchSource:
                 transport.GROUP_LEARNER,
                 self.consumer,
                 self.keys.deadletter,
-                acct_stage="saw",  # libludic.accounting counts dead-letters, acks below
+                acct_stage="saw",  # libludic.transport.accounting counts dead-letters, acks below
             )
 
     # ------------------------------------------------------------------ state
@@ -297,7 +298,7 @@ class PipelineBatchSource:
                     continue
                 self._buffer.append((e, item))
             if recovered:
-                # already inside the checkpoint: trained (libludic.accounting counts them now)
+                # already inside the checkpoint: trained (libludic.transport.accounting counts them now)
                 await accounting.ack_items(self._sc, [e.id for e in recovered], "trained")
                 self.recovered_acked += len(recovered)
                 log.info("acked %d pending entries already in the checkpoint", len(recovered))
