@@ -1,0 +1,289 @@
+"""The actor's worker: settings, metrics and ``Actor`` (claim requests, run episodes, commit
+rollouts, hand back on drain). ``main.py`` wires it into a process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.exceptions as rexc
+from prometheus_client import Counter, Gauge, Histogram
+
+from libludic import transport
+from libludic.inference.client import InferenceError
+from libludic.rollout.request import RolloutRequest
+from libludic.transport import accounting
+from services.common.lifecycle import update_stream_gauges
+
+# a request that failed on these is left pending and retried (anything else is dead-lettered)
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (InferenceError, *transport.REDIS_DOWN_ERRORS)
+
+log = logging.getLogger("ludic.actor")
+
+EPISODES = Counter("ludic_actor_episodes_total", "Rollouts written to the rollouts stream")
+REWARD = Histogram(
+    "ludic_actor_reward", "Total reward per rollout",
+    buckets=(-1.0, -0.5, 0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 2.0, 5.0),
+)
+TOKENS = Counter("ludic_actor_tokens_total", "Sampled completion tokens in written rollouts")
+ERRORS = Counter("ludic_actor_errors_total", "Actor failures by kind", ["kind"])
+CLAIM = Histogram(
+    "ludic_actor_claim_seconds", "Time from asking for work to holding a request",
+    buckets=(0.001, 0.005, 0.02, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0),
+)
+STALE_WAITS = Counter(
+    "ludic_actor_stale_admission_waits_total",
+    "Times the actor waited because inference lagged the learner by more than max_lag",
+)
+DUPLICATES = Counter(
+    "ludic_actor_duplicates_total", "Requests already done by someone else (redelivery)"
+)
+INFLIGHT = Gauge("ludic_actor_inflight_requests", "Requests being run by this actor")
+
+
+@dataclass
+class ActorSettings:
+    redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={"help": "Redis URL"})
+    run_id: str = field(default="default", metadata={"help": "run namespace of the Redis keys"})
+    inference_urls: list[str] = field(
+        default_factory=lambda: ["http://127.0.0.1:8000"],
+        metadata={"help": "comma-separated inference base URLs (round-robin)"},
+    )
+    api_key: str | None = field(default=None, metadata={"help": "bearer token for inference"})
+    max_lag: int = field(
+        default=2, metadata={"help": "max learner-inference version gap to start an episode (-1 off)"}
+    )
+    concurrency: int = field(default=4, metadata={"help": "requests run at once"})
+    episode_concurrency: int = field(default=8, metadata={"help": "episodes at once per request"})
+    max_steps: int = field(default=8, metadata={"help": "max steps per episode"})
+    claim_idle_ms: int = field(
+        default=30_000, metadata={"help": "idle time after which a peer's entry is claimed"}
+    )
+    max_deliveries: int = field(default=5, metadata={"help": "deliveries before dead-letter"})
+    rollouts_high_water: int = field(
+        default=1024, metadata={"help": "pause while the rollouts backlog is this long (0 off)"}
+    )
+    block_ms: int = field(default=1000, metadata={"help": "XREADGROUP block time"})
+    heartbeat_ttl_s: float = field(default=10.0, metadata={"help": "liveness key TTL"})
+    drain_grace_s: float = field(default=30.0, metadata={"help": "SIGTERM: time to finish work"})
+    inference_timeout_s: float = field(default=120.0, metadata={"help": "per-call timeout"})
+    metrics_port: int = field(default=9101, metadata={"help": "/metrics and /health (0 off)"})
+    consumer: str | None = field(default=None, metadata={"help": "consumer name (default auto)"})
+    log_level: str = field(default="INFO", metadata={"help": "logging level"})
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"actor concurrency={self.concurrency} must be >= 1")
+        if self.claim_idle_ms < 100:
+            raise ValueError(f"claim_idle_ms={self.claim_idle_ms} must be >= 100")
+
+
+@dataclass
+class ActorStats:
+    requests_done: int = 0
+    episodes: int = 0
+    duplicates: int = 0
+    deadlettered: int = 0
+    retried: int = 0
+
+
+class Actor:
+    def __init__(self, settings: ActorSettings, client: Any, r: Any, stop: asyncio.Event):
+        from libludic.registry import build_registries
+        from libludic.rollout.engine import RolloutEngine
+
+        self.s = settings
+        self.client = client
+        self.r = r
+        self.stop = stop
+        self.keys = transport.Keys(settings.run_id)
+        self.name = settings.consumer or transport.consumer_name("actor")
+        self.consumer = transport.StreamConsumer(
+            r, self.keys.requests, transport.GROUP_ACTORS, self.name, self.keys.deadletter,
+            claim_idle_ms=settings.claim_idle_ms,
+            claim_every_s=min(1.0, settings.claim_idle_ms / 3000),
+            max_deliveries=settings.max_deliveries,
+            on_deadletter=lambda reason: ERRORS.labels(kind="deadletter").inc(),
+            acct_stage="requests",
+        )
+        env_reg, proto_reg = build_registries(client)
+        self.engine = RolloutEngine(env_reg, proto_reg)
+        self.admission = transport.AdmissionController(
+            r, self.keys, settings.max_lag, self._inference_version,
+            on_wait=STALE_WAITS.inc,
+        )
+        self.inflight: dict[str, transport.Entry] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.stats = ActorStats()
+        self.last_tick = time.monotonic()
+
+    async def _inference_version(self) -> int:
+        get = getattr(self.client, "get_policy_version", None)
+        return 0 if get is None else int(await get())
+
+    async def health(self) -> bool:
+        return time.monotonic() - self.last_tick < max(30.0, 3 * self.s.block_ms / 1000)
+
+    # ---- background loops -------------------------------------------------------------
+
+    async def _keepalive(self) -> None:
+        """Heartbeat key, in-flight touch and stream gauges, every ~ttl/3."""
+        every = max(0.05, min(self.s.heartbeat_ttl_s / 3, self.s.claim_idle_ms / 3000))
+        while True:
+            try:
+                await transport.beat(
+                    self.r, self.keys, "actor", self.name, self.s.heartbeat_ttl_s,
+                    {"pid": os.getpid(), "host": socket.gethostname(),
+                     "inflight": len(self.inflight), "episodes": self.stats.episodes},
+                )
+                await self.consumer.touch(list(self.inflight.values()))
+                await update_stream_gauges(self.r, self.keys)
+            except (rexc.RedisError, OSError) as e:
+                ERRORS.labels(kind="redis").inc()
+                log.warning("keepalive failed (%s: %s); retrying", type(e).__name__, e)
+            await asyncio.sleep(every)
+
+    # ---- one request ------------------------------------------------------------------
+
+    async def _handle(self, entry: transport.Entry) -> None:
+        try:
+            req = transport.decode_request(entry.payload)
+        except transport.CodecError as err:
+            ERRORS.labels(kind="decode").inc()
+            reason, why = err.reason, err.detail
+            await transport.retry_redis(lambda: self.consumer.dead_letter(entry, reason, why))
+            self.stats.deadlettered += 1
+            return
+        req.meta.setdefault("group_id", req.id)
+        try:
+            rollouts = await self.engine.generate_rollouts(
+                [req], max_steps=self.s.max_steps,
+                concurrency=min(self.s.episode_concurrency, req.num_episodes),
+            )
+        except TRANSIENT_ERRORS as e:
+            # transient: leave it pending; a claimer (maybe us) retries after claim_idle_ms
+            ERRORS.labels(kind="inference").inc()
+            self.stats.retried += 1
+            log.warning("request %s failed (%s: %s); left pending for retry", req.id, type(e).__name__, e)
+            return
+        except Exception as e:  # deterministic failure (bad env kwargs, ...): dead-letter it
+            ERRORS.labels(kind="episode").inc()
+            detail = f"{type(e).__name__}: {e}"
+            await transport.retry_redis(
+                lambda: self.consumer.dead_letter(entry, "episode_error", detail)
+            )
+            self.stats.deadlettered += 1
+            return
+        await self._commit(entry, req, rollouts)
+
+    async def _commit(self, entry: transport.Entry, req: RolloutRequest, rollouts: list[Any]) -> None:
+        whole_group = req.meta.get("group_id") == req.id
+        for ro in rollouts:
+            ro.meta.setdefault("actor", self.name)
+            if whole_group:  # the group is exactly this request: tell credit its size
+                ro.meta["group_rollouts"] = len(rollouts)
+        outputs = [(ro.id, transport.encode_rollout(ro)) for ro in rollouts]
+        written = await transport.retry_redis(
+            lambda: accounting.commit(
+                self.consumer, [entry], outputs, self.keys.rollouts,
+                self.keys.done("actor", req.id), stage="actor", group_id=req.meta["group_id"],
+            ),
+            on_error=lambda e: ERRORS.labels(kind="redis").inc(),
+        )
+        self.stats.requests_done += 1
+        if written < 0:
+            DUPLICATES.inc()
+            self.stats.duplicates += 1
+            return
+        EPISODES.inc(len(rollouts))
+        self.stats.episodes += len(rollouts)
+        for ro in rollouts:
+            REWARD.observe(ro.total_reward)
+            TOKENS.inc(sum(len(s.trace.completion_token_ids) for s in ro.steps if s.trace))
+
+    def _spawn(self, entry: transport.Entry) -> None:
+        self.inflight[entry.id] = entry
+        INFLIGHT.set(len(self.inflight))
+
+        async def run() -> None:
+            try:
+                await self._handle(entry)
+            except Exception as e:  # e.g. Redis refusing the commit (OOM): stays pending
+                ERRORS.labels(kind="commit").inc()
+                log.error("request entry %s failed to commit (%s: %s); left pending",
+                          entry.id, type(e).__name__, e)
+            finally:
+                self.inflight.pop(entry.id, None)
+                self.tasks.pop(entry.id, None)
+                INFLIGHT.set(len(self.inflight))
+
+        self.tasks[entry.id] = asyncio.create_task(run(), name=f"request-{entry.id}")
+
+    # ---- main loop --------------------------------------------------------------------
+
+    async def run(self) -> ActorStats:
+        await transport.retry_redis(self.consumer.ensure_group, stop=self.stop)
+        keepalive = asyncio.create_task(self._keepalive())
+        attempt = 0
+        try:
+            while not self.stop.is_set():
+                self.last_tick = time.monotonic()
+                free = self.s.concurrency - len(self.inflight)
+                if free <= 0:
+                    await asyncio.wait(list(self.tasks.values()), timeout=1.0,
+                                       return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                try:
+                    await transport.wait_below(
+                        self.r, self.keys.rollouts, self.s.rollouts_high_water, stop=self.stop
+                    )
+                    await self.admission.admit(self.stop)
+                    if self.stop.is_set():
+                        break
+                    t0 = time.monotonic()
+                    entries = await self.consumer.read(free, block_ms=self.s.block_ms)
+                    attempt = 0
+                except transport.REDIS_DOWN_ERRORS as e:
+                    ERRORS.labels(kind="redis").inc()
+                    log.warning("redis unavailable (%s); backing off", e)
+                    await transport.backoff_sleep(attempt, self.stop)
+                    attempt += 1
+                    continue
+                except InferenceError as e:
+                    ERRORS.labels(kind="inference").inc()
+                    log.warning("inference unavailable for admission (%s); backing off", e)
+                    await transport.backoff_sleep(attempt, self.stop)
+                    attempt += 1
+                    continue
+                if entries:
+                    CLAIM.observe(time.monotonic() - t0)
+                for entry in entries:
+                    self._spawn(entry)
+        finally:
+            await self._drain()
+            keepalive.cancel()
+            await asyncio.gather(keepalive, return_exceptions=True)
+        return self.stats
+
+    async def _drain(self) -> None:
+        if self.tasks:
+            log.info("draining %d in-flight request(s) (grace %.0fs)", len(self.tasks), self.s.drain_grace_s)
+            await asyncio.wait(list(self.tasks.values()), timeout=self.s.drain_grace_s)
+        left = list(self.inflight.values())
+        for t in list(self.tasks.values()):
+            t.cancel()
+        if self.tasks:  # bounded: a task that ignores cancellation must not block the exit
+            await asyncio.wait(list(self.tasks.values()), timeout=5.0)
+        try:
+            if left:  # hand back: make them claimable by peers right away
+                await self.consumer.hand_back([e.id for e in left])
+                log.info("handed back %d unfinished request(s)", len(left))
+            await self.consumer.delete_consumer()
+            await self.r.delete(self.keys.heartbeat("actor", self.name))
+        except transport.REDIS_DOWN_ERRORS:
+            ERRORS.labels(kind="redis").inc()

@@ -1,0 +1,278 @@
+"""The credit worker: settings, metrics and ``CreditWorker`` (rollouts -> groups -> credit ->
+SAWItems, leader lease, timeouts). ``main.py`` wires it into a process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.exceptions as rexc
+from prometheus_client import Counter, Gauge
+
+from libludic import transport
+from libludic.transport import accounting
+from libludic.types import Rollout
+from services.common.lifecycle import sleep_or_stop, update_stream_gauges
+
+log = logging.getLogger("ludic.credit")
+
+ITEMS = Counter("ludic_credit_items_total", "SAWItems written to the saw stream")
+GROUPS = Counter("ludic_credit_groups_total", "Groups by outcome", ["outcome"])
+DEADLETTERED = Counter("ludic_credit_deadlettered_total", "Rollout entries dead-lettered")
+ERRORS = Counter("ludic_credit_errors_total", "Credit worker failures by kind", ["kind"])
+DUP_ROLLOUTS = Counter(
+    "ludic_credit_duplicate_rollouts_total", "Rollout entries whose rollout id was already buffered"
+)
+BUFFERED = Gauge("ludic_credit_buffered_groups", "Incomplete groups held in memory")
+LEADER = Gauge("ludic_credit_leader", "1 while this worker holds the credit lease")
+
+
+@dataclass
+class CreditSettings:
+    redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={"help": "Redis URL"})
+    run_id: str = field(default="default", metadata={"help": "run namespace of the Redis keys"})
+    algorithm: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": "the run's algorithm {name, group_size, kwargs}: the top-level algorithm: "
+            "section (JSON here)"
+        },
+    )
+    group_timeout_s: float = field(default=120.0, metadata={"help": "incomplete-group timeout"})
+    min_partial_group: int = field(
+        default=2, metadata={"help": "timed-out groups at least this big are processed as-is"}
+    )
+    filters: list[str] = field(
+        default_factory=list,
+        metadata={"help": "sample filters by name: drop_truncated,drop_incomplete_completions,..."},
+    )
+    batch: int = field(default=64, metadata={"help": "rollout entries read per call"})
+    block_ms: int = field(default=1000, metadata={"help": "XREADGROUP block time"})
+    claim_idle_ms: int = field(default=30_000, metadata={"help": "idle time before claiming"})
+    max_deliveries: int = field(default=10, metadata={"help": "deliveries before dead-letter"})
+    saw_high_water: int = field(
+        default=4096, metadata={"help": "pause while the saw backlog is this long (0 off)"}
+    )
+    lease_ttl_ms: int = field(default=10_000, metadata={"help": "leader lease TTL"})
+    metrics_port: int = field(default=9102, metadata={"help": "/metrics and /health (0 off)"})
+    consumer: str | None = field(default=None, metadata={"help": "consumer name (default auto)"})
+    log_level: str = field(default="INFO", metadata={"help": "logging level"})
+
+    def __post_init__(self) -> None:
+        from libludic.training.algorithm import AlgorithmSpec
+
+        self.spec = AlgorithmSpec.from_mapping(self.algorithm)
+        if self.min_partial_group < 1:
+            raise ValueError(f"min_partial_group={self.min_partial_group} must be >= 1")
+
+
+def make_filter(names: list[str]) -> Callable[[Any], bool] | None:
+    if not names:
+        return None
+    from libludic.training import filters as flt
+
+    fs = []
+    for n in names:
+        f = getattr(flt, n, None)
+        if f is None or not n.startswith("drop_") or n == "drop_zero_variance_groups":
+            raise ValueError(
+                f"unknown sample filter {n!r}; use drop_truncated, drop_incomplete_completions "
+                "or drop_parse_errors"
+            )
+        fs.append(f())
+    return flt.combine(*fs)
+
+
+@dataclass
+class Group:
+    gid: str
+    size: int
+    first_seen: float
+    entries: dict[str, transport.Entry] = field(default_factory=dict)  # rollout id -> entry
+    rollouts: dict[str, Rollout] = field(default_factory=dict)
+
+
+class CreditWorker:
+    def __init__(self, settings: CreditSettings, r: Any, stop: asyncio.Event):
+        self.s = settings
+        self.r = r
+        self.stop = stop
+        self.keys = transport.Keys(settings.run_id)
+        self.name = settings.consumer or transport.consumer_name("credit")
+        self.consumer = transport.StreamConsumer(
+            r, self.keys.rollouts, transport.GROUP_CREDIT, self.name, self.keys.deadletter,
+            claim_idle_ms=settings.claim_idle_ms,
+            claim_every_s=min(1.0, settings.claim_idle_ms / 3000),
+            max_deliveries=settings.max_deliveries,
+            on_deadletter=lambda reason: DEADLETTERED.inc(),
+            acct_stage="rollouts",
+        )
+        self.lease = transport.Lease(r, self.keys.lease("credit"), self.name, settings.lease_ttl_ms)
+        self.sample_filter = make_filter(settings.filters)
+        self._algos: dict[int, Any] = {}
+        self.groups: dict[str, Group] = {}
+        self.leader = False
+        self.last_tick = time.monotonic()
+        self.items_written = 0
+        self.outcomes: dict[str, int] = {}
+
+    def algo(self, n: int) -> Any:
+        if n not in self._algos:
+            self._algos[n] = self.s.spec.build(group_size=n)
+        return self._algos[n]
+
+    async def health(self) -> bool:
+        return time.monotonic() - self.last_tick < 30.0 + self.s.block_ms / 1000
+
+    def _count(self, outcome: str) -> None:
+        GROUPS.labels(outcome=outcome).inc()
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+    # ---- leadership ---------------------------------------------------------------------
+
+    async def _keep_lease(self) -> None:
+        while True:
+            try:
+                held = await self.lease.hold()
+            except (rexc.RedisError, OSError):
+                ERRORS.labels(kind="redis").inc()
+                held = False
+            if held and not self.leader:
+                log.info("credit %s is the leader", self.name)
+            if not held and self.leader:
+                log.warning("credit %s lost the lease; dropping its buffered groups", self.name)
+                self.groups.clear()  # not acked: the next leader claims them
+            self.leader = held
+            LEADER.set(1 if held else 0)
+            try:
+                if held:
+                    pending = [e for g in self.groups.values() for e in g.entries.values()]
+                    await self.consumer.touch(pending)
+                await update_stream_gauges(self.r, self.keys)
+            except (rexc.RedisError, OSError):
+                ERRORS.labels(kind="redis").inc()
+            BUFFERED.set(len(self.groups))
+            await asyncio.sleep(min(self.s.lease_ttl_ms / 3000, self.s.claim_idle_ms / 3000))
+
+    # ---- groups -------------------------------------------------------------------------
+
+    async def _take(self, entry: transport.Entry) -> None:
+        try:
+            ro = transport.decode_rollout(entry.payload)
+        except transport.CodecError as e:
+            await self.consumer.dead_letter(entry, e.reason, e.detail)
+            return
+        gid = ro.group_id or ro.id
+        g = self.groups.get(gid)
+        if g is None:
+            if await self.r.exists(self.keys.done("credit", gid)):
+                await self.consumer.ack([entry])
+                self._count("late")
+                return
+            size = int(ro.meta.get("group_rollouts") or self.s.spec.group_size) if ro.group_id else 1
+            g = self.groups[gid] = Group(gid, size, time.monotonic())
+        twin = g.entries.get(ro.id)
+        if twin is not None and twin.id != entry.id:  # the same rollout written twice
+            await self.consumer.ack([entry])
+            DUP_ROLLOUTS.inc()
+            self.outcomes["duplicate_rollout"] = self.outcomes.get("duplicate_rollout", 0) + 1
+            return
+        g.entries[ro.id] = entry  # (a re-claim of our own entry just refreshes it)
+        g.rollouts[ro.id] = ro
+        if len(g.rollouts) >= g.size:
+            await self._process(g, "complete")
+
+    async def _process(self, g: Group, outcome: str) -> None:
+        rollouts = list(g.rollouts.values())
+        entries = list(g.entries.values())
+        try:
+            items = self.algo(len(rollouts)).to_saw_items(
+                rollouts, self.sample_filter, defer_batch_stage=True
+            )
+            outputs = [(it.item_id, transport.encode_saw_item(it)) for it in items]
+        except Exception as e:  # bad rollouts for this algorithm: dead-letter, never crash
+            ERRORS.labels(kind="credit").inc()
+            detail = f"group {g.gid}: {type(e).__name__}: {e}"
+            for en in entries:
+                await self.consumer.dead_letter(en, "credit_error", detail)
+            await accounting.group_failed(self.r, self.keys, g.gid)
+            self.groups.pop(g.gid, None)
+            self._count("error")
+            return
+        await transport.wait_below(self.r, self.keys.saw, self.s.saw_high_water, stop=self.stop)
+        written = await transport.retry_redis(
+            lambda: accounting.commit(
+                self.consumer, entries, outputs, self.keys.saw, self.keys.done("credit", g.gid),
+                stage="credit", group_id=g.gid,
+            ),
+            on_error=lambda e: ERRORS.labels(kind="redis").inc(),
+        )
+        self.groups.pop(g.gid, None)
+        if written < 0:
+            self._count("duplicate")
+            return
+        ITEMS.inc(written)
+        self.items_written += written
+        self._count(outcome if items else "empty")
+
+    async def _expire(self) -> None:
+        now = time.monotonic()
+        for g in [g for g in self.groups.values() if now - g.first_seen > self.s.group_timeout_s]:
+            if len(g.rollouts) >= self.s.min_partial_group:
+                log.warning("group %s timed out with %d/%d rollouts; processing as-is",
+                            g.gid, len(g.rollouts), g.size)
+                await self._process(g, "partial")
+            else:
+                log.warning("group %s timed out with %d/%d rollouts; dropping",
+                            g.gid, len(g.rollouts), g.size)
+                await accounting.commit(
+                    self.consumer, list(g.entries.values()), [], self.keys.saw,
+                    self.keys.done("credit", g.gid), stage="credit", group_id=g.gid,
+                    if_empty="groups_dropped_incomplete",
+                )
+                self.groups.pop(g.gid, None)
+                self._count("dropped")
+
+    # ---- main loop ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        await transport.retry_redis(self.consumer.ensure_group, stop=self.stop)
+        lease_task = asyncio.create_task(self._keep_lease())
+        was_leader, attempt = False, 0
+        try:
+            while not self.stop.is_set():
+                self.last_tick = time.monotonic()
+                if not self.leader:
+                    was_leader = False
+                    await sleep_or_stop(self.stop, 0.2)
+                    continue
+                try:
+                    if not was_leader:  # take over everything the previous leader held
+                        was_leader = True
+                        while True:
+                            got = await self.consumer.claim_stale(self.s.batch, min_idle_ms=0)
+                            for e in got:
+                                await self._take(e)
+                            if self.consumer._cursor in ("0-0", "0"):
+                                break
+                    entries = await self.consumer.read(self.s.batch, block_ms=self.s.block_ms)
+                    for e in entries:
+                        await self._take(e)
+                    await self._expire()
+                    attempt = 0
+                except transport.REDIS_DOWN_ERRORS as e:
+                    ERRORS.labels(kind="redis").inc()
+                    log.warning("redis unavailable (%s); backing off", e)
+                    await transport.backoff_sleep(attempt, self.stop)
+                    attempt += 1
+        finally:
+            lease_task.cancel()
+            await asyncio.gather(lease_task, return_exceptions=True)
+            try:  # buffered groups stay pending; let the next leader claim them at once
+                await self.lease.release()
+            except transport.REDIS_DOWN_ERRORS:
+                pass

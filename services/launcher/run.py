@@ -1,0 +1,279 @@
+"""``ludic up``'s run: ``prepare_model`` (build / SFT warm start) and ``Run`` (start the
+services, evaluate, supervise, report). ``main.py`` is the command line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from libludic.transport import accounting
+from services.launcher import stack
+from services.launcher.config import UpSettings
+from services.launcher.live import LiveView
+from services.launcher.report import write_report
+from services.launcher.supervisor import ServiceError, ServiceSpec, Supervisor
+
+log = logging.getLogger("ludic.up")
+LUDIC = [sys.executable, "-m", "services.cli"]
+
+
+class Interrupted(Exception):
+    pass
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def prepare_model(s: UpSettings, run_dir: Path) -> Path:
+    """The starting policy: given, or built, then SFT'd when sft_steps > 0."""
+    from libludic.models.tiny import init_model
+
+    if s.model:
+        base = Path(s.model)
+        if not (base / "config.json").exists():
+            raise FileNotFoundError(f"up.model={s.model} has no config.json; leave it empty to build one")
+    else:
+        base = run_dir / "model"
+        if not (base / "config.json").exists():
+            log.info("building %s model in %s", s.init_size, base)
+            init_model(base, size=s.init_size, seed=s.init_seed)
+    if s.sft_steps <= 0:
+        return base
+    out = run_dir / "sft"
+    marker = out / "sft_done.json"
+    want = {"base": str(base), "steps": s.sft_steps, "batch_size": s.sft_batch_size, "lr": s.sft_lr,
+            "lr_schedule": s.sft_lr_schedule, "seed": s.sft_seed, "target_pass_rate": s.sft_target_pass_rate,
+            "check_every": s.sft_check_every}
+    if marker.exists() and json.loads(marker.read_text()).get("args") == want:
+        log.info("reusing SFT warm start in %s", out)
+        return out
+    stop = f", stop at train pass rate {s.sft_target_pass_rate}" if s.sft_target_pass_rate > 0 else ""
+    log.info("SFT warm start: %d steps x %d (lr %g %s, seed %d%s) -> %s", s.sft_steps, s.sft_batch_size, s.sft_lr,
+             s.sft_lr_schedule, s.sft_seed, stop, out)
+    from libludic.training.sft import run_sft
+
+    res = run_sft(
+        model_dir=str(base), out_dir=str(out), steps=s.sft_steps, batch_size=s.sft_batch_size, lr=s.sft_lr,
+        log_every=max(1, s.sft_steps // 6), eval_n=0, lr_schedule=s.sft_lr_schedule, seed=s.sft_seed,
+        target_pass_rate=s.sft_target_pass_rate, check_every=s.sft_check_every,
+    )
+    marker.write_text(json.dumps({"args": want, "train_s": res["train_s"], "steps_run": res["steps_run"]}))
+    return out
+
+
+class Run:
+    def __init__(self, s: UpSettings, cfg: dict[str, Any]) -> None:
+        self.s = s
+        self.cfg = cfg
+        self.run_dir = Path(s.runs_dir) / s.name
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.sup = Supervisor(self.run_dir)
+        self.run_id = str(cfg.get("run_id") or f"{s.name}-{int(time.time())}")
+        self.token = secrets.token_hex(24)
+        self.metrics: dict[str, str] = {}  # service -> /metrics URL
+        self.curve: list[dict[str, float]] = []
+        self.last_learner: dict[str, float] = {}
+        self.evals: list[dict[str, float]] = []
+        self.accounting: dict[str, Any] | None = None
+
+    def env(self, **extra: Any) -> dict[str, str]:
+        base = {
+            "LUDIC_CONFIG": str(self.s.config_path),
+            "LUDIC_REDIS_URL": self.redis_url,
+            "LUDIC_RUN_ID": self.run_id,
+            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONUNBUFFERED": "1",
+        }
+        base.update({k: str(v) for k, v in extra.items()})
+        return base
+
+    def start_redis(self) -> None:
+        url = os.environ.get("LUDIC_REDIS_URL")
+        if url:
+            self.redis_url = url
+            return
+        port = stack.free_port()
+        data = self.run_dir / "redis"
+        if self.s.fresh and data.exists():
+            shutil.rmtree(data)
+        self.sup.start(stack.redis_spec(data, port))
+        stack.wait_redis(port)
+        self.redis_url = f"redis://127.0.0.1:{port}/0"
+
+    def start_services(self, model_dir: Path) -> None:
+        ip = stack.free_port()
+        self.inference_url = f"http://127.0.0.1:{ip}"
+        self.metrics["inference"] = f"{self.inference_url}/metrics"
+        self.sup.start(ServiceSpec(
+            "inference", LUDIC + ["inference", "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(ip)],
+            env=self.env(LUDIC_AUTH_TOKEN=self.token, **self.inference_config()),
+            health_url=f"{self.inference_url}/health",
+        ))
+        self.sup.wait_healthy("inference", self.s.startup_timeout_s)
+
+    def inference_config(self) -> dict[str, str]:
+        """`ludic inference` reads its YAML from LUDIC_INFERENCE_CONFIG, not LUDIC_CONFIG (and
+        a file without an ``inference:`` section as a whole), so pass it only with one."""
+        return {"LUDIC_INFERENCE_CONFIG": str(self.s.config_path)} if "inference" in self.cfg else {}
+
+    def eval_now(self, label: str, step: int) -> dict[str, float] | None:
+        if self.s.eval_n <= 0:
+            return None
+        t = time.monotonic()
+        res = stack.evaluate(self.inference_url, self.s.eval_env, self.s.eval_n, self.s.eval_max_tokens)
+        res.update(step=float(step), wall_s=time.monotonic() - self.t0, eval_s=time.monotonic() - t)
+        self.evals.append(res)
+        log.info("eval %s (step %d, version %d): pass rate %.3f", label, step,
+                 int(res["eval/policy_version"]), res["eval/pass_rate"])
+        return res
+
+    def start_workers(self, model_dir: Path) -> None:
+        def add(name: str, argv: list[str], critical: bool = True, may_finish: bool = False,
+                **env: Any) -> None:
+            mp = stack.free_port()
+            self.metrics[name] = f"http://127.0.0.1:{mp}/metrics"
+            # one torch thread per worker: with vLLM on the same cores, spinning OpenMP threads
+            # make small models ~50x slower (DEVELOPERS.md)
+            self.sup.start(ServiceSpec(name, argv, env=self.env(LUDIC_METRICS_PORT=mp, OMP_NUM_THREADS=1, **env),
+                                       health_url=self.metrics[name], critical=critical,
+                                       may_finish=may_finish))
+
+        add("feeder", LUDIC + ["feeder"])
+        add("credit", LUDIC + ["credit"])
+        for i in range(self.s.actors):
+            add(f"actor-{i}", LUDIC + ["actor"], critical=False, LUDIC_INFERENCE_URLS=self.inference_url,
+                LUDIC_CONSUMER=f"actor-{i}")
+        learner = LUDIC + ["learner"]
+        if self.s.learner_nproc > 1:
+            learner = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                       f"--nproc_per_node={self.s.learner_nproc}", "-m", "services.cli", "learner"]
+        add("learner", learner, may_finish=True, LUDIC_INFERENCE_URLS=self.inference_url, LUDIC_AUTH_TOKEN=self.token,
+            LUDIC_MODEL_DIR=str(model_dir), LUDIC_OUTPUT_DIR=str(self.run_dir / "learner"))
+        for name in self.metrics:
+            if name not in ("inference",):
+                self.sup.wait_healthy(name, self.s.startup_timeout_s)
+        if self.s.prometheus:
+            self.write_prometheus()
+
+    def write_prometheus(self) -> Path:
+        targets: dict[str, list[str]] = {}
+        for name, url in self.metrics.items():
+            job = name.split("-")[0]
+            targets.setdefault(job, []).append(url.split("//")[1].split("/")[0])
+        path = self.run_dir / "prometheus.yml"
+        path.write_text(stack.prometheus_config(targets))
+        log.info("wrote Prometheus scrape config %s", path)
+        if self.s.prometheus_server:
+            exe = shutil.which("prometheus")
+            if exe is None:
+                raise FileNotFoundError("up.prometheus_server needs Debian's `prometheus` (make system-deps)")
+            port = stack.free_port()
+            self.prometheus_url = f"http://127.0.0.1:{port}"
+            self.sup.start(ServiceSpec("prometheus", [
+                exe, f"--config.file={path}", f"--storage.tsdb.path={self.run_dir / 'prometheus-data'}",
+                f"--web.listen-address=127.0.0.1:{port}"], health_url=f"{self.prometheus_url}/-/ready", critical=False))
+            self.sup.wait_healthy("prometheus", 60)
+            (self.run_dir / "prometheus_url").write_text(self.prometheus_url)
+        return path
+
+    def monitor(self) -> int:
+        live = LiveView(self, enabled=self.s.live if self.s.live is not None else sys.stdout.isatty())
+        next_eval = self.s.eval_every_steps
+        with live:
+            while True:
+                if time.monotonic() - self.t0 > self.s.timeout_s:
+                    log.error("run timed out after %.0fs (up.timeout_s)", self.s.timeout_s)
+                    return 1
+                dead = self.sup.dead()
+                if "learner" in dead:
+                    code = dead["learner"]
+                    if code != 0:
+                        log.error("learner exited with code %s:\n%s", code, self.sup.log_tail("learner", 30))
+                    return 0 if code == 0 else 1
+                for name, code in dead.items():
+                    if self.sup.specs[name].critical:
+                        raise ServiceError(f"{name} exited with code {code}:\n{self.sup.log_tail(name, 30)}")
+                m = stack.scrape(self.metrics["learner"])
+                if m:
+                    self.last_learner = m
+                    step = int(m.get("ludic_learner_step", 0))
+                    if not self.curve or self.curve[-1]["step"] != step:
+                        self.curve.append({
+                            "step": float(step), "wall_s": time.monotonic() - self.t0,
+                            "reward_mean": m.get("ludic_learner_reward_mean", float("nan")),
+                            "loss": m.get("ludic_learner_loss", float("nan")),
+                        })
+                    if self.s.eval_every_steps > 0 and step >= next_eval:
+                        self.eval_now("curve", step)
+                        next_eval = step + self.s.eval_every_steps
+                live.update()
+                time.sleep(1.0)
+
+    def read_learner_final(self) -> None:
+        """Take the learner's exit counters over the last scrape (which can miss the end)."""
+        p = self.run_dir / "learner" / "learner_final.json"
+        if not p.exists():
+            return
+        f = json.loads(p.read_text())
+        self.last_learner.update({
+            "ludic_learner_step": float(f["step"]),
+            "ludic_learner_policy_version": float(f["policy_version"]),
+            "ludic_learner_items_trained_total": float(f["items_trained"]),
+            "ludic_learner_stale_dropped_total": float(f["stale_dropped"]),
+        })
+
+    def keep_final_policy(self) -> Path:
+        """Move the learner's exit weights (``<run>/learner/final``, the policy "after" was
+        evaluated on: the learner saves them after its last publish) to ``<run>/final``."""
+        src, dst = self.run_dir / "learner" / "final", self.run_dir / "final"
+        if not (src / "config.json").exists():
+            raise ServiceError(f"the learner exited 0 but wrote no final policy to {src}; see {self.run_dir}/logs/learner.log")
+        src.replace(dst)
+        log.info("final policy saved to %s (AutoModelForCausalLM.from_pretrained)", dst)
+        return dst
+
+    def execute(self) -> int:
+        self.t0 = time.monotonic()
+        code = 1
+        old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            model_dir = prepare_model(self.s, self.run_dir)
+            self.t0 = time.monotonic()  # wall time of the RL run (SFT excluded, reported apart)
+            final = self.run_dir / "learner" / "learner_final.json"
+            if final.exists():
+                final.unlink()
+            for stale in (self.run_dir / "final", self.run_dir / "learner" / "final"):
+                shutil.rmtree(stale, ignore_errors=True)
+            self.start_redis()
+            self.start_services(model_dir)
+            before = self.eval_now("before", 0)
+            self.start_workers(model_dir)
+            self.rl_t0 = time.monotonic()
+            code = self.monitor()
+            self.read_learner_final()
+            self.accounting = accounting.snapshot_sync(self.redis_url, self.run_id)
+            after = self.eval_now("after", int(self.last_learner.get("ludic_learner_step", 0))) if code == 0 else None
+            write_report(self, before, after, ok=code == 0)
+            if code == 0:
+                self.keep_final_policy()
+        except Interrupted as e:
+            log.warning("%s: stopping every service", e)
+            code = 130
+        except (ServiceError, FileNotFoundError, ValueError) as e:
+            log.error("%s", e)
+            code = 1
+        finally:
+            self.sup.shutdown()
+            for s, h in old.items():
+                signal.signal(s, h)
+        return code

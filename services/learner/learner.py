@@ -1,0 +1,437 @@
+"""The learner's wiring of the library loop: ``Learner`` builds the batch source, the
+publisher, the checkpoint manager and the hooks around ``Trainer.train`` (see main.py's
+docstring for the guarantees). ``main.py`` wires it into a process."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import random
+import shutil
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from libludic import transport
+from libludic.distributed.publisher import (
+    BroadcastPolicyPublisher,
+    HttpPolicyPublisher,
+    Rank0OnlyPublisher,
+    ReplicaSet,
+    RetryPolicy,
+    replica_versions,
+)
+from libludic.training import parallel
+from libludic.training.batching.pipeline import PipelineBatchSource
+from libludic.training.checkpoint import CheckpointManager
+from libludic.training.trainer import PublishFailed, Trainer, TrainerHooks
+from libludic.transport import accounting
+from services.learner import metrics as M
+from services.learner.settings import LearnerSettings
+
+log = logging.getLogger("ludic.learner")
+
+TRAINED_LOG = "trained_items.jsonl"
+HEARTBEAT_TTL_S = 120.0
+
+
+class LearnerFatal(RuntimeError):
+    """The learner cannot go on (e.g. too many consecutive failed publishes)."""
+
+
+def init_distributed(device: str) -> None:
+    """Join the torchrun process group (WORLD_SIZE > 1): NCCL on CUDA, gloo otherwise."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or parallel.is_distributed():
+        return
+    use_cuda = device.startswith("cuda") and torch.cuda.is_available()
+    if use_cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(minutes=30))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Learner:
+    def __init__(self, s: LearnerSettings, stop: asyncio.Event) -> None:
+        self.s = s
+        self.stop = stop
+        self.rank = parallel.rank()
+        self.keys = transport.Keys(s.run_id)
+        self.r: Any = None
+        self.trainer: Trainer | None = None
+        self.publisher: Any = None
+        self.inner_publisher: Any = None
+        self.logger: M.StepLogger | None = None
+        self.ckcfg = s.checkpoint_config()
+        self.trained_log: Path | None = None
+        self.accounting: dict[str, Any] | None = None  # last libludic.transport.accounting snapshot
+        log_dir = self.ckcfg.output_dir if self.ckcfg is not None else s.output_dir
+        if s.trained_log and log_dir:
+            self.trained_log = Path(log_dir) / TRAINED_LOG
+
+    # ------------------------------------------------------------------ setup
+
+    def _build(self) -> None:
+        from transformers import AutoModelForCausalLM
+
+        s = self.s
+        if not s.model_dir or not Path(s.model_dir).exists():
+            raise ValueError(
+                f"learner model_dir={s.model_dir!r} does not exist; set --model-dir / LUDIC_MODEL_DIR "
+                "(e.g. `ludic model init DIR --size tiny`)"
+            )
+        seed_everything(s.seed)
+        model = AutoModelForCausalLM.from_pretrained(s.model_dir, dtype=torch.float32)
+        cfg = s.trainer_config()
+        pad: Any = cfg.pad_token_id
+        if "pad_token_id" not in s.trainer:  # the model's pad (else EOS) token
+            pad = getattr(model.config, "pad_token_id", None)
+            if pad is None:
+                eos = getattr(model.config, "eos_token_id", 0)
+                pad = eos[0] if isinstance(eos, list) else (eos or 0)
+        cfg = dataclasses.replace(cfg, pad_token_id=int(pad))
+        device = parallel.resolve_device(cfg.model_device)
+        source = PipelineBatchSource(
+            redis=self.r,
+            keys=self.keys if self.rank == 0 else None,
+            batch_size=s.batch_size,
+            version_fn=lambda: self.trainer.policy_version if self.trainer else 0,
+            max_lag=cfg.max_lag,  # the Trainer's: the source filters before batching
+            consumer=s.consumer,
+            block_ms=s.block_ms,
+            device=device,
+            stop_fn=self.stop.is_set,
+            on_stale=M.STALE_DROPPED.inc,
+            idle_check=self._replica_behind if s.inference_urls and s.replica_check_s > 0 else None,
+            idle_action=self._republish,
+            idle_check_s=s.replica_check_s or 10.0,
+        )
+        if s.inference_urls:
+            retry = RetryPolicy(
+                max_attempts=s.publish_attempts,
+                attempt_timeout_s=s.publish_timeout_s,
+                connect_timeout_s=min(5.0, s.publish_timeout_s),
+                total_timeout_s=s.publish_total_timeout_s,
+            )
+            replicas = ReplicaSet(s.inference_urls)
+            inner: Any
+            if s.publish_plane == "http":
+                inner = HttpPolicyPublisher(
+                    replicas, s.token(), retry, on_result=M.on_replica_result
+                )
+            else:
+                if not s.collective_master_address:
+                    raise ValueError(
+                        "publish_plane=collective needs collective_master_address (an address of "
+                        "this learner the inference replicas can reach)"
+                    )
+                backend = s.collective_backend or ("nccl" if device.type == "cuda" else "gloo")
+                inner = BroadcastPolicyPublisher(
+                    replicas,
+                    s.collective_master_address,
+                    s.collective_master_port,
+                    s.token(),
+                    backend,
+                    retry,
+                    on_result=M.on_replica_result,
+                )
+            self.inner_publisher = inner
+            self.publisher = (
+                Rank0OnlyPublisher(inner, device) if parallel.is_distributed() else inner
+            )
+        self.source = source
+        self.device = device
+        self.trainer = Trainer(
+            model=model,
+            algo=s.spec.build(),
+            batch_source=source,
+            publisher=self.publisher,
+            cfg=cfg,
+            checkpointer=CheckpointManager(self.ckcfg) if self.ckcfg is not None else None,
+            hooks=TrainerHooks(
+                on_step=self._on_step, on_publish=self._on_publish, on_checkpoint=self._on_checkpoint
+            ),
+        )
+        self.trainer.checkpoint_extra = {"run_id": s.run_id}
+
+    def _cut_trained_log(self, step: int) -> None:
+        if self.rank != 0 or self.trained_log is None:
+            return
+        self.trained_log.parent.mkdir(parents=True, exist_ok=True)
+        kept: list[str] = []
+        if self.trained_log.exists():
+            for line in self.trained_log.read_text().splitlines():
+                try:
+                    if int(json.loads(line)["step"]) <= step:
+                        kept.append(line)
+                except (ValueError, KeyError):
+                    continue
+        self.trained_log.write_text("".join(k + "\n" for k in kept))
+
+    def _shared_ints(self, values: list[int]) -> list[int]:
+        """Rank 0's ``values`` on every rank."""
+        if not parallel.is_distributed():
+            return values
+        t = torch.tensor(values, dtype=torch.int64, device=self.device)
+        dist.broadcast(t, 0)
+        return [int(x) for x in t.tolist()]
+
+    async def setup(self) -> None:
+        if self.rank == 0:
+            self.r = transport.connect(self.s.redis_url, socket_timeout=self.s.block_ms / 1000 + 30)
+        self._build()
+        tr = self.trainer
+        assert tr is not None
+        resumed = False
+        if self.s.resume:
+            ck = tr.load_checkpoint()
+            if ck is None:
+                log.warning(
+                    "--resume: no complete checkpoint in %s; starting fresh",
+                    self.ckcfg.output_dir if self.ckcfg else "?",
+                )
+            else:
+                resumed = True
+                log.info(
+                    "resumed from %s: step %d, policy version %d, stream position %s",
+                    ck.path,
+                    tr.step,
+                    tr.policy_version,
+                    self.source.last_committed_id,
+                )
+        self._cut_trained_log(tr.step)
+        if self.rank == 0:
+            await self.source.start()
+        # version floor: never publish a version Redis or a replica already has
+        floor = 0
+        if self.rank == 0:
+            floor = await transport.retry_redis(
+                lambda: transport.get_policy_version(self.r, self.keys), deadline_s=60
+            )
+            if self.inner_publisher is not None:
+                vs = replica_versions(self.inner_publisher.replicas.resolve())
+                floor = max([floor] + [v for v in vs.values() if v is not None])
+        (floor,) = self._shared_ints([floor])
+        tr.version_floor = floor
+        M.STEP.set(tr.step)
+        M.POLICY_VERSION.set(max(tr.policy_version, 0))
+        if self.publisher is not None and (resumed or floor > tr.policy_version):
+            log.info(
+                "publishing the %s weights before training (learner v%d, floor v%d)",
+                "resumed" if resumed else "initial",
+                tr.policy_version,
+                floor,
+            )
+            await tr.publish()
+        await self._status()
+
+    # ------------------------------------------------------------------ publish / commit
+
+    async def _on_publish(self, version: int, error: str | None, seconds: float) -> None:
+        if error is not None:
+            M.PUBLISHES.labels(outcome="failed").inc()
+            return
+        M.PUBLISHES.labels(outcome="ok").inc()
+        M.PUBLISH_SECONDS.observe(seconds)
+        M.POLICY_VERSION.set(version)
+        if self.rank == 0:  # actors' admission control reads it
+            await transport.retry_redis(
+                lambda: transport.set_policy_version(self.r, self.keys, version), deadline_s=60
+            )
+
+    async def _replica_behind(self) -> bool:
+        """Rank 0, while the source waits for items: does a reachable replica serve an older
+        version than the learner published? (An inference container that restarted serves
+        its base weights at version 0; actors then wait on max_lag, no fresh item comes, and
+        without this the next publish, after the next step, would never come.)"""
+        tr = self.trainer
+        if tr is None or self.inner_publisher is None or tr.policy_version <= 0:
+            return False
+        urls = self.inner_publisher.replicas.resolve()
+        vs = await asyncio.to_thread(replica_versions, urls)
+        behind = {u: v for u, v in vs.items() if v is not None and v < tr.policy_version}
+        if behind:
+            log.warning(
+                "replica(s) %s serve older weights than the learner's v%d; republishing",
+                ", ".join(f"{u} (v{v})" for u, v in behind.items()),
+                tr.policy_version,
+            )
+            M.REPUBLISHES.inc()
+        return bool(behind)
+
+    async def _republish(self) -> None:
+        """Every rank (the gather is collective): publish the current weights again."""
+        assert self.trainer is not None
+        await self.trainer.publish()
+
+    async def _on_checkpoint(self, path: Path | None, committed: int) -> None:
+        M.CHECKPOINTS.inc()
+        if self.rank == 0:
+            log.info("checkpoint %s saved; acked %d items", path, committed)
+
+    async def _status(self) -> None:
+        if self.rank != 0 or self.r is None:
+            return
+        tr = self.trainer
+        assert tr is not None
+        info = {
+            "pid": os.getpid(),
+            "step": tr.step,
+            "policy_version": tr.policy_version,
+            "replicas": dict(getattr(self.inner_publisher, "acked", {}) or {}),
+            "publish_failures": tr.publish_failures,
+            "consecutive_publish_failures": tr.consecutive_publish_failures,
+            "last_publish_error": tr.last_publish_error,
+            "items_trained": self.source.items_trained,
+            "stale_dropped": self.source.stale_dropped,
+            "uncommitted": self.source.uncommitted,
+        }
+        try:
+            await transport.set_learner_step(self.r, self.keys, tr.step)
+            await transport.beat(
+                self.r, self.keys, "learner", self.s.consumer, HEARTBEAT_TTL_S, info
+            )
+            self.accounting = await accounting.snapshot(self.r, self.keys)
+            M.export_accounting(self.accounting)
+        except transport.REDIS_DOWN_ERRORS as e:
+            log.warning("cannot write learner status to Redis: %s", e)
+
+    async def _keepalive(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_TTL_S / 4)
+            await self._status()
+
+    # ------------------------------------------------------------------ loop
+
+    async def _on_step(self, stats: dict[str, float], ids: list[str]) -> None:
+        tr = self.trainer
+        assert tr is not None
+        self._log_trained(tr.step, ids)
+        if self.rank == 0:
+            M.export_step(stats)
+            M.UNCOMMITTED.set(self.source.uncommitted)
+            if self.logger is not None:
+                self.logger.step(stats)
+            await self._status()
+
+    def _log_trained(self, step: int, ids: list[str]) -> None:
+        if self.rank != 0 or self.trained_log is None:
+            return
+        tr = self.trainer
+        line = json.dumps(
+            {"step": step, "items": ids, "policy_version": tr.policy_version if tr else 0}
+        )
+        with open(self.trained_log, "a") as f:
+            f.write(line + "\n")
+
+    async def run(self) -> int:
+        s = self.s
+        await self.setup()
+        tr = self.trainer
+        assert tr is not None
+        if self.rank == 0:
+            self.logger = M.StepLogger(s.tensorboard_dir, config=dataclasses.asdict(s))
+        keep = asyncio.create_task(self._keepalive()) if self.rank == 0 else None
+        reason = "done"
+        try:
+            await tr.train(
+                max(s.num_steps - tr.step, 0) if s.num_steps else None, should_stop=self.stop.is_set
+            )
+            reason = "done" if tr.stop_reason == "done" else "signal"
+            if reason == "done" and self.publisher is not None and tr.last_publish_step != tr.step:
+                await tr.publish()
+            if tr.checkpointer is None:
+                await tr.commit()
+            else:
+                await tr.checkpoint()
+            self._save_final()
+            if self.rank == 0:
+                log.info(
+                    "learner stopping (%s) at step %d, policy v%d, %d items trained, %d stale dropped",
+                    reason,
+                    tr.step,
+                    tr.policy_version,
+                    self.source.items_trained,
+                    self.source.stale_dropped,
+                )
+            return 0
+        except PublishFailed as e:
+            if tr.checkpointer is not None:
+                try:
+                    await tr.checkpoint()
+                except Exception as ce:  # keep the original error; the checkpoint is best effort
+                    log.error("checkpoint after a fatal error failed: %s", ce)
+            raise LearnerFatal(str(e)) from e
+        finally:
+            if keep is not None:
+                keep.cancel()
+                await asyncio.gather(keep, return_exceptions=True)
+            await self._status()
+            self._write_final(reason)
+            if self.logger is not None:
+                self.logger.close()
+
+    def _save_final(self) -> None:
+        """``<output_dir>/final/``: the policy at a clean exit (after the final publish, so
+        the weights the replicas hold unless that publish failed) as a Hugging Face model
+        directory with model_dir's tokenizer, loadable by ``from_pretrained``. Collective
+        under FSDP2 (every rank gathers); rank 0 writes ``final.tmp`` and renames it, so
+        ``final/`` is always complete."""
+        tr = self.trainer
+        if tr is None or not self.s.output_dir:
+            return
+        sd = tr.full_state_dict()
+        if self.rank != 0:
+            return
+        from transformers import AutoTokenizer
+
+        out = Path(self.s.output_dir) / "final"
+        tmp = out.with_name("final.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model: Any = tr.model
+        if hasattr(model, "get_base_model"):  # LoRA: sd already holds the merged base weights
+            model = model.get_base_model()
+        model.save_pretrained(tmp, state_dict=sd, safe_serialization=True)
+        AutoTokenizer.from_pretrained(self.s.model_dir).save_pretrained(tmp)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.replace(out)
+        log.info("saved the final policy (step %d, v%d) to %s", tr.step, tr.policy_version, out)
+
+    def _write_final(self, reason: str) -> None:
+        """``<output_dir>/learner_final.json``: the counters at exit, for launchers and
+        benches (a scrape of /metrics can miss the last steps of a short run)."""
+        tr = self.trainer
+        if self.rank != 0 or tr is None or not self.s.output_dir:
+            return
+        out = Path(self.s.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        final = {
+            "reason": reason,
+            "step": tr.step,
+            "policy_version": tr.policy_version,
+            "items_trained": self.source.items_trained,
+            "stale_dropped": self.source.stale_dropped,
+            "publish_failures": tr.publish_failures,
+            "accounting": self.accounting,  # libludic/transport/accounting.py, read at the last status
+        }
+        tmp = out / "learner_final.json.tmp"
+        tmp.write_text(json.dumps(final))
+        tmp.replace(out / "learner_final.json")
+
+    async def close(self) -> None:
+        close = getattr(self.publisher, "close", None)
+        if callable(close):
+            close()
+        if self.r is not None:
+            await self.r.aclose()
