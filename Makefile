@@ -43,6 +43,7 @@ system-deps:
 lint: venv
 	$(VENV)/bin/ruff check libludic services tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy --strict -p libludic
 
 typecheck: lint
 

@@ -66,7 +66,8 @@ def _full_tensor(t: Any) -> torch.Tensor:
     # FSDP2 DTensor shards gather with full_tensor(); plain tensors pass through.
     full = getattr(t, "full_tensor", None)
     out = full() if callable(full) else t
-    return out.detach()
+    detached: torch.Tensor = out.detach()
+    return detached
 
 
 def to_safetensors_bytes(state_dict: Mapping[str, Any]) -> bytes:
@@ -176,7 +177,7 @@ def open_weight_group(
     """
     import os
 
-    from torch.distributed import PrefixStore, TCPStore
+    from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
 
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
@@ -345,7 +346,7 @@ class CollectiveWeightSender:
                 _raise_for_reply(url, f.result())
             return int(futs[0].result().json()["policy_version"]) if futs else int(version)
 
-    def _collect_acks(self, rnd: int, futs: list[cf.Future]) -> list[str]:
+    def _collect_acks(self, rnd: int, futs: list[cf.Future[Any]]) -> list[str]:
         """Wait until every replica acked round ``rnd`` or answered; return refusals."""
         store = self.group.store if self.group else None
         assert store is not None
@@ -382,7 +383,7 @@ class CollectiveWeightSender:
         self._http.close()
 
 
-def _first_status(futs: list[cf.Future]) -> int | None:
+def _first_status(futs: list[cf.Future[Any]]) -> int | None:
     for f in futs:
         if f.done() and f.exception() is None and f.result().status_code != 200:
             return int(f.result().status_code)

@@ -182,7 +182,7 @@ class DatasetQAEnv(SingleAgentEnv):
         config_name="main", answer_extractor=gsm8k_extract_answer,
         verifier=numeric_verifier)``. Needs the optional ``datasets`` package."""
         try:
-            import datasets  # type: ignore[import-not-found]
+            import datasets
         except ImportError as e:
             raise ImportError(
                 "DatasetQAEnv.from_hf needs the 'datasets' package: pip install datasets"

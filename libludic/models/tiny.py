@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -64,7 +65,7 @@ def bytes_to_unicode() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(bs, cs)}
 
 
-def build_tokenizer():  # -> tokenizers.Tokenizer
+def build_tokenizer() -> Any:  # a tokenizers.Tokenizer
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     b2u = bytes_to_unicode()
@@ -134,8 +135,8 @@ def init_model(out_dir: str | Path, size: str = "tiny", seed: int = 0) -> Path:
         dtype="float32",
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(
+    model = Qwen2ForCausalLM(config)  # type: ignore[no-untyped-call]
+    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
         eos_token_id=[IM_END_ID, PAD_ID], pad_token_id=PAD_ID, bos_token_id=None
     )
     model.save_pretrained(out, safe_serialization=True)

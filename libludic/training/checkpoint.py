@@ -79,7 +79,7 @@ def capture_rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"cuda::{i}"] = s
     ver, state, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state()  # type: ignore[misc]
+    name, keys, pos, has_gauss, cached = np.random.get_state()
     js = {
         "python": [ver, list(state), gauss],
         "numpy": [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],

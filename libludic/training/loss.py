@@ -66,7 +66,7 @@ def apply_temperature(logits: Tensor, batch: Mapping[str, Any]) -> Tensor:
     temp = batch.get("temperature")
     if temp is None:
         return logits
-    t = temp.to(device=logits.device, dtype=logits.dtype)
+    t: Tensor = temp.to(device=logits.device, dtype=logits.dtype)
     if bool((t == 1.0).all()):
         return logits
     return logits / t.view(-1, *([1] * (logits.dim() - 1)))
@@ -74,7 +74,8 @@ def apply_temperature(logits: Tensor, batch: Mapping[str, Any]) -> Tensor:
 
 def token_mask(batch: Mapping[str, Any], dtype: torch.dtype) -> Tensor:
     """Action tokens on the shifted grid: [B, T-1]."""
-    return (batch["action_mask"][:, 1:] * batch["attention_mask"][:, 1:]).to(dtype)
+    mask: Tensor = (batch["action_mask"][:, 1:] * batch["attention_mask"][:, 1:]).to(dtype)
+    return mask
 
 
 def _scalar(batch: Mapping[str, Any], key: str, default: Tensor) -> Tensor:
@@ -114,7 +115,8 @@ def _old_logprobs(batch: Mapping[str, Any], who: str) -> Tensor:
             f"{who} needs batch['actor_logprobs']; sample with ReturnSpec.for_rl() so "
             "rollouts carry the actor's chosen-token logprobs"
         )
-    return batch["actor_logprobs"][:, 1:]
+    old: Tensor = batch["actor_logprobs"][:, 1:]
+    return old
 
 
 @dataclass
@@ -364,7 +366,7 @@ class CompositeLoss:
             raise ValueError(f"CompositeLoss term names must be unique, got {names}")
 
     @property
-    def needs_actor_logprobs(self) -> bool:  # type: ignore[override]
+    def needs_actor_logprobs(self) -> bool:
         return any(getattr(t.loss, "needs_actor_logprobs", False) for t in self.terms)
 
     @property

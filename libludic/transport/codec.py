@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import msgpack
 import numpy as np
@@ -45,7 +45,7 @@ def _reject_ext(code: int, data: bytes) -> Any:
 
 def pack_msg(obj: Any) -> bytes:
     try:
-        return msgpack.packb(obj, use_bin_type=True, datetime=False)
+        return cast(bytes, msgpack.packb(obj, use_bin_type=True, datetime=False))
     except (TypeError, ValueError, OverflowError) as e:
         raise ValueError(
             f"cannot encode {type(obj).__name__} for the wire: {e}; meta/info values must be "
@@ -86,7 +86,8 @@ def unpack_array(raw: Any, dtype: np.dtype, what: str) -> list[Any] | None:
         raise CodecError(
             "bad_field", f"{what} has {len(raw)} bytes, not a multiple of {dtype.itemsize}"
         )
-    return np.frombuffer(raw, dtype=dtype).tolist()
+    out: list[Any] = np.frombuffer(raw, dtype=dtype).tolist()
+    return out
 
 
 def envelope(kind: str, body: dict[str, Any]) -> bytes:
@@ -114,7 +115,10 @@ def _open(data: Any, kind: str) -> dict[str, Any]:
     return body
 
 
-def _build(what: str, fn: Callable[[], Any]) -> Any:
+T = TypeVar("T")
+
+
+def _build(what: str, fn: Callable[[], T]) -> T:
     try:
         return fn()
     except CodecError:

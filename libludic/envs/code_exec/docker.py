@@ -47,7 +47,7 @@ from libludic.envs.code_exec.sandbox import (
 
 _AVAILABLE: bool | None = None
 _AVAILABLE_LOCK = threading.Lock()
-_PRESENT: set = set()  # images seen locally (``docker image inspect`` succeeded)
+_PRESENT: set[str] = set()  # images seen locally (``docker image inspect`` succeeded)
 
 SANDBOX_DIR = Path(__file__).resolve().parents[3] / "deploy" / "sandbox"
 DEFAULT_BASE = "python:{version}-slim"

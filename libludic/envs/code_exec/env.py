@@ -69,10 +69,10 @@ def extract_code(text: str) -> str:
     blocks = _FENCE_RE.findall(text)
     tagged = [body for tag, body in blocks if tag.lower() in _PY_TAGS]
     if tagged:
-        return tagged[-1].strip("\n")
+        return str(tagged[-1]).strip("\n")
     untagged = [body for tag, body in blocks if not tag]
     if untagged:
-        return untagged[-1].strip("\n")
+        return str(untagged[-1]).strip("\n")
     if not blocks:
         tail = text[text.rfind("```") :] if "```" in text else ""
         m = _OPEN_FENCE_RE.match(tail)

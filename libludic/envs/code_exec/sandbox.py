@@ -307,7 +307,7 @@ def _kill_pids(pids: list[int]) -> None:
 
 
 _UID_LOCK = threading.Lock()
-_UIDS_IN_USE: set = set()
+_UIDS_IN_USE: set[int] = set()
 
 
 def _lease_uid(lo: int, hi: int) -> int:
@@ -347,7 +347,7 @@ def _world_executable(path: str) -> bool:
 
 
 def _rmtree(path: str) -> None:
-    def _onerror(func: Callable, p: str, _exc: object) -> None:
+    def _onerror(func: Callable[[str], object], p: str, _exc: object) -> None:
         # The code may chmod 000 its own dirs; make them writable and retry once.
         try:
             os.chmod(os.path.dirname(p), 0o700)
@@ -412,7 +412,7 @@ def pump(
                 time.sleep(min(wait, 0.005))
                 continue
             for key, _ in sel.select(wait):
-                fd = int(key.fd)  # type: ignore[arg-type]
+                fd = int(key.fd)
                 data = os.read(fd, 65536)
                 if not data:
                     sel.unregister(fd)
