@@ -65,12 +65,18 @@ def service_main(
     description: str,
     started: Callable[[S], None] | None = None,
     finished: Callable[[Any], None] | None = None,
+    fatal: tuple[type[BaseException], ...] = (),
+    cleanup: Callable[[], None] | None = None,
+    log_config: bool = True,
 ) -> int:
-    """The ``main()`` of a service: ``run(settings, stop=stop)`` until SIGTERM/SIGINT."""
+    """The ``main()`` of a service: ``run(settings, stop=stop)`` until SIGTERM/SIGINT; exit 0.
+    An exception of a ``fatal`` type is logged and exits 1 (a restart policy's cue);
+    ``cleanup`` runs on every exit; ``log_config`` False skips logging the settings (ranks > 0)."""
     log = logging.getLogger(f"ludic.{service}")
     settings = load_settings(settings_cls, argv, service=service, description=description)
     setup_logging(settings.log_level)  # type: ignore[attr-defined]
-    log_settings(log, service, settings)
+    if log_config:
+        log_settings(log, service, settings)
     if started is not None:
         started(settings)
 
@@ -81,5 +87,12 @@ def service_main(
         if finished is not None:
             finished(result)
 
-    asyncio.run(go())
+    try:
+        asyncio.run(go())
+    except fatal as e:
+        log.error("%s failed: %s", service, e)
+        return 1
+    finally:
+        if cleanup is not None:
+            cleanup()
     return 0

@@ -55,14 +55,13 @@ import torch.distributed as dist
 
 from libludic.training import parallel
 from services.common.http import start_http
-from services.common.lifecycle import install_stop_signals
-from services.common.settings import log_settings, setup_logging
+from services.common.skeleton import service_main
 from services.learner.learner import (  # noqa: F401 (re-exported for callers of main)
     Learner,
     LearnerFatal,
     init_distributed,
 )
-from services.learner.settings import LearnerSettings, load
+from services.learner.settings import LearnerSettings
 
 log = logging.getLogger("ludic.learner")
 
@@ -82,26 +81,18 @@ async def run(settings: LearnerSettings, *, stop: asyncio.Event | None = None) -
     return learner
 
 
+def _leave_process_group() -> None:
+    if parallel.is_distributed():
+        dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> int:
-    settings = load(argv)
-    setup_logging(settings.log_level)
-    if parallel.rank() == 0 and int(os.environ.get("RANK", "0")) == 0:
-        log_settings(log, "learner", settings)
-
-    async def go() -> None:
-        stop = asyncio.Event()
-        install_stop_signals(stop)
-        await run(settings, stop=stop)
-
-    try:
-        asyncio.run(go())
-    except LearnerFatal as e:
-        log.error("learner failed: %s", e)
-        return 1
-    finally:
-        if parallel.is_distributed():
-            dist.destroy_process_group()
-    return 0
+    return service_main(
+        "learner", LearnerSettings, run, argv,
+        description="FSDP2 learner: saw stream -> Trainer -> publish to inference",
+        log_config=int(os.environ.get("RANK", "0")) == 0,
+        fatal=(LearnerFatal,), cleanup=_leave_process_group,
+    )
 
 
 if __name__ == "__main__":
