@@ -257,32 +257,39 @@ def test_partial_update_changes_only_what_it_names(
 def test_in_flight_generation_finishes_on_old_weights(
     server: InferenceServer, base_sd: dict[str, torch.Tensor]
 ) -> None:
+    """A streamed 400-token generation is provably decoding (its first chunk arrived, its
+    stream not closed) when the update is pushed; the update waits for it (drain): all 400
+    tokens come from the old weights. (Not a fixed sleep and client-side clocks: fp32 decoding
+    of the tiny model can finish 400 tokens in under a second, and the client can read the
+    last chunk after the update's reply.)"""
     v = version(server)
-    result: dict[str, object] = {}
+    result: dict[str, object] = {"chunks": []}
+    decoding = threading.Event()
 
     def long_generation() -> None:
-        r = httpx.post(
-            server.url + "/v1/completions",
-            json={"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "ignore_eos": True},
-            timeout=120,
-        )
-        result["body"] = r.json()
+        body = {"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "ignore_eos": True,
+                "stream": True, "stream_options": {"include_usage": True}}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    result["chunks"].append(json.loads(line[len("data: ") :]))  # type: ignore[attr-defined]
+                    decoding.set()
         result["done"] = time.monotonic()
 
     t = threading.Thread(target=long_generation)
     t.start()
-    time.sleep(0.5)  # the request is decoding now
-    push_start = time.monotonic()
+    assert decoding.wait(60), "no chunk within 60 s"
+    still_running = "done" not in result
     assert push_http(server.url, random_sd(base_sd, seed=5), v + 1, TOKEN) == v + 1
-    update_done = time.monotonic()
     t.join(120)
-    body = result["body"]
-    assert isinstance(body, dict)
+    chunks: list[dict[str, object]] = result["chunks"]  # type: ignore[assignment]
     # drain policy: the in-flight request finished first, entirely on the old weights
-    assert body["policy_version"] == v
-    assert body["usage"]["completion_tokens"] == 400
-    # it was still running when the update arrived, and the update waited for it
-    assert push_start < result["done"] <= update_done  # type: ignore[operator]
+    assert chunks and all(c["policy_version"] == v for c in chunks)
+    usage = [c["usage"] for c in chunks if c.get("usage")]
+    assert usage and usage[-1]["completion_tokens"] == 400  # type: ignore[index]
+    # it was still decoding when the update arrived; had the update not waited for it, its
+    # later chunks would carry v + 1 (or it would have been cut short)
+    assert still_running
     assert greedy(server)[2] == v + 1
 
 
