@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 
 from services.inference.settings import InferenceSettings, SettingsError, load_settings
@@ -39,7 +40,23 @@ async def watch_engine(llm: object, server: object, every_s: float = ENGINE_WATC
         await asyncio.sleep(every_s)
 
 
-async def run(settings: InferenceSettings) -> None:
+def listen(host: str, port: int) -> socket.socket:
+    """Bind the API port before vLLM starts. vLLM's start-up (tens of seconds) opens many
+    ephemeral sockets of its own; a port chosen by a launcher and bound only after it can be
+    taken in between ("address already in use", seen in CI)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(2048)
+    return sock
+
+
+async def run(settings: InferenceSettings, sock: socket.socket | None = None) -> None:
     import uvicorn
 
     from services.inference.app import create_app
@@ -62,7 +79,7 @@ async def run(settings: InferenceSettings) -> None:
         log.info("serving on http://%s:%d (policy_version=0)", settings.host, settings.port)
         watch = asyncio.create_task(watch_engine(engine.llm, server))
         try:
-            await server.serve()
+            await server.serve(sockets=[sock] if sock is not None else None)
         finally:
             watch.cancel()
         if engine.llm.errored:
@@ -92,7 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     log.info("settings %s", json.dumps(settings.public_dict(), sort_keys=True))
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        asyncio.run(run(settings))
+        sock = listen(settings.host, settings.port)
+    except OSError as e:
+        print(f"ludic inference: cannot listen on {settings.host}:{settings.port}: {e}", file=sys.stderr)
+        return 1
+    try:
+        asyncio.run(run(settings, sock))
     except KeyboardInterrupt:
         return 0
     except EngineDied as e:

@@ -287,3 +287,20 @@ async def test_watch_engine_stops_the_server_once_the_engine_is_dead() -> None:
     llm.errored = True
     await asyncio.wait_for(task, 1.0)
     assert server.should_exit
+
+
+def test_api_port_is_bound_before_vllm_starts_and_a_taken_port_fails_fast() -> None:
+    """main() binds the port first (vLLM's start-up opens many ephemeral sockets that could
+    take a port chosen earlier); a port already in use fails at once, not after vLLM loads."""
+    import socket
+
+    from services.inference.main import listen
+
+    sock = listen("127.0.0.1", 0)
+    try:
+        port = sock.getsockname()[1]
+        with pytest.raises(OSError):
+            listen("127.0.0.1", port)
+    finally:
+        sock.close()
+    assert isinstance(sock, socket.socket)
