@@ -88,11 +88,14 @@ class TrainerHooks:
     """What a service wires into the loop; each hook is optional and awaited on every rank
     (rank-0-only work, such as writing to Redis, is the hook's own business).
 
+    on_trained(step, item_ids)        right after the update, before publish/checkpoint/commit
+                                      (a record of trained items must precede their commit)
     on_step(stats, item_ids)          after each step (ids: the batch source's, all ranks)
     on_publish(version, error, secs)  after each publish; error None = served, else why not
     on_checkpoint(path, committed)    after each checkpoint (path None on ranks > 0)
     """
 
+    on_trained: Callable[[int, list[str]], Awaitable[None]] | None = None
     on_step: Callable[[dict[str, float], list[str]], Awaitable[None]] | None = None
     on_publish: Callable[[int, str | None, float], Awaitable[None]] | None = None
     on_checkpoint: Callable[[Path | None, int], Awaitable[None]] | None = None
@@ -332,6 +335,8 @@ class Trainer:
         self.step += 1
         mark = getattr(self.batch_source, "mark_trained", None)
         ids: list[str] = list(mark()) if callable(mark) else []
+        if self.hooks.on_trained is not None:
+            await self.hooks.on_trained(self.step, ids)
         dt = max(time.perf_counter() - t0, 1e-9)
         if self.distributed:  # each rank's loss is its share of the batch loss: sum them
             t = torch.tensor([stats["loss"], stats["num_tokens"]], dtype=torch.float64, device=self.device)

@@ -160,7 +160,8 @@ class Learner:
             cfg=cfg,
             checkpointer=CheckpointManager(self.ckcfg) if self.ckcfg is not None else None,
             hooks=TrainerHooks(
-                on_step=self._on_step, on_publish=self._on_publish, on_checkpoint=self._on_checkpoint
+                on_trained=self._on_trained, on_step=self._on_step, on_publish=self._on_publish,
+                on_checkpoint=self._on_checkpoint,
             ),
         )
         self.trainer.checkpoint_extra = {"run_id": s.run_id}
@@ -314,10 +315,12 @@ class Learner:
 
     # ------------------------------------------------------------------ loop
 
+    async def _on_trained(self, step: int, ids: list[str]) -> None:
+        # before the step's checkpoint/commit: a kill -9 between the two must not leave
+        # committed items out of the log (resume cuts the log back to the checkpoint)
+        self._log_trained(step, ids)
+
     async def _on_step(self, stats: dict[str, float], ids: list[str]) -> None:
-        tr = self.trainer
-        assert tr is not None
-        self._log_trained(tr.step, ids)
         if self.rank == 0:
             M.export_step(stats)
             M.UNCOMMITTED.set(self.source.uncommitted)

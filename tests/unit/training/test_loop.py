@@ -115,8 +115,17 @@ async def test_without_checkpoints_each_step_commits_its_items(base_model) -> No
         steps.append((stats["batch_items"], ids))
         assert src.committed == src.trained  # committed before the hook runs
 
-    tr = trainer(base_model, src, cfg=cfg(), hooks=TrainerHooks(on_step=on_step))
+    recorded: list[str] = []
+
+    async def on_trained(step: int, ids: list[str]) -> None:
+        # the record of trained items comes before their commit (a kill -9 in between must
+        # not leave committed items unrecorded)
+        assert not set(ids) & set(src.committed)
+        recorded.extend(ids)
+
+    tr = trainer(base_model, src, cfg=cfg(), hooks=TrainerHooks(on_step=on_step, on_trained=on_trained))
     hist = await tr.train(num_steps=2)
+    assert recorded == src.committed
     assert src.committed == ["b1-0", "b1-1", "b2-0", "b2-1"]
     assert steps == [(2.0, ["b1-0", "b1-1"]), (2.0, ["b2-0", "b2-1"])]
     assert hist[-1]["stale_dropped_total"] == 3.0
