@@ -154,7 +154,9 @@ class StreamConsumer:
     consumer: str
     deadletter: str
     claim_idle_ms: int = 30_000
-    claim_every_s: float = 1.0
+    # how often read() scans for idle entries; None: min(1 s, claim_idle_ms / 3), so a dead
+    # peer's entries come back within ~4/3 claim_idle_ms without a scan per read
+    claim_every_s: float | None = None
     max_deliveries: int = 5
     done_ttl_s: int = 7 * 24 * 3600
     on_deadletter: Callable[[str], None] | None = None
@@ -163,6 +165,8 @@ class StreamConsumer:
     _last_claim: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
+        if self.claim_every_s is None:
+            self.claim_every_s = min(1.0, self.claim_idle_ms / 3000)
         self._commit = self.redis.register_script(_COMMIT_LUA)
         self._dl = self.redis.register_script(_DEADLETTER_LUA)
         self._touch = self.redis.register_script(_TOUCH_LUA)
@@ -201,7 +205,7 @@ class StreamConsumer:
             return []
         try:
             now = time.monotonic()
-            if now - self._last_claim >= self.claim_every_s:
+            if now - self._last_claim >= (self.claim_every_s or 0.0):
                 self._last_claim = now
                 claimed = await self.claim_stale(count)
                 if claimed:

@@ -106,7 +106,6 @@ class Actor:
         self.consumer = transport.StreamConsumer(
             r, self.keys.requests, transport.GROUP_ACTORS, self.name, self.keys.deadletter,
             claim_idle_ms=settings.claim_idle_ms,
-            claim_every_s=min(1.0, settings.claim_idle_ms / 3000),
             max_deliveries=settings.max_deliveries,
             on_deadletter=lambda reason: ERRORS.labels(kind="deadletter").inc(),
             acct_stage="requests",

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
+import threading
+from collections.abc import Iterator
 
 import redis.asyncio as aioredis
 from prometheus_client import Gauge
@@ -23,6 +26,35 @@ def install_stop_signals(stop: asyncio.Event) -> None:
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):  # not the main thread (tests)
             pass
+
+
+class StartupAborted(BaseException):
+    """A stop signal arrived during a start-up that blocks the event loop. A BaseException
+    so that neither ``except Exception`` nor a library's ``except KeyboardInterrupt`` (vLLM
+    0.32 swallows one while it waits for its engine core's handshake) catches it."""
+
+
+@contextlib.contextmanager
+def abort_on_stop_signals() -> Iterator[None]:
+    """Within the block, SIGTERM / SIGINT raise ``StartupAborted`` (``service_main`` exits 0).
+
+    For a start-up step that blocks the event loop (vLLM builds its engine synchronously for
+    tens of seconds): the ``stop`` event would only be seen once it finished, past a container
+    runtime's stop timeout. The previous handlers are restored on leaving the block. Outside
+    the main thread (in-process tests) signals cannot be handled and nothing is installed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise StartupAborted(signal.Signals(signum).name)
+
+    old = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 async def sleep_or_stop(stop: asyncio.Event, seconds: float) -> bool:

@@ -1,11 +1,15 @@
-"""One service skeleton, shared by actor, credit, feeder and eval (the learner and inference
-add torchrun / vLLM specifics around the same steps):
+"""One service skeleton, shared by inference, actor, credit, feeder, eval and learner:
 
-    service_main   settings (flags > LUDIC_* env > YAML section > defaults) -> logging ->
-                   the resolved settings logged once -> SIGTERM/SIGINT set ``stop`` ->
-                   ``run(settings, stop)`` -> exit code
+    service_main   settings (flags > LUDIC_* env > YAML section > defaults, or the service's
+                   own ``load``) -> logging -> the resolved settings logged once ->
+                   SIGTERM/SIGINT set ``stop`` -> ``run(settings, stop)`` -> exit code
     serving        the Redis connection (transport.connect: the one retry/backoff policy)
                    and the /metrics + /health endpoint, opened together and closed together
+
+Exit codes, the same for every service: 0 after a drain on ``stop`` (or an interrupted
+start-up, see ``lifecycle.abort_on_stop_signals``); 1 on a ``fatal`` exception, logged in one
+line (a restart policy's cue); 2 on bad settings, printed as one line naming the value.
+Anything else is a crash with its traceback.
 
 A service's ``run(settings, stop=...)`` stays callable in-process (tests, benches); on
 ``stop`` it drains and returns, and ``service_main`` then exits 0.
@@ -16,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -23,7 +28,7 @@ import redis.asyncio as aioredis
 
 from libludic import transport
 from services.common.http import HealthFn, start_http
-from services.common.lifecycle import install_stop_signals
+from services.common.lifecycle import StartupAborted, install_stop_signals
 from services.common.settings import load_settings, log_settings, setup_logging
 
 S = TypeVar("S")
@@ -68,12 +73,24 @@ def service_main(
     fatal: tuple[type[BaseException], ...] = (),
     cleanup: Callable[[], None] | None = None,
     log_config: bool = True,
+    load: Callable[[Sequence[str] | None], S] | None = None,
 ) -> int:
     """The ``main()`` of a service: ``run(settings, stop=stop)`` until SIGTERM/SIGINT; exit 0.
-    An exception of a ``fatal`` type is logged and exits 1 (a restart policy's cue);
-    ``cleanup`` runs on every exit; ``log_config`` False skips logging the settings (ranks > 0)."""
+    An exception of a ``fatal`` type is logged and exits 1 (a restart policy's cue); a
+    settings error (``ValueError``, or ``OSError`` for an unreadable file) is printed as one
+    line and exits 2; ``cleanup`` runs on every exit; ``log_config`` False skips logging the
+    settings (ranks > 0); ``load(argv)`` replaces the shared settings loader (inference keeps
+    vLLM-style flags)."""
     log = logging.getLogger(f"ludic.{service}")
-    settings = load_settings(settings_cls, argv, service=service, description=description)
+    argv = sys.argv[1:] if argv is None else list(argv)  # ``python -m services.X.main --flag``
+    try:
+        if load is not None:
+            settings = load(argv)
+        else:
+            settings = load_settings(settings_cls, argv, service=service, description=description)
+    except (ValueError, OSError) as e:
+        print(f"ludic {service}: {e}", file=sys.stderr)
+        return 2
     setup_logging(settings.log_level)  # type: ignore[attr-defined]
     if log_config:
         log_settings(log, service, settings)
@@ -89,6 +106,9 @@ def service_main(
 
     try:
         asyncio.run(go())
+    except StartupAborted as e:  # a stop signal during a start-up that blocks the event loop
+        log.info("%s stopped during start-up (%s)", service, e)
+        return 0
     except fatal as e:
         log.error("%s failed: %s", service, e)
         return 1

@@ -106,7 +106,6 @@ class CreditWorker:
         self.consumer = transport.StreamConsumer(
             r, self.keys.rollouts, transport.GROUP_CREDIT, self.name, self.keys.deadletter,
             claim_idle_ms=settings.claim_idle_ms,
-            claim_every_s=min(1.0, settings.claim_idle_ms / 3000),
             max_deliveries=settings.max_deliveries,
             on_deadletter=lambda reason: DEADLETTERED.inc(),
             acct_stage="rollouts",

@@ -1,7 +1,7 @@
 """Settings of ``ludic inference``: flags > LUDIC_* environment > YAML file > defaults.
 
 Everything is resolved and checked in ``load_settings(argv)``; a bad value raises
-``SettingsError`` whose message is the one line ``main`` prints before exiting 2.
+``SettingsError`` whose message is the one line the service skeleton prints before exiting 2.
 """
 
 from __future__ import annotations
@@ -9,10 +9,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from services.common.settings import coerce
 
 
 class SettingsError(ValueError):
@@ -91,25 +94,18 @@ class InferenceSettings:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(InferenceSettings)}
-_BOOL_TRUE = {"1", "true", "yes", "on"}
+_HINTS = typing.get_type_hints(InferenceSettings)
 
 
 def _coerce(name: str, raw: Any) -> Any:
-    """Environment/YAML value -> the field's type (errors name the key)."""
-    default = _FIELDS[name].default
-    typ = _FIELDS[name].type
+    """Environment/YAML value -> the field's type (the services' shared ``coerce``; errors
+    name the key). ``vllm_args`` from a string splits on whitespace, as on a command line."""
+    if name == "vllm_args" and isinstance(raw, str):
+        return raw.split()
     try:
-        if name == "vllm_args":
-            return raw.split() if isinstance(raw, str) else [str(x) for x in raw]
-        if isinstance(default, bool) or typ == "bool":
-            return raw if isinstance(raw, bool) else str(raw).strip().lower() in _BOOL_TRUE
-        if isinstance(default, int) or "int" in str(typ):
-            return int(raw) if raw is not None else None
-        if isinstance(default, float) or "float" in str(typ):
-            return float(raw)
-    except (TypeError, ValueError) as e:
-        raise SettingsError(f"setting {name}={raw!r}: {e}") from e
-    return raw
+        return coerce(name, _HINTS[name], raw)
+    except ValueError as e:
+        raise SettingsError(str(e)) from e
 
 
 def _build_parser() -> argparse.ArgumentParser:

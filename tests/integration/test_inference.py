@@ -458,3 +458,38 @@ def test_engine_death_stops_the_server_with_exit_1(tiny_model_dir: Path, tmp_pat
         assert "the vLLM engine died" in srv.tail(80)
     finally:
         srv.stop()
+
+
+def test_sigterm_during_vllm_start_up_aborts_it_and_exits_0(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """vLLM builds its engine synchronously (the event loop is blocked for tens of seconds):
+    a stop signal then must abort start-up at once (exit 0, engine process gone), not be
+    noticed after the engine is up ("serving on" would then be logged)."""
+    srv = InferenceServer(tiny_model_dir, free_port(), TOKEN, tmp_path / "server.log")
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", TOKENIZERS_PARALLELISM="false")
+    log = open(srv.log_path, "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.inference.main", "--model", str(tiny_model_dir),
+         "--host", "127.0.0.1", "--port", str(srv.port), "--insecure-no-auth"],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        core: list[int] = []
+        deadline = time.monotonic() + 120
+        while not core and time.monotonic() < deadline and proc.poll() is None:
+            core = [c for c in children(proc.pid) if "EngineCore" in cmdline(c)]
+            time.sleep(0.2)
+        assert core, srv.tail()  # vLLM is starting its engine core
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, srv.tail()
+        text = srv.log_path.read_text(errors="replace")
+        assert "stopped during start-up" in text and "serving on" not in text, srv.tail()
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{core[0]}").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not Path(f"/proc/{core[0]}").exists() or "EngineCore" not in cmdline(core[0])
+    finally:
+        proc.kill()
+        proc.wait()
+        log.close()

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
+from services.common.lifecycle import StartupAborted, abort_on_stop_signals
 from services.common.skeleton import service_main
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -41,3 +48,92 @@ def test_exit_codes_and_cleanup(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(KeyError):  # anything else is a crash, with its traceback
         service_main("t", Settings, run, ["--mode", "bug"], **kw)  # type: ignore[arg-type]
     assert calls.count("cleanup") == 3
+
+
+@dataclass
+class Checked:
+    workers: int = field(default=1, metadata={"help": "> 0"})
+    log_level: str = field(default="INFO", metadata={"help": "logging level"})
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"workers={self.workers} must be >= 1; pass --workers N")
+
+
+async def report(s: Checked, *, stop: asyncio.Event) -> int:
+    return s.workers
+
+
+def test_bad_settings_exit_2_with_one_line(monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    for k in ("LUDIC_WORKERS", "LUDIC_CONFIG"):
+        monkeypatch.delenv(k, raising=False)
+    for argv, needle in [(["--workers", "0"], "workers=0 must be >= 1"),
+                         (["--workers", "two"], "cannot read 'two'"),
+                         (["--config", "/no/such.yaml"], "/no/such.yaml does not exist")]:
+        assert service_main("t", Checked, report, argv, description="t") == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("ludic t: ") and needle in err[0], err
+
+
+def test_a_service_loader_replaces_the_shared_one_and_argv_defaults_to_sys_argv(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("LUDIC_WORKERS", raising=False)
+    seen: list[object] = []
+    kw = dict(description="t", finished=seen.append)
+
+    def load(argv: object) -> Checked:
+        return Checked(workers=int(argv[-1]) * 10)  # type: ignore[index]
+
+    assert service_main("t", Checked, report, ["3"], load=load, **kw) == 0  # type: ignore[arg-type]
+    monkeypatch.setattr(sys, "argv", ["prog", "--workers", "4"])  # python -m services.X.main
+    assert service_main("t", Checked, report, None, **kw) == 0  # type: ignore[arg-type]
+    assert seen == [30, 4]
+
+
+BLOCKING_START = """
+import asyncio, sys, time
+from dataclasses import dataclass
+from services.common.lifecycle import StartupAborted, abort_on_stop_signals
+from services.common.skeleton import service_main
+
+@dataclass
+class S:
+    log_level: str = "INFO"
+
+async def run(s, *, stop):
+    with abort_on_stop_signals():
+        print("starting", flush=True)
+        try:
+            time.sleep(60)  # blocks the event loop, as vLLM's engine start does
+        except KeyboardInterrupt:  # and swallows a KeyboardInterrupt, as vLLM 0.32 does
+            pass
+    print("started", flush=True)
+    await stop.wait()
+
+sys.exit(service_main("t", S, run, [], description="t"))
+"""
+
+
+def test_a_stop_signal_aborts_a_start_up_that_blocks_the_event_loop() -> None:
+    """Without the abort, SIGTERM would only be seen after the 60 s block ("started" printed);
+    a KeyboardInterrupt-based abort would be swallowed by the block (as vLLM's would)."""
+    p = subprocess.Popen([sys.executable, "-c", BLOCKING_START], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "starting"
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+    finally:
+        p.kill()
+    assert p.returncode == 0, err
+    assert "started" not in out and "t stopped during start-up" in err
+
+
+def test_abort_on_stop_signals_restores_the_handlers() -> None:
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    with pytest.raises(StartupAborted, match="SIGTERM"):
+        with abort_on_stop_signals():
+            signal.raise_signal(signal.SIGTERM)
+    assert {s: signal.getsignal(s) for s in before} == before
