@@ -125,6 +125,30 @@ def platform_default_args(vllm_args: list[str], is_cpu: bool) -> list[str]:
     return out
 
 
+WARMUP_PROMPT_TOKENS = 64
+
+
+def needs_warmup(is_cpu: bool, served_dtype: torch.dtype) -> bool:
+    """vLLM 0.32's CPU attention kernel for bf16 on AMX CPUs (Sapphire Rapids and later) dies
+    with SIGILL when the worker's first prefill is short: a first prompt of 1 or 2 tokens
+    killed the worker (our /health probe is 1 token), 7 or 34 tokens did not, and after one
+    longer prefill 1-token prompts run fine. So a bf16 CPU engine runs one
+    ``WARMUP_PROMPT_TOKENS``-token prefill before it serves (``LudicEngine.start``)."""
+    return is_cpu and served_dtype == torch.bfloat16
+
+
+async def warm_up(llm: Any, vocab_size: int, max_model_len: int) -> None:
+    """One greedy 1-token generation from a ``WARMUP_PROMPT_TOKENS``-token prompt."""
+    from vllm import SamplingParams
+
+    n = max(1, min(WARMUP_PROMPT_TOKENS, max_model_len - 1))
+    log.info("bf16 on CPU: one %d-token warm-up prefill before serving (see needs_warmup)", n)
+    prompt = {"prompt_token_ids": [i % vocab_size for i in range(n)]}
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    async for _ in llm.generate(prompt, params, request_id=f"ludic-warmup-{uuid.uuid4().hex}"):
+        pass
+
+
 class LudicEngine:
     """Owns the AsyncLLM, vLLM's OpenAI serving objects, the version and the update lock."""
 
@@ -187,6 +211,9 @@ class LudicEngine:
             assert isinstance(served_dtype, torch.dtype), served_dtype
             extra = {served_dtype}
             spec = ParamSpec.from_model_dir(settings.model, extra_dtypes=extra)
+            if needs_warmup(current_platform.is_cpu(), served_dtype):
+                mc = llm.model_config
+                await warm_up(llm, mc.get_vocab_size(), mc.max_model_len)
         except BaseException:
             llm.shutdown()
             raise

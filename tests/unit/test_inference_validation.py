@@ -304,3 +304,10 @@ def test_api_port_is_bound_before_vllm_starts_and_a_taken_port_fails_fast() -> N
     finally:
         sock.close()
     assert isinstance(sock, socket.socket)
+
+
+def test_only_a_bf16_cpu_engine_is_warmed_up_before_serving() -> None:
+    from services.inference.engine import needs_warmup
+
+    assert needs_warmup(True, torch.bfloat16)
+    assert not needs_warmup(True, torch.float32) and not needs_warmup(False, torch.bfloat16)
