@@ -81,3 +81,35 @@ def test_only_the_transport_package_talks_to_redis_streams() -> None:
     assert not calls, calls
     inside = [c for f in sorted((root / "libludic" / "transport").glob("*.py")) for c in stream_calls(f)]
     assert len(inside) > 10  # the scan sees the calls where they are
+
+
+SERVICES = ("actor", "credit", "eval", "feeder", "inference", "learner")
+
+
+def calls(tree: ast.AST) -> set[str]:
+    """Dotted names of every call in ``tree`` (``asyncio.run``, ``service_main``, ...)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            out.add(ast.unparse(node.func))
+    return out
+
+
+def test_every_service_main_is_wiring_on_the_shared_skeleton() -> None:
+    """Each long-running service's ``main.py`` hands its lifecycle to ``service_main`` (settings,
+    logging, signals, exit codes) and stays wiring only: no event loop or signal handler of its
+    own, under 200 lines."""
+    root = LIB.parent / "services"
+    problems = []
+    for name in SERVICES:
+        path = root / name / "main.py"
+        source = path.read_text()
+        found = calls(ast.parse(source))
+        if "service_main" not in found:
+            problems.append(f"{name}: main() does not call service_main")
+        own = found & {"asyncio.run", "signal.signal", "loop.add_signal_handler"}
+        if own:
+            problems.append(f"{name}: runs its own lifecycle ({sorted(own)})")
+        if len(source.splitlines()) > 200:
+            problems.append(f"{name}: main.py has {len(source.splitlines())} lines (> 200)")
+    assert not problems, problems
