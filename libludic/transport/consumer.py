@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -198,6 +198,15 @@ class StreamConsumer:
             else:
                 out.append(e)
         return out
+
+    async def claim_all(self, count: int) -> AsyncIterator[list[Entry]]:
+        """One XAUTOCLAIM pass over the whole group, idle time ignored, in batches of up to
+        ``count``: every pending entry, whoever holds it (a new leader taking over its
+        predecessor's work). Over-delivered entries are dead-lettered as in ``claim_stale``."""
+        while True:
+            yield await self.claim_stale(count, min_idle_ms=0)
+            if self._cursor in ("0-0", "0"):  # XAUTOCLAIM wrapped around: the pass is done
+                return
 
     async def read(self, count: int, block_ms: int = 1000) -> list[Entry]:
         """Up to ``count`` entries: stale claims first, then new ones (blocking)."""

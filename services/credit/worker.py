@@ -252,12 +252,9 @@ class CreditWorker:
                 try:
                     if not was_leader:  # take over everything the previous leader held
                         was_leader = True
-                        while True:
-                            got = await self.consumer.claim_stale(self.s.batch, min_idle_ms=0)
+                        async for got in self.consumer.claim_all(self.s.batch):
                             for e in got:
                                 await self._take(e)
-                            if self.consumer._cursor in ("0-0", "0"):
-                                break
                     entries = await self.consumer.read(self.s.batch, block_ms=self.s.block_ms)
                     for e in entries:
                         await self._take(e)

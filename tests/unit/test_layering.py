@@ -113,3 +113,36 @@ def test_every_service_main_is_wiring_on_the_shared_skeleton() -> None:
         if len(source.splitlines()) > 200:
             problems.append(f"{name}: main.py has {len(source.splitlines())} lines (> 200)")
     assert not problems, problems
+
+
+def transport_private_names() -> set[str]:
+    """``_x`` attributes the transport package's classes keep for themselves."""
+    names: set[str] = set()
+    for f in (LIB / "transport").glob("*.py"):
+        for n in ast.walk(ast.parse(f.read_text())):
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self":
+                if n.attr.startswith("_") and not n.attr.startswith("__"):
+                    names.add(n.attr)
+            elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+                if n.target.id.startswith("_") and not n.target.id.startswith("__"):
+                    names.add(n.target.id)
+    return names
+
+
+def test_nothing_outside_the_transport_package_reaches_into_its_objects() -> None:
+    """``consumer._cursor`` and the like: private state of StreamConsumer, Lease, ... is read
+    and written only by the transport package (issue #14); outside it, ``self._x`` is the
+    caller's own attribute and is not flagged."""
+    private = transport_private_names()
+    assert {"_cursor", "_commit"} <= private  # the scan sees StreamConsumer's own state
+    root = LIB.parent
+    found = []
+    for d in ("libludic", "services"):
+        for f in sorted((root / d).rglob("*.py")):
+            if "transport" in f.relative_to(root).parts:
+                continue
+            for n in ast.walk(ast.parse(f.read_text())):
+                if (isinstance(n, ast.Attribute) and n.attr in private
+                        and not (isinstance(n.value, ast.Name) and n.value.id == "self")):
+                    found.append(f"{f.relative_to(root)}:{n.lineno}: {ast.unparse(n)}")
+    assert not found, found
