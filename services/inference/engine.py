@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
@@ -125,6 +126,23 @@ def platform_default_args(vllm_args: list[str], is_cpu: bool) -> list[str]:
     return out
 
 
+def idle_wait_env(settings: InferenceSettings, is_cpu: bool) -> dict[str, str]:
+    """Environment for vLLM's processes read by ``services.inference.vllm_plugin``: how long
+    the EngineCore and worker spin between messages (0 on CPU unless configured), and the
+    longest sleep after that. Empty (vLLM's own behaviour) on GPUs unless configured."""
+    from services.inference import vllm_plugin
+
+    spin = settings.engine_idle_spin_s
+    if spin is None:
+        if not is_cpu:
+            return {}
+        spin = 0.0
+    return {
+        vllm_plugin.SPIN_ENV: repr(float(spin)),
+        vllm_plugin.POLL_ENV: str(int(settings.engine_idle_poll_ms)),
+    }
+
+
 WARMUP_PROMPT_TOKENS = 64
 
 
@@ -200,6 +218,8 @@ class LudicEngine:
         from vllm.platforms import current_platform
 
         argv += platform_default_args(list(settings.vllm_args), current_platform.is_cpu())
+        # inherited by the EngineCore and worker processes vLLM spawns below
+        os.environ.update(idle_wait_env(settings, current_platform.is_cpu()))
         args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
         engine_args = AsyncEngineArgs.from_cli_args(args)
         llm = AsyncLLM.from_engine_args(engine_args)

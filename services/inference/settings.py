@@ -53,6 +53,11 @@ class InferenceSettings:
     drain_timeout_s: float = 600.0  # max wait for in-flight requests before a swap
     collective_timeout_s: float = 600.0
     graceful_shutdown_s: float = 30.0
+    # How long vLLM's EngineCore and worker processes spin (busy-wait) for the next message
+    # before sleeping; None = 0 on CPU machines (spinning takes the cores generation and
+    # training need), vLLM's own 1 s on GPUs. See services/inference/vllm_plugin.py.
+    engine_idle_spin_s: float | None = None
+    engine_idle_poll_ms: int = 20  # longest sleep between checks once spinning stopped
     log_level: str = "info"
     vllm_args: list[str] = field(default_factory=list)  # passed through to vLLM's parser
 
@@ -77,6 +82,10 @@ class InferenceSettings:
             raise SettingsError("tensor_parallel_size must be >= 1")
         if self.dtype not in DTYPES:
             raise SettingsError(f"dtype {self.dtype!r} is not one of {sorted(DTYPES)}")
+        if self.engine_idle_spin_s is not None and self.engine_idle_spin_s < 0:
+            raise SettingsError(f"engine_idle_spin_s={self.engine_idle_spin_s} must be >= 0")
+        if self.engine_idle_poll_ms < 0:
+            raise SettingsError(f"engine_idle_poll_ms={self.engine_idle_poll_ms} must be >= 0")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise SettingsError(
                 f"logprobs_mode {self.logprobs_mode!r} is not one of {sorted(LOGPROBS_MODES)}; "
@@ -138,6 +147,11 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--max-weight-bytes", type=int)
     p.add_argument("--drain-timeout-s", type=float)
+    p.add_argument(
+        "--engine-idle-spin-s", type=float,
+        help="vLLM engine/worker busy-wait before sleeping (default: 0 on CPU, vLLM's on GPU)",
+    )
+    p.add_argument("--engine-idle-poll-ms", type=int, help="longest idle sleep (default 20)")
     p.add_argument("--log-level")
     p.add_argument(
         "--vllm-arg",
