@@ -5,8 +5,9 @@ pending count and lag, and each consumer's pending count and idle time. Also the
 dead-letter count (XLEN of ``deadletter``) with its reasons, the run accounting
 (libludic/transport/accounting.py: groups requested = trained + dropped + dead-lettered + in flight,
 items trained twice), the learner's
-``policy_version`` and ``learner_step``, the credit leader and the live actors (heartbeat
-keys that have not expired).
+``policy_version`` and ``learner_step``, the credit leader, the live actors (heartbeat
+keys that have not expired) and the live learner's publish record (served version, failed
+publishes, the last error).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from typing import Any
 from libludic import transport
 from libludic.transport import accounting
 
+LEARNER_FIELDS = ("step", "policy_version", "publish_failures", "consecutive_publish_failures",
+                  "last_publish_error", "replicas")
+
 
 def _s(x: Any) -> Any:
     return x.decode() if isinstance(x, bytes) else x
@@ -34,6 +38,7 @@ async def collect(redis_url: str, run_id: str, deadletter_sample: int = 1000) ->
         reasons = Counter(await transport.recent_fields(r, keys.deadletter, b"reason", deadletter_sample))
         lease = await r.get(keys.lease("credit"))
         actors = await transport.alive(r, keys, "actor")
+        learners = await transport.alive(r, keys, "learner")
         return {
             "run_id": run_id,
             "streams": streams,
@@ -44,6 +49,8 @@ async def collect(redis_url: str, run_id: str, deadletter_sample: int = 1000) ->
             "credit_leader": _s(lease),
             "accounting": await accounting.snapshot(r, keys),
             "actors_alive": len(actors),
+            # what the live learner says of its publishes (served = the last acknowledged)
+            "learner": {k: {kk: v.get(kk) for kk in LEARNER_FIELDS} for k, v in learners.items()},
             "actors": {k: {kk: vv for kk, vv in v.items() if kk in ("pid", "host", "inflight", "episodes", "ts")} for k, v in actors.items()},
         }
     finally:
@@ -68,6 +75,13 @@ def render(st: dict[str, Any]) -> str:
                 f"{name:<11} {info['length']:>7} {g['name']:<8} {g['pending']:>7} {lag:>5}  {cons or '-'}"
             )
     lines.append(accounting.format_line(st.get("accounting")))
+    for name, info in (st.get("learner") or {}).items():
+        err = info.get("last_publish_error")
+        lines.append(
+            f"learner {name}: step {info.get('step')}, served version {info.get('policy_version')}, "
+            f"publish failures {info.get('publish_failures')}"
+            + (f" (last: {str(err)[:200]})" if err else "")
+        )
     if st["deadletter"]["recent_reasons"]:
         lines.append("deadletter reasons: " + ", ".join(
             f"{k}={v}" for k, v in sorted(st["deadletter"]["recent_reasons"].items())))

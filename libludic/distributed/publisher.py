@@ -24,7 +24,10 @@ Planes:
 
 * :class:`HttpPolicyPublisher` serialises the state dict to safetensors *once* and POSTs the
   bytes to ``/v1/weights?version=N`` of every replica in parallel (the wire format of
-  ``weight_sync.push_http``).
+  ``weight_sync.push_http``). ``wire_dtype``: floating tensors are cast to it before
+  sending; ``"auto"`` (default) asks the first replica which dtype it serves
+  (``GET /v1/policy_version`` -> ``dtype``) and uses that, so an fp32 learner sends bf16 to a
+  bf16 server (half the bytes; the server would cast anyway).
 * :class:`BroadcastPolicyPublisher`: HTTP control plane + collective data plane
   (``weight_sync.CollectiveWeightSender``: gloo on CPU, NCCL on GPU). The group is
   (re)built when the replica set changes or after a failed round; a round is all-or-nothing
@@ -182,12 +185,25 @@ def _reason(resp: httpx.Response) -> str:
     return f"HTTP {resp.status_code}: {str(detail)[:300]}"
 
 
-def replica_version(url: str, timeout_s: float = 5.0, token: str | None = None) -> int:
-    """``GET {url}/v1/policy_version`` (raises on any failure)."""
+def replica_info(url: str, timeout_s: float = 5.0, token: str | None = None) -> dict[str, Any]:
+    """``GET {url}/v1/policy_version``: ``{"policy_version": int, "dtype": str | None}``
+    (raises on any failure)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     r = httpx.get(url.rstrip("/") + "/v1/policy_version", timeout=timeout_s, headers=headers)
     r.raise_for_status()
-    return int(r.json()["policy_version"])
+    body = r.json()
+    return {"policy_version": int(body["policy_version"]), "dtype": body.get("dtype")}
+
+
+def replica_version(url: str, timeout_s: float = 5.0, token: str | None = None) -> int:
+    """``GET {url}/v1/policy_version`` (raises on any failure)."""
+    return int(replica_info(url, timeout_s, token)["policy_version"])
+
+
+def wire_dtype_of(name: str | None) -> torch.dtype | None:
+    """``"bfloat16"`` -> torch.bfloat16 for the floating wire dtypes; None for anything else."""
+    dt = ws.WIRE_DTYPES.get(name or "")
+    return dt if dt is not None and dt.is_floating_point and dt != torch.float64 else None
 
 
 def replica_versions(urls: Sequence[str], timeout_s: float = 5.0) -> dict[str, int | None]:
@@ -219,6 +235,30 @@ class HttpPolicyPublisher:
     on_result: ResultFn | None = None
     acked: dict[str, int] = field(default_factory=dict)
     last_replicas: list[str] = field(default_factory=list)
+    wire_dtype: str = "auto"  # "auto" (the replicas' served dtype), "none", or a float dtype
+    _auto_dtype: torch.dtype | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.wire_dtype not in ("auto", "none") and wire_dtype_of(self.wire_dtype) is None:
+            raise ValueError(
+                f"wire_dtype={self.wire_dtype!r}: use auto, none, float32, bfloat16 or float16"
+            )
+
+    def _dtype_for(self, urls: Sequence[str]) -> torch.dtype | None:
+        """The dtype floating tensors are sent in (None: as trained)."""
+        if self.wire_dtype == "none":
+            return None
+        if self.wire_dtype != "auto":
+            return wire_dtype_of(self.wire_dtype)
+        if self._auto_dtype is None:
+            for u in urls:
+                try:
+                    self._auto_dtype = wire_dtype_of(replica_info(u, 5.0, self.token)["dtype"])
+                except (httpx.HTTPError, OSError, ValueError, KeyError) as e:
+                    log.warning("cannot read the served dtype of %s (%s); sending as trained", u, e)
+                    continue
+                break
+        return self._auto_dtype
 
     def _push_one(self, url: str, body: bytes, version: int, deadline: float) -> tuple[bool, str]:
         """(acknowledged?, last reason) after at most max_attempts bounded attempts."""
@@ -263,7 +303,7 @@ class HttpPolicyPublisher:
 
     def publish(self, state_dict: Mapping[str, torch.Tensor], version: int | None) -> None:
         version, urls = _targets(self, version, "HttpPolicyPublisher")
-        body = ws.to_safetensors_bytes(state_dict)
+        body = ws.to_safetensors_bytes(state_dict, self._dtype_for(urls))
         deadline = time.monotonic() + self.retry.total_timeout_s
         failures: dict[str, str] = {}
         ok: list[str] = []

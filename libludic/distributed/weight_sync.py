@@ -70,11 +70,21 @@ def _full_tensor(t: Any) -> torch.Tensor:
     return detached
 
 
-def to_safetensors_bytes(state_dict: Mapping[str, Any]) -> bytes:
-    """HF-named state dict -> safetensors bytes (contiguous CPU copies; tied tensors split)."""
+def cast_floats(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """``t`` in ``dtype`` if it is floating and ``dtype`` is given, else ``t`` unchanged."""
+    return t.to(dtype) if dtype is not None and t.is_floating_point() else t
+
+
+def to_safetensors_bytes(state_dict: Mapping[str, Any], dtype: torch.dtype | None = None) -> bytes:
+    """HF-named state dict -> safetensors bytes (contiguous CPU copies; tied tensors split).
+    ``dtype``: floating tensors are cast to it first (the replica's served dtype halves the
+    bytes of an fp32 learner publishing to a bf16 server)."""
     from safetensors.torch import save
 
-    flat = {k: _full_tensor(v).to("cpu").contiguous().clone() for k, v in state_dict.items()}
+    flat = {
+        k: cast_floats(_full_tensor(v).to("cpu"), dtype).contiguous().clone()
+        for k, v in state_dict.items()
+    }
     return save(flat)
 
 

@@ -155,8 +155,11 @@ def create_app(
 
     @app.get("/v1/policy_version", response_model=PolicyVersionResponse)
     async def policy_version() -> JSONResponse:
-        v = eng().version
-        return versioned(PolicyVersionResponse(policy_version=v).model_dump(), v)
+        e = eng()
+        served = getattr(getattr(e, "spec", None), "served_dtype", None)
+        dtype = None if served is None else str(served).removeprefix("torch.")
+        body = PolicyVersionResponse(policy_version=e.version, dtype=dtype)
+        return versioned(body.model_dump(), e.version)
 
     # ------------------------------------------------------------------ OpenAI
     @app.get("/v1/models")

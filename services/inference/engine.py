@@ -229,8 +229,7 @@ class LudicEngine:
             await init_app_state(llm, state, args, await llm.get_supported_tasks())
             served_dtype = llm.model_config.dtype  # resolved to a torch.dtype by vLLM
             assert isinstance(served_dtype, torch.dtype), served_dtype
-            extra = {served_dtype}
-            spec = ParamSpec.from_model_dir(settings.model, extra_dtypes=extra)
+            spec = ParamSpec.from_model_dir(settings.model, served_dtype=served_dtype)
             if needs_warmup(current_platform.is_cpu(), served_dtype):
                 mc = llm.model_config
                 await warm_up(llm, mc.get_vocab_size(), mc.max_model_len)
@@ -303,12 +302,14 @@ class LudicEngine:
         """
         assert self.lock.locked(), "swap() must run under engine.lock"
         missing = complete_partial(tensors, self.spec)
-        forwarded = {k: v for k, v in tensors.items() if k not in self.spec.aliases}
+        received = {k: v for k, v in tensors.items() if k not in self.spec.aliases}
+        forwarded = self.spec.to_served(received)  # e.g. an fp32 learner -> a bf16 server
+        cast = any(forwarded[k] is not received[k] for k in received)
         if missing:
             full = dict(forwarded)
-            full.update(self.shadow.get(missing))
+            full.update(self.spec.to_served(self.shadow.get(missing)))
             payload = _to_payload(full)
-        elif payload is None or len(forwarded) != len(tensors):
+        elif payload is None or cast or len(forwarded) != len(tensors):
             payload = _to_payload(forwarded)
 
         t0 = time.monotonic()
@@ -330,7 +331,7 @@ class LudicEngine:
         except Exception as e:
             # Put the previous values back so the served weights match self.version (the
             # shadow still holds them: it is only updated after a successful reload).
-            old = self.shadow.get(list(forwarded) + list(missing or ()))
+            old = self.spec.to_served(self.shadow.get(list(forwarded) + list(missing or ())))
             await self.llm.collective_rpc("ludic_load_safetensors", args=(_to_payload(old),))
             await self.llm.resume_generation()
             raise SwapError(f"reload failed, previous weights restored: {e}") from e

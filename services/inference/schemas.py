@@ -15,6 +15,9 @@ from libludic.distributed.weight_sync import WIRE_DTYPES
 
 class PolicyVersionResponse(BaseModel):
     policy_version: int
+    # the dtype the weights are served in (torch spelling, e.g. "bfloat16"): publishers may
+    # cast floating tensors to it before sending (any of float32/bfloat16/float16 is accepted)
+    dtype: str | None = None
 
 
 class HealthResponse(BaseModel):

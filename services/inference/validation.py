@@ -6,6 +6,12 @@ entry ``{"dtype", "shape", "data_offsets": [b, e]}`` must satisfy
 ``ParamSpec`` holds ``name -> (shape, accepted dtypes)`` read from the model directory's own
 safetensors headers (no tensor is loaded). Errors carry an HTTP status: 400 for a body that
 is not valid safetensors, 422 for a valid body that does not fit the model.
+
+Dtypes. A floating parameter accepts every dtype of :data:`FLOAT_WIRE_DTYPES` (float32,
+bfloat16, float16) whatever the checkpoint's and the served dtype: the engine casts what it
+receives to the served dtype (``ParamSpec.served_dtype``) before the reload, so a learner
+training in fp32 can publish to a bf16 server, and a sender that already casts to the served
+dtype ships half the bytes. Integer and bool buffers accept only their checkpoint dtype.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ ST_DTYPES: dict[str, torch.dtype] = {
     "BOOL": torch.bool,
 }
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+#: what a floating parameter accepts on either weight plane (cast to the served dtype)
+FLOAT_WIRE_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
 
 
 class WeightValidationError(ValueError):
@@ -140,12 +148,17 @@ class ParamSpec:
     dtypes: dict[str, frozenset[torch.dtype]]
     files: dict[str, Path] = field(default_factory=dict)  # name -> shard holding it
     aliases: dict[str, str] = field(default_factory=dict)  # e.g. tied lm_head -> embed
+    served_dtype: torch.dtype | None = None  # floating tensors are cast to it before a reload
 
     @classmethod
     def from_model_dir(
-        cls, model_dir: str | Path, extra_dtypes: Iterable[torch.dtype] = ()
+        cls,
+        model_dir: str | Path,
+        extra_dtypes: Iterable[torch.dtype] = (),
+        served_dtype: torch.dtype | None = None,
     ) -> ParamSpec:
-        """Read every ``*.safetensors`` header under ``model_dir`` (no tensor data)."""
+        """Read every ``*.safetensors`` header under ``model_dir`` (no tensor data).
+        Floating parameters accept :data:`FLOAT_WIRE_DTYPES`; ``extra_dtypes`` adds more."""
         d = Path(model_dir)
         shards = sorted(d.glob("*.safetensors"))
         if not shards:
@@ -162,7 +175,9 @@ class ParamSpec:
                 if name == "__metadata__":
                     continue
                 shapes[name] = tuple(info["shape"])
-                dtypes[name] = frozenset({ST_DTYPES[info["dtype"]]}) | extra
+                own = ST_DTYPES[info["dtype"]]
+                floats = FLOAT_WIRE_DTYPES if own.is_floating_point else frozenset()
+                dtypes[name] = frozenset({own}) | floats | extra
                 files[name] = shard
         aliases: dict[str, str] = {}
         cfg_path = d / "config.json"
@@ -173,7 +188,17 @@ class ParamSpec:
                 aliases["lm_head.weight"] = "model.embed_tokens.weight"
                 shapes["lm_head.weight"] = shapes["model.embed_tokens.weight"]
                 dtypes["lm_head.weight"] = dtypes["model.embed_tokens.weight"]
-        return cls(shapes, dtypes, files, aliases)
+        return cls(shapes, dtypes, files, aliases, served_dtype)
+
+    def to_served(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Floating tensors cast to ``served_dtype`` (tensors already in it are kept as is)."""
+        want = self.served_dtype
+        if want is None:
+            return dict(tensors)
+        return {
+            k: t.to(want) if t.is_floating_point() and t.dtype != want else t
+            for k, t in tensors.items()
+        }
 
     def check_meta(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
         if name not in self.shapes:

@@ -67,6 +67,7 @@ class LiveView:
             "samples_per_s": m.get("ludic_learner_samples_per_second"),
             "tokens_per_s": m.get("ludic_learner_tokens_per_second"),
             "stale_dropped": int(m.get("ludic_learner_stale_dropped_total", 0)),
+            "publish_failures": int(m.get("ludic_learner_publishes_total{outcome=failed}", 0)),
             "learner_version": learner_v,
             "inference_version": inf_v,
             "version_lag": None if inf_v is None else learner_v - inf_v,
@@ -103,6 +104,7 @@ class LiveView:
             f"[{s['elapsed_s']:6.0f}s] step {s['step']} reward {fmt(s['reward_mean'], '.3f')} "
             f"samples/s {fmt(s['samples_per_s'], '.1f')} stale {s['stale_dropped']} "
             f"version learner {s['learner_version']} inference {s['inference_version']} "
+            f"publish failures {s['publish_failures']} "
             f"queues req={q.get('requests', '-')} roll={q.get('rollouts', '-')} saw={q.get('saw', '-')} "
             f"dead={q.get('deadletter', '-')} pass_rate {fmt(s['pass_rate'], '.3f')}"
         )

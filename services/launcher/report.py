@@ -31,7 +31,13 @@ def build_summary(run: Any, before: dict[str, float] | None, after: dict[str, fl
         "steps": int(m.get("ludic_learner_step", 0)),
         "samples_trained": trained,
         "stale_dropped": int(m.get("ludic_learner_stale_dropped_total", 0)),
+        # the version inference acknowledged last (the learner's version only moves on an ack)
         "policy_version": int(m.get("ludic_learner_policy_version", 0)),
+        "publish_failures": getattr(run, "publish", {}).get(
+            "publish_failures", int(m.get("ludic_learner_publishes_total{outcome=failed}", 0))
+        ),
+        "final_policy_served": getattr(run, "publish", {}).get("final_policy_served"),
+        "last_publish_error": getattr(run, "publish", {}).get("last_publish_error"),
         "wall_seconds": round(wall, 1),
         "rl_wall_seconds": round(rl_wall, 1),
         "samples_per_second": round(trained / rl_wall, 2) if rl_wall > 0 else None,
@@ -75,7 +81,8 @@ def write_report(run: Any, before: dict[str, float] | None, after: dict[str, flo
     t.add_column("metric")
     t.add_column("value")
     for k in ("pass_rate_before", "pass_rate_after", "pass_rate_delta", "steps", "samples_trained",
-              "stale_dropped", "wall_seconds", "rl_wall_seconds", "samples_per_second"):
+              "stale_dropped", "policy_version", "publish_failures", "final_policy_served",
+              "wall_seconds", "rl_wall_seconds", "samples_per_second"):
         v = summary[k]
         t.add_row(k, f"{v:.3f}" if isinstance(v, float) else str(v))
     Console().print(t)

@@ -84,6 +84,7 @@ class Run:
         self.last_learner: dict[str, float] = {}
         self.evals: list[dict[str, float]] = []
         self.accounting: dict[str, Any] | None = None
+        self.publish: dict[str, Any] = {}  # from learner_final.json
 
     def env(self, **extra: Any) -> dict[str, str]:
         base = {
@@ -231,6 +232,11 @@ class Run:
             "ludic_learner_items_trained_total": float(f["items_trained"]),
             "ludic_learner_stale_dropped_total": float(f["stale_dropped"]),
         })
+        self.publish = {
+            "publish_failures": int(f.get("publish_failures", 0)),
+            "final_policy_served": f.get("final_policy_served"),
+            "last_publish_error": f.get("last_publish_error") or None,
+        }
 
     def keep_final_policy(self) -> Path:
         """Move the learner's exit weights (``<run>/learner/final``, the policy "after" was

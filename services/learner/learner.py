@@ -128,7 +128,8 @@ class Learner:
             inner: Any
             if s.publish_plane == "http":
                 inner = HttpPolicyPublisher(
-                    replicas, s.token(), retry, on_result=M.on_replica_result
+                    replicas, s.token(), retry, on_result=M.on_replica_result,
+                    wire_dtype=s.publish_dtype,
                 )
             else:
                 if not s.collective_master_address:
@@ -359,6 +360,14 @@ class Learner:
             else:
                 await tr.checkpoint()
             self._save_final()
+            if reason == "done" and not self.final_policy_served():
+                # the run trained, but inference never served what it trained: not a success
+                reason = "final_policy_not_served"
+                raise LearnerFatal(
+                    f"the final policy (step {tr.step}) was never served: inference serves "
+                    f"v{tr.policy_version}; {tr.publish_failures} publish(es) failed, the last "
+                    f"with: {tr.last_publish_error or '?'}"
+                )
             if self.rank == 0:
                 log.info(
                     "learner stopping (%s) at step %d, policy v%d, %d items trained, %d stale dropped",
@@ -384,6 +393,12 @@ class Learner:
             self._write_final(reason)
             if self.logger is not None:
                 self.logger.close()
+
+    def final_policy_served(self) -> bool:
+        """True when no inference replica is configured (nothing to serve) or the last
+        successful publish carried the weights of the current step."""
+        tr = self.trainer
+        return self.publisher is None or (tr is not None and tr.last_publish_step == tr.step)
 
     def _save_final(self) -> None:
         """``<output_dir>/final/``: the policy at a clean exit (after the final publish, so
@@ -426,6 +441,8 @@ class Learner:
             "items_trained": self.source.items_trained,
             "stale_dropped": self.source.stale_dropped,
             "publish_failures": tr.publish_failures,
+            "last_publish_error": tr.last_publish_error,
+            "final_policy_served": self.final_policy_served(),
             "accounting": self.accounting,  # libludic/transport/accounting.py, read at the last status
         }
         tmp = out / "learner_final.json.tmp"

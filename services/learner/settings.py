@@ -69,6 +69,13 @@ class LearnerSettings:
         default=None, metadata={"help": "file holding the token"}
     )
     publish_plane: str = field(default="http", metadata={"help": "http | collective"})
+    publish_dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "dtype of published floating weights (http plane): auto = what the "
+            "replicas serve, none = as trained, or float32|bfloat16|float16"
+        },
+    )
     collective_master_address: str = field(
         default="", metadata={"help": "address replicas reach the learner at (collective plane)"}
     )

@@ -176,7 +176,9 @@ def test_models_health_and_version(server: InferenceServer) -> None:
     assert models["data"] and models["data"][0]["id"]
     h = httpx.get(server.url + "/health")
     assert h.status_code == 200 and h.json()["status"] == "ok"
-    assert httpx.get(server.url + "/v1/policy_version").json() == {"policy_version": 0}
+    assert httpx.get(server.url + "/v1/policy_version").json() == {
+        "policy_version": 0, "dtype": "float32"
+    }
 
 
 # ---------------------------------------------------------------------------- HTTP plane
@@ -208,7 +210,7 @@ def _bad_requests(
     return {
         "unknown_name": (_body({"model.nope.weight": norm}), auth(), 1, 422),
         "wrong_shape": (_body({"model.norm.weight": torch.ones(7)}), auth(), 1, 422),
-        "wrong_dtype": (_body({"model.norm.weight": norm.to(torch.float16)}), auth(), 1, 422),
+        "wrong_dtype": (_body({"model.norm.weight": norm.to(torch.float64)}), auth(), 1, 422),
         "non_finite": (_body({"model.norm.weight": nan}), auth(), 1, 422),
         "truncated": (good[: len(good) - 100], auth(), 1, 400),
         "corrupt_header": (good[:8] + b"{" * header_len + good[8 + header_len :], auth(), 1, 400),

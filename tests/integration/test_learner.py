@@ -461,6 +461,42 @@ def test_learner_keeps_training_on_failed_publish_then_exits_after_limit(
     assert st["xlen"] == 4 and st["pending"] == 0
 
 
+def test_a_run_whose_trained_policy_was_never_served_fails(
+    redis_server: Any, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Fewer failed publishes than max_publish_failures used to end with exit 0 and "2/2
+    steps" although inference never served a trained weight. Now the learner still saves its
+    final policy and checkpoint, then fails naming the last publish error."""
+    from services.learner.main import LearnerFatal
+
+    push_sync(redis_server.url, "ns", random_items(4))
+    out = tmp_path / "out"
+    with FakeReplica(fail_first=100) as refusing:  # every update answered 503
+        with pytest.raises(LearnerFatal, match=r"final policy \(step 2\) was never served.*503"):
+            asyncio.run(
+                run_learner_inprocess(
+                    redis_url=redis_server.url,
+                    run_id="ns",
+                    model_dir=str(tiny_model_dir),
+                    output_dir=str(out),
+                    checkpoint_every=10,
+                    inference_urls=[refusing.url],
+                    batch_size=2,
+                    num_steps=2,
+                    max_publish_failures=5,
+                    publish_attempts=1,
+                    lr=1e-3,
+                    algorithm={"name": "sft"},
+                )
+            )
+        assert refusing.updates == [] and refusing.version == 0
+    final = json.loads((out / "learner_final.json").read_text())
+    assert final["reason"] == "final_policy_not_served" and final["step"] == 2
+    assert final["final_policy_served"] is False and final["policy_version"] == 0
+    assert final["publish_failures"] == 3  # steps 1 and 2, then the final publish
+    assert (out / "final" / "config.json").exists() and (out / "step_000000002").is_dir()
+
+
 def test_replica_restarted_on_old_weights_gets_republished_while_the_learner_waits(
     redis_server: Any, tiny_model_dir: Path, tmp_path: Path
 ) -> None:

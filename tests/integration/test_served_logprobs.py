@@ -268,3 +268,49 @@ async def test_onpolicy_importance_ratio_is_one_at_the_sampling_temperature(
           f"ratio_mean={stats['loss/ratio_mean']:.8f}")
     assert worst < TOL[dtype], worst
     assert stats["loss/ratio_mean"] == pytest.approx(1.0, abs=TOL[dtype])
+
+
+def test_bf16_checkpoint_served_in_bf16_takes_the_fp32_learners_publish(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The day-one bf16 setting: a bf16 checkpoint, ``--dtype bfloat16`` serving, and a
+    learner that trains fp32 master weights. Its publisher asks the replica which dtype it
+    serves, casts to it (half the bytes of fp32) and the update is swapped in and served:
+    served logprobs equal an fp32 forward of the bf16-rounded weights to the bf16 floor.
+    (The server refused such updates with 422 "dtype float32 not accepted" before.)"""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from libludic.distributed.publisher import HttpPolicyPublisher, ReplicaSet
+    from libludic.distributed.weight_sync import to_safetensors_bytes
+
+    bf16_dir = tmp_path / "bf16"
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    model.to(torch.bfloat16).save_pretrained(bf16_dir, safe_serialization=True)
+    for f in tiny_model_dir.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "generation")):
+            shutil.copy(f, bf16_dir / f.name)
+    on_disk = load_file(str(bf16_dir / "model.safetensors"))
+    assert {t.dtype for t in on_disk.values()} == {torch.bfloat16}
+
+    srv = InferenceServer(bf16_dir, free_port(), TOKEN, tmp_path / "server.log",
+                          ["--dtype", "bfloat16"])
+    srv.start()
+    try:
+        trained = perturbed({k: v.float() for k, v in on_disk.items()}, seed=4)  # fp32 master
+        pub = HttpPolicyPublisher(ReplicaSet([srv.url]), TOKEN)
+        pub.publish(trained, 1)
+        assert pub.acked == {srv.url: 1} and version(srv) == 1
+        assert pub._auto_dtype == torch.bfloat16  # learnt from GET /v1/policy_version
+        sent = len(to_safetensors_bytes(trained, torch.bfloat16))
+        assert sent < 0.55 * len(to_safetensors_bytes(trained))
+        rounded = {k: v.to(torch.bfloat16).float() for k, v in trained.items()}
+        d = max_diffs(srv, tiny_model_dir, rounded)
+        print(f"\n[bf16 checkpoint] after the fp32 learner's publish: max |served - HF| = {d}")
+        assert max(d.values()) < TOL["bfloat16"], d
+        # the publish changed the served policy (perturbed weights differ by far more)
+        d0 = max_diffs(srv, tiny_model_dir, {k: v.float() for k, v in on_disk.items()})
+        assert max(d0.values()) > 5 * TOL["bfloat16"], d0
+    finally:
+        srv.stop()

@@ -58,7 +58,7 @@ def body(tensors: dict[str, torch.Tensor]) -> bytearray:
 
 def test_spec_reads_checkpoint_headers_and_tied_alias(spec: ParamSpec) -> None:
     assert spec.shapes["model.norm.weight"] == (4,)
-    assert spec.dtypes["model.norm.weight"] == frozenset({torch.float32})
+    assert spec.dtypes["model.norm.weight"] == frozenset({torch.float32, torch.bfloat16, torch.float16})
     assert spec.aliases == {"lm_head.weight": "model.embed_tokens.weight"}
 
 
@@ -100,7 +100,7 @@ def test_offsets_must_match_shape() -> None:
     [
         ({"model.nope.weight": torch.ones(4)}, "unknown parameter"),
         ({"model.norm.weight": torch.ones(5)}, r"shape \[5\] does not match the model's \[4\]"),
-        ({"model.norm.weight": torch.ones(4, dtype=torch.float16)}, "dtype float16 not accepted"),
+        ({"model.norm.weight": torch.ones(4, dtype=torch.float64)}, "dtype float64 not accepted"),
         ({"model.norm.weight": torch.tensor([1.0, float("nan"), 1.0, 1.0])}, "1 non-finite"),
         ({"model.norm.weight": torch.tensor([1.0, float("inf"), 1.0, 1.0])}, "1 non-finite"),
     ],
@@ -111,9 +111,24 @@ def test_bad_tensors_are_422(spec: ParamSpec, tensors: dict[str, torch.Tensor], 
     assert ei.value.status == 422
 
 
-def test_served_dtype_is_also_accepted(model_dir: Path) -> None:
-    spec = ParamSpec.from_model_dir(model_dir, extra_dtypes=[torch.bfloat16])
-    decode_and_validate(body({"model.norm.weight": torch.ones(4, dtype=torch.bfloat16)}), spec)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_floating_parameters_accept_every_wire_dtype_and_are_cast_to_the_served_one(
+    model_dir: Path, dtype: torch.dtype
+) -> None:
+    # an fp32 checkpoint served in bf16: an fp32 learner's update must not be refused
+    spec = ParamSpec.from_model_dir(model_dir, served_dtype=torch.bfloat16)
+    sent = torch.tensor([1.0, 0.5, 0.25, 3.0], dtype=dtype)
+    got = decode_and_validate(body({"model.norm.weight": sent}), spec)
+    served = spec.to_served(got)["model.norm.weight"]
+    assert served.dtype == torch.bfloat16
+    # these values are exact in every one of the three dtypes
+    torch.testing.assert_close(served.float(), torch.tensor([1.0, 0.5, 0.25, 3.0]))
+
+
+def test_to_served_keeps_tensors_already_in_the_served_dtype(model_dir: Path) -> None:
+    spec = ParamSpec.from_model_dir(model_dir, served_dtype=torch.float32)
+    t = torch.ones(4)
+    assert spec.to_served({"model.norm.weight": t})["model.norm.weight"] is t
 
 
 def test_partial_updates_are_completed_per_module(spec: ParamSpec) -> None:
