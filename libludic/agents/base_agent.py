@@ -22,6 +22,9 @@ from libludic.inference.sampling import SamplingConfig
 from libludic.parsers import Parser, ParseResult, identity_parser
 from libludic.types import ChatResponse, Message
 
+#: seed offset between successive model calls of one episode (more than any group size)
+CALL_SEED_STRIDE = 1 << 20
+
 
 @dataclass
 class AgentTurn:
@@ -60,8 +63,12 @@ class Agent:
         self.ctx.on_after_step(obs, info)
 
     def _request(self, messages: list[Message], seed: int | None) -> ChatCompletionRequest:
-        # Each call of an episode gets its own seed so multi-turn sampling is reproducible.
-        call_seed = None if seed is None else seed * 1000 + self._calls
+        # Each call of an episode gets its own seed so multi-turn sampling is reproducible:
+        # call c of the episode seeded s uses s + c * CALL_SEED_STRIDE. Episodes of a group
+        # have consecutive seeds, so their calls of one turn do too, and a client may send a
+        # turn the whole group shares (same messages) as one n-choice request
+        # (libludic/inference/openai_client.py: coalescing).
+        call_seed = None if seed is None else seed + self._calls * CALL_SEED_STRIDE
         self._calls += 1
         return ChatCompletionRequest(
             messages=messages,

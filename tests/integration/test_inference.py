@@ -152,6 +152,39 @@ def test_chat_completion_token_ids(server: InferenceServer, tiny_model_dir: Path
     assert tok.decode(ch["token_ids"], skip_special_tokens=True) == ch["message"]["content"]
 
 
+async def test_a_coalesced_group_draws_exactly_its_separate_requests_samples(
+    server: InferenceServer,
+) -> None:
+    """Six episodes of one group (same prompt, seeds 500..505) sent as one n=6 request draw
+    the tokens (and logprobs) each episode's own request would have drawn: vLLM seeds choice
+    i with seed + i, which is what the client's coalescing relies on."""
+    import asyncio
+
+    from libludic.inference.openai_client import OpenAIChatClient
+    from libludic.inference.request import ChatCompletionRequest
+    from libludic.inference.sampling import SamplingConfig
+
+    reqs = [
+        ChatCompletionRequest(
+            messages=[{"role": "user", "content": PROMPT}],
+            sampling=SamplingConfig(temperature=1.0, max_tokens=12),
+            seed=500 + i,
+        )
+        for i in range(6)
+    ]
+    alone_c, group_c = OpenAIChatClient(server.url, coalesce=False), OpenAIChatClient(server.url)
+    try:
+        alone = [(await alone_c.complete(r))[0] for r in reqs]
+        together = [r for r, _ in await asyncio.gather(*[group_c.complete(r) for r in reqs])]
+    finally:
+        await alone_c.aclose()
+        await group_c.aclose()
+    assert [a.completion_token_ids for a in alone] == [t.completion_token_ids for t in together]
+    assert len({tuple(a.completion_token_ids or ()) for a in alone}) > 1  # really sampled
+    for a, t in zip(alone, together):
+        assert t.completion_logprobs == pytest.approx(a.completion_logprobs, abs=1e-4)
+
+
 def test_streaming_chunks_carry_policy_version(server: InferenceServer) -> None:
     req = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
     full = httpx.post(server.url + "/v1/completions", json=req, timeout=120).json()

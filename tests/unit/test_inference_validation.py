@@ -212,7 +212,7 @@ def test_update_ok_and_version_rules(model_dir: Path, spec: ParamSpec) -> None:
     r = c.post("/v1/weights?version=3", content=GOOD, headers=h)
     assert r.status_code == 200 and r.json()["policy_version"] == 3
     assert r.headers["X-Ludic-Policy-Version"] == "3"
-    assert c.get("/v1/policy_version").json() == {"policy_version": 3}
+    assert c.get("/v1/policy_version").json() == {"policy_version": 3, "dtype": None}
     for v in (3, 2, 0):
         r = c.post(f"/v1/weights?version={v}", content=GOOD, headers=h)
         assert r.status_code == 409 and "not greater" in r.json()["detail"]

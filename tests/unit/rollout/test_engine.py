@@ -30,8 +30,10 @@ async def test_generate_rollouts_seeds_groups_and_meta():
     assert {r.meta["env_seed"] for r in group} == {10} and {r.group_id for r in group} == {"g"}
     assert [r.meta["sampling_seed"] for r in group] == [0, 1, 2, 3]
     assert [r.meta["env_seed"] for r in rs[4:]] == [20, 21]
-    # even sampling seeds answer right; the agent's seed is sampling_seed * 1000 + call index
-    assert [r.total_reward for r in group] == [1.0, 1.0, 1.0, 1.0]
+    # even seeds answer right; the agent's first call is seeded with the episode's sampling
+    # seed (0, 1, 2, 3: call c adds c * CALL_SEED_STRIDE), so episodes 0 and 2 score
+    assert [r.total_reward for r in group] == [1.0, 0.0, 1.0, 0.0]
+    assert [req.seed for req in client.requests[:4]] == [0, 1, 2, 3]
     assert all(r.steps[0].policy_version == 2 for r in rs)
     assert all(r.meta["request_id"] == reqs[0].id for r in group)
     # round trip through plain dicts

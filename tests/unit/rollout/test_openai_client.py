@@ -45,6 +45,23 @@ class FakeServer:
                 return PlainTextResponse("{not json", media_type="application/json")
             if self.mode == "no_ids":
                 return JSONResponse({"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}]})
+            n = int(body.get("n", 1))
+            if n > 1:  # choice i carries token id 100 + seed + i (vLLM: seed + i per choice)
+                base = 100 + int(body.get("seed", 0))
+                return JSONResponse({
+                    "policy_version": 4,
+                    "prompt_token_ids": [257, 49],
+                    "choices": [
+                        {
+                            "index": i,
+                            "message": {"role": "assistant", "content": chr(base + i)},
+                            "finish_reason": "stop",
+                            "token_ids": [base + i],
+                            "logprobs": {"content": [{"token": "x", "logprob": -0.5 - i}]},
+                        }
+                        for i in reversed(range(n))  # order on the wire must not matter
+                    ],
+                })
             return JSONResponse(
                 {
                     "policy_version": 4,
@@ -171,4 +188,80 @@ async def test_server_down_is_a_clear_error():
     c = OpenAIChatClient(f"http://127.0.0.1:{free_port()}", max_retries=1, backoff_s=0.01, model="m")
     with pytest.raises(InferenceError, match="is the server up"):
         await c.complete(req())
+    await c.aclose()
+
+
+def seeded(seed: int | None, content: str = "1") -> ChatCompletionRequest:
+    return ChatCompletionRequest(messages=[{"role": "user", "content": content}], seed=seed)
+
+
+async def test_a_group_sent_together_is_one_request_with_n_choices(server):
+    """8 episodes of one GRPO group (same prompt, seeds 20..27) -> one POST, n=8, seed=20;
+    episode i gets choice i, whose seed on the server is 20 + i (vLLM's rule)."""
+    import asyncio
+
+    c = OpenAIChatClient(server.url, model="m")
+    before = len(server.bodies)
+    got = await asyncio.gather(*[c.complete(seeded(20 + i)) for i in reversed(range(8))])
+    sent = server.bodies[before:]
+    assert len(sent) == 1 and sent[0]["n"] == 8 and sent[0]["seed"] == 20
+    # gather returns in call order: calls were made for seeds 27, 26, ..., 20
+    assert [r.completion_token_ids for r, _ in got] == [[127 - i] for i in range(8)]
+    assert [r.completion_logprobs for r, _ in got] == [[-0.5 - (7 - i)] for i in range(8)]
+    assert all(r.policy_version == 4 and r.prompt_token_ids == [257, 49] for r, _ in got)
+    await c.aclose()
+
+
+async def test_only_identical_requests_with_consecutive_seeds_share_a_request(server):
+    import asyncio
+
+    c = OpenAIChatClient(server.url, model="m", max_coalesce=3)
+    before = len(server.bodies)
+    calls = [seeded(s) for s in (1, 2, 3, 4, 7)] + [seeded(5, "other"), seeded(None), seeded(None)]
+    got = await asyncio.gather(*[c.complete(r) for r in calls])
+    sent = sorted(
+        ((b["messages"][0]["content"], b.get("seed"), b.get("n", 1)) for b in server.bodies[before:]),
+        key=str,
+    )
+    # seeds 1-3 (cut at max_coalesce), 4 alone, 7 alone (not consecutive), the other prompt
+    # alone, the two unseeded calls together
+    assert sent == sorted(
+        [("1", 1, 3), ("1", 4, 1), ("1", 7, 1), ("other", 5, 1), ("1", None, 2)], key=str
+    )
+    assert [r.completion_token_ids for r, _ in got[:3]] == [[101], [102], [103]]
+    await c.aclose()
+
+
+async def test_coalescing_off_sends_one_request_per_call(server):
+    import asyncio
+
+    c = OpenAIChatClient(server.url, model="m", coalesce=False)
+    before = len(server.bodies)
+    await asyncio.gather(*[c.complete(seeded(i)) for i in range(4)])
+    assert [b.get("n", 1) for b in server.bodies[before:]] == [1, 1, 1, 1]
+    await c.aclose()
+
+
+async def test_a_failed_shared_request_fails_every_caller(server):
+    import asyncio
+
+    c = OpenAIChatClient(server.url, model="m", max_retries=0)
+    server.fail_next = [400]
+    got = await asyncio.gather(*[c.complete(seeded(i)) for i in range(3)], return_exceptions=True)
+    assert all(isinstance(e, InferenceError) and "HTTP 400" in str(e) for e in got)
+    await c.aclose()
+
+
+async def test_greedy_calls_are_never_coalesced(server):
+    import asyncio
+
+    from libludic.inference.sampling import SamplingConfig
+
+    c = OpenAIChatClient(server.url, model="m")
+    before = len(server.bodies)
+    greedy = ChatCompletionRequest(
+        messages=[{"role": "user", "content": "1"}], sampling=SamplingConfig(temperature=0.0)
+    )
+    await asyncio.gather(*[c.complete(greedy) for _ in range(3)])
+    assert [b.get("n", 1) for b in server.bodies[before:]] == [1, 1, 1]
     await c.aclose()
