@@ -211,7 +211,7 @@ def create_app(
             data = gen.model_dump()
             version, mixed = collector.policy_version(e.version)
             data["policy_version"] = version
-            if mixed:  # cannot happen under the drain policy; say so rather than hide it
+            if mixed:  # an in-flight update (update_mode=keep) happened during the request
                 data["policy_versions"] = sorted(set(collector.versions))
             choices = data.get("choices") or []
             if choices and choices[0].get("prompt_token_ids") is not None:
@@ -259,7 +259,11 @@ def create_app(
             time.monotonic() - t0,
             pause_s,
         )
-        return versioned({"policy_version": version, "pause_s": round(pause_s, 6)}, version)
+        reload_s = float(getattr(e, "last_reload_s", 0.0))
+        return versioned(
+            {"policy_version": version, "pause_s": round(pause_s, 6), "reload_s": round(reload_s, 6)},
+            version,
+        )
 
     def _conflict(e: Any, plane: str, version: int) -> HTTPException:
         _outcome(plane, "conflict")
@@ -360,8 +364,10 @@ def create_app(
 async def _versioned_stream(
     gen: AsyncIterator[str], e: Any, collector: VersionCollector, metrics: InferenceMetrics
 ) -> AsyncIterator[str]:
-    """Add ``policy_version`` to every SSE data chunk (the engine's version when the chunk
-    is produced: under the drain policy no swap happens while this request runs)."""
+    """Add ``policy_version`` to every SSE data chunk: the engine's version when the chunk is
+    produced, until the generation finished; then (the last chunks) the oldest version that
+    produced any of its tokens, with ``policy_versions`` when an in-flight update
+    (``update_mode=keep``) happened during the request."""
     async for chunk in gen:
         if chunk.startswith("data: {"):
             try:
@@ -369,7 +375,10 @@ async def _versioned_stream(
             except json.JSONDecodeError:
                 yield chunk
                 continue
-            obj["policy_version"] = collector.policy_version(e.version)[0]
+            version, mixed = collector.policy_version(e.version)
+            obj["policy_version"] = version
+            if mixed:
+                obj["policy_versions"] = sorted(set(collector.versions))
             yield "data: " + json.dumps(obj) + "\n\n"
         else:
             yield chunk

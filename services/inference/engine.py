@@ -3,14 +3,25 @@
 Swap policy (the contract of POST /v1/weights, see README.md): the new weights are fully
 received and validated first; then, under one asyncio lock,
 
-    pause_generation(mode="wait")   # admission paused; in-flight requests finish on old weights
-    collective_rpc(reload)          # every worker reloads in place
-    update_weight_version(N)        # vLLM labels every later output token with N
-    resume_generation()             # queued requests start, on the new weights
+    keep:  collective_rpc(reload)            # between two steps: every worker reloads
+           reset_prefix_cache(running=True)  # old-weight KV dropped, running requests recompute
+           update_weight_version(N)          # vLLM labels every later output token with N
+    wait:  pause_generation(mode="wait")     # admission paused; in-flight requests finish
+           collective_rpc(reload); update_weight_version(N); resume_generation()
 
-so each request is served by exactly one version. The version of a response is read from
-vLLM's per-token weight-version spans (``CompletionOutput.weight_versions``), which a
-wrapper around ``AsyncLLM.generate`` collects per HTTP request through a ContextVar.
+``update_mode="keep"`` (default, an in-flight weight update): no drain and no pause call.
+The EngineCore runs the reload RPC between two scheduler steps, so generation stops only
+for the reload; then every KV block the old weights computed is dropped (the prefix cache,
+and the running requests', which are preempted and recompute theirs under the new weights)
+and later tokens are labelled N. One response may hold tokens of two versions. Every token
+keeps the logprob it was sampled with (the behaviour policy's), and the response's
+``policy_version`` is the *oldest* version that produced any of its tokens (the conservative
+age for staleness); ``policy_versions`` lists them all when there are several.
+``update_mode="wait"``: requests in flight finish on the old weights first, so each request
+is served by exactly one version, at the price of a pause as long as the longest request.
+The version of a response is read from vLLM's per-token weight-version spans
+(``CompletionOutput.weight_versions``), which a wrapper around ``AsyncLLM.generate``
+collects per HTTP request through a ContextVar.
 """
 
 from __future__ import annotations
@@ -110,6 +121,23 @@ def _to_payload(tensors: dict[str, torch.Tensor]) -> bytes:
     return save({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()})
 
 
+def _stage(payload: Any, directory: str | None) -> str:
+    """Write a safetensors payload to a fresh file (private to this process's user)."""
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="ludic-weights-", suffix=".safetensors", dir=directory)
+    with os.fdopen(fd, "wb") as f:
+        f.write(payload)
+    return path
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 def platform_default_args(vllm_args: list[str], is_cpu: bool) -> list[str]:
     """The user's pass-through vLLM flags, plus our defaults for the platform.
 
@@ -185,6 +213,7 @@ class LudicEngine:
         self.shadow = WeightShadow(spec)
         self.metrics = metrics
         self.version = 0
+        self.last_reload_s = 0.0  # the last swap's in-place reload time in the worker
         self.lock = asyncio.Lock()
         self._probe_at = -1e9
         self._probe_result: tuple[bool, str] = (False, "not probed yet")
@@ -312,6 +341,65 @@ class LudicEngine:
         elif payload is None or cast or len(forwarded) != len(tensors):
             payload = _to_payload(forwarded)
 
+        if self.settings.update_mode == "keep":
+            return await self._swap_in_flight(version, payload, forwarded, missing)
+        return await self._swap_drained(version, payload, forwarded, missing)
+
+    async def _reload(self, payload: Any) -> float:
+        """Every worker reloads ``payload`` in place; the slowest worker's reload seconds.
+        The EngineCore runs the RPC between two scheduler steps: no step runs meanwhile, so
+        the bytes are staged in a file first (written off the event loop) and the RPC
+        carries its path: the workers read it from the page cache inside the pause instead
+        of receiving it through the RPC."""
+        path = await asyncio.to_thread(_stage, payload, self.settings.weight_staging_dir)
+        try:
+            reloads = await self.llm.collective_rpc("ludic_load_safetensors", args=(path,))
+        finally:
+            await asyncio.to_thread(_unlink, path)
+        return max((float(x) for x in reloads), default=0.0)
+
+    async def _restore(self, forwarded: dict[str, torch.Tensor], missing: list[str] | None) -> None:
+        """Reload the previous values (the shadow is only updated after a good reload)."""
+        old = self.spec.to_served(self.shadow.get(list(forwarded) + list(missing or ())))
+        await self._reload(_to_payload(old))
+
+    def _done(self, version: int, forwarded: dict[str, torch.Tensor], pause_s: float,
+              reload_s: float, how: str) -> float:
+        self.version = version
+        self.shadow.update(forwarded)
+        self.last_reload_s = reload_s
+        self.metrics.weight_pause_seconds.observe(pause_s)
+        self.metrics.weight_reload_seconds.observe(reload_s)
+        log.info("swap v%d (%s): generation paused %.3f s, reload in the worker %.3f s",
+                 version, how, pause_s, reload_s)
+        return pause_s
+
+    async def _swap_in_flight(
+        self, version: int, payload: Any, forwarded: dict[str, torch.Tensor],
+        missing: list[str] | None,
+    ) -> float:
+        """update_mode=keep: reload between two steps, then drop every KV block computed by
+        the old weights (the prefix cache, and the running requests', which are preempted
+        and recompute theirs under the new weights), then label later tokens ``version``.
+        Generation pauses only for the reload. A step that runs between the reload and the
+        new label is labelled with the previous version: older than it is, never newer."""
+        t0 = time.monotonic()
+        try:
+            reload_s = await self._reload(payload)
+        except Exception as e:
+            await self._restore(forwarded, missing)
+            raise SwapError(f"reload failed, previous weights restored: {e}") from e
+        pause_s = time.monotonic() - t0
+        await self.llm.reset_prefix_cache(reset_running_requests=True)
+        await self.llm.update_weight_version(str(version))
+        return self._done(version, forwarded, pause_s, reload_s, "in flight")
+
+    async def _swap_drained(
+        self, version: int, payload: Any, forwarded: dict[str, torch.Tensor],
+        missing: list[str] | None,
+    ) -> float:
+        """update_mode=wait: new requests queue, running ones finish on the old weights, then
+        reload, relabel and resume: each request is served by exactly one version."""
         t0 = time.monotonic()
         try:
             await asyncio.wait_for(
@@ -326,21 +414,14 @@ class LudicEngine:
                 503,
             ) from e
         try:
-            await self.llm.collective_rpc("ludic_load_safetensors", args=(payload,))
+            reload_s = await self._reload(payload)
             await self.llm.update_weight_version(str(version))
         except Exception as e:
-            # Put the previous values back so the served weights match self.version (the
-            # shadow still holds them: it is only updated after a successful reload).
-            old = self.spec.to_served(self.shadow.get(list(forwarded) + list(missing or ())))
-            await self.llm.collective_rpc("ludic_load_safetensors", args=(_to_payload(old),))
+            await self._restore(forwarded, missing)
             await self.llm.resume_generation()
             raise SwapError(f"reload failed, previous weights restored: {e}") from e
-        self.version = version
-        self.shadow.update(forwarded)
         await self.llm.resume_generation()
-        pause_s = time.monotonic() - t0
-        self.metrics.weight_pause_seconds.observe(pause_s)
-        return pause_s
+        return self._done(version, forwarded, time.monotonic() - t0, reload_s, "drained")
 
 
 async def _tracked(agen: AsyncIterator[Any], collector: VersionCollector) -> AsyncIterator[Any]:

@@ -55,6 +55,12 @@ class InferenceMetrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=r,
         )
+        self.weight_reload_seconds = Histogram(
+            "ludic_inference_weight_reload_seconds",
+            "In-place reload of a weight update inside the vLLM worker (part of the pause)",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
         self.weight_bytes = Counter(
             "ludic_inference_weight_bytes_received_total",
             "Bytes of weight payload received (HTTP bodies and collective broadcasts)",

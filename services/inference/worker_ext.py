@@ -1,4 +1,4 @@
-"""vLLM worker extension: in-place reload of HF-named weights sent as safetensors bytes.
+"""vLLM worker extension: in-place reload of HF-named weights (safetensors bytes or file).
 
 Mixed into every vLLM worker via ``worker_extension_cls``; called through
 ``AsyncLLM.collective_rpc("ludic_load_safetensors", args=(payload,))``. Bytes (not tensors
@@ -18,6 +18,7 @@ post-processing of every layer that shares a parameter with another layer after 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -54,11 +55,16 @@ def refresh_tied_kernels(model: torch.nn.Module) -> int:
 
 
 class LudicWorkerExtension:
-    def ludic_load_safetensors(self, payload: Any) -> int:
-        """Reload the tensors in ``payload`` (safetensors bytes); return how many."""
-        from safetensors.torch import load
+    def ludic_load_safetensors(self, payload: Any) -> float:
+        """Reload the tensors of ``payload`` in place: safetensors bytes, or the path of a
+        safetensors file the API server staged (a path keeps the bytes out of the RPC, which
+        the EngineCore serves between two steps: generation waits for it). Returns the
+        seconds it took in this worker (the in-place reload time the swap's pause is
+        measured against)."""
+        from safetensors.torch import load, load_file
 
-        tensors = load(bytes(payload))
+        t0 = time.perf_counter()
+        tensors = load_file(payload) if isinstance(payload, str) else load(bytes(payload))
         self.reload_weights(weights_iterator=iter(tensors.items()))  # type: ignore[attr-defined]
         refresh_tied_kernels(self.model_runner.get_model())  # type: ignore[attr-defined]
-        return len(tensors)
+        return time.perf_counter() - t0

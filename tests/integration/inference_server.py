@@ -22,8 +22,12 @@ class InferenceServer:
         token: str | None,
         log_path: Path,
         extra_args: list[str] | None = None,
+        compiled: bool = False,
     ):
+        """``compiled``: serve as shipped (torch.compile, ~10 s more start-up); tests of
+        the HTTP and weight-update behaviour run eagerly, tests of served logprobs compiled."""
         self.model_dir = model_dir
+        self.compiled = compiled
         self.port = port
         self.token = token
         self.log_path = log_path
@@ -44,7 +48,8 @@ class InferenceServer:
         cmd = [
             sys.executable, "-m", "services.inference.main",
             "--model", str(self.model_dir), "--host", "127.0.0.1", "--port", str(self.port),
-            "--dtype", "float32", "--max-model-len", "512", *self.extra_args,
+            "--dtype", "float32", "--max-model-len", "512",
+            *([] if self.compiled else ["--enforce-eager"]), *self.extra_args,
         ]  # fmt: skip
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(

@@ -15,8 +15,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -289,16 +290,14 @@ def test_partial_update_changes_only_what_it_names(
     assert lp != pytest.approx(ref_lp, abs=1e-4)
 
 
-def test_in_flight_generation_finishes_on_old_weights(
-    server: InferenceServer, base_sd: dict[str, torch.Tensor]
-) -> None:
-    """A streamed 400-token generation is provably decoding (its first chunk arrived, its
-    stream not closed) when the update is pushed; the update waits for it (drain): all 400
-    tokens come from the old weights. (Not a fixed sleep and client-side clocks: fp32 decoding
-    of the tiny model can finish 400 tokens in under a second, and the client can read the
-    last chunk after the update's reply.)"""
-    v = version(server)
-    result: dict[str, object] = {"chunks": []}
+def _stream_during_update(
+    server: InferenceServer, push: Callable[[], int]
+) -> tuple[list[dict[str, Any]], bool, int]:
+    """Stream a 400-token greedy generation; once it is provably decoding (its first chunk
+    arrived, its stream not closed), call ``push``. Returns (chunks, whether it was still
+    running when the update was pushed, push's result). (Not a fixed sleep: fp32 decoding
+    of the tiny model can finish 400 tokens in under a second.)"""
+    result: dict[str, Any] = {"chunks": []}
     decoding = threading.Event()
 
     def long_generation() -> None:
@@ -307,7 +306,7 @@ def test_in_flight_generation_finishes_on_old_weights(
         with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as r:
             for line in r.iter_lines():
                 if line.startswith("data: {"):
-                    result["chunks"].append(json.loads(line[len("data: ") :]))  # type: ignore[attr-defined]
+                    result["chunks"].append(json.loads(line[len("data: ") :]))
                     decoding.set()
         result["done"] = time.monotonic()
 
@@ -315,17 +314,51 @@ def test_in_flight_generation_finishes_on_old_weights(
     t.start()
     assert decoding.wait(60), "no chunk within 60 s"
     still_running = "done" not in result
-    assert push_http(server.url, random_sd(base_sd, seed=5), v + 1, TOKEN) == v + 1
+    pushed = push()
     t.join(120)
-    chunks: list[dict[str, object]] = result["chunks"]  # type: ignore[assignment]
-    # drain policy: the in-flight request finished first, entirely on the old weights
-    assert chunks and all(c["policy_version"] == v for c in chunks)
+    return result["chunks"], still_running, pushed
+
+
+def test_an_update_in_flight_swaps_under_running_requests(
+    server: InferenceServer, base_sd: dict[str, torch.Tensor]
+) -> None:
+    """update_mode=keep (default): the update does not wait for a running 400-token request;
+    the request is frozen, the weights swapped, and it goes on under the new ones to its
+    400th token. Its chunks carry v, then v + 1; the finished request reports the oldest
+    version (v, the conservative age) and both in policy_versions."""
+    v = version(server)
+    chunks, still_running, pushed = _stream_during_update(
+        server, lambda: push_http(server.url, random_sd(base_sd, seed=5), v + 1, TOKEN)
+    )
+    assert still_running and pushed == v + 1
     usage = [c["usage"] for c in chunks if c.get("usage")]
-    assert usage and usage[-1]["completion_tokens"] == 400  # type: ignore[index]
-    # it was still decoding when the update arrived; had the update not waited for it, its
-    # later chunks would carry v + 1 (or it would have been cut short)
-    assert still_running
+    assert usage and usage[-1]["completion_tokens"] == 400  # not cut short
+    seen = [c["policy_version"] for c in chunks if c.get("choices")]
+    assert seen[0] == v and v + 1 in seen  # tokens after the swap came from v + 1
+    assert chunks[-1]["policy_version"] == v and chunks[-1]["policy_versions"] == [v, v + 1]
     assert greedy(server)[2] == v + 1
+
+
+def test_update_mode_wait_lets_in_flight_requests_finish_on_old_weights(
+    tiny_model_dir: Path, base_sd: dict[str, torch.Tensor], tmp_path: Path
+) -> None:
+    """update_mode=wait: the update waits for the running request (drain), so all 400 of its
+    tokens come from the old weights; had it not waited, later chunks would carry v + 1."""
+    srv = InferenceServer(tiny_model_dir, free_port(), TOKEN, tmp_path / "server.log",
+                          ["--update-mode", "wait"])
+    srv.start()
+    try:
+        chunks, still_running, pushed = _stream_during_update(
+            srv, lambda: push_http(srv.url, random_sd(base_sd, seed=5), 1, TOKEN)
+        )
+        assert still_running and pushed == 1
+        assert chunks and all(c["policy_version"] == 0 for c in chunks)
+        assert "policy_versions" not in chunks[-1]
+        usage = [c["usage"] for c in chunks if c.get("usage")]
+        assert usage and usage[-1]["completion_tokens"] == 400
+        assert greedy(srv)[2] == 1
+    finally:
+        srv.stop()
 
 
 def test_concurrent_updates_are_serialised(

@@ -23,6 +23,7 @@ from libludic import transport as t
 from services.actor import main as actor_main
 from services.credit import main as credit_main
 from services.feeder import main as feeder_main
+from services.feeder import worker as feeder_worker
 
 try:  # tests/ is on sys.path under pytest's default import mode
     from conftest import free_port  # type: ignore[import-not-found]
@@ -56,12 +57,13 @@ def recompute_logprobs(model_dir: Path, input_ids: list[int]) -> list[float]:
 async def run_pipeline(redis_url: str, run_id: str, client: Any = None, urls: Any = None) -> list[Any]:
     keys = t.Keys(run_id)
     r = t.connect(redis_url)
-    fs = feeder_main.FeederSettings(
+    fs = feeder_worker.FeederSettings(
         redis_url=redis_url, run_id=run_id, tasks=TASKS, algorithm={"group_size": GROUP_SIZE},
         high_water=GROUPS, max_requests=GROUPS, metrics_port=0, poll_s=0.1,
+        max_head_offpolicyness=None,  # no learner here to admit generation
     )
     a_s = actor_main.ActorSettings(
-        redis_url=redis_url, run_id=run_id, metrics_port=0, max_lag=1, block_ms=200,
+        redis_url=redis_url, run_id=run_id, metrics_port=0, max_head_offpolicyness=1, block_ms=200,
         concurrency=2, inference_urls=urls or ["http://unused"],
     )
     c_s = credit_main.CreditSettings(
@@ -125,7 +127,7 @@ async def test_pipeline_real_vllm(redis_url: str, tiny_model_dir: Path, tmp_path
     log = open(tmp_path / "inference.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.cli", "inference", "--model", str(tiny_model_dir),
-         "--port", str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+         "--port", str(port), "--enforce-eager"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
     )
     try:
         deadline = time.monotonic() + 600
@@ -159,6 +161,7 @@ def test_feeder_cli_restart_never_repeats_seeds_and_status_reports(
     cfg = tmp_path / "run.yaml"
     cfg.write_text(
         f"redis_url: {redis_url}\nrun_id: cli\n"
+        "max_head_offpolicyness: null\n"  # no learner here to admit generation
         "algorithm: {group_size: 4}\nfeeder:\n  high_water: 100\n  max_requests: 3\n  metrics_port: 0\n"
         "  poll_s: 0.05\n  tasks:\n"
         "    - {name: add, weight: 3, env: {kind: arithmetic, kwargs: {digits: 1}}}\n"

@@ -1,6 +1,7 @@
 """Served = trained: after a weight update, vLLM's logprobs equal a transformers forward.
 
-A real ``ludic inference`` (vLLM CPU) serves the tiny model; the test perturbs every matrix
+A real ``ludic inference`` (vLLM CPU, compiled as shipped) serves the tiny model; the test
+perturbs every matrix
 (``w + 0.3 * std(w) * noise``), pushes the result over HTTP and over the gloo collective
 plane, then compares, token by token, against ``Qwen2ForCausalLM`` in fp32 on the same
 pushed weights:
@@ -52,7 +53,7 @@ def served(
 ) -> Iterator[tuple[InferenceServer, str]]:
     dtype = request.param
     log = tmp_path_factory.mktemp(f"served-{dtype}") / "server.log"
-    srv = InferenceServer(tiny_model_dir, free_port(), TOKEN, log, ["--dtype", dtype])
+    srv = InferenceServer(tiny_model_dir, free_port(), TOKEN, log, ["--dtype", dtype], compiled=True)
     srv.start()
     yield srv, dtype
     srv.stop()
@@ -295,7 +296,7 @@ def test_bf16_checkpoint_served_in_bf16_takes_the_fp32_learners_publish(
     assert {t.dtype for t in on_disk.values()} == {torch.bfloat16}
 
     srv = InferenceServer(bf16_dir, free_port(), TOKEN, tmp_path / "server.log",
-                          ["--dtype", "bfloat16"])
+                          ["--dtype", "bfloat16"], compiled=True)
     srv.start()
     try:
         trained = perturbed({k: v.float() for k, v in on_disk.items()}, seed=4)  # fp32 master
