@@ -16,6 +16,8 @@ below may touch several of them atomically)::
     ludic:{run_id}:requests | rollouts | saw | deadletter      streams
     ludic:{run_id}:policy_version                              learner's published version
     ludic:{run_id}:learner_step                                learner's optimizer step
+    ludic:{run_id}:admission                                   served_step, batch_size (learner)
+    ludic:{run_id}:admission:wake                              list: "room may have opened"
     ludic:{run_id}:feeder:seed                                 next env seed (INCRBY)
     ludic:{run_id}:heartbeat:{role}:{consumer}                 liveness, SET ... EX ttl
     ludic:{run_id}:lease:{role}                                singleton lease (credit)

@@ -253,6 +253,14 @@ return {redis.call('HGETALL', KEYS[1]), redis.call('HLEN', KEYS[2]), redis.call(
         redis.call('XLEN', KEYS[7]), redis.call('XLEN', KEYS[8])}
 """
 
+# What admission control needs, in one atomic read (libludic/staleness.py).
+# KEYS acct, rolling, requests, saw, admission
+_ADMISSION_LUA = """
+return {redis.call('HGET', KEYS[1], 'items_trained'), redis.call('HLEN', KEYS[2]),
+        redis.call('XLEN', KEYS[3]), redis.call('XLEN', KEYS[4]),
+        redis.call('HGET', KEYS[5], 'served_step'), redis.call('HGET', KEYS[5], 'batch_size')}
+"""
+
 DEFAULT_TTL_S = 7 * 24 * 3600
 
 
@@ -397,6 +405,66 @@ async def snapshot(r: aioredis.Redis, keys: transport.Keys) -> dict[str, Any]:
         "deadletter_length": int(raw[7]),
     }
     return compute(counters, observed)
+
+
+async def admission_state(
+    r: aioredis.Redis, keys: transport.Keys, group_size: int
+) -> dict[str, int] | None:
+    """``{served_step, batch_size, trained, outstanding}`` for
+    :func:`libludic.staleness.admission_room`, read atomically; None before a learner
+    announced itself (:func:`set_admission`). ``outstanding`` counts samples requested and
+    not yet items (``group_size`` per request in the requests stream or in credit's hands)
+    plus the items in the ``saw`` stream (the batch being trained included)."""
+    ak = AcctKeys(keys)
+    ks = [ak.counters, ak.rolling, keys.requests, keys.saw, keys.admission]
+    trained, rolling, requests, saw, served, batch = await r.eval(_ADMISSION_LUA, len(ks), *ks)
+    if served is None or batch is None:
+        return None
+    return {
+        "served_step": int(served),
+        "batch_size": int(batch),
+        "trained": int(trained or 0),
+        "outstanding": (int(requests) + int(rolling)) * group_size + int(saw),
+    }
+
+
+async def set_admission(
+    r: aioredis.Redis, keys: transport.Keys, served_step: int, batch_size: int
+) -> None:
+    """Learner: the step whose weights inference serves and the batch size admission is
+    measured in; wakes the feeder (:func:`wait_admission`)."""
+    await r.hset(keys.admission, mapping={"served_step": int(served_step), "batch_size": int(batch_size)})
+    await wake_admission(r, keys)
+
+
+async def wake_admission(r: aioredis.Redis, keys: transport.Keys) -> None:
+    """Tell a waiting feeder that room may have opened (items resolved, weights served)."""
+    pipe = r.pipeline(transaction=True)
+    pipe.lpush(keys.admission_wake, 1)
+    pipe.ltrim(keys.admission_wake, 0, 0)
+    await pipe.execute()
+
+
+def announce_served_sync(
+    r: Any, keys: transport.Keys, version: int, served_step: int, batch_size: int
+) -> None:
+    """Learner, from its publish thread with a synchronous client (``redis.Redis``), the
+    moment inference acknowledged ``version``: raise the policy version (actors' replica
+    check), record the served step (admission) and wake the feeder, in one transaction."""
+    from libludic.transport.state import SET_MAX_LUA
+
+    pipe = r.pipeline(transaction=True)
+    pipe.eval(SET_MAX_LUA, 1, keys.policy_version, int(version))
+    pipe.hset(keys.admission, mapping={"served_step": int(served_step), "batch_size": int(batch_size)})
+    pipe.lpush(keys.admission_wake, 1)
+    pipe.ltrim(keys.admission_wake, 0, 0)
+    pipe.execute()
+
+
+async def wait_admission(r: aioredis.Redis, keys: transport.Keys, timeout_s: float) -> bool:
+    """Feeder: block until the learner wakes it or ``timeout_s`` passed; True if woken."""
+    got = await r.blpop([keys.admission_wake], timeout=max(0.01, timeout_s))
+    return got is not None
 
 
 def snapshot_sync(redis_url: str, run_id: str) -> dict[str, Any]:

@@ -60,6 +60,14 @@ class Keys:
         return f"{self.prefix}:learner_step"
 
     @property
+    def admission(self) -> str:  # hash: served_step, batch_size (written by the learner)
+        return f"{self.prefix}:admission"
+
+    @property
+    def admission_wake(self) -> str:  # list: the learner pushes when room may have opened
+        return f"{self.prefix}:admission:wake"
+
+    @property
     def feeder_seed(self) -> str:
         return f"{self.prefix}:feeder:seed"
 

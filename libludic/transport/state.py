@@ -12,6 +12,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from libludic.staleness import replica_admitted
 from libludic.transport.codec import CodecError, pack_msg, unpack_msg
 from libludic.transport.connection import wait_event
 from libludic.transport.consumer import as_str
@@ -28,7 +29,7 @@ end
 return 0
 """
 
-_SET_MAX_LUA = """
+SET_MAX_LUA = """
 local cur = tonumber(redis.call('GET', KEYS[1]) or '-1')
 local v = tonumber(ARGV[1])
 if v > cur then redis.call('SET', KEYS[1], ARGV[1]) return v end
@@ -51,7 +52,7 @@ async def get_policy_version(r: aioredis.Redis, keys: Keys) -> int:
 
 async def set_policy_version(r: aioredis.Redis, keys: Keys, version: int) -> int:
     """Raise the learner's version to ``version`` (never lowers it). Returns the stored value."""
-    return int(await r.eval(_SET_MAX_LUA, 1, keys.policy_version, int(version)))
+    return int(await r.eval(SET_MAX_LUA, 1, keys.policy_version, int(version)))
 
 
 async def set_learner_step(r: aioredis.Redis, keys: Keys, step: int) -> None:
@@ -60,16 +61,17 @@ async def set_learner_step(r: aioredis.Redis, keys: Keys, step: int) -> None:
 
 @dataclass
 class AdmissionController:
-    """Start an episode only if ``learner_version - inference_version <= max_lag``.
-
-    ``inference_version`` returns the version the actor's next completion would be served
-    by. While the lag is larger the actor waits (``on_wait`` is called once per wait that
-    happened, to count stale-admission waits); ``max_lag < 0`` disables the check.
-    """
+    """An actor's check before it starts work: its inference replica must serve a version at
+    most ``max_head_offpolicyness`` behind the learner's
+    (:func:`libludic.staleness.replica_admitted`; a replica that restarted on its base
+    weights fails it until the learner republishes). ``inference_version`` returns the
+    version the actor's next completion would be served by. While the check fails the
+    actor waits (``on_wait`` is called once per wait, to count them); ``None`` disables it.
+    How much work exists at all is the feeder's admission (libludic/staleness.py)."""
 
     redis: aioredis.Redis
     keys: Keys
-    max_lag: int
+    max_head_offpolicyness: int | None
     inference_version: Callable[[], Awaitable[int]]
     poll_s: float = 0.5
     on_wait: Callable[[], None] | None = None
@@ -81,20 +83,23 @@ class AdmissionController:
 
     async def admit(self, stop: asyncio.Event | None = None) -> int:
         """Wait until admitted; returns the inference version (or -1 when disabled)."""
-        if self.max_lag < 0:
+        if self.max_head_offpolicyness is None:
             return -1
         waited = False
         while True:
             lag, learner, inf = await self.lag()
-            if lag <= self.max_lag or (stop is not None and stop.is_set()):
+            if replica_admitted(learner, inf, self.max_head_offpolicyness) or (
+                stop is not None and stop.is_set()
+            ):
                 return inf
             if not waited:
                 waited = True
                 if self.on_wait is not None:
                     self.on_wait()
                 log.info(
-                    "stale admission: inference v%d is %d behind learner v%d (max_lag=%d); waiting",
-                    inf, lag, learner, self.max_lag,
+                    "stale admission: inference v%d is %d behind learner v%d "
+                    "(max_head_offpolicyness=%d); waiting",
+                    inf, lag, learner, self.max_head_offpolicyness,
                 )
             if stop is None:
                 await asyncio.sleep(self.poll_s)

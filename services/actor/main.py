@@ -1,7 +1,8 @@
 """``ludic actor``: stateless rollout worker, requests stream -> rollouts stream.
 
 Loop: (1) wait while the rollouts backlog is above ``rollouts_high_water``; (2) admission
-control: wait while ``learner_version - inference_version > max_lag``; (3) read up to
+control: wait while ``learner_version - inference_version > max_head_offpolicyness``
+(libludic/staleness.py); (3) read up to
 ``concurrency - in_flight`` RolloutRequests (XAUTOCLAIM of entries a dead peer left idle
 for ``claim_idle_ms`` first, then XREADGROUP); (4) run each with RolloutEngine against the
 inference pool; (5) commit: one Lua script writes every rollout of the request, the

@@ -14,7 +14,7 @@ from typing import Any
 import redis.exceptions as rexc
 from prometheus_client import Counter, Gauge, Histogram
 
-from libludic import transport
+from libludic import staleness, transport
 from libludic.inference.client import InferenceError
 from libludic.rollout.request import RolloutRequest
 from libludic.transport import accounting
@@ -38,12 +38,21 @@ CLAIM = Histogram(
 )
 STALE_WAITS = Counter(
     "ludic_actor_stale_admission_waits_total",
-    "Times the actor waited because inference lagged the learner by more than max_lag",
+    "Times the actor waited because inference lagged the learner by more than "
+    "max_head_offpolicyness",
 )
 DUPLICATES = Counter(
     "ludic_actor_duplicates_total", "Requests already done by someone else (redelivery)"
 )
 INFLIGHT = Gauge("ludic_actor_inflight_requests", "Requests being run by this actor")
+GENERATE = Histogram(
+    "ludic_actor_generate_seconds", "Time to run every episode of a request (inference + env)",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
+COMMIT = Histogram(
+    "ludic_actor_commit_seconds", "Time to commit a request's rollouts to Redis",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+)
 
 
 @dataclass
@@ -55,8 +64,12 @@ class ActorSettings:
         metadata={"help": "comma-separated inference base URLs (round-robin)"},
     )
     api_key: str | None = field(default=None, metadata={"help": "bearer token for inference"})
-    max_lag: int = field(
-        default=2, metadata={"help": "max learner-inference version gap to start an episode (-1 off)"}
+    max_head_offpolicyness: int | None = field(
+        default=staleness.DEFAULT_MAX_HEAD_OFFPOLICYNESS,
+        metadata={
+            "help": "admission bound (top-level key): start no episode while the inference "
+            "replica is more than this many versions behind the learner (null off)"
+        },
     )
     concurrency: int = field(default=4, metadata={"help": "requests run at once"})
     episode_concurrency: int = field(default=8, metadata={"help": "episodes at once per request"})
@@ -79,6 +92,7 @@ class ActorSettings:
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError(f"actor concurrency={self.concurrency} must be >= 1")
+        staleness.check_bound("max_head_offpolicyness", self.max_head_offpolicyness)
         if self.claim_idle_ms < 100:
             raise ValueError(f"claim_idle_ms={self.claim_idle_ms} must be >= 100")
 
@@ -90,6 +104,9 @@ class ActorStats:
     duplicates: int = 0
     deadlettered: int = 0
     retried: int = 0
+    generate_s: float = 0.0  # summed over requests (they overlap: concurrency)
+    commit_s: float = 0.0
+    claim_wait_s: float = 0.0  # the loop's time waiting for work (admission, backlog, read)
 
 
 class Actor:
@@ -113,7 +130,7 @@ class Actor:
         env_reg, proto_reg = build_registries(client)
         self.engine = RolloutEngine(env_reg, proto_reg)
         self.admission = transport.AdmissionController(
-            r, self.keys, settings.max_lag, self._inference_version,
+            r, self.keys, settings.max_head_offpolicyness, self._inference_version,
             on_wait=STALE_WAITS.inc,
         )
         self.inflight: dict[str, transport.Entry] = {}
@@ -159,6 +176,7 @@ class Actor:
             self.stats.deadlettered += 1
             return
         req.meta.setdefault("group_id", req.id)
+        t_gen = time.monotonic()
         try:
             rollouts = await self.engine.generate_rollouts(
                 [req], max_steps=self.s.max_steps,
@@ -178,7 +196,13 @@ class Actor:
             )
             self.stats.deadlettered += 1
             return
+        gen_s = time.monotonic() - t_gen
+        GENERATE.observe(gen_s)
+        self.stats.generate_s += gen_s
+        t_commit = time.monotonic()
         await self._commit(entry, req, rollouts)
+        COMMIT.observe(time.monotonic() - t_commit)
+        self.stats.commit_s += time.monotonic() - t_commit
 
     async def _commit(self, entry: transport.Entry, req: RolloutRequest, rollouts: list[Any]) -> None:
         whole_group = req.meta.get("group_id") == req.id
@@ -237,6 +261,7 @@ class Actor:
                     await asyncio.wait(list(self.tasks.values()), timeout=1.0,
                                        return_when=asyncio.FIRST_COMPLETED)
                     continue
+                t_wait = time.monotonic()
                 try:
                     await transport.wait_below(
                         self.r, self.keys.rollouts, self.s.rollouts_high_water, stop=self.stop
@@ -261,12 +286,20 @@ class Actor:
                     continue
                 if entries:
                     CLAIM.observe(time.monotonic() - t0)
+                self.stats.claim_wait_s += time.monotonic() - t_wait
                 for entry in entries:
                     self._spawn(entry)
         finally:
             await self._drain()
             keepalive.cancel()
             await asyncio.gather(keepalive, return_exceptions=True)
+            st = self.stats
+            log.info(
+                "actor profile: %d requests, %d episodes; per request: generate %.3f s, "
+                "commit %.4f s; waiting for work %.1f s in all",
+                st.requests_done, st.episodes, st.generate_s / max(st.requests_done, 1),
+                st.commit_s / max(st.requests_done, 1), st.claim_wait_s,
+            )
         return self.stats
 
     async def _drain(self) -> None:

@@ -33,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from libludic.staleness import DEFAULT_MAX_HEAD_OFFPOLICYNESS
+
 T = TypeVar("T")
 ENV_PREFIX = "LUDIC_"
 _TRUE = {"1", "true", "yes", "on", "y"}
@@ -206,6 +208,34 @@ def check_algorithm_section(data: Mapping[str, Any], path: str | Path) -> None:
                 )
 
 
+def check_staleness_keys(data: Mapping[str, Any], path: str | Path) -> None:
+    """The two staleness bounds (libludic/staleness.py), one name and one place each:
+    ``max_head_offpolicyness`` (admission) at the top level, read by feeder and actors;
+    ``max_lag`` (the drop bound) in ``learner:`` only. An admission bound above the drop
+    bound generates samples only to drop them: an error naming both."""
+    for section, body in data.items():
+        if not isinstance(body, dict):
+            continue
+        if "max_head_offpolicyness" in body:
+            raise ValueError(
+                f"config file {path}: {section}.max_head_offpolicyness: move it to the top "
+                "level (max_head_offpolicyness: N), read by feeder and actors alike"
+            )
+        if section in ("actor", "feeder") and "max_lag" in body:
+            raise ValueError(
+                f"config file {path}: {section}.max_lag: the admission bound is the top-level "
+                "max_head_offpolicyness (max_lag is the learner's drop bound, learner.max_lag)"
+            )
+    head = data.get("max_head_offpolicyness", DEFAULT_MAX_HEAD_OFFPOLICYNESS)
+    lag = (data.get("learner") or {}).get("max_lag") if isinstance(data.get("learner"), dict) else None
+    if head is not None and lag is not None and isinstance(head, int) and isinstance(lag, int) and lag < head:
+        raise ValueError(
+            f"config file {path}: learner.max_lag={lag} < max_head_offpolicyness={head}: "
+            f"samples admitted {head} versions ahead would be dropped as stale; raise "
+            "learner.max_lag or lower max_head_offpolicyness"
+        )
+
+
 def algorithm_group_size(algorithm: Mapping[str, Any]) -> int:
     """``algorithm.group_size`` (default 8) without building the algorithm (the feeder's
     episodes per request; credit and learner validate the whole section)."""
@@ -226,6 +256,7 @@ def algorithm_group_size(algorithm: Mapping[str, Any]) -> int:
 def read_yaml_section(path: str | Path, service: str, names: set) -> dict[str, Any]:
     data = read_yaml(path)
     check_algorithm_section(data, path)
+    check_staleness_keys(data, path)
     out = {k: v for k, v in data.items() if k in names}
     section = data.get(service)
     if section is not None:

@@ -30,7 +30,7 @@ import pytest
 from libludic import transport as t
 from libludic.transport import accounting
 from libludic.types import Rollout, Step, TokenTrace
-from services.feeder import main as feeder_main
+from services.feeder import worker as feeder_worker
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -153,14 +153,15 @@ def test_identity_holds_through_kill9_of_credit_and_learner(
 
     try:
         # feeder: the real top-up (requests + groups_requested in one script)
-        fs = feeder_main.FeederSettings(redis_url=url, run_id=run,
+        fs = feeder_worker.FeederSettings(redis_url=url, run_id=run,
                                         algorithm={"name": "grpo", "group_size": group},
-                                        high_water=n_req, metrics_port=0)
+                                        high_water=n_req, metrics_port=0,
+                                        max_head_offpolicyness=None)
 
         async def feed() -> int:
             r0 = t.connect(url)
             try:
-                return await feeder_main.top_up(r0, keys, fs, n_req)
+                return await feeder_worker.top_up(r0, keys, fs, n_req)
             finally:
                 await r0.aclose()
 
@@ -259,11 +260,12 @@ async def test_status_shows_the_accounting(redis_url: str) -> None:
     keys = t.Keys("acct3")
     r = t.connect(redis_url)
     try:
-        fs = feeder_main.FeederSettings(redis_url=redis_url, run_id="acct3",
+        fs = feeder_worker.FeederSettings(redis_url=redis_url, run_id="acct3",
                                         algorithm={"name": "grpo", "group_size": 2},
-                                        high_water=3, metrics_port=0)
-        assert await feeder_main.top_up(r, keys, fs, 3) == 3
-        assert await feeder_main.top_up(r, keys, fs, 3) == 0  # at the high-water mark
+                                        high_water=3, metrics_port=0,
+                                        max_head_offpolicyness=None)
+        assert await feeder_worker.top_up(r, keys, fs, 3) == 3
+        assert await feeder_worker.top_up(r, keys, fs, 3) == 0  # at the high-water mark
         sc = t.StreamConsumer(r, keys.requests, t.GROUP_ACTORS, "a", keys.deadletter,
                               acct_stage="requests")
         await sc.ensure_group()

@@ -123,7 +123,7 @@ def spawn_actor(redis_url: str, run_id: str, inference_url: str, *extra: str) ->
     args = [
         sys.executable, "-m", "services.cli", "actor", "--redis-url", redis_url, "--run-id", run_id,
         "--inference-urls", inference_url, "--concurrency", "3", "--claim-idle-ms", "1000",
-        "--metrics-port", "0", "--max-lag", "-1", "--heartbeat-ttl-s", "2", "--block-ms", "200",
+        "--metrics-port", "0", "--max-head-offpolicyness", "null", "--heartbeat-ttl-s", "2", "--block-ms", "200",
         *extra,
     ]
     return subprocess.Popen(args, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -216,7 +216,7 @@ async def test_actor_deadletters_bad_requests_and_retries_inference_errors(redis
     await feed(r, keys, [request(0), request(1, env=EnvSpec("no_such_env"))])
     await t.xadd(r, keys.requests, "junk", b"\x00not msgpack")
     settings = actor_main.ActorSettings(
-        redis_url=redis_url, run_id="act2", metrics_port=0, claim_idle_ms=300, max_lag=-1,
+        redis_url=redis_url, run_id="act2", metrics_port=0, claim_idle_ms=300, max_head_offpolicyness=None,
         block_ms=100, concurrency=2,
     )
     stop = asyncio.Event()
@@ -242,7 +242,7 @@ async def test_actor_waits_while_inference_is_stale(redis_url: str) -> None:
     await feed(r, keys, [request(0)])
     await t.set_policy_version(r, keys, 5)  # learner at 5, inference (FlakyClient) at 0
     settings = actor_main.ActorSettings(
-        redis_url=redis_url, run_id="act3", metrics_port=0, max_lag=2, block_ms=100,
+        redis_url=redis_url, run_id="act3", metrics_port=0, max_head_offpolicyness=2, block_ms=100,
     )
     before = stale_waits()
     stop = asyncio.Event()
@@ -256,7 +256,7 @@ async def test_actor_waits_while_inference_is_stale(redis_url: str) -> None:
     task = asyncio.create_task(actor_main.run(settings, client=client, stop=stop))
     await asyncio.sleep(1.0)
     assert await r.xlen(keys.rollouts) == 0 and stale_waits() == before + 1
-    fake_inference_version["v"] = 3  # lag 5 - 3 = 2 <= max_lag: admitted
+    fake_inference_version["v"] = 3  # lag 5 - 3 = 2 <= max_head_offpolicyness: admitted
     await wait_for(lambda: _xlen_positive(r, keys.rollouts), 10, "the actor to be admitted")
     stop.set()
     await asyncio.wait_for(task, 30)
@@ -283,7 +283,7 @@ async def test_metrics_and_health_endpoints(redis_url: str) -> None:
     await feed(r, keys, [request(0)])
     port = free_port()
     settings = actor_main.ActorSettings(
-        redis_url=redis_url, run_id="act4", metrics_port=port, max_lag=-1, block_ms=100,
+        redis_url=redis_url, run_id="act4", metrics_port=port, max_head_offpolicyness=None, block_ms=100,
         heartbeat_ttl_s=1.0,
     )
     stop = asyncio.Event()

@@ -225,11 +225,11 @@ async def test_admission_control_waits_for_inference_to_catch_up(redis_url: str)
     async def inf_version() -> int:
         return inference["v"]
 
-    adm = t.AdmissionController(r, keys, max_lag=2, inference_version=inf_version, poll_s=0.02,
+    adm = t.AdmissionController(r, keys, max_head_offpolicyness=2, inference_version=inf_version, poll_s=0.02,
                                 on_wait=lambda: waits.append(1))
     task = asyncio.create_task(adm.admit())
     await asyncio.sleep(0.2)
-    assert not task.done() and waits == [1]  # 5 - 2 = 3 > max_lag: one counted wait
+    assert not task.done() and waits == [1]  # 5 - 2 = 3 > max_head_offpolicyness: one counted wait
     inference["v"] = 3
     assert await asyncio.wait_for(task, 2) == 3
     assert await adm.admit() == 3 and waits == [1]

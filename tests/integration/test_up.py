@@ -33,7 +33,8 @@ def config(tmp_path: Path, model: Path, run_id: str, num_steps: int, kwargs: dic
         "feeder": {"high_water": 4,
                    "tasks": [{"env": {"kind": "arithmetic", "kwargs": {"split": "train"}},
                               "inference": {"sampling": {"temperature": 1.0, "max_tokens": 4}}}]},
-        "actor": {"max_lag": 2, "concurrency": 2, "max_steps": 1},
+        "max_head_offpolicyness": 1,
+        "actor": {"concurrency": 2, "max_steps": 1},
         "learner": {"batch_size": 8,
                     "num_steps": num_steps, "max_lag": 2, "lr": 1e-4},
     }

@@ -10,7 +10,7 @@ import pytest
 from libludic.training.algorithm import ALGORITHMS, AlgorithmSpec
 from services.common.settings import load_settings
 from services.credit.main import CreditSettings
-from services.feeder.main import FeederSettings
+from services.feeder.worker import FeederSettings
 from services.learner.settings import LearnerSettings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import yaml
 from libludic.registry import build_registries
 from libludic.rollout.engine import RolloutEngine
 from libludic.rollout.request import EnvSpec, RolloutRequest
-from services.feeder.main import Task
+from services.feeder.worker import Task
 from tests.fakes import ScriptedClient
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,10 +9,10 @@ would train them twice.
 
 Batches. A macro-batch is the next ``batch_size`` *fresh* items in stream order; it never
 closes on a timeout, so the batch sequence depends only on the stream content (this is what
-makes a resumed run retrain exactly the batches it lost). An item is fresh iff it has no
-policy_version or ``policy_version >= version_fn() - max_lag`` (``version_fn`` = the
-learner's current policy version at the moment the batch is formed, i.e. at the start of
-the step); stale items are acked at once, counted in ``stale_dropped`` (the caller exports
+makes a resumed run retrain exactly the batches it lost). Freshness is
+``libludic.staleness.is_stale`` at ``version_fn()`` (the learner's current policy version
+when the batch is formed, i.e. at the start of the step) and ``max_lag``: checked as items
+are read and again for buffered items at batch formation; stale items are acked at once, counted in ``stale_dropped`` (the caller exports
 ``ludic_learner_stale_dropped_total``) and never trained. Undecodable entries go to the
 dead-letter stream.
 
@@ -65,7 +65,7 @@ import msgpack
 import torch
 import torch.distributed as dist
 
-from libludic import transport
+from libludic import staleness, transport
 from libludic.training.types import SAWBatch, SAWItem, SourceStopped
 from libludic.transport import accounting
 
@@ -280,7 +280,7 @@ class PipelineBatchSource:
                 return
             stale: list[transport.Entry] = []
             recovered: list[transport.Entry] = []
-            floor = None if self.max_lag is None else self.version_fn() - self.max_lag
+            version = self.version_fn()
             for e in entries:
                 if self._committed(e.id):
                     recovered.append(e)
@@ -292,8 +292,7 @@ class PipelineBatchSource:
                     continue
                 if not item.item_id:
                     item.meta["item_id"] = e.item_id or e.id
-                pv = item.policy_version
-                if floor is not None and pv is not None and pv < floor:
+                if staleness.is_stale(item.policy_version, version, self.max_lag):
                     stale.append(e)
                     continue
                 self._buffer.append((e, item))
@@ -314,12 +313,9 @@ class PipelineBatchSource:
         source waited), and the Trainer must never get an item it would drop as stale."""
         if self.max_lag is None or not self._buffer:
             return
-        floor = self.version_fn() - self.max_lag
-        keep: list[tuple[transport.Entry, SAWItem]] = []
-        stale: list[tuple[transport.Entry, SAWItem]] = []
-        for e, it in self._buffer:
-            pv = it.policy_version
-            (stale if pv is not None and pv < floor else keep).append((e, it))
+        keep, stale = staleness.split_stale(
+            self._buffer, lambda b: b[1].policy_version, self.version_fn(), self.max_lag
+        )
         if stale:
             assert self._sc is not None
             self._buffer = keep

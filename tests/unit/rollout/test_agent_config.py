@@ -14,7 +14,7 @@ from libludic.envs.arithmetic import generate_problem
 from libludic.registry import build_registries
 from libludic.rollout.engine import RolloutEngine
 from libludic.rollout.request import AgentSpec, EnvSpec, ProtocolSpec, RolloutRequest
-from services.feeder.main import FeederSettings, Task, make_request
+from services.feeder.worker import FeederSettings, Task, make_request
 from tests.fakes import ScriptedClient
 
 
