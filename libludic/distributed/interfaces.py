@@ -12,7 +12,8 @@ from torch import Tensor
 class PolicyPublisher(Protocol):
     """``publish(state_dict, version)``: make ``state_dict`` (full tensors, HF parameter
     names) the served policy, labelled ``version``. Returns once the new weights serve new
-    requests; raises if they could not be applied. Called on every rank under FSDP2 (the
-    implementation decides which rank talks to the servers)."""
+    requests; raises if they could not be applied. The Trainer calls it on rank 0 only, in
+    a background thread (it may block on the network), and shares the outcome with the
+    other ranks; the state dict is a snapshot the caller no longer changes."""
 
     def publish(self, state_dict: Mapping[str, Tensor], version: int | None) -> None: ...

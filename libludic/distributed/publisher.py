@@ -32,9 +32,10 @@ Planes:
   (``weight_sync.CollectiveWeightSender``: gloo on CPU, NCCL on GPU). The group is
   (re)built when the replica set changes or after a failed round; a round is all-or-nothing
   (a replica that refuses aborts it for all), retried up to ``max_attempts`` times.
-* :class:`Rank0OnlyPublisher` wraps either under torch.distributed: every rank calls
-  ``publish`` (they all took part in gathering the full state dict), only rank 0 talks to
-  the replicas, and the outcome is broadcast so every rank returns or raises alike.
+
+Ranks: under torch.distributed the Trainer gathers the state dict on every rank, calls
+``publish`` on rank 0 only (in a background thread) and shares the outcome with the other
+ranks itself (libludic/training/trainer.py: ``finish_publish``).
 
 LoRA: the Trainer's ``full_state_dict()`` already merges the adapters (W + B A * scale,
 base-layer names), so every publisher ships full merged weights; inference never sees
@@ -451,49 +452,3 @@ def _bounded(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
     if "e" in box:
         raise box["e"]
     return box.get("v")
-
-
-# ---------------------------------------------------------------------------- ranks
-
-
-@dataclass
-class Rank0OnlyPublisher:
-    """Only rank 0 publishes; the outcome is shared so every rank returns or raises alike.
-
-    Every rank must call ``publish`` with its (gathered) full state dict; ranks other than
-    0 ignore it. ``device`` is where the one-int outcome tensor lives (CPU for gloo, the
-    rank's GPU for NCCL).
-    """
-
-    inner: Any
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-
-    def publish(self, state_dict: Mapping[str, torch.Tensor], version: int | None) -> None:
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            self.inner.publish(state_dict, version)
-            return
-        err: BaseException | None = None
-        code = 0  # 0 ok, 1 PublishError, 2 any other error
-        if dist.get_rank() == 0:
-            try:
-                self.inner.publish(state_dict, version)
-            except Exception as e:  # shared with the other ranks below, then re-raised
-                err, code = e, (1 if isinstance(e, PublishError) else 2)
-        flag = torch.tensor([code], dtype=torch.int32, device=self.device)
-        dist.broadcast(flag, 0)
-        if err is not None:
-            raise err
-        code = int(flag.item())
-        if code == 1:
-            raise PublishError(
-                int(version or 0), {"<rank 0>": "publish failed on rank 0 (see its log)"}
-            )
-        if code == 2:
-            raise RuntimeError("publish raised an unexpected error on rank 0 (see its log)")
-
-    def close(self) -> None:
-        close = getattr(self.inner, "close", None)
-        if callable(close):
-            close()

@@ -48,6 +48,9 @@ class TrainerConfig:
     max_seq_len: int = 1024
     micro_token_budget: int = 8192  # padded B * T_max tokens per micro-batch
     sync_every_steps: int = 1  # publish weights every N optimizer steps
+    # send a publish in the background while the next step trains (at most one in flight);
+    # False: every publish is awaited where it is started
+    async_publish: bool = True
     mixed_precision_dtype: str | None = "bf16"  # "bf16" | "fp16" | "fp32" | None
     cast_logits_to_fp32: bool = True
     max_lag: int | None = None  # drop items sampled > max_lag versions ago

@@ -3,9 +3,9 @@
 One optimizer step (``train_step``):
 
 1. ``batch_source.next_batch()`` gives the macro-batch.
-2. Stale items are dropped (``max_lag``): an item sampled by policy version v is kept iff
-   ``v >= policy_version - max_lag`` (items without a version are kept). ``policy_version``
-   is the trainer's counter, bumped on every publish.
+2. Stale items are dropped (``max_lag``, decided by ``libludic.staleness``): an item sampled
+   by policy version v is kept iff ``v >= policy_version - max_lag`` (items without a
+   version are kept); ``policy_version`` is the last version a publish acknowledged.
 3. Items are packed into micro-batches of at most ``micro_token_budget`` padded tokens.
 4. Every micro-batch is forwarded and backpropagated. **Exactness of accumulation:** the
    losses are sums over tokens (or sequences) divided by a normaliser N; the trainer
@@ -16,17 +16,33 @@ One optimizer step (``train_step``):
    the loss is multiplied by world_size because the reduce-scatter averages gradients.
 5. Gradients are clipped to ``max_grad_norm``, AdamW steps.
 6. The batch source's items are marked trained (``mark_trained()``, when it has one).
-7. Every ``sync_every_steps`` steps, ``publish()``: ``publisher.publish(full_state_dict(),
-   version)`` with ``version = max(policy_version, version_floor) + 1``. The Trainer is the
-   only writer of ``policy_version`` (publish, load_checkpoint). A ``PublishError`` is
-   counted and training goes on with the old version served (the next publish retries);
+7. Every ``sync_every_steps`` steps, ``start_publish()``: the full state dict is gathered
+   and copied (a snapshot: training may change the live weights at once), labelled
+   ``version = max(policy_version, version_floor, last attempted version) + 1`` (a version
+   number is never reused, even after a failed publish), and handed to
+   ``publisher.publish(snapshot, version)`` in a background thread on rank 0. With
+   ``cfg.async_publish`` (default) the next step trains while it is sent; the publish is
+   finished (``finish_publish()``: its outcome shared by every rank) before the next one
+   starts, so at most one is in flight: double buffering. ``policy_version`` is the last
+   version a publish *acknowledged*: what inference serves; staleness and the admission of
+   new episodes are measured against it. The Trainer is the only writer of
+   ``policy_version`` (finish_publish, load_checkpoint). A ``PublishError`` is counted and
+   training goes on with the old version served (the next publish retries);
    ``cfg.max_publish_failures`` failures in a row raise :class:`PublishFailed`.
+   ``publish_wait_s`` in the step stats is the time the step spent on publishing (snapshot
+   plus waiting for the previous publish); without ``async_publish`` it is the whole send.
 8. Every ``eval_every_n_steps``, the evaluator; then the checkpoint when
    ``checkpointer.should_save(step)`` (after which the batch source's trained items are
    committed: ``commit()``, when it has one, so an item is committed iff it is inside a saved
    checkpoint), or, without a checkpointer, the commit right away.
 9. ``hooks`` (TrainerHooks) let a service wire metrics, logs and Redis into the loop:
    ``on_step``, ``on_publish``, ``on_checkpoint``, awaited on every rank.
+
+Throughput. ``samples_per_s`` in the step stats is the one definition used everywhere (the
+console line, ``ludic_learner_samples_per_second``, the live view, ``summary.json`` and every
+bench): trained items divided by the RL wall, which is the time spent inside ``train_step``
+(waiting for items, training, publishing, committing) minus the Trainer's own evaluations,
+summed since this Trainer was built (``rl_wall_s``, ``items_trained_total``).
 
 ``train(num_steps, should_stop)`` repeats ``train_step`` until ``num_steps`` more steps, until
 ``should_stop()`` is true on any rank, or until the source raises ``SourceStopped``
@@ -66,6 +82,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from libludic import staleness
 from libludic.distributed.interfaces import PolicyPublisher
 from libludic.distributed.publisher import PublishError
 from libludic.training import loss as L
@@ -91,14 +108,21 @@ class TrainerHooks:
     on_trained(step, item_ids)        right after the update, before publish/checkpoint/commit
                                       (a record of trained items must precede their commit)
     on_step(stats, item_ids)          after each step (ids: the batch source's, all ranks)
-    on_publish(version, error, secs)  after each publish; error None = served, else why not
+    on_publish(version, error, secs)  after each publish, once its outcome is applied (the
+                                      next publish or ``finish_publish``); error None = served
     on_checkpoint(path, committed)    after each checkpoint (path None on ranks > 0)
+    on_served(version, step)          NOT a coroutine: called on rank 0 in the publish thread
+                                      the moment replicas acknowledged ``version`` (the weights
+                                      of ``step``), while training goes on; keep it short and
+                                      thread-safe (e.g. tell admission control: the next
+                                      batches may be generated on these weights)
     """
 
     on_trained: Callable[[int, list[str]], Awaitable[None]] | None = None
     on_step: Callable[[dict[str, float], list[str]], Awaitable[None]] | None = None
     on_publish: Callable[[int, str | None, float], Awaitable[None]] | None = None
     on_checkpoint: Callable[[Path | None, int], Awaitable[None]] | None = None
+    on_served: Callable[[int, int], None] | None = None
 
 
 class Trainer:
@@ -161,12 +185,22 @@ class Trainer:
         )
         self.step = 0
         self.policy_version = 0  # written only by publish() and load_checkpoint()
+        # rank 0: the last version replicas acknowledged, known the moment the publish
+        # thread has it (policy_version follows at finish_publish, on every rank alike)
+        self.served_version = 0
         self.version_floor = 0  # publish never labels a version <= this (set before training)
         self.stale_dropped_total = 0
         self.publish_failures = 0
         self.consecutive_publish_failures = 0
         self.last_publish_error = ""
-        self.last_publish_step = -1
+        self.last_publish_step = -1  # step whose weights the last acknowledged publish carried
+        self.last_attempted_version = 0
+        self.rl_wall_s = 0.0  # see train_step: the denominator of samples_per_s
+        self.items_trained_total = 0
+        self.tokens_trained_total = 0
+        self.time_totals: dict[str, float] = {}  # batch_wait_s, train_s, publish_wait_s, step_wall_s
+        self._inflight: asyncio.Task[None] | None = None  # rank 0's background send
+        self._inflight_meta: tuple[int, int, float] | None = None  # (version, step, t0)
         self.last_checkpoint_step = -1
         self.checkpoint_extra: dict[str, Any] = {}  # stored with every checkpoint
         self.stop_reason = ""
@@ -179,12 +213,12 @@ class Trainer:
         return torch.autocast(device_type=self.device.type, dtype=self._amp_dtype)
 
     def drop_stale(self, items: Sequence[SAWItem]) -> tuple[list[SAWItem], int]:
-        """Items within ``max_lag`` versions of ``policy_version``, and how many were dropped."""
-        if self.cfg.max_lag is None:
-            return list(items), 0
-        floor = self.policy_version - self.cfg.max_lag
-        kept = [it for it in items if it.policy_version is None or it.policy_version >= floor]
-        return kept, len(items) - len(kept)
+        """Items fresh at ``policy_version`` under ``max_lag`` (libludic.staleness), and how
+        many were dropped (a source that filters as it reads leaves none)."""
+        kept, stale = staleness.split_stale(
+            items, lambda it: it.policy_version, self.policy_version, self.cfg.max_lag
+        )
+        return kept, len(stale)
 
     def full_state_dict(self, to_cpu: bool = True) -> dict[str, torch.Tensor]:
         """Full parameters under HF names (gathers FSDP2 shards; every rank must call)."""
@@ -305,6 +339,7 @@ class Trainer:
     async def train_step(self) -> dict[str, float]:
         t0 = time.perf_counter()
         batch = await self.batch_source.next_batch()
+        t_batch = time.perf_counter()
         items, dropped = self.drop_stale(batch.items)
         self.stale_dropped_total += dropped
         # a source that drops stale items before batching (PipelineBatchSource) counts them
@@ -332,6 +367,7 @@ class Trainer:
         else:
             log.warning("step %d: no items left after dropping %d stale; no update", self.step + 1, dropped)
             stats.update(loss=0.0, grad_norm=0.0)
+        t_train = time.perf_counter()
         self.step += 1
         mark = getattr(self.batch_source, "mark_trained", None)
         ids: list[str] = list(mark()) if callable(mark) else []
@@ -343,30 +379,52 @@ class Trainer:
             dist.all_reduce(t)
             stats["loss"], stats["num_tokens"] = float(t[0]), float(t[1])
         batch_items = float(len(ids)) if ids else stats["num_items"]
-        stats.update(
-            step=float(self.step),
-            batch_items=batch_items,
-            samples_per_s=batch_items / dt,
-            tokens_per_s=stats["num_tokens"] / dt,
-            step_time_s=dt,
-        )
+        stats.update(step=float(self.step), batch_items=batch_items, step_time_s=dt)
+        # (step_time_s: batch wait + update; step_wall_s, set below: the whole step)
+        t_pub = time.perf_counter()
         if self.publisher is not None and self.step % self.cfg.sync_every_steps == 0:
-            await self.publish()
+            if self.cfg.async_publish:
+                await self.start_publish()
+            else:
+                await self.publish()
+        stats["publish_wait_s"] = time.perf_counter() - t_pub
+        stats["batch_wait_s"] = t_batch - t0  # waiting for the batch source (items)
+        stats["train_s"] = t_train - t_batch  # forward, backward, optimizer step
         stats["policy_version"] = float(self.policy_version)
         n_eval = self.cfg.eval_every_n_steps
+        eval_s = 0.0
         if self.evaluator is not None and n_eval and self.step % n_eval == 0:
+            t_eval = time.perf_counter()
             stats.update(await self.evaluate())
+            eval_s = time.perf_counter() - t_eval
         if self.checkpointer is None:
             await self.commit()
         elif self.checkpointer.should_save(self.step):
             await self.checkpoint()
+        # the one definition of throughput: trained items per second of RL wall (every
+        # train_step from its start to its end, evaluation excluded), since this process began
+        wall = time.perf_counter() - t0 - eval_s
+        self.rl_wall_s += wall
+        for k, v in (("batch_wait_s", stats["batch_wait_s"]), ("train_s", stats["train_s"]),
+                     ("publish_wait_s", stats["publish_wait_s"]), ("step_wall_s", wall)):
+            self.time_totals[k] = self.time_totals.get(k, 0.0) + v
+        self.items_trained_total += int(batch_items)
+        self.tokens_trained_total += int(stats["num_tokens"])
+        stats.update(
+            step_wall_s=wall,
+            rl_wall_s=self.rl_wall_s,
+            samples_per_s=self.items_trained_total / max(self.rl_wall_s, 1e-9),
+            tokens_per_s=self.tokens_trained_total / max(self.rl_wall_s, 1e-9),
+            eval_s=eval_s,
+        )
         if self.step % self.cfg.log_every == 0 and parallel.rank() == 0:
             log.info(
                 "step %d loss %.4f grad_norm %.3f items %d reward %.3f stale %d tok/s %.0f "
-                "samples/s %.1f v%d",
+                "samples/s %.1f v%d (wait %.3fs train %.3fs publish %.3fs)",
                 self.step, stats["loss"], stats["grad_norm"], int(batch_items),
                 stats["reward_mean"], int(stats["stale_dropped_total"]), stats["tokens_per_s"],
-                stats["samples_per_s"], self.policy_version,
+                stats["samples_per_s"], self.policy_version, stats["batch_wait_s"],
+                stats["train_s"], stats["publish_wait_s"],
             )
         if self.hooks.on_step is not None:
             await self.hooks.on_step(stats, ids)
@@ -403,41 +461,105 @@ class Trainer:
         return bool(t.item())
 
     async def publish(self) -> bool:
-        """Publish the current weights as ``max(policy_version, version_floor) + 1``; True
-        once served. Every rank calls it (the gather is collective under FSDP2)."""
+        """Publish the current weights and wait for the outcome; True once served. Every
+        rank calls it (the gather is collective under FSDP2)."""
+        await self.start_publish()
+        return bool(await self.finish_publish())
+
+    def snapshot_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full state dict as CPU tensors that later training steps cannot change
+        (every rank must call it: the gather is collective under FSDP2). Gathered and
+        device-to-host tensors are fresh already; a CPU model's own tensors are copied."""
+        live = set()
+        for t in [*self.model.parameters(), *self.model.buffers()]:
+            local = t.to_local() if hasattr(t, "to_local") else t
+            live.add(local.untyped_storage().data_ptr())
+        return {
+            k: v.clone() if v.untyped_storage().data_ptr() in live else v
+            for k, v in self.full_state_dict().items()
+        }
+
+    async def start_publish(self) -> None:
+        """Finish the publish in flight, snapshot the weights and start sending them as the
+        next version (rank 0 sends in a background thread; every rank must call this)."""
         if self.publisher is None:
             raise ValueError("Trainer has no publisher; pass publisher=...")
-        version = max(self.policy_version, self.version_floor) + 1
+        await self.finish_publish()
+        version = max(self.policy_version, self.version_floor, self.last_attempted_version) + 1
+        self.last_attempted_version = version
         t0 = time.perf_counter()
-        sd = self.full_state_dict()
-        try:
-            await asyncio.to_thread(self.publisher.publish, sd, version)
-        except PublishError as e:
+        sd = self.snapshot_state_dict()
+        self._inflight_meta = (version, self.step, t0)
+        if parallel.rank() == 0:
+            self._inflight = asyncio.create_task(
+                asyncio.to_thread(self._send, sd, version, self.step), name=f"publish-v{version}"
+            )
+
+    def _send(self, sd: dict[str, torch.Tensor], version: int, step: int) -> None:
+        """The publish thread (rank 0): send, then tell ``on_served`` at once."""
+        assert self.publisher is not None
+        self.publisher.publish(sd, version)
+        self.served_version = max(self.served_version, version)
+        if self.hooks.on_served is not None:
+            try:
+                self.hooks.on_served(version, step)
+            except Exception as e:  # the publish itself succeeded; finish_publish applies it
+                log.warning("on_served(v%d) failed: %s", version, e)
+
+    async def finish_publish(self) -> bool | None:
+        """Wait for the publish in flight (if any) and apply its outcome on every rank:
+        True acknowledged, False failed (counted; ``PublishFailed`` after
+        ``max_publish_failures`` in a row), None when nothing was in flight."""
+        if self._inflight_meta is None:
+            return None
+        version, step, t0 = self._inflight_meta
+        error: str | None = None
+        code = 0  # 0 served, 1 PublishError, 2 any other error
+        unexpected: BaseException | None = None
+        if self._inflight is not None:
+            try:
+                await self._inflight
+            except PublishError as e:
+                code, error = 1, str(e)
+            except Exception as e:  # re-raised below, after every rank heard of it
+                code, error, unexpected = 2, f"{type(e).__name__}: {e}", e
+        self._inflight, self._inflight_meta = None, None
+        if self.distributed:  # only rank 0 sent: share its outcome
+            flag = torch.tensor([code], dtype=torch.int32, device=self.device)
+            dist.broadcast(flag, 0)
+            code = int(flag.item())
+            if code and error is None:
+                error = "publish failed on rank 0 (see its log)"
+        dt = time.perf_counter() - t0
+        if code == 2:
+            if unexpected is not None:
+                raise unexpected
+            raise RuntimeError(f"publish of v{version} raised an unexpected error on rank 0")
+        if code == 1:
+            assert error is not None
             self.publish_failures += 1
             self.consecutive_publish_failures += 1
-            self.last_publish_error = str(e)[:1000]
+            self.last_publish_error = error[:1000]
             (log.error if parallel.rank() == 0 else log.debug)(
                 "PUBLISH FAILED (%d in a row, limit %d); training continues on v%d weights, "
                 "v%d stays served: %s",
                 self.consecutive_publish_failures, self.cfg.max_publish_failures, version,
-                self.policy_version, e,
+                self.policy_version, error,
             )
             if self.hooks.on_publish is not None:
-                await self.hooks.on_publish(version, str(e), time.perf_counter() - t0)
+                await self.hooks.on_publish(version, error, dt)
             if self.consecutive_publish_failures >= self.cfg.max_publish_failures:
                 raise PublishFailed(
                     f"{self.consecutive_publish_failures} consecutive publishes failed "
-                    f"(max_publish_failures={self.cfg.max_publish_failures}); last: {e}"
-                ) from e
+                    f"(max_publish_failures={self.cfg.max_publish_failures}); last: {error}"
+                )
             return False
-        finally:
-            del sd
-        dt = time.perf_counter() - t0
         self.policy_version = version
+        self.served_version = max(self.served_version, version)
         self.consecutive_publish_failures = 0
-        self.last_publish_step = self.step
+        self.last_publish_step = step
         if parallel.rank() == 0:
-            log.info("published policy v%d in %.2fs", version, dt)
+            log.info("published policy v%d (weights of step %d) in %.2fs", version, step, dt)
         if self.hooks.on_publish is not None:
             await self.hooks.on_publish(version, None, dt)
         return True
@@ -516,6 +638,7 @@ class Trainer:
         self.step = int(ck.extra.get("trainer_step", ck.step))
         self.last_checkpoint_step = self.step
         self.policy_version = int(ck.extra.get("policy_version", 0))
+        self.served_version = self.policy_version
         if "batch_source" in ck.extra and hasattr(self.batch_source, "load_state_dict"):
             self.batch_source.load_state_dict(ck.extra["batch_source"])
         return ck

@@ -118,6 +118,8 @@ class CreditWorker:
         self.last_tick = time.monotonic()
         self.items_written = 0
         self.outcomes: dict[str, int] = {}
+        self.process_s = 0.0  # credit + encode + commit, summed over groups
+        self.groups_processed = 0
 
     def algo(self, n: int) -> Any:
         if n not in self._algos:
@@ -186,6 +188,14 @@ class CreditWorker:
             await self._process(g, "complete")
 
     async def _process(self, g: Group, outcome: str) -> None:
+        t0 = time.monotonic()
+        try:
+            await self._process_group(g, outcome)
+        finally:
+            self.process_s += time.monotonic() - t0
+            self.groups_processed += 1
+
+    async def _process_group(self, g: Group, outcome: str) -> None:
         rollouts = list(g.rollouts.values())
         entries = list(g.entries.values())
         try:
@@ -268,6 +278,9 @@ class CreditWorker:
         finally:
             lease_task.cancel()
             await asyncio.gather(lease_task, return_exceptions=True)
+            log.info("credit profile: %d groups, %d items; per group %.4f s (credit, encode, "
+                     "commit)", self.groups_processed, self.items_written,
+                     self.process_s / max(self.groups_processed, 1))
             try:  # buffered groups stay pending; let the next leader claim them at once
                 await self.lease.release()
             except transport.REDIS_DOWN_ERRORS:

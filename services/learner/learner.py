@@ -11,6 +11,7 @@ import logging
 import os
 import random
 import shutil
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,6 @@ from libludic import transport
 from libludic.distributed.publisher import (
     BroadcastPolicyPublisher,
     HttpPolicyPublisher,
-    Rank0OnlyPublisher,
     ReplicaSet,
     RetryPolicy,
     replica_versions,
@@ -69,6 +69,7 @@ class Learner:
         self.rank = parallel.rank()
         self.keys = transport.Keys(s.run_id)
         self.r: Any = None
+        self._sync_redis: Any = None  # the publish thread's client (TrainerHooks.on_served)
         self.trainer: Trainer | None = None
         self.publisher: Any = None
         self.inner_publisher: Any = None
@@ -106,7 +107,9 @@ class Learner:
             redis=self.r,
             keys=self.keys if self.rank == 0 else None,
             batch_size=s.batch_size,
-            version_fn=lambda: self.trainer.policy_version if self.trainer else 0,
+            # rank 0 decides staleness for every rank: the last acknowledged version, as soon
+            # as the publish thread has it
+            version_fn=lambda: self.trainer.served_version if self.trainer else 0,
             max_lag=cfg.max_lag,  # the Trainer's: the source filters before batching
             consumer=s.consumer,
             block_ms=s.block_ms,
@@ -148,9 +151,7 @@ class Learner:
                     on_result=M.on_replica_result,
                 )
             self.inner_publisher = inner
-            self.publisher = (
-                Rank0OnlyPublisher(inner, device) if parallel.is_distributed() else inner
-            )
+            self.publisher = inner  # the Trainer calls it on rank 0 only
         self.source = source
         self.device = device
         self.trainer = Trainer(
@@ -162,7 +163,7 @@ class Learner:
             checkpointer=CheckpointManager(self.ckcfg) if self.ckcfg is not None else None,
             hooks=TrainerHooks(
                 on_trained=self._on_trained, on_step=self._on_step, on_publish=self._on_publish,
-                on_checkpoint=self._on_checkpoint,
+                on_checkpoint=self._on_checkpoint, on_served=self._on_served,
             ),
         )
         self.trainer.checkpoint_extra = {"run_id": s.run_id}
@@ -192,6 +193,8 @@ class Learner:
     async def setup(self) -> None:
         if self.rank == 0:
             self.r = transport.connect(self.s.redis_url, socket_timeout=self.s.block_ms / 1000 + 30)
+            if not self.s.resume:  # the base weights (step 0) are served: admit generation now
+                await self._announce(0)
         self._build()
         tr = self.trainer
         assert tr is not None
@@ -236,7 +239,34 @@ class Learner:
                 floor,
             )
             await tr.publish()
+        await self._announce(max(tr.last_publish_step, 0) if self.publisher else tr.step)
         await self._status()
+
+    def _on_served(self, version: int, step: int) -> None:
+        """Rank 0's publish thread, right at the ack: actors and the feeder may use the new
+        weights at once (the Trainer applies the outcome only at its next publish)."""
+        import redis
+
+        if self._sync_redis is None:
+            self._sync_redis = redis.Redis.from_url(
+                self.s.redis_url, socket_timeout=10.0, socket_connect_timeout=5.0
+            )
+        try:
+            accounting.announce_served_sync(
+                self._sync_redis, self.keys, version, step, self.s.batch_size
+            )
+        except (redis.RedisError, OSError) as e:  # on_publish sets the same a step later
+            log.warning("cannot announce served v%d: %s", version, e)
+
+    async def _announce(self, served_step: int) -> None:
+        """Rank 0: tell admission control (libludic/staleness.py) the served step and the
+        batch size, which wakes the feeder."""
+        if self.rank != 0 or self.r is None:
+            return
+        await transport.retry_redis(
+            lambda: accounting.set_admission(self.r, self.keys, served_step, self.s.batch_size),
+            deadline_s=60,
+        )
 
     # ------------------------------------------------------------------ publish / commit
 
@@ -251,6 +281,8 @@ class Learner:
             await transport.retry_redis(
                 lambda: transport.set_policy_version(self.r, self.keys, version), deadline_s=60
             )
+            assert self.trainer is not None
+            await self._announce(self.trainer.last_publish_step)
 
     async def _replica_behind(self) -> bool:
         """Rank 0, while the source waits for items: does a reachable replica serve an older
@@ -258,16 +290,16 @@ class Learner:
         its base weights at version 0; actors then wait on max_lag, no fresh item comes, and
         without this the next publish, after the next step, would never come.)"""
         tr = self.trainer
-        if tr is None or self.inner_publisher is None or tr.policy_version <= 0:
+        if tr is None or self.inner_publisher is None or tr.served_version <= 0:
             return False
         urls = self.inner_publisher.replicas.resolve()
         vs = await asyncio.to_thread(replica_versions, urls)
-        behind = {u: v for u, v in vs.items() if v is not None and v < tr.policy_version}
+        behind = {u: v for u, v in vs.items() if v is not None and v < tr.served_version}
         if behind:
             log.warning(
                 "replica(s) %s serve older weights than the learner's v%d; republishing",
                 ", ".join(f"{u} (v{v})" for u, v in behind.items()),
-                tr.policy_version,
+                tr.served_version,
             )
             M.REPUBLISHES.inc()
         return bool(behind)
@@ -321,8 +353,39 @@ class Learner:
         # committed items out of the log (resume cuts the log back to the checkpoint)
         self._log_trained(step, ids)
 
+    def _snapshot(self, step: int) -> None:
+        """Every ``snapshot_every`` steps (collective: every rank gathers), rank 0 writes
+        ``<output_dir>/snapshots/step_N.safetensors`` and a line of ``snapshots.jsonl``
+        (step, wall-clock time, served version) for evaluating the run afterwards."""
+        s, tr = self.s, self.trainer
+        if not s.snapshot_every or not s.output_dir or tr is None or step % s.snapshot_every:
+            return
+        from libludic.distributed.weight_sync import to_safetensors_bytes
+
+        sd = tr.full_state_dict()
+        if self.rank != 0:
+            return
+        out = Path(s.output_dir) / "snapshots"
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"step_{step:06d}.safetensors"
+        path.write_bytes(to_safetensors_bytes(sd))
+        with open(out / "snapshots.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, "time": time.time(), "path": path.name,
+                                "policy_version": tr.policy_version}) + "\n")
+
     async def _on_step(self, stats: dict[str, float], ids: list[str]) -> None:
+        self._snapshot(int(stats["step"]))
         if self.rank == 0:
+            if self.r is not None and ids:  # its items were resolved: room may have opened
+                try:
+                    if self.publisher is None:  # nothing to serve: the step is what counts
+                        await accounting.set_admission(
+                            self.r, self.keys, int(stats["step"]), self.s.batch_size
+                        )
+                    else:
+                        await accounting.wake_admission(self.r, self.keys)
+                except transport.REDIS_DOWN_ERRORS as e:  # the feeder polls anyway
+                    log.warning("cannot wake the feeder: %s", e)
             M.export_step(stats)
             M.UNCOMMITTED.set(self.source.uncommitted)
             if self.logger is not None:
@@ -353,6 +416,7 @@ class Learner:
                 max(s.num_steps - tr.step, 0) if s.num_steps else None, should_stop=self.stop.is_set
             )
             reason = "done" if tr.stop_reason == "done" else "signal"
+            await tr.finish_publish()  # the last step's publish may still be in flight
             if reason == "done" and self.publisher is not None and tr.last_publish_step != tr.step:
                 await tr.publish()
             if tr.checkpointer is None:
@@ -440,6 +504,11 @@ class Learner:
             "policy_version": tr.policy_version,
             "items_trained": self.source.items_trained,
             "stale_dropped": self.source.stale_dropped,
+            "rl_wall_seconds": round(tr.rl_wall_s, 3),
+            # mean seconds per step: waiting for items, training, publishing, all of it
+            "step_profile": {k: round(v / max(tr.step, 1), 4) for k, v in tr.time_totals.items()},
+            "samples_per_second": round(tr.items_trained_total / tr.rl_wall_s, 2)
+            if tr.rl_wall_s > 0 else None,
             "publish_failures": tr.publish_failures,
             "last_publish_error": tr.last_publish_error,
             "final_policy_served": self.final_policy_served(),
@@ -453,5 +522,7 @@ class Learner:
         close = getattr(self.publisher, "close", None)
         if callable(close):
             close()
+        if self._sync_redis is not None:
+            self._sync_redis.close()
         if self.r is not None:
             await self.r.aclose()

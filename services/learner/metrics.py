@@ -15,8 +15,19 @@ STEP = Gauge("ludic_learner_step", "Optimizer steps taken")
 LOSS = Gauge("ludic_learner_loss", "Loss of the last step")
 GRAD_NORM = Gauge("ludic_learner_grad_norm", "Pre-clip global gradient norm of the last step")
 LR = Gauge("ludic_learner_lr", "Learning rate of the last step")
-TOKENS_PER_S = Gauge("ludic_learner_tokens_per_second", "Tokens trained per second (last step)")
-SAMPLES_PER_S = Gauge("ludic_learner_samples_per_second", "Items trained per second (last step)")
+TOKENS_PER_S = Gauge(
+    "ludic_learner_tokens_per_second", "Tokens trained per second of RL wall (since start)"
+)
+SAMPLES_PER_S = Gauge(
+    "ludic_learner_samples_per_second",
+    "Items trained per second of RL wall, evaluation excluded (since start; Trainer.train_step)",
+)
+RL_WALL = Gauge("ludic_learner_rl_wall_seconds", "RL wall: seconds inside train steps")
+BATCH_WAIT = Gauge(
+    "ludic_learner_batch_wait_fraction",
+    "Share of the recent step time spent waiting for items (moving average); rises when "
+    "generation cannot keep up (scale actors up), falls to 0 when items pile up",
+)
 REWARD_MEAN = Gauge("ludic_learner_reward_mean", "Mean rollout reward of the last batch")
 STALE_DROPPED = Counter(
     "ludic_learner_stale_dropped_total",
@@ -27,6 +38,11 @@ PUBLISH_SECONDS = Histogram(
     "ludic_learner_publish_seconds",
     "Wall time of a weight publish (gather + push)",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+)
+PUBLISH_WAIT_SECONDS = Histogram(
+    "ludic_learner_publish_wait_seconds",
+    "Time a step spent on publishing (snapshot + waiting for the previous publish)",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 PUBLISHES = Counter("ludic_learner_publishes_total", "Publishes by outcome", ["outcome"])
 REPUBLISHES = Counter(
@@ -89,6 +105,25 @@ def on_replica_result(replica: str, version: int | None, why: str | None) -> Non
         PUBLISH_FAILURES.labels(replica=replica).inc()
 
 
+class WaitAverage:
+    """Exponential moving averages of wait and step time; ``add`` returns wait / step.
+    ``alpha`` 0.2: about the last 5 steps count."""
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        self.alpha = alpha
+        self.wait: float | None = None
+        self.step: float | None = None
+
+    def add(self, wait_s: float, step_s: float) -> float:
+        a = self.alpha
+        self.wait = wait_s if self.wait is None else (1 - a) * self.wait + a * wait_s
+        self.step = step_s if self.step is None else (1 - a) * self.step + a * step_s
+        return 0.0 if self.step <= 0 else min(1.0, self.wait / self.step)
+
+
+WAIT_AVERAGE = WaitAverage()
+
+
 def export_step(stats: dict[str, float]) -> None:
     STEP.set(stats["step"])
     LOSS.set(stats.get("loss", 0.0))
@@ -96,8 +131,12 @@ def export_step(stats: dict[str, float]) -> None:
     LR.set(stats.get("lr", 0.0))
     TOKENS_PER_S.set(stats.get("tokens_per_s", 0.0))
     SAMPLES_PER_S.set(stats.get("samples_per_s", 0.0))
+    RL_WALL.set(stats.get("rl_wall_s", 0.0))
+    BATCH_WAIT.set(WAIT_AVERAGE.add(stats.get("batch_wait_s", 0.0), stats.get("step_wall_s", 0.0)))
     REWARD_MEAN.set(stats.get("reward_mean", 0.0))
     ITEMS_TRAINED.inc(stats.get("batch_items", 0.0))
+    if "publish_wait_s" in stats:
+        PUBLISH_WAIT_SECONDS.observe(stats["publish_wait_s"])
 
 
 class StepLogger:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from libludic import staleness
 from libludic.training.algorithm import AlgorithmSpec
 from libludic.training.checkpoint import CheckpointConfig
 from libludic.training.config import TrainerConfig
@@ -94,8 +95,12 @@ class LearnerSettings:
     num_steps: int = field(
         default=0, metadata={"help": "stop after this optimizer step (0 = never)"}
     )
-    max_lag: int = field(
-        default=-1, metadata={"help": "drop items > max_lag versions behind the learner (-1 off)"}
+    max_lag: int | None = field(
+        default=None,
+        metadata={
+            "help": "drop items more than max_lag versions behind the learner (null off); "
+            "see libludic/staleness.py"
+        },
     )
     lr: float = field(default=1e-5, metadata={"help": "AdamW learning rate"})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
@@ -111,6 +116,13 @@ class LearnerSettings:
         default_factory=dict, metadata={"help": "any TrainerConfig field (wins over flat ones)"}
     )
     checkpoint_every: int = field(default=0, metadata={"help": "checkpoint every N steps (0 off)"})
+    snapshot_every: int = field(
+        default=0,
+        metadata={
+            "help": "save the weights every N steps to output_dir/snapshots (for evaluation "
+            "after the run; 0 off)"
+        },
+    )
     max_to_keep: int = field(default=2, metadata={"help": "checkpoints kept"})
     checkpoint: dict[str, Any] = field(
         default_factory=dict, metadata={"help": "CheckpointConfig mapping (wins over flat ones)"}
@@ -149,6 +161,7 @@ class LearnerSettings:
 
     def __post_init__(self) -> None:
         self.spec = AlgorithmSpec.from_mapping(self.algorithm)
+        staleness.check_bound("learner max_lag", self.max_lag)
         if self.publish_plane not in PLANES:
             raise ValueError(
                 f"learner publish_plane={self.publish_plane!r}; use http or collective"
@@ -212,7 +225,7 @@ class LearnerSettings:
             mixed_precision_dtype=self.mixed_precision or None,
             lora_rank=self.lora_rank or None,
             log_every=self.log_every,
-            max_lag=self.lag,
+            max_lag=self.max_lag,
             max_publish_failures=self.max_publish_failures,
         )
         kw.update(over)
@@ -233,9 +246,6 @@ class LearnerSettings:
             return None
         return CheckpointConfig(**d)
 
-    @property
-    def lag(self) -> int | None:
-        return None if self.max_lag < 0 else self.max_lag
 
 
 def load(argv: Sequence[str] | None = None) -> LearnerSettings:

@@ -77,7 +77,12 @@ def main() -> int:
     tr = Trainer(model=model, algo=make_sft(), batch_source=Fixed(fixed_items()[rank::world]),
                  publisher=pub, cfg=config())
     sharded = sum(1 for p in tr.model.parameters() if type(p).__name__ == "DTensor")
-    stats = asyncio.run(tr.train_step())
+    async def step_and_publish() -> dict[str, float]:
+        stats = await tr.train_step()
+        await tr.finish_publish()  # the step's publish was sent in the background by rank 0
+        return stats
+
+    stats = asyncio.run(step_and_publish())
     sd = tr.full_state_dict()
     seen: set[int] = set()
     flat = {}

@@ -32,7 +32,9 @@ def test_fsdp2_two_ranks_match_single_process(tiny_model_dir, tmp_path) -> None:
     s1 = json.loads((out / "rank1.json").read_text())
     assert s0["world"] == 2 and s0["dtensor_params"] > 0  # really sharded
     assert s0["num_items"] == s1["num_items"] == 4
-    assert s0["policy_version"] == 1 and s0["publish_calls"][0][0] == 1
+    # rank 0 sent the publish, rank 1 learnt its outcome from rank 0
+    assert s0["policy_version"] == s1["policy_version"] == 1
+    assert [v for v, _ in s0["publish_calls"]] == [1] and s1["publish_calls"] == []
     # both ranks gathered the same full parameters, bit for bit
     assert sorted(r0) == sorted(r1)
     for k in r0:

@@ -290,6 +290,8 @@ def test_stale_items_are_dropped_counted_acked_never_trained(
                 max_lag=0,
                 lr=1e-3,
                 algorithm={"name": "sft"},
+                # v1 served before batch 2 forms (in the background it may still be in flight)
+                trainer={"async_publish": False},
             )
         )
         assert fake.updates == [1, 2]
@@ -455,10 +457,12 @@ def test_learner_keeps_training_on_failed_publish_then_exits_after_limit(
     assert time.monotonic() - t0 < 60
     assert REGISTRY.get_sample_value("ludic_learner_publish_failures_total", label) - before == 2
     st = redis_state_sync(redis_server.url, "rd")
-    assert st["policy_version"] == 0 and st["learner_step"] == 2  # trained on after failure 1
-    # the fatal exit saved a checkpoint and acked what it committed
-    assert (tmp_path / "out" / "step_000000002").is_dir()
-    assert st["xlen"] == 4 and st["pending"] == 0
+    # publishes run in the background: step 1's failure is known when step 2's publish
+    # starts, step 2's (the second in a row) when step 3's starts; trained on after failure 1
+    assert st["policy_version"] == 0 and st["learner_step"] == 3
+    # the fatal exit saved a checkpoint and acked what it committed (3 steps of 2 of 8 items)
+    assert (tmp_path / "out" / "step_000000003").is_dir()
+    assert st["xlen"] == 2 and st["pending"] == 0
 
 
 def test_a_run_whose_trained_policy_was_never_served_fails(

@@ -4,6 +4,7 @@ stop conditions, and hooks, on the tiny model with fakes for the source and the 
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
 
@@ -81,7 +82,9 @@ def trainer(model: Any, source: Any, **kw: Any) -> Trainer:
     return Trainer(model=copy.deepcopy(model), algo=make_sft(), batch_source=source, **kw)
 
 
-async def test_versions_start_above_the_floor_and_a_failed_publish_keeps_the_version(base_model) -> None:
+async def test_versions_start_above_the_floor_and_a_failed_publish_number_is_never_reused(
+    base_model,
+) -> None:
     seen: list[tuple[int, str | None]] = []
 
     async def on_publish(version: int, error: str | None, secs: float) -> None:
@@ -92,19 +95,60 @@ async def test_versions_start_above_the_floor_and_a_failed_publish_keeps_the_ver
                  hooks=TrainerHooks(on_publish=on_publish))
     tr.version_floor = 7  # Redis or a replica already serves v7
     await tr.train(num_steps=3)
-    # step 1 -> v8; step 2 fails (v9 not served, the version stays 8); step 3 retries v9
-    assert pub.calls == [8, 9, 9]
-    assert tr.policy_version == 9 and tr.publish_failures == 1
-    assert tr.consecutive_publish_failures == 0
-    assert [v for v, _ in seen] == [8, 9, 9] and seen[1][1] is not None and "503" in seen[1][1]
+    # step 1 -> v8; step 2's v9 fails (v8 stays served); step 3 publishes v10: a replica that
+    # took v9 before failing to answer must not be told v9 again for other weights
+    assert tr.policy_version == 8  # v10 is still in flight (async_publish)
+    assert await tr.finish_publish() is True and await tr.finish_publish() is None
+    assert pub.calls == [8, 9, 10]
+    assert tr.policy_version == 10 and tr.publish_failures == 1
+    assert tr.consecutive_publish_failures == 0 and tr.last_publish_step == 3
+    assert [v for v, _ in seen] == [8, 9, 10] and seen[1][1] is not None and "503" in seen[1][1]
 
 
-async def test_max_publish_failures_in_a_row_raise(base_model) -> None:
+@pytest.mark.parametrize("async_publish, failed_at_step", [(False, 3), (True, 4)])
+async def test_max_publish_failures_in_a_row_raise(
+    base_model, async_publish: bool, failed_at_step: int
+) -> None:
+    # in the background, a publish's failure is known when the next one starts: one step later
     tr = trainer(base_model, CommittingSource(), publisher=Publisher(fail={1, 2, 3}),
-                 cfg=cfg(max_publish_failures=3))
+                 cfg=cfg(max_publish_failures=3, async_publish=async_publish))
     with pytest.raises(PublishFailed, match="3 consecutive publishes failed"):
         await tr.train(num_steps=5)
-    assert tr.step == 3 and tr.policy_version == 0
+    assert tr.step == failed_at_step and tr.policy_version == 0
+
+
+async def test_a_background_publish_sends_the_weights_of_its_step_while_training_goes_on(
+    base_model,
+) -> None:
+    """The publish of step 1 is sent while step 2 trains: the publisher receives the weights
+    as they were after step 1 (a snapshot), and the served version moves only when the
+    publish is finished."""
+    import threading
+
+    release = threading.Event()
+    got: dict[int, dict[str, torch.Tensor]] = {}
+
+    class Slow:
+        def publish(self, state_dict: Any, version: int | None) -> None:
+            got[int(version or 0)] = {k: v.clone() for k, v in state_dict.items()}
+            release.wait(30)
+
+    tr = trainer(base_model, CommittingSource(), publisher=Slow(), cfg=cfg(lr=1e-2))
+    await tr.train_step()
+    after_step1 = {k: v.detach().clone() for k, v in tr.model.state_dict().items()}
+    assert tr.policy_version == 0  # v1 in flight
+    step2 = asyncio.ensure_future(tr.train_step())
+    await asyncio.sleep(0.2)  # step 2 trains, then waits in start_publish for v1
+    assert not step2.done() and tr.step == 2
+    release.set()
+    stats = await step2
+    assert tr.policy_version == 1 and stats["publish_wait_s"] > 0.1
+    moved = [k for k in after_step1 if not torch.equal(tr.model.state_dict()[k], after_step1[k])]
+    assert moved  # step 2 changed the live weights...
+    for k, v in got[1].items():  # ...but not what was published for step 1
+        torch.testing.assert_close(v, after_step1[k], rtol=0, atol=0, msg=k)
+    await tr.finish_publish()
+    assert tr.policy_version == 2
 
 
 async def test_without_checkpoints_each_step_commits_its_items(base_model) -> None:

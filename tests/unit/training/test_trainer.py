@@ -80,7 +80,7 @@ async def test_max_lag_drops_and_counts_stale_items(base_model) -> None:
     pub = RecordingPublisher()
     tr = Trainer(model=copy.deepcopy(base_model), algo=make_sft(),
                  batch_source=ListBatchSource([fresh, fresh, mixed]), publisher=pub,
-                 cfg=cpu_cfg(max_lag=1, lr=1e-3))
+                 cfg=cpu_cfg(max_lag=1, lr=1e-3, async_publish=False))
     await tr.train(num_steps=2)
     assert tr.policy_version == 2 and pub.versions == [1, 2]
     assert "model.embed_tokens.weight" in pub.keys and "lm_head.weight" in pub.keys

@@ -1,0 +1,44 @@
+"""The learner's wait-for-items gauge, the actors' autoscaling signal (helm KEDA trigger)."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import REGISTRY
+
+from services.learner import metrics as M
+
+
+def test_wait_share_rises_while_the_learner_starves_and_falls_when_items_pile_up() -> None:
+    avg = M.WaitAverage(alpha=0.5)
+    # first step: 0.3 s of a 0.4 s step waiting -> 0.75
+    assert avg.add(0.3, 0.4) == pytest.approx(0.75)
+    # starving harder: wait 0.9 of a 1.0 s step; averages (0.6, 0.7) -> 0.857
+    assert avg.add(0.9, 1.0) == pytest.approx(0.6 / 0.7)
+    # items waiting in the stream: no wait at all; averages (0.3, 0.45) -> 0.667, then
+    # (0.15, 0.325) -> 0.4615: falling towards 0
+    assert avg.add(0.0, 0.2) == pytest.approx(0.3 / 0.45)
+    assert avg.add(0.0, 0.2) == pytest.approx(0.15 / 0.325)
+    assert avg.add(0.0, 0.2) < 0.3
+
+
+def test_the_exported_gauge_moves_in_both_directions() -> None:
+    M.WAIT_AVERAGE.__init__()  # type: ignore[misc]  # a fresh average for this test
+
+    def gauge() -> float:
+        return REGISTRY.get_sample_value("ludic_learner_batch_wait_fraction") or 0.0
+
+    base = {"step": 1.0, "loss": 0.0, "batch_items": 0.0}
+    M.export_step({**base, "batch_wait_s": 0.5, "step_wall_s": 0.6})
+    high = gauge()
+    assert high == pytest.approx(0.5 / 0.6)
+    seen = []
+    for _ in range(10):  # the learner stops waiting: down at every step
+        M.export_step({**base, "batch_wait_s": 0.0, "step_wall_s": 0.25})
+        seen.append(gauge())
+    assert all(b < a for a, b in zip([high, *seen], seen))
+    # alpha 0.2: wait 0.5 * 0.8^10 = 0.054, step 0.25 + 0.35 * 0.8^10 = 0.288 -> 0.187
+    assert seen[-1] == pytest.approx(0.5 * 0.8**10 / (0.25 + 0.35 * 0.8**10))
+    for _ in range(10):  # and starves again: up at every step
+        M.export_step({**base, "batch_wait_s": 0.4, "step_wall_s": 0.5})
+        seen.append(gauge())
+    assert all(b > a for a, b in zip(seen[9:], seen[10:]))
