@@ -1,15 +1,22 @@
 """Weight publication benchmark: the `small` model's state dict over each plane.
 
-Starts one real ``ludic inference`` server (vLLM, CPU here) on a free port, then times
-  raw     a plain loopback HTTP POST of the same safetensors bytes to a sink (the floor),
-  http    push_http -> POST /v1/weights (serialise, send, validate, pause, reload, resume),
-  gloo    CollectiveWeightSender.send (handshake, broadcast, validate, pause, reload, resume),
-and reads how long generation admission was paused from the server's
-``ludic_inference_weight_pause_seconds`` histogram. ``--quick`` does one round of each; the
-vLLM start-up (~20-60 s on 2 shared cores) dominates and is included in the wall time.
+Starts one real ``ludic inference`` server (vLLM, CPU here) on a free port; then, with it
+running (same conditions for every row), times
 
-Last line: ``RESULT weights http_s=... collective_s=... mb_per_s=... pause_s=... ratio=...``
-with ratio = http_s / raw_s (how much slower a real update is than moving the bytes).
+  raw     serialise the state dict to safetensors and POST it to a loopback sink that only
+          reads it (the cost of moving the bytes: the baseline),
+  http    push_http -> POST /v1/weights (serialise, send, validate, reload, relabel),
+  gloo    CollectiveWeightSender.send (handshake, broadcast, validate, reload, relabel),
+
+and, per plane, how long generation was paused for the swap
+(``ludic_inference_weight_pause_seconds``) against the in-place reload inside the vLLM
+worker (``ludic_inference_weight_reload_seconds``): with ``update_mode: keep`` (default)
+the pause is the reload plus its RPC. ``--quick`` does one round of each; the vLLM start-up
+(~20-60 s on 2 shared cores) is reported apart.
+
+Last line: ``RESULT weights http_s=... collective_s=... pause_s=... reload_s=...
+pause_over_reload=... ratio=...`` with ratio = raw_s / http_s (higher is better; 1.0 = a
+real update costs no more than moving its bytes).
 """
 
 from __future__ import annotations
@@ -67,13 +74,18 @@ def timed(fn: Callable[[], object], reps: int) -> float:
     return statistics.median(out)
 
 
-def pause_sum(url: str) -> float:
+def metric_sum(url: str, name: str) -> float:
     import httpx
 
     for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith("ludic_inference_weight_pause_seconds_sum"):
+        if line.startswith(f"{name}_sum"):
             return float(line.split()[-1])
     return 0.0
+
+
+def pause_and_reload(url: str) -> tuple[float, float]:
+    return (metric_sum(url, "ludic_inference_weight_pause_seconds"),
+            metric_sum(url, "ludic_inference_weight_reload_seconds"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,24 +122,23 @@ def main(argv: list[str] | None = None) -> int:
     def weights(v: int) -> dict[str, torch.Tensor]:
         return sds[v]
 
-    payload = to_safetensors_bytes(weights(0))
-    mb = len(payload) / 1e6
-
-    # raw loopback HTTP floor, same bytes
-    sink = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), _Sink)
-    threading.Thread(target=sink.serve_forever, daemon=True).start()
-    sink_url = f"http://127.0.0.1:{sink.server_address[1]}/"
-    with httpx.Client() as c:
-        raw_s = timed(lambda: c.post(sink_url, content=payload).raise_for_status(), max(reps, 3))
-    sink.shutdown()
-
+    mb = len(to_safetensors_bytes(weights(0))) / 1e6
     token = "bench-token"
     srv = InferenceServer(model_dir, free_port(), token, tmp / "server.log", [])
     t0 = time.perf_counter()
     srv.start()
     startup_s = time.perf_counter() - t0
     sender = None
+    sink = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), _Sink)
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    sink_url = f"http://127.0.0.1:{sink.server_address[1]}/"
     try:
+        # the baseline, with vLLM up: serialise the same state dict and move the bytes
+        with httpx.Client() as c:
+            raw_s = timed(
+                lambda: c.post(sink_url, content=to_safetensors_bytes(weights(1))).raise_for_status(),
+                max(reps, 3),
+            )
         version = [0]
 
         def http_once() -> None:
@@ -135,9 +146,10 @@ def main(argv: list[str] | None = None) -> int:
             push_http(srv.url, weights(version[0]), version[0], token)
 
         http_once()  # warm-up: first reload pays one-off costs in the worker
-        p0 = pause_sum(srv.url)
+        p0, r0 = pause_and_reload(srv.url)
         http_s = timed(http_once, reps)
-        http_pause = (pause_sum(srv.url) - p0) / reps
+        p1, r1 = pause_and_reload(srv.url)
+        http_pause, http_reload = (p1 - p0) / reps, (r1 - r0) / reps
 
         sender = CollectiveWeightSender(
             [srv.url], "127.0.0.1", free_port(), token=token, backend="gloo", timeout_s=120
@@ -149,26 +161,30 @@ def main(argv: list[str] | None = None) -> int:
             sender.send(weights(version[0]), version[0])
 
         coll_once()  # warm-up
-        p0 = pause_sum(srv.url)
+        p0, r0 = pause_and_reload(srv.url)
         coll_s = timed(coll_once, reps)
-        coll_pause = (pause_sum(srv.url) - p0) / reps
+        p1, r1 = pause_and_reload(srv.url)
+        coll_pause, coll_reload = (p1 - p0) / reps, (r1 - r0) / reps
     finally:
+        sink.shutdown()
         if sender is not None:
             sender.close()
         srv.stop()
 
     shutil.rmtree(tmp, ignore_errors=True)  # kept (with server.log) only if something failed
-    pause_s = max(http_pause, coll_pause)
     total = time.perf_counter() - t_start
     print(f"payload            {mb:.2f} MB ({len(base)} tensors, small model)")
     print(f"vLLM start-up      {startup_s:.1f} s (not part of any plane's time)")
-    print(f"raw loopback HTTP  {raw_s:.4f} s  {mb / raw_s:.0f} MB/s")
-    print(f"http plane         {http_s:.4f} s  {mb / http_s:.0f} MB/s  pause {http_pause:.4f} s")
-    print(f"gloo collective    {coll_s:.4f} s  {mb / coll_s:.0f} MB/s  pause {coll_pause:.4f} s")
+    print(f"raw: serialise + loopback HTTP  {raw_s:.4f} s  {mb / raw_s:.0f} MB/s")
+    print(f"http plane         {http_s:.4f} s  {mb / http_s:.0f} MB/s  pause {http_pause:.4f} s"
+          f"  reload {http_reload:.4f} s")
+    print(f"gloo collective    {coll_s:.4f} s  {mb / coll_s:.0f} MB/s  pause {coll_pause:.4f} s"
+          f"  reload {coll_reload:.4f} s")
     print(f"wall time          {total:.1f} s (reps={reps})")
     print(
-        f"RESULT weights http_s={http_s:.4f} collective_s={coll_s:.4f} "
-        f"mb_per_s={mb / http_s:.1f} pause_s={pause_s:.4f} ratio={http_s / raw_s:.2f}"
+        f"RESULT weights http_s={http_s:.4f} collective_s={coll_s:.4f} pause_s={http_pause:.4f} "
+        f"reload_s={http_reload:.4f} pause_over_reload={http_pause / max(http_reload, 1e-9):.2f} "
+        f"ratio={raw_s / http_s:.2f}"
     )
     return 0
 

@@ -109,6 +109,27 @@ def boxed_parser(success_reward: float = 0.0, error_reward: float = -1.0) -> Par
     return parse
 
 
+def regex_parser(
+    pattern: str, group: int = 1, success_reward: float = 0.0, error_reward: float = -1.0
+) -> Parser:
+    """The ``group`` of the first match of ``pattern`` (``re.search``), e.g.
+    ``r"^\\s*(-?\\d+)"`` for a leading integer, ``r"####\\s*(.+)"`` for GSM8K's answer."""
+    try:
+        rx = re.compile(pattern, re.DOTALL)
+    except re.error as e:
+        raise ValueError(f"regex_parser pattern {pattern!r} is not a valid regex: {e}") from e
+    if not 0 <= group <= rx.groups:
+        raise ValueError(f"regex_parser group={group}: {pattern!r} has {rx.groups} group(s)")
+
+    def parse(text: str) -> ParseResult:
+        m = rx.search(text)
+        if m is None or m.group(group) is None:
+            return ParseResult(None, error_reward, f"Invalid format: the reply must match {pattern}.")
+        return ParseResult(m.group(group).strip(), success_reward, None)
+
+    return parse
+
+
 def compose_parsers(*parsers: Parser) -> Parser:
     """Chain parsers: each parses the previous one's action; rewards add up.
 
@@ -139,7 +160,8 @@ def make_parser(spec: ParserSpec) -> Parser:
     """Build a parser from plain data (what crosses the wire in a ProtocolSpec).
 
     ``None``/``"identity"``; ``"boxed"``; ``"think"``; ``{"kind": "xml", "tag": "move",
-    "exact": false, ...}``; ``{"kind": "compose", "parsers": [spec, ...]}``.
+    "exact": false, ...}``; ``{"kind": "regex", "pattern": "...", "group": 1}``;
+    ``{"kind": "compose", "parsers": [spec, ...]}``.
     """
     if spec is None or spec == "identity":
         return identity_parser
@@ -155,6 +177,10 @@ def make_parser(spec: ParserSpec) -> Parser:
         return boxed_parser(**kw)
     if kind == "think":
         return think_prefix_parser(**kw)
+    if kind == "regex":
+        return regex_parser(**kw)
     if kind == "compose":
         return compose_parsers(*[make_parser(s) for s in kw.get("parsers", [])])
-    raise ValueError(f"unknown parser kind {kind!r}; use identity, xml, boxed, think or compose")
+    raise ValueError(
+        f"unknown parser kind {kind!r}; use identity, xml, boxed, think, regex or compose"
+    )

@@ -138,31 +138,43 @@ class HFChatClient:
         cut_text: list[str | None] = [None] * B
         past = None
         step_ids, step_pos = ids, pos
+        temps = torch.tensor([p.request.sampling.temperature for p in batch], dtype=torch.float32)
+        greedy = temps == 0
+        nucleus = [p.request.sampling.top_p < 1.0 and not greedy[i] for i, p in enumerate(batch)]
         for _t in range(max(max_new)):
             out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=past, use_cache=True)
             past = out.past_key_values
-            logits = out.logits[:, -1, :].float()  # [B, V]
+            logits = out.logits[:, -1, :].float().cpu()  # [B, V]
+            # log_softmax(logits / T) per row (T = 1 for greedy rows: untempered logprobs)
+            logp = torch.log_softmax(logits / torch.where(greedy, 1.0, temps)[:, None], dim=-1)
+            # Gumbel-max with each row's own generator: a sample of softmax(logits / T),
+            # reproducible per request alone or in a batch
+            live = [i for i in range(B) if finish[i] is None]
+            gumbel = torch.zeros_like(logp)
+            for i in live:
+                if not greedy[i] and not nucleus[i]:
+                    u = torch.rand(logp.shape[1], generator=gens[i]).clamp_(1e-20, 1.0)
+                    gumbel[i] = -torch.log(-torch.log(u))
+            picked = torch.argmax(logp + gumbel, dim=-1)  # greedy rows: argmax of the logits
             nxt = torch.full((B,), self.pad_id, dtype=torch.long)
-            for i, p in enumerate(batch):
-                if finish[i] is not None:
-                    continue
-                sp = p.request.sampling
-                if sp.temperature == 0:
-                    tok = int(torch.argmax(logits[i]))
-                    lp = float(torch.log_softmax(logits[i], dim=-1)[tok])
-                else:
-                    probs = torch.softmax(logits[i] / sp.temperature, dim=-1)
-                    if sp.top_p < 1.0:
-                        sp_sorted, idx = torch.sort(probs, descending=True)
-                        keep = sp_sorted.cumsum(-1) - sp_sorted < sp.top_p
-                        probs = torch.zeros_like(probs).scatter(0, idx[keep], sp_sorted[keep])
-                        probs = probs / probs.sum()
-                    tok = int(torch.multinomial(probs.cpu(), 1, generator=gens[i]))
+            for i in live:
+                p = batch[i]
+                if nucleus[i]:  # top-p: sample from the renormalised nucleus
+                    sp = p.request.sampling
+                    probs = logp[i].exp()
+                    sp_sorted, idx = torch.sort(probs, descending=True)
+                    keep = sp_sorted.cumsum(-1) - sp_sorted < sp.top_p
+                    probs = torch.zeros_like(probs).scatter(0, idx[keep], sp_sorted[keep])
+                    probs = probs / probs.sum()
+                    tok = int(torch.multinomial(probs, 1, generator=gens[i]))
                     lp = float(torch.log(probs[tok]))
+                else:
+                    tok = int(picked[i])
+                    lp = float(logp[i, tok])
                 nxt[i] = tok
                 out_ids[i].append(tok)
                 out_lp[i].append(lp)
-                if tok in self.eos_ids:
+                if tok in self.eos_ids and not p.request.sampling.ignore_eos:
                     finish[i] = "stop"
                 elif stops[i]:
                     text = str(self.tokenizer.decode(out_ids[i], skip_special_tokens=True))

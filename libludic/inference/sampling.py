@@ -14,6 +14,9 @@ class SamplingConfig:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     stop: str | list[str] | None = None
+    # keep sampling after the end-of-sequence token until max_tokens (vLLM's ignore_eos; the
+    # sampled distribution is unchanged, so logprobs stay those of the policy)
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -34,6 +37,8 @@ class SamplingConfig:
         }
         if self.stop is not None:
             out["stop"] = self.stop
+        if self.ignore_eos:
+            out["ignore_eos"] = True
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ right after the pass.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from libludic.inference.openai_client import OpenAIChatClient
@@ -26,20 +27,55 @@ def eval_requests(env: Mapping[str, Any], n: int, max_tokens: int) -> list[Rollo
     ]
 
 
-async def evaluate(
-    url: str, env: Mapping[str, Any], n: int, max_tokens: int, api_key: str | None = None
+async def evaluate_client(
+    client: Any, env: Mapping[str, Any], n: int, max_tokens: int
 ) -> dict[str, float]:
-    """One greedy pass over the held-out problems against ``url``."""
+    """One greedy pass over the held-out problems with any ChatClient (the inference
+    service's, or an in-process HFChatClient on a weight snapshot)."""
     from libludic.eval.evaluator import Evaluator
     from libludic.registry import build_registries
     from libludic.rollout.engine import RolloutEngine
 
+    engine = RolloutEngine(*build_registries(client))
+    ev = Evaluator(engine=engine, requests=eval_requests(env, n, max_tokens), concurrency=64)
+    res: dict[str, float] = await ev.evaluate()
+    res["eval/policy_version"] = float(await client.get_policy_version())
+    return res
+
+
+async def evaluate(
+    url: str, env: Mapping[str, Any], n: int, max_tokens: int, api_key: str | None = None
+) -> dict[str, float]:
+    """One greedy pass over the held-out problems against ``url``."""
     client = OpenAIChatClient(url, api_key=api_key, timeout_s=120.0)
     try:
-        engine = RolloutEngine(*build_registries(client))
-        ev = Evaluator(engine=engine, requests=eval_requests(env, n, max_tokens), concurrency=64)
-        res = await ev.evaluate()
-        res["eval/policy_version"] = float(await client.get_policy_version())
-        return res
+        return await evaluate_client(client, env, n, max_tokens)
     finally:
         await client.aclose()
+
+
+def evaluate_snapshot(
+    model_dir: str | Path, weights: str | Path, env: Mapping[str, Any], n: int, max_tokens: int,
+    policy_version: int = 0,
+) -> dict[str, float]:
+    """The same pass in this process on a saved weight snapshot (fp32 transformers, the
+    learner's dtype: what fp32 serving serves, to ~5e-7 nats). ``ludic up``'s deferred
+    curve evaluation, run after the RL phase so it takes nothing from it."""
+    import asyncio
+
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from libludic.inference.hf_client import HFChatClient
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:
+        raise ValueError(
+            f"snapshot {weights} does not fit {model_dir}: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}"
+        )
+    client = HFChatClient(model=model, tokenizer=AutoTokenizer.from_pretrained(str(model_dir)),
+                          max_batch_size=64, policy_version=policy_version)
+    return asyncio.run(evaluate_client(client, env, n, max_tokens))

@@ -39,6 +39,15 @@ class UpSettings:
     eval_n: int = field(default=200, metadata={"help": "held-out problems (env seeds 0..n-1); 0: no eval"})
     eval_every_steps: int = field(default=10, metadata={"help": "learner steps between curve evaluations"})
     eval_max_tokens: int = field(default=8, metadata={"help": "max tokens of an eval answer"})
+    eval_mode: str = field(
+        default="live",
+        metadata={
+            "help": "curve evaluations: live (against inference while training runs: costs "
+            "its CPU share) or deferred (the learner saves a weight snapshot every "
+            "eval_every_steps; they are evaluated after the RL phase, which they then take "
+            "nothing from)"
+        },
+    )
     timeout_s: float = field(default=1800.0, metadata={"help": "wall-clock limit of the whole run"})
     startup_timeout_s: float = field(default=300.0, metadata={"help": "limit for a service to become healthy"})
     prometheus: bool = field(default=False, metadata={"help": "write <run>/prometheus.yml for the services"})
@@ -49,3 +58,10 @@ class UpSettings:
     fresh: bool = field(default=True, metadata={"help": "start from an empty Redis (the embedded one)"})
     config_path: str | None = field(default=None, metadata={"help": "set from --config"})
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
+
+    def __post_init__(self) -> None:
+        if self.eval_mode not in EVAL_MODES:
+            raise ValueError(f"up.eval_mode={self.eval_mode!r}; use one of {sorted(EVAL_MODES)}")
+
+
+EVAL_MODES = frozenset({"live", "deferred"})

@@ -17,8 +17,17 @@ from libludic.transport import accounting
 def build_summary(run: Any, before: dict[str, float] | None, after: dict[str, float] | None, ok: bool) -> dict[str, Any]:
     m = run.last_learner
     wall = time.monotonic() - run.t0
-    rl_wall = time.monotonic() - getattr(run, "rl_t0", run.t0)
     trained = int(m.get("ludic_learner_items_trained_total", 0))
+    # one definition (libludic/training/trainer.py): trained items per second of the
+    # learner's RL wall (inside its train steps, evaluation excluded), as the learner
+    # reported it at exit; the launcher's clock (learner start-up included) if it did not
+    learner_rl = getattr(run, "learner_rl", {}) or {}
+    rl_wall = learner_rl.get("rl_wall_seconds")
+    if rl_wall is None:
+        rl_wall = getattr(run, "rl_t1", time.monotonic()) - getattr(run, "rl_t0", run.t0)
+    sps = learner_rl.get("samples_per_second")
+    if sps is None:
+        sps = round(trained / rl_wall, 2) if rl_wall > 0 else None
     pb = None if before is None else before["eval/pass_rate"]
     pa = None if after is None else after["eval/pass_rate"]
     return {
@@ -40,7 +49,11 @@ def build_summary(run: Any, before: dict[str, float] | None, after: dict[str, fl
         "last_publish_error": getattr(run, "publish", {}).get("last_publish_error"),
         "wall_seconds": round(wall, 1),
         "rl_wall_seconds": round(rl_wall, 1),
-        "samples_per_second": round(trained / rl_wall, 2) if rl_wall > 0 else None,
+        "samples_per_second": sps,
+        "eval_mode": run.s.eval_mode,
+        # time spent in curve evaluations: concurrent with training (live: it cost its CPU
+        # share of the RL wall) or after it (deferred: it cost the RL wall nothing)
+        "eval_seconds": round(getattr(run, "curve_eval_s", 0.0), 1),
         "actors": run.s.actors,
         # libludic/transport/accounting.py, read from Redis when the learner finished (services running)
         "accounting": getattr(run, "accounting", None),
@@ -82,7 +95,7 @@ def write_report(run: Any, before: dict[str, float] | None, after: dict[str, flo
     t.add_column("value")
     for k in ("pass_rate_before", "pass_rate_after", "pass_rate_delta", "steps", "samples_trained",
               "stale_dropped", "policy_version", "publish_failures", "final_policy_served",
-              "wall_seconds", "rl_wall_seconds", "samples_per_second"):
+              "wall_seconds", "rl_wall_seconds", "samples_per_second", "eval_seconds"):
         v = summary[k]
         t.add_row(k, f"{v:.3f}" if isinstance(v, float) else str(v))
     Console().print(t)

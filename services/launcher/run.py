@@ -85,6 +85,8 @@ class Run:
         self.evals: list[dict[str, float]] = []
         self.accounting: dict[str, Any] | None = None
         self.publish: dict[str, Any] = {}  # from learner_final.json
+        self.learner_rl: dict[str, Any] = {}  # the learner's RL wall and samples/s
+        self.curve_eval_s = 0.0  # seconds of curve evaluations (live or deferred)
 
     def env(self, **extra: Any) -> dict[str, str]:
         base = {
@@ -127,12 +129,36 @@ class Run:
         a file without an ``inference:`` section as a whole), so pass it only with one."""
         return {"LUDIC_INFERENCE_CONFIG": str(self.s.config_path)} if "inference" in self.cfg else {}
 
+    def eval_snapshots(self, model_dir: Path) -> None:
+        """Deferred curve: evaluate every snapshot the learner saved, in this process, after
+        the RL phase; ``wall_s`` is when the learner had trained that step."""
+        from services.eval.heldout import evaluate_snapshot
+
+        index = self.run_dir / "learner" / "snapshots" / "snapshots.jsonl"
+        if not index.exists():
+            return
+        for line in index.read_text().splitlines():
+            snap = json.loads(line)
+            t = time.monotonic()
+            res = evaluate_snapshot(model_dir, index.parent / snap["path"], self.s.eval_env,
+                                    self.s.eval_n, self.s.eval_max_tokens, snap["policy_version"])
+            res.update(step=float(snap["step"]), wall_s=snap["time"] - self.rl_t0_wall,
+                       eval_s=time.monotonic() - t)
+            self.evals.append(res)
+            self.curve_eval_s += res["eval_s"]
+            log.info("eval curve (step %d, deferred): pass rate %.3f", snap["step"],
+                     res["eval/pass_rate"])
+
     def eval_now(self, label: str, step: int) -> dict[str, float] | None:
         if self.s.eval_n <= 0:
             return None
         t = time.monotonic()
         res = stack.evaluate(self.inference_url, self.s.eval_env, self.s.eval_n, self.s.eval_max_tokens)
-        res.update(step=float(step), wall_s=time.monotonic() - self.t0, eval_s=time.monotonic() - t)
+        rl_t0 = getattr(self, "rl_t0", None)
+        res.update(step=float(step), wall_s=0.0 if rl_t0 is None else time.monotonic() - rl_t0,
+                   eval_s=time.monotonic() - t)
+        if label == "curve":
+            self.curve_eval_s += res["eval_s"]
         self.evals.append(res)
         log.info("eval %s (step %d, version %d): pass rate %.3f", label, step,
                  int(res["eval/policy_version"]), res["eval/pass_rate"])
@@ -158,8 +184,12 @@ class Run:
         if self.s.learner_nproc > 1:
             learner = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                        f"--nproc_per_node={self.s.learner_nproc}", "-m", "services.cli", "learner"]
+        snapshots: dict[str, Any] = {}
+        if self.s.eval_mode == "deferred" and self.s.eval_n > 0 and self.s.eval_every_steps > 0:
+            snapshots["LUDIC_SNAPSHOT_EVERY"] = self.s.eval_every_steps
+            shutil.rmtree(self.run_dir / "learner" / "snapshots", ignore_errors=True)
         add("learner", learner, may_finish=True, LUDIC_INFERENCE_URLS=self.inference_url, LUDIC_AUTH_TOKEN=self.token,
-            LUDIC_MODEL_DIR=str(model_dir), LUDIC_OUTPUT_DIR=str(self.run_dir / "learner"))
+            LUDIC_MODEL_DIR=str(model_dir), LUDIC_OUTPUT_DIR=str(self.run_dir / "learner"), **snapshots)
         for name in self.metrics:
             if name not in ("inference",):
                 self.sup.wait_healthy(name, self.s.startup_timeout_s)
@@ -210,11 +240,11 @@ class Run:
                     step = int(m.get("ludic_learner_step", 0))
                     if not self.curve or self.curve[-1]["step"] != step:
                         self.curve.append({
-                            "step": float(step), "wall_s": time.monotonic() - self.t0,
+                            "step": float(step), "wall_s": time.monotonic() - self.rl_t0,
                             "reward_mean": m.get("ludic_learner_reward_mean", float("nan")),
                             "loss": m.get("ludic_learner_loss", float("nan")),
                         })
-                    if self.s.eval_every_steps > 0 and step >= next_eval:
+                    if self.s.eval_mode == "live" and self.s.eval_every_steps > 0 and step >= next_eval:
                         self.eval_now("curve", step)
                         next_eval = step + self.s.eval_every_steps
                 live.update()
@@ -232,6 +262,10 @@ class Run:
             "ludic_learner_items_trained_total": float(f["items_trained"]),
             "ludic_learner_stale_dropped_total": float(f["stale_dropped"]),
         })
+        self.learner_rl = {
+            "rl_wall_seconds": f.get("rl_wall_seconds"),
+            "samples_per_second": f.get("samples_per_second"),
+        }
         self.publish = {
             "publish_failures": int(f.get("publish_failures", 0)),
             "final_policy_served": f.get("final_policy_served"),
@@ -264,10 +298,13 @@ class Run:
             self.start_services(model_dir)
             before = self.eval_now("before", 0)
             self.start_workers(model_dir)
-            self.rl_t0 = time.monotonic()
+            self.rl_t0, self.rl_t0_wall = time.monotonic(), time.time()
             code = self.monitor()
+            self.rl_t1 = time.monotonic()
             self.read_learner_final()
             self.accounting = accounting.snapshot_sync(self.redis_url, self.run_id)
+            if code == 0 and self.s.eval_mode == "deferred":
+                self.eval_snapshots(model_dir)
             after = self.eval_now("after", int(self.last_learner.get("ludic_learner_step", 0))) if code == 0 else None
             write_report(self, before, after, ok=code == 0)
             if code == 0:

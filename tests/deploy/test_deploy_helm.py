@@ -117,7 +117,6 @@ def test_only_known_custom_resources_skip_schema_validation():
 def crd_problems(docs: list[Doc]) -> list[str]:
     problems: list[str] = []
     deployments = {d["metadata"]["name"] for d in by_kind(docs, "Deployment")}
-    trigger_auths = {d["metadata"]["name"] for d in by_kind(docs, "TriggerAuthentication")}
     for sm in by_kind(docs, "ServiceMonitor"):
         spec = sm.get("spec", {})
         if sm.get("apiVersion") != "monitoring.coreos.com/v1":
@@ -146,26 +145,28 @@ def crd_problems(docs: list[Doc]) -> list[str]:
             problems.append(f"ScaledObject {name}: minReplicaCount > maxReplicaCount")
         for trig in spec.get("triggers") or []:
             meta = trig.get("metadata", {})
-            if trig.get("type") != "redis-streams":
+            if trig.get("type") != "prometheus":
                 problems.append(f"ScaledObject {name}: trigger type {trig.get('type')}")
             # KEDA trigger metadata is map[string]string
             if not all(isinstance(v, str) for v in meta.values()):
                 problems.append(f"ScaledObject {name}: non-string trigger metadata {meta}")
-            if not {"address", "stream", "streamLength"} <= set(meta):
+            if not {"serverAddress", "query", "threshold"} <= set(meta):
                 problems.append(
-                    f"ScaledObject {name}: redis-streams trigger lacks address/stream/streamLength"
+                    f"ScaledObject {name}: prometheus trigger lacks serverAddress/query/threshold"
                 )
-            # KEDA scales on XLEN only without a consumerGroup (with one it uses XPENDING or, with
-            # lagCount, the XINFO GROUPS lag, which Redis reports as NULL after our XDEL-on-ack:
-            # tests/integration/test_redis_lag.py)
-            for key in ("consumerGroup", "lagCount", "pendingEntriesCount", "activationLagCount"):
-                if key in meta:
-                    problems.append(f"ScaledObject {name}: trigger sets {key}; scale on streamLength")
-            ref = trig.get("authenticationRef", {}).get("name")
-            if ref is not None and ref not in trigger_auths:
-                problems.append(f"ScaledObject {name}: authenticationRef {ref} is not rendered")
-            if "password" in meta:
-                problems.append(f"ScaledObject {name}: inline password in trigger metadata")
+            # demand, never a stream the feeder holds at its admission limit
+            if "ludic_learner_batch_wait_fraction" not in meta.get("query", ""):
+                problems.append(f"ScaledObject {name}: query {meta.get('query')!r} is not the "
+                                "learner's wait for items")
+            if trig.get("metricType") != "Value":
+                problems.append(f"ScaledObject {name}: metricType {trig.get('metricType')}: use "
+                                "Value (aim the wait share at the target)")
+            try:
+                if not 0 < float(meta.get("threshold", "x")) <= 1:
+                    raise ValueError
+            except ValueError:
+                problems.append(f"ScaledObject {name}: threshold {meta.get('threshold')!r} is "
+                                "not a wait share in (0, 1]")
     for ta in by_kind(docs, "TriggerAuthentication"):
         for ref in ta.get("spec", {}).get("secretTargetRef") or []:
             if not {"parameter", "name", "key"} <= set(ref):
@@ -180,15 +181,17 @@ def test_custom_resources_are_structurally_sound(scenario):
     assert not crd_problems(rendered(scenario))
 
 
-def test_keda_scenario_scales_actors_on_the_requests_stream():
+def test_keda_scenario_scales_actors_on_the_learners_wait_for_items():
     docs = rendered("keda")
     (so,) = by_kind(docs, "ScaledObject")
-    meta = so["spec"]["triggers"][0]["metadata"]
-    assert meta["stream"] == "ludic:exp42:requests"  # runId from ci/keda-values.yaml
-    # XLEN of the requests stream (= its un-acked backlog), 32 per actor from ci/keda-values.yaml;
-    # never the consumer-group lag, which Redis can report as NULL
-    assert meta["streamLength"] == "32"
-    assert "lagCount" not in meta and "consumerGroup" not in meta
+    (trig,) = so["spec"]["triggers"]
+    meta = trig["metadata"]
+    # the learner's moving-average wait share, aimed at 0.1 (ci/keda-values.yaml): more actors
+    # while it starves, fewer once it stops waiting (the gauge: tests/unit/test_learner_metrics.py)
+    assert trig["type"] == "prometheus" and trig["metricType"] == "Value"
+    assert meta["query"] == f'max(ludic_learner_batch_wait_fraction{{namespace="{NAMESPACE}"}})'
+    assert meta["threshold"] == "0.1"
+    assert meta["serverAddress"] == "http://prometheus-operated.monitoring:9090"
     assert (
         so["spec"]["scaleTargetRef"]["name"]
         == find(docs, "Deployment", "actor")["metadata"]["name"]
@@ -202,20 +205,18 @@ def test_structural_crd_check_catches_mistakes():
     docs = rendered("keda")
     so = by_kind(docs, "ScaledObject")[0]
     so["spec"]["scaleTargetRef"]["name"] = "nope"
-    so["spec"]["triggers"][0]["metadata"]["streamLength"] = 32
+    so["spec"]["triggers"][0]["metadata"]["threshold"] = 0.1
     assert len(crd_problems(docs)) == 2
 
 
-def test_structural_crd_check_rejects_a_lag_trigger():
+def test_structural_crd_check_rejects_a_supply_trigger():
     docs = rendered("keda")
-    meta = by_kind(docs, "ScaledObject")[0]["spec"]["triggers"][0]["metadata"]
-    meta.update(consumerGroup="actors", lagCount="32")
+    trig = by_kind(docs, "ScaledObject")[0]["spec"]["triggers"][0]
+    trig["metadata"]["query"] = "redis_stream_length"
     name = by_kind(docs, "ScaledObject")[0]["metadata"]["name"]
     assert crd_problems(docs) == [
-        f"ScaledObject {name}: trigger sets {k}; scale on streamLength"
-        for k in ("consumerGroup", "lagCount")
+        f"ScaledObject {name}: query 'redis_stream_length' is not the learner's wait for items"
     ]
-
 
 
 # ---------------------------------------------------------------- GPUs, replicas
@@ -606,11 +607,11 @@ BAD_VALUES = [
     ({"inference": {"image": {"digest": "latest"}}}, "does not match pattern"),
     ({"actor": {"replicaCoutn": 3}}, "replicaCoutn"),
     ({"typo": True}, "typo"),
-    # the retired group-lag trigger settings fail at render instead of being silently ignored
+    # the retired stream triggers fail at render instead of being silently ignored
     ({"actor": {"autoscaling": {"keda": {"lagCount": 16}}}}, "lagCount"),
-    ({"actor": {"autoscaling": {"keda": {"activationLagCount": 0}}}}, "activationLagCount"),
     ({"actor": {"autoscaling": {"keda": {"consumerGroup": "actors"}}}}, "consumerGroup"),
-    ({"actor": {"autoscaling": {"keda": {"streamLength": 0}}}}, "minimum"),
+    ({"actor": {"autoscaling": {"keda": {"streamLength": 16}}}}, "streamLength"),
+    ({"actor": {"autoscaling": {"keda": {"learnerWaitTarget": "2"}}}}, "does not match pattern"),
     # LUDIC_RESUME is always on and needs checkpoints
     ({"learner": {"checkpointEvery": 0}}, "minimum"),
     ({"learner": {"numSteps": -1}}, "minimum"),

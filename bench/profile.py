@@ -1,0 +1,205 @@
+"""Where a run's time goes: a learner step and an actor request, broken down, plus the CPU
+each process used, on the run config you give (default: the demo).
+
+Runs ``ludic up --config CONFIG`` (curve evaluation off: it is not part of a step), samples
+the CPU seconds of every process of the run from /proc once a second, and at the end reads
+the services' own accounts of their time:
+
+* learner (``learner_final.json`` ``step_profile``: ``Trainer.time_totals``): per step,
+  waiting for items, training (forward, backward, optimizer), publishing (snapshot +
+  waiting for the previous publish), and the whole step;
+* actors (their ``actor profile`` log line): per request, generating every episode
+  (inference + env) and committing; their time waiting for work;
+* credit (its ``credit profile`` line): per group, credit + encode + commit;
+* inference: the swap's generation pause and the in-place reload in the worker (its log).
+
+With ``--py-spy`` (``pip install py-spy``) it also records the learner and the first actor
+for 10 s in the middle of the run and prints their hottest functions.
+
+Last line: ``RESULT profile ... ratio=<x>`` with ``ratio`` = training time / step time of
+the learner (higher is better; 1.0 = the learner never waits for items or publishing).
+
+    python bench/profile.py                 # the demo config, 60 steps
+    python bench/profile.py --quick         # tiny model, 10 steps
+    python bench/profile.py --py-spy
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+ROLES = (("VLLM::Worker", "vllm worker"), ("VLLM::EngineCore", "vllm engine core"),
+         ("services.cli inference", "inference api"), ("services.cli learner", "learner"),
+         ("services.cli actor", "actor"), ("services.cli credit", "credit"),
+         ("services.cli feeder", "feeder"), ("services.cli up", "launcher"),
+         ("redis-server", "redis"))
+
+
+def role(cmdline: str) -> str | None:
+    for needle, name in ROLES:
+        if needle in cmdline:
+            return name
+    return None
+
+
+def cpu_sampler(run_id: str, stop: threading.Event, out: dict[int, tuple[str, float]]) -> None:
+    """pid -> (role, CPU seconds) of every process of this run (found by its environment)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    needle = f"LUDIC_RUN_ID={run_id}".encode()
+    while not stop.is_set():
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                r = role(cmd)
+                if r is None:
+                    continue
+                if r != "launcher" and needle not in (d / "environ").read_bytes():
+                    continue  # another run's process (or the machine's own redis)
+                stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                out[int(d.name)] = (r, (int(stat[11]) + int(stat[12])) / tick)
+            except (OSError, IndexError, ValueError):
+                continue
+        stop.wait(1.0)
+
+
+def py_spy(pid: int, seconds: int, path: Path) -> None:
+    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    subprocess.run([exe, "record", "-p", str(pid), "-d", str(seconds), "-r", "100", "-f", "raw",
+                    "-o", str(path), "--nonblocking"], stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, check=False)
+
+
+def hottest(path: Path, n: int = 12) -> list[tuple[float, str]]:
+    """Inclusive share of samples per function (py-spy raw output)."""
+    if not path.exists():
+        return []
+    incl: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        k = int(count)
+        total += k
+        for f in set(stack.split(";")):
+            name = f.split(" (")[0]
+            if name and not name.startswith(("<module>", "_run_", "run ", "Runner.", "BaseEventLoop",
+                                             "Handle._run", "main ")):
+                incl[name] += k
+    return [(v / max(total, 1), k) for k, v in incl.most_common(n)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=str(ROOT / "examples/arith/grpo.yaml"))
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--py-spy", action="store_true", help="record learner and actor-0 for 10 s")
+    a = ap.parse_args()
+    cfg = yaml.safe_load(Path(a.config).read_text())
+    work = Path(tempfile.mkdtemp(prefix="ludic-profile-"))
+    name = "profile"
+    cfg["run_id"] = name
+    cfg["up"].update(name=name, runs_dir=str(work), eval_every_steps=0, prometheus=False)
+    cfg["learner"]["num_steps"] = a.steps
+    if a.quick:
+        from libludic.models.tiny import init_model
+
+        cfg["up"].update(model=str(init_model(work / "tiny", size="tiny")), sft_steps=0,
+                         actors=1, eval_n=16)
+        cfg["learner"].update(num_steps=10, batch_size=16)
+    path = work / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {k: v for k, v in os.environ.items() if k != "LUDIC_REDIS_URL"}
+    cpu: dict[int, tuple[str, float]] = {}
+    stop = threading.Event()
+    sampler = threading.Thread(target=cpu_sampler, args=(name, stop, cpu), daemon=True)
+    sampler.start()
+    log = work / "up.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--config", str(path),
+                                 "--no-live"], stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        if a.py_spy:
+            learner_log = work / name / "logs" / "learner.log"
+            while proc.poll() is None and not re.search(
+                    r"step (\d+) loss", learner_log.read_text() if learner_log.exists() else ""):
+                time.sleep(1)
+            time.sleep(5)
+            pids = {r: pid for pid, (r, _) in cpu.items() if r in ("learner", "actor")}
+            threads = [threading.Thread(target=py_spy, args=(pid, 10, work / f"{r}.spy"))
+                       for r, pid in pids.items()]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        code = proc.wait()
+    stop.set()
+    sampler.join(5)
+    if code != 0:
+        sys.stderr.write(log.read_text(errors="replace")[-3000:])
+        raise SystemExit(f"ludic up exited with {code}")
+    run = work / name
+    final = json.loads((run / "learner" / "learner_final.json").read_text())
+    prof = final.get("step_profile") or {}
+    summary = json.loads((run / "summary.json").read_text())
+    logs = run / "logs"
+    actor = [re.search(r"generate ([\d.]+) s, commit ([\d.]+) s; waiting for work ([\d.]+) s",
+                       p.read_text()) for p in sorted(logs.glob("actor-*.log"))]
+    credit = re.search(r"per group ([\d.]+) s", (logs / "credit.log").read_text())
+    swaps = re.findall(r"generation paused ([\d.]+) s, reload in the worker ([\d.]+) s",
+                       (logs / "inference.log").read_text())
+    print(f"\nprofile of {final['step']} steps ({a.config}), run dir {run}")
+    print(f"samples/s {summary['samples_per_second']} (RL wall {summary['rl_wall_seconds']} s)")
+    print("learner, mean per step: " + ", ".join(f"{k.removesuffix('_s')} {v * 1000:.1f} ms"
+                                                 for k, v in prof.items()))
+    gen = [float(m.group(1)) for m in actor if m]
+    com = [float(m.group(2)) for m in actor if m]
+    if gen:
+        print(f"actors, mean per request: generate {statistics.mean(gen) * 1000:.1f} ms, commit "
+              f"{statistics.mean(com) * 1000:.2f} ms; waiting for work "
+              f"{', '.join(m.group(3) + ' s' for m in actor if m)}")
+    if credit:
+        print(f"credit, per group: {float(credit.group(1)) * 1000:.2f} ms")
+    if swaps:
+        pause = statistics.median(float(p) for p, _ in swaps)
+        reload_ = statistics.median(float(r) for _, r in swaps)
+        print(f"inference swaps: median pause {pause * 1000:.1f} ms, median in-place reload "
+              f"{reload_ * 1000:.1f} ms ({len(swaps)} swaps)")
+    by_role: collections.Counter[str] = collections.Counter()
+    for r, secs in cpu.values():
+        by_role[r] += secs
+    print("CPU seconds by process (whole run, start-up included): " + ", ".join(
+        f"{r} {s:.1f}" for r, s in by_role.most_common()))
+    for r in ("learner", "actor"):
+        top = hottest(work / f"{r}.spy")
+        if top:
+            print(f"py-spy {r} (share of 10 s of samples):")
+            for share, fn in top:
+                print(f"  {share * 100:5.1f}%  {fn}")
+    ratio = prof.get("train_s", 0.0) / max(prof.get("step_wall_s", 0.0), 1e-9)
+    print(f"RESULT profile samples_per_s={summary['samples_per_second']} "
+          f"wait_ms={prof.get('batch_wait_s', 0) * 1000:.1f} train_ms={prof.get('train_s', 0) * 1000:.1f} "
+          f"publish_ms={prof.get('publish_wait_s', 0) * 1000:.1f} "
+          f"step_ms={prof.get('step_wall_s', 0) * 1000:.1f} ratio={ratio:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
