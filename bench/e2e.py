@@ -66,6 +66,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 GEN_HEAVY_TOKENS = 64
+GEN_THREADS = int(os.environ.get("LUDIC_BASELINE_GEN_THREADS", "1"))
 LEADING_INT = {"kind": "regex", "pattern": r"^\s*(-?\d+)", "error_reward": 0.0}
 
 
@@ -169,9 +170,17 @@ def run_baseline(cfg: dict[str, Any], model_dir: Path) -> dict[str, Any]:
     gen = {"s": 0.0}
     inner = source.next_batch
 
+    threads = torch.get_num_threads()
+
     async def timed_next_batch() -> Any:
+        # generation (token by token, small ops) runs fastest on one intra-op thread here,
+        # training (larger matmuls) on all of them: the single process uses each at its best
         t = time.perf_counter()
-        b = await inner()
+        torch.set_num_threads(GEN_THREADS)
+        try:
+            b = await inner()
+        finally:
+            torch.set_num_threads(threads)
         gen["s"] += time.perf_counter() - t
         return b
 
@@ -199,6 +208,8 @@ def run_baseline(cfg: dict[str, Any], model_dir: Path) -> dict[str, Any]:
         return {"before": before["eval/pass_rate"], "after": after["eval/pass_rate"]}
 
     res = asyncio.run(go())
+    prof = {k: round(v / max(tr.step, 1), 4) for k, v in tr.time_totals.items()}
+    print(f"baseline per step: {prof}", file=sys.stderr)
     t_gen = gen["s"]
     t_train = tr.rl_wall_s - t_gen
     return {

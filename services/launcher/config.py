@@ -32,6 +32,9 @@ class UpSettings:
     sft_check_every: int = field(default=5, metadata={"help": "SFT steps between sft_target_pass_rate checks"})
     actors: int = field(default=2, metadata={"help": "actor processes"})
     learner_nproc: int = field(default=1, metadata={"help": "learner ranks (>1: torchrun, FSDP2)"})
+    learner_threads: int = field(
+        default=1, metadata={"help": "torch intra-op threads of each learner rank (OMP_NUM_THREADS)"}
+    )
     eval_env: dict[str, Any] = field(
         default_factory=lambda: {"kind": "arithmetic", "kwargs": {"split": "eval"}},
         metadata={"help": "env of the held-out greedy evaluation ({kind, kwargs})"},

@@ -171,7 +171,8 @@ class Run:
             self.metrics[name] = f"http://127.0.0.1:{mp}/metrics"
             # one torch thread per worker: with vLLM on the same cores, spinning OpenMP threads
             # make small models ~50x slower (DEVELOPERS.md)
-            self.sup.start(ServiceSpec(name, argv, env=self.env(LUDIC_METRICS_PORT=mp, OMP_NUM_THREADS=1, **env),
+            threads = self.s.learner_threads if name == "learner" else 1
+            self.sup.start(ServiceSpec(name, argv, env=self.env(LUDIC_METRICS_PORT=mp, OMP_NUM_THREADS=threads, **env),
                                        health_url=self.metrics[name], critical=critical,
                                        may_finish=may_finish))
 

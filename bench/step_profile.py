@@ -19,9 +19,9 @@ for 10 s in the middle of the run and prints their hottest functions.
 Last line: ``RESULT profile ... ratio=<x>`` with ``ratio`` = training time / step time of
 the learner (higher is better; 1.0 = the learner never waits for items or publishing).
 
-    python bench/profile.py                 # the demo config, 60 steps
-    python bench/profile.py --quick         # tiny model, 10 steps
-    python bench/profile.py --py-spy
+    python bench/step_profile.py                 # the demo config, 60 steps
+    python bench/step_profile.py --quick         # tiny model, 10 steps
+    python bench/step_profile.py --py-spy
 """
 
 from __future__ import annotations
@@ -98,10 +98,14 @@ def hottest(path: Path, n: int = 12) -> list[tuple[float, str]]:
         stack, _, count = line.rpartition(" ")
         k = int(count)
         total += k
-        for f in set(stack.split(";")):
-            name = f.split(" (")[0]
-            if name and not name.startswith(("<module>", "_run_", "run ", "Runner.", "BaseEventLoop",
-                                             "Handle._run", "main ")):
+        names = set()
+        for f in stack.split(";"):
+            # "func (path/file.py:line)" -> "func (file.py)": one entry per function
+            m = re.match(r"(.*) \((?:.*/)?([^/:]+)(?::\d+)?\)$", f.strip())
+            names.add(f"{m.group(1)} ({m.group(2)})" if m else f.strip())
+        for name in names:
+            if name and not name.startswith(("<module>", "_run", "run ", "Runner.", "BaseEventLoop",
+                                             "Handle._run", "main ", "service_main")):
                 incl[name] += k
     return [(v / max(total, 1), k) for k, v in incl.most_common(n)]
 
@@ -185,7 +189,8 @@ def main() -> int:
     by_role: collections.Counter[str] = collections.Counter()
     for r, secs in cpu.values():
         by_role[r] += secs
-    print("CPU seconds by process (whole run, start-up included): " + ", ".join(
+    print("CPU seconds by process (whole run: start-up included; the launcher's include the SFT "
+          "warm start and the before/after evaluations): " + ", ".join(
         f"{r} {s:.1f}" for r, s in by_role.most_common()))
     for r in ("learner", "actor"):
         top = hottest(work / f"{r}.spy")
