@@ -5,13 +5,30 @@ action_ids`` exactly as the inference server tokenised and sampled them, an
 ``action_mask`` (1 on sampled action tokens), the credit ``weight`` and attachments
 (the actor's chosen-token logprobs aligned to ``input_ids`` and the policy_version
 that sampled the action). Everything round-trips through plain dicts.
+
+Token arrays are Python lists or 1-D numpy arrays: items decoded from the wire hold
+read-only arrays over the received bytes (no per-token Python objects); ``to_dict`` always
+gives lists.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeAlias, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+IntArray: TypeAlias = list[int] | npt.NDArray[np.integer[Any]]
+"""Token ids or a 0/1 mask: a list, or a 1-D integer array (decoded items, read-only)."""
+FloatArray: TypeAlias = list[float] | npt.NDArray[np.floating[Any]]
+"""Per-token logprobs: a list, or a 1-D float array (decoded items, read-only)."""
+
+
+def as_list(values: IntArray | FloatArray) -> list[Any]:
+    """Plain Python numbers (for JSON, msgpack maps and comparisons)."""
+    return values.tolist() if isinstance(values, np.ndarray) else list(values)
 
 
 @dataclass
@@ -24,15 +41,15 @@ class SampleAttachments:
     on-policy importance ratio is exactly 1. None or 0 (greedy) means T = 1.
     """
 
-    actor_logprobs: list[float] | None = None
-    ref_logprobs: list[float] | None = None
+    actor_logprobs: FloatArray | None = None
+    ref_logprobs: FloatArray | None = None
     policy_version: int | None = None
     temperature: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "actor_logprobs": None if self.actor_logprobs is None else list(self.actor_logprobs),
-            "ref_logprobs": None if self.ref_logprobs is None else list(self.ref_logprobs),
+            "actor_logprobs": None if self.actor_logprobs is None else as_list(self.actor_logprobs),
+            "ref_logprobs": None if self.ref_logprobs is None else as_list(self.ref_logprobs),
             "policy_version": self.policy_version,
             "temperature": self.temperature,
         }
@@ -66,9 +83,9 @@ class SAWItem:
     meta                item_id, rollout_id, step_index, group_id, reward, ...
     """
 
-    input_ids: list[int]
-    attention_mask: list[int]
-    action_mask: list[int]
+    input_ids: IntArray
+    attention_mask: IntArray
+    action_mask: IntArray
     weight: float
     meta: dict[str, Any] = field(default_factory=dict)
     attachments: SampleAttachments = field(default_factory=SampleAttachments)
@@ -102,13 +119,14 @@ class SAWItem:
 
     @property
     def num_action_tokens(self) -> int:
-        return int(sum(self.action_mask))
+        m = self.action_mask
+        return int(m.sum()) if isinstance(m, np.ndarray) else int(sum(m))
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "input_ids": list(self.input_ids),
-            "attention_mask": list(self.attention_mask),
-            "action_mask": list(self.action_mask),
+            "input_ids": as_list(self.input_ids),
+            "attention_mask": as_list(self.attention_mask),
+            "action_mask": as_list(self.action_mask),
             "weight": float(self.weight),
             "meta": dict(self.meta),
             "attachments": self.attachments.to_dict(),

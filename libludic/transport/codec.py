@@ -3,7 +3,10 @@ rollouts and SAWItems; ``CodecError`` on anything malformed (see the package doc
 
 from __future__ import annotations
 
+import array
 import logging
+import math
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
@@ -24,6 +27,10 @@ KIND_SAW = "saw_item"
 _I32 = np.dtype("<i4")
 _F32 = np.dtype("<f4")
 _U8 = np.dtype("u1")
+# array.array packs a list of Python numbers about twice as fast as np.asarray; its native
+# item sizes match the wire's on every platform numpy and torch ship for
+_ARRAY_CODE = {_I32: "i", _F32: "f", _U8: "B"}
+_NATIVE_LE = sys.byteorder == "little"
 
 # --------------------------------------------------------------------------------------
 # codec
@@ -68,26 +75,53 @@ def unpack_msg(data: Any) -> Any:
         raise CodecError("bad_msgpack", f"{type(e).__name__}: {e}") from e
 
 
-def pack_array(values: Sequence[Any] | None, dtype: np.dtype) -> bytes | None:
+def pack_array(values: Sequence[Any] | np.ndarray | None, dtype: np.dtype) -> bytes | None:
+    """Little-endian bytes of ``values`` as ``dtype``; ValueError when a value does not fit."""
     if values is None:
         return None
     try:
+        if isinstance(values, np.ndarray):
+            if values.dtype != dtype and not np.can_cast(values.dtype, dtype, "same_kind"):
+                raise TypeError(f"array of {values.dtype} cannot be sent as {dtype}")
+            if values.dtype.kind in "iu" and values.size and dtype.kind in "iu":
+                info = np.iinfo(dtype)
+                lo, hi = int(values.min()), int(values.max())
+                if lo < info.min or hi > info.max:
+                    raise OverflowError(f"values in [{lo}, {hi}] outside [{info.min}, {info.max}]")
+            return values.astype(dtype, copy=False).tobytes()
+        code = _ARRAY_CODE.get(dtype)
+        if code is not None and _NATIVE_LE:
+            return array.array(code, values).tobytes()
         return np.asarray(values, dtype=dtype).tobytes()
     except OverflowError as e:
         raise ValueError(f"value does not fit {dtype}: {e}") from e
+    except TypeError as e:
+        raise ValueError(f"cannot pack as {dtype}: {e}") from e
 
 
-def unpack_array(raw: Any, dtype: np.dtype, what: str) -> list[Any] | None:
-    if raw is None:
-        return None
+def _check_packed(raw: Any, dtype: np.dtype, what: str) -> bytes:
     if not isinstance(raw, bytes):
         raise CodecError("bad_field", f"{what} must be packed {dtype} bytes, got {type(raw).__name__}")
     if len(raw) % dtype.itemsize:
         raise CodecError(
             "bad_field", f"{what} has {len(raw)} bytes, not a multiple of {dtype.itemsize}"
         )
-    out: list[Any] = np.frombuffer(raw, dtype=dtype).tolist()
+    return raw
+
+
+def unpack_array(raw: Any, dtype: np.dtype, what: str) -> list[Any] | None:
+    """Packed bytes -> a list of Python numbers (None stays None)."""
+    if raw is None:
+        return None
+    out: list[Any] = np.frombuffer(_check_packed(raw, dtype, what), dtype=dtype).tolist()
     return out
+
+
+def unpack_ndarray(raw: Any, dtype: np.dtype, what: str) -> np.ndarray | None:
+    """Packed bytes -> a read-only 1-D array over them, no copy (None stays None)."""
+    if raw is None:
+        return None
+    return np.frombuffer(_check_packed(raw, dtype, what), dtype=dtype)
 
 
 def envelope(kind: str, body: dict[str, Any]) -> bytes:
@@ -197,7 +231,30 @@ def decode_rollout(data: Any) -> Rollout:
     return _build("Rollout", build)
 
 
+def _nonfinite(item: SAWItem) -> str | None:
+    """The first non-finite number among weight, reward and logprobs (None: all finite)."""
+    if not math.isfinite(item.weight):
+        return f"weight={item.weight}"
+    reward = item.meta.get("reward")
+    if isinstance(reward, float) and not np.isfinite(reward):
+        return f"meta.reward={reward}"
+    for name in ("actor_logprobs", "ref_logprobs"):
+        lp = getattr(item.attachments, name)
+        if lp is None:
+            continue
+        # a sum is finite iff every term is (logprobs are far from float64's overflow)
+        finite = np.isfinite(lp).all() if isinstance(lp, np.ndarray) else math.isfinite(sum(lp))
+        if not finite:
+            return f"{name} holds a non-finite value"
+    return None
+
+
 def encode_saw_item(item: SAWItem) -> bytes:
+    """ValueError for what the learner must never train on: a non-finite weight, reward or
+    logprob (one such item turns every parameter into NaN after the optimizer step)."""
+    bad = _nonfinite(item)
+    if bad is not None:
+        raise ValueError(f"SAWItem {item.item_id!r}: non-finite {bad}")
     att = item.attachments
     body = {
         "input_ids": pack_array(item.input_ids, _I32),
@@ -215,6 +272,13 @@ def encode_saw_item(item: SAWItem) -> bytes:
     return envelope(KIND_SAW, body)
 
 
+def _required_array(raw: Any, dtype: np.dtype, what: str) -> np.ndarray:
+    out = unpack_ndarray(raw, dtype, what)
+    if out is None:
+        raise TypeError(f"{what} must be packed {dtype} bytes, got nil")
+    return out
+
+
 def decode_saw_item(data: Any) -> SAWItem:
     body = _open(data, KIND_SAW)
 
@@ -229,20 +293,24 @@ def decode_saw_item(data: Any) -> SAWItem:
             raise TypeError(f"meta must be a map, got {type(meta).__name__}")
         if pv is not None and (not isinstance(pv, int) or isinstance(pv, bool)):
             raise TypeError(f"policy_version must be an int or nil, got {pv!r}")
-        # built directly (not SAWItem.from_dict): the arrays are typed lists already, and
-        # re-coercing 4 x T Python numbers would triple the decode time
+        # the token arrays stay packed: read-only numpy views of the received bytes, which
+        # collate copies straight into the batch tensors (no Python number per token)
         return SAWItem(
-            input_ids=unpack_array(body["input_ids"], _I32, "input_ids"),  # type: ignore[arg-type]
-            attention_mask=unpack_array(body["attention_mask"], _U8, "attention_mask"),  # type: ignore[arg-type]
-            action_mask=unpack_array(body["action_mask"], _U8, "action_mask"),  # type: ignore[arg-type]
+            input_ids=_required_array(body["input_ids"], _I32, "input_ids"),
+            attention_mask=_required_array(body["attention_mask"], _U8, "attention_mask"),
+            action_mask=_required_array(body["action_mask"], _U8, "action_mask"),
             weight=float(weight),
             meta=meta,
             attachments=SampleAttachments(
-                actor_logprobs=unpack_array(att.get("actor_logprobs"), _F32, "actor_logprobs"),
-                ref_logprobs=unpack_array(att.get("ref_logprobs"), _F32, "ref_logprobs"),
+                actor_logprobs=unpack_ndarray(att.get("actor_logprobs"), _F32, "actor_logprobs"),
+                ref_logprobs=unpack_ndarray(att.get("ref_logprobs"), _F32, "ref_logprobs"),
                 policy_version=pv,
                 temperature=_opt_number(att.get("temperature"), "temperature"),
             ),
         )
 
-    return _build("SAWItem", build)
+    item = _build("SAWItem", build)
+    bad = _nonfinite(item)
+    if bad is not None:
+        raise CodecError("bad_field", f"SAWItem {item.item_id!r}: non-finite {bad}")
+    return item

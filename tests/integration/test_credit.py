@@ -95,8 +95,8 @@ async def test_groups_complete_partial_dropped_late_and_deadlettered(redis_url: 
     assert dl[b"reason"] == b"bad_msgpack"
     # the trace's logprobs sit on the action tokens, zeros on the state
     it = by_group["A"][0]
-    assert it.action_mask == [0, 0, 0, 0, 1, 1]
-    assert it.attachments.actor_logprobs == [0.0] * 4 + [-0.25, -0.5]
+    assert list(it.action_mask) == [0, 0, 0, 0, 1, 1]
+    assert list(it.attachments.actor_logprobs) == [0.0] * 4 + [-0.25, -0.5]  # type: ignore[arg-type]
     assert int((await r.xpending(keys.rollouts, t.GROUP_CREDIT))["pending"]) == 0
     await r.aclose()
 
@@ -176,3 +176,32 @@ async def test_credit_cli_processes_a_group_and_exits_on_sigterm(redis_url: str)
             proc.kill()
             proc.wait(10)
         await r.aclose()
+
+
+async def test_poison_rollouts_are_dead_lettered_and_the_good_groups_go_on(redis_url: str) -> None:
+    keys = t.Keys("cr-poison")
+    r = t.connect(redis_url)
+    await t.ensure_group(r, keys.rollouts, t.GROUP_CREDIT)
+    bad_size = rollout("P", 0, 1.0)
+    bad_size.meta["group_rollouts"] = "abc"
+    nan_group = [rollout("N", i, rw) for i, rw in enumerate([1.0, float("nan"), 0.0, 1.0])]
+    good = [rollout("G", i, rw) for i, rw in enumerate([1.0, 0.0, 0.0, 1.0])]
+    await add(r, keys, [good[0], bad_size, *nan_group, *good[1:]])
+    stop = asyncio.Event()
+    task = asyncio.create_task(credit_main.run(settings(redis_url, "cr-poison"), stop=stop))
+
+    async def settled() -> bool:
+        return await r.xlen(keys.rollouts) == 0
+
+    await wait_for(settled, 20, "every rollout to be acked or dead-lettered")
+    stop.set()
+    worker = await asyncio.wait_for(task, 10)  # still running: it stopped on request
+    assert {it.meta["group_id"] for it in await saw_items(r, keys)} == {"G"}
+    reasons = sorted(f[b"reason"].decode() for _, f in await r.xrange(keys.deadletter))
+    # the bad size alone; the four rollouts of the group whose weights came out NaN
+    assert reasons == ["bad_field"] + ["credit_error"] * 4
+    details = [f[b"detail"].decode() for _, f in await r.xrange(keys.deadletter)]
+    assert any("group_rollouts='abc'" in d for d in details)
+    assert any("non-finite" in d for d in details)
+    assert worker.outcomes.get("complete") == 1 and worker.outcomes.get("error") == 1
+    await r.aclose()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgpack
 import numpy as np
 import pytest
+import torch
 
 from libludic import transport as t
 from libludic.inference.request import InferenceSpec
@@ -96,6 +97,40 @@ def test_saw_item_round_trip_and_size() -> None:
     assert back.attachments.temperature == 0.6
     # 4096 tokens: 4 B ids + 1 B + 1 B masks + 4 B logprobs = 10 B/token, plus a small header
     assert 4096 * 10 <= len(data) < 4096 * 10 + 420
+
+
+def test_decoded_saw_items_hold_packed_arrays_and_collate_like_lists() -> None:
+    from libludic.training.batching.saw import collate
+
+    items = [make_item(n) for n in (7, 12, 3)]
+    items[1].attachments.ref_logprobs = [-0.5] * 12
+    items[0].attachments.ref_logprobs = [-0.25] * 7
+    items[2].attachments.ref_logprobs = [0.0] * 3
+    back = [t.decode_saw_item(t.encode_saw_item(it)) for it in items]
+    ids = back[0].input_ids
+    assert isinstance(ids, np.ndarray) and ids.dtype == np.int32 and not ids.flags.writeable
+    assert back[0].num_action_tokens == items[0].num_action_tokens
+    got, want = collate(back, pad_token_id=9), collate(items, pad_token_id=9)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k].dtype == want[k].dtype, k
+        assert torch.equal(got[k], want[k]), k
+    # an item decoded from the wire encodes to the same bytes
+    assert t.encode_saw_item(back[1]) == t.encode_saw_item(items[1])
+
+
+def test_arrays_pack_with_range_and_kind_checks() -> None:
+    assert t.pack_array(np.array([1, 2], dtype=np.int64), np.dtype("<i4")) == t.pack_array(
+        [1, 2], np.dtype("<i4")
+    )
+    with pytest.raises(ValueError, match="int32"):
+        t.pack_array(np.array([2**31], dtype=np.int64), np.dtype("<i4"))
+    with pytest.raises(ValueError, match="int32"):
+        t.pack_array(np.array([0.5]), np.dtype("<i4"))  # floats are not token ids
+    with pytest.raises(ValueError, match="int32"):
+        t.pack_array([0.5], np.dtype("<i4"))
+    with pytest.raises(ValueError, match="uint8"):
+        t.pack_array([256], np.dtype("u1"))
 
 
 def test_token_id_out_of_int32_range_is_an_encode_error() -> None:
@@ -257,3 +292,32 @@ def test_keys_are_namespaced_with_a_hash_tag() -> None:
     assert k.heartbeat("actor", "a1") == "ludic:{run1}:heartbeat:actor:a1"
     with pytest.raises(ValueError, match="LUDIC_RUN_ID"):
         t.Keys("bad:id")
+
+
+@pytest.mark.parametrize("where", ["weight", "reward", "actor_logprobs", "ref_logprobs"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_numbers_are_refused_on_both_sides_of_the_wire(where: str, value: float) -> None:
+    it = make_item(6)
+    it.attachments.ref_logprobs = [0.0] * 6
+    clean = t.encode_saw_item(it)
+    if where == "weight":
+        it.weight = value
+    elif where == "reward":
+        it.meta["reward"] = value
+    else:
+        getattr(it.attachments, where)[4] = value
+    with pytest.raises(ValueError, match="non-finite"):
+        t.encode_saw_item(it)  # the credit stage refuses to send it
+    # a producer that skips the check: the learner's decode refuses it (dead-lettered)
+    body = msgpack.unpackb(clean, raw=False)["body"]
+    if where == "weight":
+        body["weight"] = value
+    elif where == "reward":
+        body["meta"]["reward"] = value
+    else:
+        arr = np.frombuffer(body["attachments"][where], dtype="<f4").copy()
+        arr[4] = value
+        body["attachments"][where] = arr.tobytes()
+    with pytest.raises(t.CodecError, match="non-finite") as e:
+        t.decode_saw_item(_env(body, kind="saw_item"))
+    assert e.value.reason == "bad_field"

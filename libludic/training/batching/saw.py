@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import torch
 
 from libludic.training import typecheck
@@ -124,34 +125,37 @@ def collate(
         raise ValueError("collate() got no items; the batch source returned an empty batch")
     offs = [0 if max_seq_len is None else truncation_offset(it, max_seq_len) for it in items]
     T = max(it.num_tokens - o for it, o in zip(items, offs, strict=True))
-    ids: list[list[int]] = []
-    attn: list[list[int]] = []
-    act: list[list[int]] = []
-    lp: list[list[float]] = []
+    B = len(items)
+    # rows are copied into preallocated arrays: a list row or a decoded (numpy) row alike
+    ids = np.full((B, T), pad_token_id, dtype=np.int64)
+    attn = np.zeros((B, T), dtype=np.int64)
+    act = np.zeros((B, T), dtype=np.int64)
+    lp = np.zeros((B, T), dtype=np.float32)
     has_ref = all(it.attachments.ref_logprobs is not None for it in items)
-    ref: list[list[float]] = []
-    for it, o in zip(items, offs, strict=True):
-        pad = T - (it.num_tokens - o)
-        ids.append(it.input_ids[o:] + [pad_token_id] * pad)
-        attn.append(it.attention_mask[o:] + [0] * pad)
-        # padding is never an action, even if a caller left action_mask=1 under attention 0
-        act.append([a * m for a, m in zip(it.action_mask[o:], it.attention_mask[o:], strict=True)] + [0] * pad)
+    ref = np.zeros((B, T), dtype=np.float32) if has_ref else None
+    for i, (it, o) in enumerate(zip(items, offs, strict=True)):
+        n = it.num_tokens - o
+        ids[i, :n] = it.input_ids[o:]
+        attn[i, :n] = it.attention_mask[o:]
+        act[i, :n] = it.action_mask[o:]
         a_lp = it.attachments.actor_logprobs
-        lp.append((a_lp[o:] if a_lp is not None else [0.0] * (T - pad)) + [0.0] * pad)
-        if has_ref:
-            ref.append(it.attachments.ref_logprobs[o:] + [0.0] * pad)  # type: ignore[index]
+        if a_lp is not None:
+            lp[i, :n] = a_lp[o:]
+        if ref is not None:
+            ref[i, :n] = it.attachments.ref_logprobs[o:]  # type: ignore[index]
+    act *= attn  # padding is never an action, even if a caller left action_mask=1 under attention 0
     out = {
-        "input_ids": torch.tensor(ids, dtype=torch.long),
-        "attention_mask": torch.tensor(attn, dtype=torch.long),
-        "action_mask": torch.tensor(act, dtype=torch.long),
+        "input_ids": torch.from_numpy(ids),
+        "attention_mask": torch.from_numpy(attn),
+        "action_mask": torch.from_numpy(act),
         "weight": torch.tensor([float(it.weight) for it in items], dtype=torch.float32),
-        "actor_logprobs": torch.tensor(lp, dtype=torch.float32),
+        "actor_logprobs": torch.from_numpy(lp),
         "temperature": torch.tensor(
             [it.attachments.train_temperature for it in items], dtype=torch.float32
         ),
     }
-    if has_ref:
-        out["ref_logprobs"] = torch.tensor(ref, dtype=torch.float32)
+    if ref is not None:
+        out["ref_logprobs"] = torch.from_numpy(ref)
     if typecheck.enabled():
         typecheck.check_batch(out)
     return out
