@@ -21,6 +21,7 @@ from typing import Any
 
 from libludic import transport
 from libludic.transport import accounting
+from services.common.settings import redact_url
 
 LEARNER_FIELDS = ("step", "policy_version", "publish_failures", "consecutive_publish_failures",
                   "last_publish_error", "replicas")
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         st = asyncio.run(collect(a.redis_url, a.run_id))
     except transport.REDIS_DOWN_ERRORS as e:
-        print(f"ludic status: cannot reach Redis at {a.redis_url}: {e}", flush=True)
+        print(f"ludic status: cannot reach Redis at {redact_url(a.redis_url)}: {e}", flush=True)
         return 1
     print(json.dumps(st, indent=2, sort_keys=True) if a.json else render(st))
     return 0

@@ -14,7 +14,8 @@ One optimizer step (``train_step``):
    baselines), so each micro loss is its *share* of the full-batch loss and the
    accumulated gradient equals the full-batch gradient up to float rounding. Under FSDP2
    the loss is multiplied by world_size because the reduce-scatter averages gradients.
-5. Gradients are clipped to ``max_grad_norm``, AdamW steps.
+5. Gradients are clipped to ``max_grad_norm``, AdamW steps; a non-finite gradient norm skips
+   the update (counted in ``nonfinite_skipped_total``, weights and optimizer state unchanged).
 6. The batch source's items are marked trained (``mark_trained()``, when it has one).
 7. Every ``sync_every_steps`` steps, ``start_publish()``: the full state dict is gathered
    and copied (a snapshot: training may change the live weights at once), labelled
@@ -72,12 +73,14 @@ import asyncio
 import contextlib
 import copy
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -88,7 +91,7 @@ from libludic.distributed.publisher import PublishError
 from libludic.training import loss as L
 from libludic.training import parallel
 from libludic.training.algorithm import RLAlgorithm
-from libludic.training.batching.saw import collate, pack_micro_batches
+from libludic.training.batching.saw import collate, pack_micro_batches, truncation_offset
 from libludic.training.checkpoint import CheckpointManager, LoadedCheckpoint
 from libludic.training.config import TrainerConfig
 from libludic.training.types import BatchSource, SAWItem, SourceStopped
@@ -160,6 +163,9 @@ class Trainer:
         if want_amp and self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
             log.warning("bf16 is not supported on %s; training in fp32", self.device)
             want_amp = False
+        get_emb = getattr(model, "get_input_embeddings", None)
+        emb = get_emb() if callable(get_emb) else None
+        self.vocab_size: int | None = getattr(emb, "num_embeddings", None)
         self.ref_model: nn.Module | None = None
         if algo.needs_ref_logprobs:
             ref = reference_model if reference_model is not None else copy.deepcopy(model)
@@ -195,6 +201,7 @@ class Trainer:
         self.served_version = 0
         self.version_floor = 0  # publish never labels a version <= this (set before training)
         self.stale_dropped_total = 0
+        self.nonfinite_skipped_total = 0  # steps whose loss or gradient was not finite
         self.publish_failures = 0
         self.consecutive_publish_failures = 0
         self.last_publish_error = ""
@@ -230,6 +237,30 @@ class Trainer:
         return parallel.full_state_dict(self.model, to_cpu=to_cpu)
 
     # ------------------------------------------------------------------ gradients
+
+    def item_problem(self, item: SAWItem) -> str | None:
+        """Why ``item`` cannot be trained by this Trainer (None: it can): the checks a
+        batch source runs before an item reaches a step, so one bad item is dead-lettered
+        instead of failing every step it is in (and every restart that replays it)."""
+        if self.algo.needs_actor_logprobs and item.attachments.actor_logprobs is None:
+            return f"algorithm {self.algo.name!r} needs actor logprobs; the item has none"
+        ref = item.attachments.ref_logprobs
+        if ref is not None and len(ref) != item.num_tokens:
+            return f"ref_logprobs has {len(ref)} entries for {item.num_tokens} tokens"
+        if self.cfg.max_seq_len is not None:
+            try:
+                truncation_offset(item, self.cfg.max_seq_len)
+            except ValueError as e:
+                return str(e)
+        if item.num_tokens:
+            ids = item.input_ids
+            if isinstance(ids, np.ndarray):
+                lo, hi = int(ids.min()), int(ids.max())
+            else:
+                lo, hi = int(min(ids)), int(max(ids))
+            if lo < 0 or (self.vocab_size is not None and hi >= self.vocab_size):
+                return f"token ids span [{lo}, {hi}], outside the model's vocabulary [0, {self.vocab_size})"
+        return None
 
     def accumulate_gradients(self, items: Sequence[SAWItem]) -> dict[str, float]:
         """Zero the grads, then forward/backward every micro-batch of ``items``.
@@ -330,14 +361,26 @@ class Trainer:
         return [float(x) for x in t.cpu()]
 
     def optimizer_step(self) -> float:
-        """Clip (if configured), step AdamW; returns the pre-clip global grad norm."""
+        """Clip (if configured), step AdamW; returns the pre-clip global grad norm.
+
+        A non-finite norm (a NaN or inf loss or gradient anywhere, on any rank: the norm is
+        global) skips the update: the gradients are dropped, the weights and the optimizer
+        state stay as they were, ``nonfinite_skipped_total`` counts it."""
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
         full = getattr(norm, "full_tensor", None)
         norm = full() if callable(full) else norm
-        self.optimizer.step()
+        value = float(norm)
+        if math.isfinite(value):
+            self.optimizer.step()
+        else:
+            self.nonfinite_skipped_total += 1
+            log.warning(
+                "step %d: gradient norm is %s; update skipped (%d so far), weights unchanged",
+                self.step + 1, value, self.nonfinite_skipped_total,
+            )
         self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        return value
 
     # ------------------------------------------------------------------ loop
 
@@ -355,6 +398,7 @@ class Trainer:
             "num_tokens": float(sum(it.num_tokens for it in items)),
             "stale_dropped": float(dropped),
             "stale_dropped_total": float(self.stale_dropped_total + source_stale),
+            "nonfinite_skipped_total": float(self.nonfinite_skipped_total),
             "lr": float(self.optimizer.param_groups[0]["lr"]),
         }
         rewards = [float(it.meta["reward"]) for it in items if "reward" in it.meta]
@@ -369,6 +413,7 @@ class Trainer:
             self.model.train()
             stats.update(self.accumulate_gradients(items))
             stats["grad_norm"] = self.optimizer_step()
+            stats["nonfinite_skipped_total"] = float(self.nonfinite_skipped_total)
         else:
             log.warning("step %d: no items left after dropping %d stale; no update", self.step + 1, dropped)
             stats.update(loss=0.0, grad_norm=0.0)

@@ -26,6 +26,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import sys
 import types
 import typing
@@ -272,12 +273,34 @@ def read_yaml_section(path: str | Path, service: str, names: set) -> dict[str, A
     return out
 
 
+_URL_CREDENTIALS = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s]*:)[^/@\s]+@")
+
+
+def redact_url(text: str) -> str:
+    """``redis://:pw@host`` -> ``redis://:***@host``: the password of every URL in ``text``."""
+    return _URL_CREDENTIALS.sub(lambda m: f"{m.group('head')}***@", text)
+
+
+def _redact_values(v: Any) -> Any:
+    if isinstance(v, str):
+        return redact_url(v)
+    if isinstance(v, dict):
+        return {k: _redact_values(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_redact_values(x) for x in v]
+    return v
+
+
 def redacted(settings: Any) -> dict[str, Any]:
+    """The settings as a dict with secrets masked: fields named like a secret (token,
+    password, secret, api_key) and the password of every URL (a Redis URL carries one)."""
     d = dataclasses.asdict(settings)
     for k in list(d):
         words = k.lower().split("_")
         if any(w in words or k.lower().endswith(w) for w in _SECRET_WORDS) and d[k] and not k.endswith("_budget"):
             d[k] = "***"
+        else:
+            d[k] = _redact_values(d[k])
     return d
 
 

@@ -19,6 +19,17 @@ from libludic.types import Rollout
 from services.common.lifecycle import sleep_or_stop, update_stream_gauges
 
 log = logging.getLogger("ludic.credit")
+MAX_GROUP_ROLLOUTS = 65536
+
+
+def _group_size(declared: Any, default: int) -> int | None:
+    """The rollouts a group waits for: the rollout's ``meta.group_rollouts`` (stamped by the
+    actor) or the algorithm's group size; None when the declared value is not a sane count."""
+    if declared is None:
+        return default
+    if isinstance(declared, bool) or not isinstance(declared, int):
+        return None
+    return declared if 1 <= declared <= MAX_GROUP_ROLLOUTS else None
 
 ITEMS = Counter("ludic_credit_items_total", "SAWItems written to the saw stream")
 GROUPS = Counter("ludic_credit_groups_total", "Groups by outcome", ["outcome"])
@@ -163,6 +174,16 @@ class CreditWorker:
 
     async def _take(self, entry: transport.Entry) -> None:
         try:
+            await self._take_one(entry)
+        except (rexc.RedisError, OSError, asyncio.CancelledError):
+            raise
+        except Exception as e:  # a rollout nothing anticipated: dead-letter it, keep going
+            log.exception("rollout entry %s cannot be processed; dead-lettering it", entry.id)
+            ERRORS.labels(kind="credit").inc()
+            await self.consumer.dead_letter(entry, "credit_error", f"{type(e).__name__}: {e}")
+
+    async def _take_one(self, entry: transport.Entry) -> None:
+        try:
             ro = transport.decode_rollout(entry.payload)
         except transport.CodecError as e:
             await self.consumer.dead_letter(entry, e.reason, e.detail)
@@ -174,7 +195,14 @@ class CreditWorker:
                 await self.consumer.ack([entry])
                 self._count("late")
                 return
-            size = int(ro.meta.get("group_rollouts") or self.s.spec.group_size) if ro.group_id else 1
+            size = _group_size(ro.meta.get("group_rollouts"), self.s.spec.group_size) if ro.group_id else 1
+            if size is None:  # poison: never let it take the loop (and its group) down
+                await self.consumer.dead_letter(
+                    entry, "bad_field",
+                    f"rollout {ro.id}: meta.group_rollouts={ro.meta.get('group_rollouts')!r} is "
+                    f"not an integer in [1, {MAX_GROUP_ROLLOUTS}]",
+                )
+                return
             g = self.groups[gid] = Group(gid, size, time.monotonic())
         twin = g.entries.get(ro.id)
         if twin is not None and twin.id != entry.id:  # the same rollout written twice

@@ -33,6 +33,7 @@ from libludic.training.batching.pipeline import PipelineBatchSource
 from libludic.training.checkpoint import CheckpointManager
 from libludic.training.trainer import PublishFailed, Trainer, TrainerHooks
 from libludic.transport import accounting
+from services.common.settings import redacted
 from services.learner import metrics as M
 from services.learner.settings import LearnerSettings
 
@@ -119,6 +120,7 @@ class Learner:
             idle_check=self._replica_behind if s.inference_urls and s.replica_check_s > 0 else None,
             idle_action=self._republish,
             idle_check_s=s.replica_check_s or 10.0,
+            check_item=lambda it: self.trainer.item_problem(it) if self.trainer else None,
         )
         if s.inference_urls:
             retry = RetryPolicy(
@@ -408,7 +410,7 @@ class Learner:
         tr = self.trainer
         assert tr is not None
         if self.rank == 0:
-            self.logger = M.StepLogger(s.tensorboard_dir, config=dataclasses.asdict(s))
+            self.logger = M.StepLogger(s.tensorboard_dir, config=redacted(s))
         keep = asyncio.create_task(self._keepalive()) if self.rank == 0 else None
         reason = "done"
         try:
@@ -504,6 +506,7 @@ class Learner:
             "policy_version": tr.policy_version,
             "items_trained": self.source.items_trained,
             "stale_dropped": self.source.stale_dropped,
+            "nonfinite_steps_skipped": tr.nonfinite_skipped_total,
             "rl_wall_seconds": round(tr.rl_wall_s, 3),
             # mean seconds per step: waiting for items, training, publishing, all of it
             "step_profile": {k: round(v / max(tr.step, 1), 4) for k, v in tr.time_totals.items()},

@@ -34,6 +34,11 @@ STALE_DROPPED = Counter(
     "Items dropped (acked, never trained) for exceeding max_lag",
 )
 ITEMS_TRAINED = Counter("ludic_learner_items_trained_total", "Items trained")
+NONFINITE_SKIPPED = Counter(
+    "ludic_learner_nonfinite_steps_skipped_total",
+    "Steps whose loss or gradient was not finite: the update was skipped, weights unchanged",
+)
+_nonfinite_seen = 0
 PUBLISH_SECONDS = Histogram(
     "ludic_learner_publish_seconds",
     "Wall time of a weight publish (gather + push)",
@@ -125,6 +130,11 @@ WAIT_AVERAGE = WaitAverage()
 
 
 def export_step(stats: dict[str, float]) -> None:
+    global _nonfinite_seen
+    skipped = int(stats.get("nonfinite_skipped_total", 0))
+    if skipped > _nonfinite_seen:
+        NONFINITE_SKIPPED.inc(skipped - _nonfinite_seen)
+        _nonfinite_seen = skipped
     STEP.set(stats["step"])
     LOSS.set(stats.get("loss", 0.0))
     GRAD_NORM.set(stats.get("grad_norm", 0.0))

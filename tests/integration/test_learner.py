@@ -303,6 +303,46 @@ def test_stale_items_are_dropped_counted_acked_never_trained(
     assert st == {"xlen": 0, "pending": 0, "policy_version": 2, "learner_step": 2}
 
 
+def test_items_the_model_cannot_train_are_dead_lettered_not_fatal(
+    redis_server: Any, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A token id outside the vocabulary, an action longer than max_seq_len and ragged
+    reference logprobs: each would fail every step it is in (and every restart replaying
+    it); the learner dead-letters them at read time and trains the items around them."""
+    oov = make_item("oov:0", b"abc", b"12")
+    oov.input_ids[1] = 10_000  # the tiny model has 259 ids
+    long = make_item("long:0", b"a", b"1" * 40)  # 41 action tokens > max_seq_len 32
+    ragged = make_item("ragged:0", b"abc", b"12")
+    ragged.attachments.ref_logprobs = [0.0] * 3
+    good = [make_item(f"g{i}:0", b"abc", b"12") for i in range(4)]
+    push_sync(redis_server.url, "rp", [good[0], oov, good[1], long, good[2], ragged, good[3]])
+    out = tmp_path / "out"
+    learner = asyncio.run(
+        run_learner_inprocess(
+            redis_url=redis_server.url, run_id="rp", model_dir=str(tiny_model_dir),
+            output_dir=str(out), batch_size=2, num_steps=2, lr=1e-3, algorithm={"name": "sft"},
+            trainer={"max_seq_len": 32},
+        )
+    )
+    assert learner.trainer.step == 2
+    assert [x["items"] for x in trained_log(out)] == [["g0:0", "g1:0"], ["g2:0", "g3:0"]]
+
+    async def dead() -> list[tuple[str, str]]:
+        import redis.asyncio as aioredis
+
+        r = aioredis.Redis.from_url(redis_server.url)
+        try:
+            return [(f[b"reason"].decode(), f[b"detail"].decode())
+                    for _, f in await r.xrange("ludic:{rp}:deadletter")]
+        finally:
+            await r.aclose()
+
+    got = asyncio.run(dead())
+    assert [reason for reason, _ in got] == ["unusable_item"] * 3
+    assert "vocabulary" in got[0][1] and "max_seq_len" in got[1][1] and "ref_logprobs" in got[2][1]
+    assert redis_state_sync(redis_server.url, "rp")["pending"] == 0
+
+
 # ---------------------------------------------------------------------------- (c)
 
 

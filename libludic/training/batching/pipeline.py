@@ -149,6 +149,9 @@ class PipelineBatchSource:
     idle_check: Callable[[], Awaitable[bool]] | None = None  # rank 0, while waiting
     idle_action: Callable[[], Awaitable[None]] | None = None  # every rank, when it said so
     idle_check_s: float = 10.0
+    # rank 0: why an item cannot be trained (None: it can), e.g. Trainer.item_problem; such
+    # an item is dead-lettered ("unusable_item") and never reaches a step
+    check_item: Callable[[SAWItem], str | None] | None = None
     # --- state (checkpointed via state_dict) ---
     last_committed_id: str | None = None
     items_trained: int = 0
@@ -292,6 +295,11 @@ class PipelineBatchSource:
                     continue
                 if not item.item_id:
                     item.meta["item_id"] = e.item_id or e.id
+                problem = self.check_item(item) if self.check_item is not None else None
+                if problem is not None:
+                    log.warning("dead-lettering SAW item %s: %s", item.item_id, problem)
+                    await self._sc.dead_letter(e, "unusable_item", problem)
+                    continue
                 if staleness.is_stale(item.policy_version, version, self.max_lag):
                     stale.append(e)
                     continue

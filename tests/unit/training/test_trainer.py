@@ -105,6 +105,24 @@ async def test_all_stale_batch_makes_no_update(base_model) -> None:
     assert all(torch.equal(a, b) for a, b in zip(before, tr.model.parameters(), strict=True))
 
 
+async def test_a_non_finite_gradient_skips_the_update_and_training_goes_on(base_model) -> None:
+    poisoned = varied_items()
+    poisoned[2].weight = float("inf")  # inf * logprob gradient: inf/NaN gradients everywhere
+    tr = Trainer(model=copy.deepcopy(base_model), algo=RLAlgorithm("t", ConstantCredit(), ReinforceLoss()),
+                 batch_source=ListBatchSource([poisoned, varied_items()]), cfg=cpu_cfg(lr=1e-2))
+    before = [p.detach().clone() for p in tr.model.parameters()]
+    stats = await tr.train_step()
+    assert not torch.isfinite(torch.tensor(stats["grad_norm"]))
+    assert stats["nonfinite_skipped_total"] == 1 and tr.nonfinite_skipped_total == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, tr.model.parameters(), strict=True))
+    assert not tr.optimizer.state  # AdamW's moments never saw the NaN
+    assert all(p.grad is None for p in tr.model.parameters())
+    stats = await tr.train_step()  # a clean batch trains as usual
+    assert stats["nonfinite_skipped_total"] == 1
+    assert all(torch.isfinite(p).all() for p in tr.model.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, tr.model.parameters(), strict=True))
+
+
 async def test_a_few_steps_lower_the_loss(base_model) -> None:
     items = [make_item(6, 4, seed=i) for i in range(8)]
     tr = Trainer(model=copy.deepcopy(base_model), algo=make_sft(),
