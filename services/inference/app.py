@@ -38,38 +38,49 @@ from services.inference.validation import WeightValidationError, decode_and_vali
 
 log = logging.getLogger("ludic.inference")
 VERSION_HEADER = "X-Ludic-Policy-Version"
+#: policy versions are exact in a float64 (the Prometheus gauge) and in JSON
+MAX_POLICY_VERSION = 2**53 - 1
+INITIAL_BODY_BUFFER = 1 << 20
+MAX_CONTROL_BODY_BYTES = 16 << 20  # JSON bodies of the collective plane (names, shapes)
 
 
 def _http_error(status: int, detail: str) -> HTTPException:
     return HTTPException(status_code=status, detail=detail)
 
 
-async def read_body_once(request: Request, max_bytes: int) -> bytearray:
-    """Stream the body into one buffer (pre-sized from Content-Length when given)."""
+async def read_body_once(
+    request: Request, max_bytes: int, limit_name: str = "the body limit"
+) -> bytearray:
+    """Stream the body into one buffer, never more than ``max_bytes`` (413) and never more
+    than what actually arrived: a declared Content-Length is checked, not allocated (the
+    buffer doubles as the bytes come, up to the declared size)."""
     cl = request.headers.get("content-length")
+    size: int | None = None
     if cl is not None:
         try:
             size = int(cl)
         except ValueError as e:
             raise _http_error(400, f"bad Content-Length {cl!r}") from e
+        if size < 0:
+            raise _http_error(400, f"bad Content-Length {cl!r}")
         if size > max_bytes:
-            raise _http_error(413, f"body of {size} bytes exceeds max_weight_bytes={max_bytes}")
-        buf = bytearray(size)
-        pos = 0
-        async for chunk in request.stream():
-            end = pos + len(chunk)
-            if end > size:
-                raise _http_error(400, "body is longer than its Content-Length")
-            buf[pos:end] = chunk
-            pos = end
-        if pos != size:
-            raise _http_error(400, f"body truncated: got {pos} of {size} bytes")
-        return buf
-    buf = bytearray()
+            raise _http_error(413, f"body of {size} bytes exceeds {limit_name}={max_bytes}")
+    limit = max_bytes if size is None else size
+    buf = bytearray(min(limit, INITIAL_BODY_BUFFER))
+    pos = 0
     async for chunk in request.stream():
-        buf += chunk
-        if len(buf) > max_bytes:
-            raise _http_error(413, f"body exceeds max_weight_bytes={max_bytes}")
+        end = pos + len(chunk)
+        if end > limit:
+            if size is not None:
+                raise _http_error(400, "body is longer than its Content-Length")
+            raise _http_error(413, f"body exceeds {limit_name}={max_bytes}")
+        if end > len(buf):
+            buf.extend(bytes(min(limit, max(end, 2 * len(buf))) - len(buf)))
+        buf[pos:end] = chunk
+        pos = end
+    if size is not None and pos != size:
+        raise _http_error(400, f"body truncated: got {pos} of {size} bytes")
+    del buf[pos:]
     return buf
 
 
@@ -274,12 +285,14 @@ def create_app(
         )
 
     @app.post("/v1/weights", dependencies=[Depends(authorize)])
-    async def post_weights(request: Request, version: int = Query(..., ge=0)) -> JSONResponse:
+    async def post_weights(
+        request: Request, version: int = Query(..., ge=0, le=MAX_POLICY_VERSION)
+    ) -> JSONResponse:
         t0 = time.monotonic()
         e = eng()
         if version <= e.version:  # cheap refusal before reading a large body
             raise _conflict(e, "http", version)
-        buf = await read_body_once(request, settings.max_weight_bytes)
+        buf = await read_body_once(request, settings.max_weight_bytes, "max_weight_bytes")
         metrics.weight_bytes.labels("http").inc(len(buf))
         t_read = time.monotonic()
         try:
@@ -301,7 +314,13 @@ def create_app(
 
     # ------------------------------------------------------------------ weights (collective)
     @app.post("/v1/weights/collective/init", dependencies=[Depends(authorize)])
-    async def collective_init(req: CollectiveInitRequest) -> JSONResponse:
+    async def collective_init(request: Request) -> JSONResponse:
+        # parsed here, after authorize: an unauthenticated body is never read
+        raw = await read_body_once(request, MAX_CONTROL_BODY_BYTES)
+        try:
+            req = CollectiveInitRequest.model_validate_json(bytes(raw))
+        except ValidationError as exc:
+            raise HTTPException(status_code=422, detail=json.loads(exc.json())) from exc
         try:
             group = await receiver.init(req)
         except ValueError as exc:
@@ -318,12 +337,14 @@ def create_app(
         return JSONResponse(body.model_dump())
 
     @app.post("/v1/weights/collective/update", dependencies=[Depends(authorize)])
-    async def collective_update(request: Request, version: int = Query(..., ge=0)) -> JSONResponse:
+    async def collective_update(
+        request: Request, version: int = Query(..., ge=0, le=MAX_POLICY_VERSION)
+    ) -> JSONResponse:
         t0 = time.monotonic()
         e = eng()
-        raw = await request.body()
+        raw = await read_body_once(request, MAX_CONTROL_BODY_BYTES)
         try:
-            req = CollectiveUpdateRequest.model_validate_json(raw)
+            req = CollectiveUpdateRequest.model_validate_json(bytes(raw))
         except ValidationError as exc:
             _outcome("collective", "rejected")
             raise HTTPException(status_code=422, detail=json.loads(exc.json())) from exc

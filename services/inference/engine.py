@@ -27,6 +27,7 @@ collects per HTTP request through a ContextVar.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import os
@@ -214,6 +215,9 @@ class LudicEngine:
         self.metrics = metrics
         self.version = 0
         self.last_reload_s = 0.0  # the last swap's in-place reload time in the worker
+        # set when a failed reload could not be rolled back: the weights are neither the old
+        # nor the new version, so the server stops (exit 1) rather than serve them
+        self.broken: str | None = None
         self.lock = asyncio.Lock()
         self._probe_at = -1e9
         self._probe_result: tuple[bool, str] = (False, "not probed yet")
@@ -358,10 +362,24 @@ class LudicEngine:
             await asyncio.to_thread(_unlink, path)
         return max((float(x) for x in reloads), default=0.0)
 
-    async def _restore(self, forwarded: dict[str, torch.Tensor], missing: list[str] | None) -> None:
-        """Reload the previous values (the shadow is only updated after a good reload)."""
+    async def _restore(
+        self, forwarded: dict[str, torch.Tensor], missing: list[str] | None, cause: Exception
+    ) -> None:
+        """Reload the previous values (the shadow is only updated after a good reload). If
+        that fails too, the engine is ``broken``: generation is stopped and the server exits
+        non-zero (its supervisor restarts it on the checkpoint; the learner republishes)."""
         old = self.spec.to_served(self.shadow.get(list(forwarded) + list(missing or ())))
-        await self._reload(_to_payload(old))
+        try:
+            await self._reload(_to_payload(old))
+        except Exception as e:
+            self.broken = (
+                f"a weight reload failed ({cause}) and restoring v{self.version} failed too "
+                f"({type(e).__name__}: {e})"
+            )
+            log.critical("%s; stopping generation and exiting", self.broken)
+            with contextlib.suppress(Exception):
+                await self.llm.pause_generation(mode="abort", clear_cache=True)
+            raise SwapError(f"{self.broken}; the server is shutting down", 500) from e
 
     def _done(self, version: int, forwarded: dict[str, torch.Tensor], pause_s: float,
               reload_s: float, how: str) -> float:
@@ -387,7 +405,7 @@ class LudicEngine:
         try:
             reload_s = await self._reload(payload)
         except Exception as e:
-            await self._restore(forwarded, missing)
+            await self._restore(forwarded, missing, e)
             raise SwapError(f"reload failed, previous weights restored: {e}") from e
         pause_s = time.monotonic() - t0
         await self.llm.reset_prefix_cache(reset_running_requests=True)
@@ -417,7 +435,7 @@ class LudicEngine:
             reload_s = await self._reload(payload)
             await self.llm.update_weight_version(str(version))
         except Exception as e:
-            await self._restore(forwarded, missing)
+            await self._restore(forwarded, missing, e)  # raises (and stays paused) if it fails
             await self.llm.resume_generation()
             raise SwapError(f"reload failed, previous weights restored: {e}") from e
         await self.llm.resume_generation()

@@ -33,11 +33,21 @@ class InferenceFailed(RuntimeError):
     """The port cannot be bound, vLLM failed to start, or its engine died while serving."""
 
 
-async def watch_engine(llm: object, server: object, every_s: float = ENGINE_WATCH_S) -> None:
-    """Ask ``server`` to exit once ``llm.errored`` (vLLM's AsyncLLM: its engine core is dead)."""
+def engine_failure(engine: object) -> str | None:
+    """Why the engine cannot serve any more (None: it can): vLLM's engine core died, or a
+    failed weight reload could not be rolled back (``LudicEngine.broken``)."""
+    if getattr(getattr(engine, "llm", None), "errored", False):
+        return "the vLLM engine died"
+    broken = getattr(engine, "broken", None)
+    return str(broken) if broken else None
+
+
+async def watch_engine(engine: object, server: object, every_s: float = ENGINE_WATCH_S) -> None:
+    """Ask ``server`` to exit once :func:`engine_failure` reports one."""
     while not getattr(server, "should_exit", False):
-        if getattr(llm, "errored", False):
-            log.error("the vLLM engine died; stopping the server (exit 1) so it is restarted")
+        why = engine_failure(engine)
+        if why is not None:
+            log.error("%s; stopping the server (exit 1) so it is restarted", why)
             server.should_exit = True  # type: ignore[attr-defined]
             return
         await asyncio.sleep(every_s)
@@ -104,7 +114,7 @@ async def run(settings: InferenceSettings, *, stop: asyncio.Event | None = None)
             server = uvicorn.Server(config)
             log.info("serving on http://%s:%d (policy_version=0)", settings.host, settings.port)
             watchers = [
-                asyncio.create_task(watch_engine(engine.llm, server)),
+                asyncio.create_task(watch_engine(engine, server)),
                 asyncio.create_task(exit_on_stop(stop, server)),
             ]
             try:
@@ -112,8 +122,9 @@ async def run(settings: InferenceSettings, *, stop: asyncio.Event | None = None)
             finally:
                 for w in watchers:
                     w.cancel()
-            if engine.llm.errored:
-                raise InferenceFailed("the vLLM engine died while serving (see the log above)")
+            why = engine_failure(engine)
+            if why is not None:
+                raise InferenceFailed(f"{why} while serving (see the log above)")
         finally:
             await engine.shutdown()
     finally:

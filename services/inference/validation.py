@@ -60,6 +60,15 @@ class TensorEntry:
     end: int
 
 
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in pairs:
+        if k in out:
+            raise WeightValidationError(f"{k}: named twice in the safetensors header", 400)
+        out[k] = v
+    return out
+
+
 def parse_safetensors_header(buf: memoryview | bytes | bytearray) -> tuple[int, list[TensorEntry]]:
     """Return ``(data_start, entries)`` of a complete safetensors buffer or raise (400)."""
     mv = memoryview(buf)
@@ -77,7 +86,7 @@ def parse_safetensors_header(buf: memoryview | bytes | bytearray) -> tuple[int, 
             400,
         )
     try:
-        header = json.loads(bytes(mv[8 : 8 + n]).decode("utf-8"))
+        header = json.loads(bytes(mv[8 : 8 + n]).decode("utf-8"), object_pairs_hook=_unique_keys)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise WeightValidationError(f"safetensors header is not valid JSON: {e}", 400) from e
     if not isinstance(header, dict):
@@ -85,7 +94,6 @@ def parse_safetensors_header(buf: memoryview | bytes | bytearray) -> tuple[int, 
     data_start = 8 + n
     data_len = total - data_start
     entries: list[TensorEntry] = []
-    max_end = 0
     for name, info in header.items():
         if name == "__metadata__":
             continue
@@ -119,11 +127,21 @@ def parse_safetensors_header(buf: memoryview | bytes | bytearray) -> tuple[int, 
                 "data bytes (truncated upload?)",
                 400,
             )
-        max_end = max(max_end, offs[1])
         entries.append(TensorEntry(name, dtype, tuple(shape), offs[0], offs[1]))
-    if max_end != data_len:
+    # the tensors tile the data section: no overlap, no gap, nothing after the last one
+    covered = 0
+    for ent in sorted(entries, key=lambda x: (x.begin, x.end)):
+        if ent.begin != covered:
+            what = "overlaps the previous tensor" if ent.begin < covered else "leaves a gap before it"
+            raise WeightValidationError(
+                f"{ent.name}: data_offsets [{ent.begin}, {ent.end}] {what} (data covered up to "
+                f"{covered}; corrupt body)",
+                400,
+            )
+        covered = ent.end
+    if covered != data_len:
         raise WeightValidationError(
-            f"safetensors data section has {data_len} bytes but the tensors cover {max_end} "
+            f"safetensors data section has {data_len} bytes but the tensors cover {covered} "
             "(corrupt body)",
             400,
         )

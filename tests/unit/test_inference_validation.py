@@ -286,22 +286,31 @@ def test_chunked_prefill_is_off_by_default_on_cpu_only() -> None:
         assert platform_default_args(["--max-num-seqs=8", flag], is_cpu=True) == ["--max-num-seqs=8", flag]
 
 
-async def test_watch_engine_stops_the_server_once_the_engine_is_dead() -> None:
-    from services.inference.main import watch_engine
+@pytest.mark.parametrize("failure", ["engine core died", "rollback failed"])
+async def test_watch_engine_stops_the_server_once_the_engine_cannot_serve(failure: str) -> None:
+    from services.inference.main import engine_failure, watch_engine
 
     class Llm:
         errored = False
 
+    class Engine:
+        llm = Llm()
+        broken: str | None = None
+
     class Server:
         should_exit = False
 
-    llm, server = Llm(), Server()
-    task = asyncio.create_task(watch_engine(llm, server, every_s=0.01))
+    engine, server = Engine(), Server()
+    task = asyncio.create_task(watch_engine(engine, server, every_s=0.01))
     await asyncio.sleep(0.05)
     assert not task.done() and not server.should_exit  # a live engine keeps it serving
-    llm.errored = True
+    if failure == "engine core died":
+        engine.llm.errored = True
+    else:
+        engine.broken = "restoring v3 failed too"
     await asyncio.wait_for(task, 1.0)
     assert server.should_exit
+    assert engine_failure(engine) in ("the vLLM engine died", "restoring v3 failed too")
 
 
 def test_api_port_is_bound_before_vllm_starts_and_a_taken_port_fails_fast() -> None:
@@ -326,3 +335,151 @@ def test_only_a_bf16_cpu_engine_is_warmed_up_before_serving() -> None:
 
     assert needs_warmup(True, torch.bfloat16)
     assert not needs_warmup(True, torch.float32) and not needs_warmup(False, torch.bfloat16)
+
+
+class FlakyLlm:
+    """The AsyncLLM calls LudicEngine.swap makes; the worker reload fails ``fail`` times."""
+
+    def __init__(self, fail: int) -> None:
+        self.fail = fail
+        self.calls: list[str] = []
+
+    def generate(self, *a: Any, **k: Any) -> Any:
+        raise AssertionError("not used")
+
+    async def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[float]:
+        self.calls.append("reload")
+        if self.fail > 0:
+            self.fail -= 1
+            raise RuntimeError("worker reload failed")
+        return [0.01]
+
+    async def pause_generation(self, mode: str = "wait", clear_cache: bool = False) -> None:
+        self.calls.append(f"pause:{mode}")
+
+    async def resume_generation(self) -> None:
+        self.calls.append("resume")
+
+    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> None:
+        self.calls.append("reset")
+
+    async def update_weight_version(self, v: str) -> None:
+        self.calls.append(f"version:{v}")
+
+
+@pytest.mark.parametrize("mode", ["keep", "wait"])
+@pytest.mark.parametrize("fail", [1, 2])
+async def test_a_failed_reload_rolls_back_or_stops_the_server(
+    model_dir: Path, spec: ParamSpec, mode: str, fail: int, tmp_path: Path
+) -> None:
+    from services.inference.engine import LudicEngine, SwapError
+    from services.inference.main import engine_failure
+
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    settings = InferenceSettings(model=str(model_dir), update_mode=mode,
+                                 weight_staging_dir=str(staging))
+    llm = FlakyLlm(fail)
+    e = LudicEngine(settings, llm, None, spec, InferenceMetrics())
+    async with e.lock:
+        with pytest.raises(SwapError) as ei:
+            await e.swap(1, {"model.norm.weight": torch.ones(4)})
+    assert e.version == 0  # never labelled with the version it failed to load
+    assert list(staging.iterdir()) == []  # staged files removed either way
+    if fail == 1:  # the rollback reload worked: serving the old weights goes on
+        assert "previous weights restored" in str(ei.value) and e.broken is None
+        assert engine_failure(e) is None
+        assert llm.calls[-1] == ("resume" if mode == "wait" else "reload")
+    else:  # neither old nor new weights: generation stopped, the server exits non-zero
+        assert ei.value.status == 500 and "shutting down" in str(ei.value)
+        assert "restoring v0 failed too" in (engine_failure(e) or "")
+        assert llm.calls[-1] == "pause:abort" and "resume" not in llm.calls
+
+
+def _header_body(header: dict[str, Any], data_len: int) -> bytes:
+    h = json.dumps(header).encode()
+    return struct.pack("<Q", len(h)) + h + b"\0" * data_len
+
+
+@pytest.mark.parametrize(
+    "header, data_len, match",
+    [
+        (  # the same tensor twice: json.loads would silently keep the last one
+            '{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, '
+            '"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}', 8, "named twice"),
+        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+          "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, 8, "overlaps"),
+        ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+          "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}}, 12, "gap"),
+        ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, 8, "gap"),
+    ],
+    ids=["duplicate", "overlap", "gap", "leading-gap"],
+)
+def test_header_validator_refuses_what_the_loader_would(header: Any, data_len: int, match: str) -> None:
+    if isinstance(header, str):
+        raw = header.encode()
+        buf = struct.pack("<Q", len(raw)) + raw + b"\0" * data_len
+    else:
+        buf = _header_body(header, data_len)
+    with pytest.raises(WeightValidationError, match=match) as ei:
+        parse_safetensors_header(buf)
+    assert ei.value.status == 400
+
+
+def test_policy_versions_beyond_2_53_are_refused(model_dir: Path, spec: ParamSpec) -> None:
+    c, eng = client(model_dir, spec, insecure_no_auth=True)
+    assert c.post("/v1/weights?version=100000000000000000000000", content=GOOD).status_code == 422
+    assert c.post(f"/v1/weights?version={2**53}", content=GOOD).status_code == 422
+    assert c.post(f"/v1/weights?version={2**53 - 1}", content=GOOD).status_code == 200
+    assert eng.version == 2**53 - 1
+
+
+def test_mutating_routes_check_the_token_before_reading_the_body(
+    model_dir: Path, spec: ParamSpec
+) -> None:
+    c, _ = client(model_dir, spec, auth_token="s3cret")
+    for route in ("/v1/weights/collective/init", "/v1/weights/collective/update?version=1",
+                  "/v1/weights?version=1"):
+        r = c.post(route, content=b"{not json", headers={"Content-Type": "application/json"})
+        assert r.status_code == 401, route
+    h = {"Authorization": "Bearer s3cret", "Content-Type": "application/json"}
+    assert c.post("/v1/weights/collective/init", content=b"{not json", headers=h).status_code == 422
+
+
+class _Req:
+    def __init__(self, declared: int | None, chunks: list[bytes]) -> None:
+        self.headers = {} if declared is None else {"content-length": str(declared)}
+        self.chunks = chunks
+
+    async def stream(self) -> Any:
+        for c in self.chunks:
+            yield c
+
+
+async def test_a_declared_length_is_checked_not_allocated() -> None:
+    import tracemalloc
+
+    from fastapi import HTTPException
+
+    from services.inference.app import read_body_once
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(HTTPException) as ei:  # claims 2 GiB, sends 10 bytes
+            await read_body_once(_Req(2 << 30, [b"x" * 10]), 4 << 30)  # type: ignore[arg-type]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert ei.value.status_code == 400 and "truncated" in ei.value.detail
+    assert peak < 64 << 20  # never the declared 2 GiB
+    with pytest.raises(HTTPException) as ei:
+        await read_body_once(_Req(100, [b"x"]), 10, "max_weight_bytes")  # type: ignore[arg-type]
+    assert ei.value.status_code == 413 and "max_weight_bytes=10" in ei.value.detail
+    with pytest.raises(HTTPException) as ei:  # no Content-Length: capped while streaming
+        await read_body_once(_Req(None, [b"x" * 6, b"x" * 6]), 10)  # type: ignore[arg-type]
+    assert ei.value.status_code == 413
+    chunks = [bytes([i]) * 700_000 for i in range(5)]  # grows past the first buffer
+    got = await read_body_once(_Req(None, chunks), 10 << 20)  # type: ignore[arg-type]
+    assert bytes(got) == b"".join(chunks)
+    got = await read_body_once(_Req(3_500_000, chunks), 10 << 20)  # type: ignore[arg-type]
+    assert bytes(got) == b"".join(chunks)
