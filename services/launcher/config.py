@@ -51,6 +51,11 @@ class UpSettings:
             "nothing from)"
         },
     )
+    max_restarts: int = field(
+        default=5,
+        metadata={"help": "restarts in a row of an exited actor, credit or feeder (with doubling "
+                  "back-off from 1 s) before the run gives up on it"},
+    )
     timeout_s: float = field(default=1800.0, metadata={"help": "wall-clock limit of the whole run"})
     startup_timeout_s: float = field(default=300.0, metadata={"help": "limit for a service to become healthy"})
     prometheus: bool = field(default=False, metadata={"help": "write <run>/prometheus.yml for the services"})
@@ -63,6 +68,8 @@ class UpSettings:
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
 
     def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise ValueError(f"up.max_restarts={self.max_restarts} must be >= 0")
         if self.eval_mode not in EVAL_MODES:
             raise ValueError(f"up.eval_mode={self.eval_mode!r}; use one of {sorted(EVAL_MODES)}")
 

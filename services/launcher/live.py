@@ -78,13 +78,14 @@ class LiveView:
     def render(self) -> Group:
         snap = self.snapshot()
         services = Table(title="services", expand=False)
-        for c in ("service", "pid", "state"):
+        for c in ("service", "pid", "state", "restarts"):
             services.add_column(c)
+        restarts = self.run.sup.restarts
         for name, proc in self.run.sup.procs.items():
             alive = proc.poll() is None
             healthy = alive and self.run.sup.healthy(name)
             state = "[green]healthy" if healthy else ("[yellow]starting" if alive else f"[red]exited {proc.returncode}")
-            services.add_row(name, str(proc.pid), state)
+            services.add_row(name, str(proc.pid), state, str(restarts.get(name, 0)))
         stats = Table(title=f"run {self.run.run_id}", expand=False)
         stats.add_column("metric")
         stats.add_column("value")
@@ -104,7 +105,7 @@ class LiveView:
             f"[{s['elapsed_s']:6.0f}s] step {s['step']} reward {fmt(s['reward_mean'], '.3f')} "
             f"samples/s {fmt(s['samples_per_s'], '.1f')} stale {s['stale_dropped']} "
             f"version learner {s['learner_version']} inference {s['inference_version']} "
-            f"publish failures {s['publish_failures']} "
+            f"publish failures {s['publish_failures']} restarts {sum(self.run.sup.restarts.values())} "
             f"queues req={q.get('requests', '-')} roll={q.get('rollouts', '-')} saw={q.get('saw', '-')} "
             f"dead={q.get('deadletter', '-')} pass_rate {fmt(s['pass_rate'], '.3f')}"
         )

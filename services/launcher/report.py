@@ -55,6 +55,8 @@ def build_summary(run: Any, before: dict[str, float] | None, after: dict[str, fl
         # share of the RL wall) or after it (deferred: it cost the RL wall nothing)
         "eval_seconds": round(getattr(run, "curve_eval_s", 0.0), 1),
         "actors": run.s.actors,
+        # service -> times `ludic up` restarted it after it exited (up.max_restarts)
+        "restarts": dict(getattr(getattr(run, "sup", None), "restarts", {}) or {}),
         # libludic/transport/accounting.py, read from Redis when the learner finished (services running)
         "accounting": getattr(run, "accounting", None),
         "evals": run.evals,
@@ -95,8 +97,10 @@ def write_report(run: Any, before: dict[str, float] | None, after: dict[str, flo
     t.add_column("value")
     for k in ("pass_rate_before", "pass_rate_after", "pass_rate_delta", "steps", "samples_trained",
               "stale_dropped", "policy_version", "publish_failures", "final_policy_served",
-              "wall_seconds", "rl_wall_seconds", "samples_per_second", "eval_seconds"):
+              "wall_seconds", "rl_wall_seconds", "samples_per_second", "eval_seconds", "restarts"):
         v = summary[k]
+        if k == "restarts":
+            v = ", ".join(f"{n} {c}" for n, c in sorted(v.items())) or "none"
         t.add_row(k, f"{v:.3f}" if isinstance(v, float) else str(v))
     Console().print(t)
     Console().print(accounting.format_line(summary["accounting"]))

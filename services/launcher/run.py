@@ -76,7 +76,7 @@ class Run:
         self.cfg = cfg
         self.run_dir = Path(s.runs_dir) / s.name
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.sup = Supervisor(self.run_dir)
+        self.sup = Supervisor(self.run_dir, max_restarts=s.max_restarts)
         self.run_id = str(cfg.get("run_id") or f"{s.name}-{int(time.time())}")
         self.token = secrets.token_hex(24)
         self.metrics: dict[str, str] = {}  # service -> /metrics URL
@@ -166,7 +166,7 @@ class Run:
 
     def start_workers(self, model_dir: Path) -> None:
         def add(name: str, argv: list[str], critical: bool = True, may_finish: bool = False,
-                **env: Any) -> None:
+                restart: bool = False, **env: Any) -> None:
             mp = stack.free_port()
             self.metrics[name] = f"http://127.0.0.1:{mp}/metrics"
             # one torch thread per worker: with vLLM on the same cores, spinning OpenMP threads
@@ -174,13 +174,14 @@ class Run:
             threads = self.s.learner_threads if name == "learner" else 1
             self.sup.start(ServiceSpec(name, argv, env=self.env(LUDIC_METRICS_PORT=mp, OMP_NUM_THREADS=threads, **env),
                                        health_url=self.metrics[name], critical=critical,
-                                       may_finish=may_finish))
+                                       may_finish=may_finish, restart=restart))
 
-        add("feeder", LUDIC + ["feeder"])
-        add("credit", LUDIC + ["credit"])
+        # stateless workers over consumer groups: a restarted one takes over its pending entries
+        add("feeder", LUDIC + ["feeder"], restart=True)
+        add("credit", LUDIC + ["credit"], restart=True)
         for i in range(self.s.actors):
-            add(f"actor-{i}", LUDIC + ["actor"], critical=False, LUDIC_INFERENCE_URLS=self.inference_url,
-                LUDIC_CONSUMER=f"actor-{i}")
+            add(f"actor-{i}", LUDIC + ["actor"], critical=False, restart=True,
+                LUDIC_INFERENCE_URLS=self.inference_url, LUDIC_CONSUMER=f"actor-{i}")
         learner = LUDIC + ["learner"]
         if self.s.learner_nproc > 1:
             learner = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -226,7 +227,7 @@ class Run:
                 if time.monotonic() - self.t0 > self.s.timeout_s:
                     log.error("run timed out after %.0fs (up.timeout_s)", self.s.timeout_s)
                     return 1
-                dead = self.sup.dead()
+                dead = self.sup.restart_exited()  # what exited for good
                 if "learner" in dead:
                     code = dead["learner"]
                     if code != 0:
@@ -235,6 +236,10 @@ class Run:
                 for name, code in dead.items():
                     if self.sup.specs[name].critical:
                         raise ServiceError(f"{name} exited with code {code}:\n{self.sup.log_tail(name, 30)}")
+                actors = [n for n in self.sup.procs if n.startswith("actor-")]
+                if actors and all(n in dead for n in actors):
+                    raise ServiceError(f"every actor exited for good (up.max_restarts={self.s.max_restarts}); "
+                                       f"last lines of {actors[-1]}:\n{self.sup.log_tail(actors[-1], 30)}")
                 m = stack.scrape(self.metrics["learner"])
                 if m:
                     self.last_learner = m

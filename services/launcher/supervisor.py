@@ -1,22 +1,36 @@
-"""Process supervisor for `ludic up`: start services, watch them, stop them all.
+"""Process supervisor for `ludic up`: start services, watch them, restart the ones that
+may be restarted, stop them all.
 
 Each service runs in its own session (process group) with stdout+stderr appended to
 ``<run_dir>/logs/<name>.log``. ``shutdown()`` sends SIGTERM to every group (newest
 first, so producers stop before the stores they write to), waits ``grace_s``, then
 SIGKILLs what is left: no orphan survives a Ctrl-C, including vLLM's engine workers and
-torchrun's ranks, which live in their service's group.
+torchrun's ranks, which live in their service's group. On Linux every service also gets
+SIGTERM from the kernel when the supervising process dies (``PR_SET_PDEATHSIG``): a
+SIGKILL of ``ludic up`` leaves nothing behind (each service stops its own children on
+SIGTERM).
+
+Restarts: a service whose spec says ``restart`` is started again when it exits, after a
+back-off that doubles from ``restart_backoff_s`` (reset once it has run
+``stable_after_s``), at most ``max_restarts`` times in a row; ``restarts`` counts them.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+log = logging.getLogger("ludic.up")
+PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -30,31 +44,101 @@ class ServiceSpec:
     # a job that may finish its work (exit 0) before its first health check passes (the
     # learner of a short run): that exit is success, not a failed start
     may_finish: bool = False
+    restart: bool = False  # stateless: start it again when it exits (see the module docstring)
 
 
 class ServiceError(RuntimeError):
     pass
 
 
+def _die_with_parent(parent: int) -> None:
+    """In the child, before exec: SIGTERM when ``parent`` dies (Linux; elsewhere a no-op)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 class Supervisor:
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        max_restarts: int = 5,
+        restart_backoff_s: float = 1.0,
+        stable_after_s: float = 60.0,
+    ) -> None:
         self.log_dir = run_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.specs: dict[str, ServiceSpec] = {}
+        self.max_restarts = max_restarts
+        self.restart_backoff_s = restart_backoff_s
+        self.stable_after_s = stable_after_s
+        self.restarts: dict[str, int] = {}  # every restart of the run, per service
+        self._streak: dict[str, int] = {}  # restarts since the service last ran stably
+        self._started_at: dict[str, float] = {}
+        self._due: dict[str, float] = {}  # name -> when its pending restart is due
+        self._given_up: set[str] = set()
 
     def start(self, spec: ServiceSpec) -> subprocess.Popen[bytes]:
         if spec.name in self.procs:
             raise ValueError(f"service {spec.name!r} already started")
-        log = open(self.log_dir / f"{spec.name}.log", "ab")
+        return self._spawn(spec)
+
+    def _spawn(self, spec: ServiceSpec) -> subprocess.Popen[bytes]:
+        log_file = open(self.log_dir / f"{spec.name}.log", "ab")
         env = {**os.environ, **spec.env}
+        parent = os.getpid()
         proc = subprocess.Popen(
-            spec.argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            spec.argv, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, preexec_fn=lambda: _die_with_parent(parent),
         )
-        log.close()
+        log_file.close()
         self.procs[spec.name] = proc
         self.specs[spec.name] = spec
+        self._started_at[spec.name] = time.monotonic()
         return proc
+
+    def restart_exited(self) -> dict[str, int]:
+        """Restart the exited services whose spec allows it, once their back-off is over.
+        Returns the services that exited and will not be restarted (name -> exit code):
+        no ``restart`` in their spec, or ``max_restarts`` in a row used up."""
+        final: dict[str, int] = {}
+        now = time.monotonic()
+        for name, code in self.dead().items():
+            spec = self.specs[name]
+            if not spec.restart or name in self._given_up:
+                final[name] = code
+                continue
+            due = self._due.get(name)
+            if due is None:  # its exit is new
+                if now - self._started_at[name] >= self.stable_after_s:
+                    self._streak[name] = 0
+                streak = self._streak.get(name, 0)
+                if streak >= self.max_restarts:
+                    log.error("%s exited with code %s after %d restarts in a row; giving up",
+                              name, code, streak)
+                    self._given_up.add(name)
+                    final[name] = code
+                    continue
+                delay = self.restart_backoff_s * 2**streak
+                self._due[name] = now + delay
+                log.warning("%s exited with code %s; restart %d/%d in %.0f s (log: %s)", name, code,
+                            streak + 1, self.max_restarts, delay, self.log_dir / f"{name}.log")
+                continue
+            if now < due:
+                continue
+            del self._due[name]
+            self._streak[name] = self._streak.get(name, 0) + 1
+            self.restarts[name] = self.restarts.get(name, 0) + 1
+            _signal_group(self.procs[name], signal.SIGKILL)  # anything it left in its group
+            self._spawn(spec)
+        return final
 
     def log_tail(self, name: str, lines: int = 20) -> str:
         p = self.log_dir / f"{name}.log"

@@ -1,8 +1,15 @@
-"""The launcher's supervisor: a job that finishes before its first health check."""
+"""The launcher's supervisor: a job that finishes before its first health check, restarts
+with back-off and a limit, and services that die with `ludic up`."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
+import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
@@ -25,3 +32,70 @@ def test_a_finished_job_is_not_a_failed_start(tmp_path) -> None:
         else:
             with pytest.raises(ServiceError, match=f"{name} exited with code {code} before becoming healthy"):
                 sup.wait_healthy(name, 10)
+
+
+def _until(cond, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_crashing_service_is_restarted_with_back_off_up_to_the_limit(tmp_path) -> None:
+    sup = Supervisor(tmp_path, max_restarts=2, restart_backoff_s=0.1)
+    sup.start(ServiceSpec("w", [sys.executable, "-c", "raise SystemExit(3)"], restart=True))
+    sup.start(ServiceSpec("once", [sys.executable, "-c", "raise SystemExit(4)"]))  # no restart
+    pids, finals, t0 = set(), {}, time.monotonic()
+    while "w" not in finals:
+        pids.add(sup.procs["w"].pid)
+        finals.update(sup.restart_exited())
+        assert time.monotonic() - t0 < 30
+        time.sleep(0.01)
+    assert finals == {"once": 4, "w": 3}
+    assert sup.restarts == {"w": 2} and len(pids) == 3
+    assert time.monotonic() - t0 >= 0.1 + 0.2  # back-off doubles: 0.1 s, then 0.2 s
+
+
+def test_a_restarted_service_that_comes_up_keeps_running(tmp_path) -> None:
+    marker = tmp_path / "crashed-once"
+    code = f"import pathlib, sys, time\np = pathlib.Path({str(marker)!r})\n" \
+           "if not p.exists():\n    p.touch(); sys.exit(1)\ntime.sleep(60)"
+    sup = Supervisor(tmp_path, max_restarts=1, restart_backoff_s=0.05)
+    sup.start(ServiceSpec("w", [sys.executable, "-c", code], restart=True))
+    try:
+        _until(lambda: sup.restart_exited() == {} and sup.restarts.get("w") == 1)
+        time.sleep(0.3)
+        assert sup.restart_exited() == {} and sup.procs["w"].poll() is None
+    finally:
+        sup.shutdown(grace_s=2)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_services_die_with_a_killed_supervisor(tmp_path: Path) -> None:
+    """SIGKILL of `ludic up` (here a process running a Supervisor) leaves no service behind."""
+    script = textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from services.launcher.supervisor import ServiceSpec, Supervisor
+        sup = Supervisor(Path({str(tmp_path)!r}))
+        p = sup.start(ServiceSpec("svc", [sys.executable, "-c", "import time; time.sleep(120)"]))
+        print(p.pid, flush=True)
+        time.sleep(120)
+    """)
+    up = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                          cwd=Path(__file__).resolve().parents[2])
+    svc = int(up.stdout.readline())
+    os.kill(svc, 0)  # running
+    up.send_signal(signal.SIGKILL)
+    up.wait(10)
+
+    def gone() -> bool:
+        try:
+            os.kill(svc, 0)
+        except ProcessLookupError:
+            return True
+        # a zombie until init reaps it counts as gone
+        with open(f"/proc/{svc}/stat") as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+
+    _until(gone, 10)
