@@ -20,7 +20,7 @@ PIPQ := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || t
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv system-deps demo test test-unit test-integration test-deploy lint typecheck bench clean
+.PHONY: venv system-deps demo test test-unit test-integration test-deploy test-faults lint typecheck bench clean
 
 venv: $(STAMP)
 
@@ -57,7 +57,11 @@ test-deploy: venv system-deps
 	$(PY) -m pytest tests/deploy -q -p no:cacheprovider
 
 test: venv system-deps lint
-	$(PY) -m pytest tests -q -p no:cacheprovider -ra -m 'not containers'
+	$(PY) -m pytest tests -q -p no:cacheprovider -ra -m 'not containers and not faults'
+
+# SIGKILLs services of a running `ludic up` (and `ludic up` itself): restarts, resume, no orphans.
+test-faults: venv
+	$(PY) -m pytest tests -q -p no:cacheprovider -ra -m faults
 
 # The main job: SFT warm start, then GRPO through the real services (see README).
 demo: venv

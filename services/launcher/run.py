@@ -166,7 +166,7 @@ class Run:
 
     def start_workers(self, model_dir: Path) -> None:
         def add(name: str, argv: list[str], critical: bool = True, may_finish: bool = False,
-                restart: bool = False, **env: Any) -> None:
+                restart: bool = False, restart_env: dict[str, str] | None = None, **env: Any) -> None:
             mp = stack.free_port()
             self.metrics[name] = f"http://127.0.0.1:{mp}/metrics"
             # one torch thread per worker: with vLLM on the same cores, spinning OpenMP threads
@@ -174,7 +174,8 @@ class Run:
             threads = self.s.learner_threads if name == "learner" else 1
             self.sup.start(ServiceSpec(name, argv, env=self.env(LUDIC_METRICS_PORT=mp, OMP_NUM_THREADS=threads, **env),
                                        health_url=self.metrics[name], critical=critical,
-                                       may_finish=may_finish, restart=restart))
+                                       may_finish=may_finish, restart=restart,
+                                       restart_env=restart_env or {}))
 
         # stateless workers over consumer groups: a restarted one takes over its pending entries
         add("feeder", LUDIC + ["feeder"], restart=True)
@@ -190,7 +191,11 @@ class Run:
         if self.s.eval_mode == "deferred" and self.s.eval_n > 0 and self.s.eval_every_steps > 0:
             snapshots["LUDIC_SNAPSHOT_EVERY"] = self.s.eval_every_steps
             shutil.rmtree(self.run_dir / "learner" / "snapshots", ignore_errors=True)
-        add("learner", learner, may_finish=True, LUDIC_INFERENCE_URLS=self.inference_url, LUDIC_AUTH_TOKEN=self.token,
+        # with checkpoints a crashed learner resumes from its newest one and replays the items
+        # it had not committed; without, its weights since the start would be lost: fatal
+        checkpoints = int((self.cfg.get("learner") or {}).get("checkpoint_every") or 0) > 0
+        add("learner", learner, may_finish=True, restart=checkpoints, restart_env={"LUDIC_RESUME": "true"},
+            LUDIC_INFERENCE_URLS=self.inference_url, LUDIC_AUTH_TOKEN=self.token,
             LUDIC_MODEL_DIR=str(model_dir), LUDIC_OUTPUT_DIR=str(self.run_dir / "learner"), **snapshots)
         for name in self.metrics:
             if name not in ("inference",):
@@ -300,6 +305,9 @@ class Run:
                 final.unlink()
             for stale in (self.run_dir / "final", self.run_dir / "learner" / "final"):
                 shutil.rmtree(stale, ignore_errors=True)
+            if self.s.fresh:  # an earlier run's checkpoints: a restarted learner must not resume them
+                for ck in (self.run_dir / "learner").glob("step_*"):
+                    shutil.rmtree(ck, ignore_errors=True)
             self.start_redis()
             self.start_services(model_dir)
             before = self.eval_now("before", 0)

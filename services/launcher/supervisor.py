@@ -44,7 +44,8 @@ class ServiceSpec:
     # a job that may finish its work (exit 0) before its first health check passes (the
     # learner of a short run): that exit is success, not a failed start
     may_finish: bool = False
-    restart: bool = False  # stateless: start it again when it exits (see the module docstring)
+    restart: bool = False  # start it again when it exits (see the module docstring)
+    restart_env: dict[str, str] = field(default_factory=dict)  # added on restarts (e.g. resume)
 
 
 class ServiceError(RuntimeError):
@@ -90,9 +91,9 @@ class Supervisor:
             raise ValueError(f"service {spec.name!r} already started")
         return self._spawn(spec)
 
-    def _spawn(self, spec: ServiceSpec) -> subprocess.Popen[bytes]:
+    def _spawn(self, spec: ServiceSpec, restarted: bool = False) -> subprocess.Popen[bytes]:
         log_file = open(self.log_dir / f"{spec.name}.log", "ab")
-        env = {**os.environ, **spec.env}
+        env = {**os.environ, **spec.env, **(spec.restart_env if restarted else {})}
         parent = os.getpid()
         proc = subprocess.Popen(
             spec.argv, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -112,7 +113,7 @@ class Supervisor:
         now = time.monotonic()
         for name, code in self.dead().items():
             spec = self.specs[name]
-            if not spec.restart or name in self._given_up:
+            if not spec.restart or name in self._given_up or (spec.may_finish and code == 0):
                 final[name] = code
                 continue
             due = self._due.get(name)
@@ -137,7 +138,7 @@ class Supervisor:
             self._streak[name] = self._streak.get(name, 0) + 1
             self.restarts[name] = self.restarts.get(name, 0) + 1
             _signal_group(self.procs[name], signal.SIGKILL)  # anything it left in its group
-            self._spawn(spec)
+            self._spawn(spec, restarted=True)
         return final
 
     def log_tail(self, name: str, lines: int = 20) -> str:

@@ -1,0 +1,130 @@
+"""`ludic up` survives its workers crashing, and dies without leaving anything behind.
+
+One run (checkpoints every 2 steps) has, once training is under way, a SIGKILL of an actor,
+of credit, of the feeder and then of the learner: each is restarted (the learner resumes
+from its newest checkpoint) and the run reaches its step count with the accounting
+consistent, no group lost and no item trained twice. Another ``ludic up`` is itself killed
+with SIGKILL: every service it started stops (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from test_up import config, ludic_up, procs_of_run  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.faults]
+
+
+def service_pid(up_pid: int, service: str, consumer: str | None = None) -> int | None:
+    """The pid of `ludic <service>` started by the `ludic up` process ``up_pid``."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) != up_pid:
+                continue
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+            env = (d / "environ").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if service.encode() in argv and (consumer is None or f"LUDIC_CONSUMER={consumer}".encode() in env):
+            return int(d.name)
+    return None
+
+
+def trained_steps(run_dir: Path) -> int:
+    p = run_dir / "learner" / "trained_items.jsonl"
+    return len(p.read_text().splitlines()) if p.exists() else 0
+
+
+def wait(cond, proc, log: Path, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert proc.poll() is None, f"ludic up exited while waiting for {what}:\n" + log.read_text(errors="replace")[-4000:]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def test_crashed_workers_and_learner_are_restarted_and_the_run_completes(tmp_path, tiny_model_dir):
+    run_id = f"faults-{os.getpid()}"
+    cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=10, eval_n=0, actors=2)
+    import yaml
+
+    data = yaml.safe_load(cfg.read_text())
+    data["learner"].update(checkpoint_every=2, trained_log=True)
+    cfg.write_text(yaml.safe_dump(data))
+    log = tmp_path / "up.log"
+    proc = ludic_up(cfg, log)
+    run_dir = tmp_path / "runs" / run_id
+    killed: dict[str, int] = {}
+    try:
+        wait(lambda: trained_steps(run_dir) >= 2, proc, log, 420, "the learner's step 2")
+        for svc, consumer, name in (("actor", "actor-0", "actor-0"), ("credit", None, "credit"),
+                                    ("feeder", None, "feeder")):
+            pid = service_pid(proc.pid, svc, consumer)
+            assert pid is not None, name
+            os.kill(pid, signal.SIGKILL)
+            killed[name] = pid
+        start = trained_steps(run_dir)
+        wait(lambda: trained_steps(run_dir) >= start + 2, proc, log, 240, "progress after the kills")
+        # the learner, between two checkpoints or just after one
+        pid = service_pid(proc.pid, "learner")
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        killed["learner"] = pid
+        code = proc.wait(600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text(errors="replace")
+    assert code == 0, text[-4000:]
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["steps"] == 10
+    assert {n: s["restarts"].get(n) for n in killed} == {n: 1 for n in killed}, s["restarts"]
+    a = s["accounting"]
+    assert a["consistent"], a
+    assert a["items_trained_twice"] == 0 and a["groups_deadlettered"] == 0, a
+    learner_log = (run_dir / "logs" / "learner.log").read_text(errors="replace")
+    assert "resumed from" in learner_log
+    time.sleep(1)
+    assert procs_of_run(run_id) == [], "services left running after ludic up exited"
+
+
+def test_a_killed_ludic_up_leaves_no_service_running(tmp_path, tiny_model_dir):
+    run_id = f"upkill-{os.getpid()}"
+    cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=100000, eval_n=0)
+    import yaml
+
+    data = yaml.safe_load(cfg.read_text())
+    data["learner"]["trained_log"] = True
+    cfg.write_text(yaml.safe_dump(data))
+    log = tmp_path / "up.log"
+    proc = ludic_up(cfg, log)
+    run_dir = tmp_path / "runs" / run_id
+    try:
+        wait(lambda: trained_steps(run_dir) >= 1, proc, log, 420, "the learner's first step")
+        assert len(procs_of_run(run_id)) >= 5  # redis, inference (+ engine), feeder, credit, actor, learner
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    deadline = time.monotonic() + 60  # vLLM's engine shuts down on the SIGTERM it gets
+    while procs_of_run(run_id) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = procs_of_run(run_id)
+    for pid in left:  # do not leak them into the rest of the suite
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert left == [], "services outlived a SIGKILL of ludic up"
