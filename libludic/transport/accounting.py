@@ -187,13 +187,14 @@ return written
 # KEYS[1] in, KEYS[2] deadletter, KEYS[3] acct, KEYS[4] open, KEYS[5] mix, KEYS[6] items,
 # KEYS[7] done marker of the item (requests: done:actor:{id})
 # ARGV[1] group, [2] entry id, [3] reason, [4] detail, [5] consumer, [6] payload, [7] item id,
-# [8] stage (requests|rollouts|saw), [9] ttl, [10] trained-marker prefix
+# [8] stage (requests|rollouts|saw), [9] ttl, [10] trained-marker prefix, [11] dead-letter
+# stream's approximate max length, [12] the payload's size (ARGV[6] is empty when too large)
 _DEADLETTER_LUA = (
     _RESOLVE_FN
     + """
-redis.call('XADD', KEYS[2], '*', 'reason', ARGV[3], 'detail', ARGV[4],
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[11], '*', 'reason', ARGV[3], 'detail', ARGV[4],
            'source_stream', KEYS[1], 'source_id', ARGV[2], 'group', ARGV[1],
-           'consumer', ARGV[5], 'id', ARGV[7], 'd', ARGV[6])
+           'consumer', ARGV[5], 'id', ARGV[7], 'd', ARGV[6], 'd_bytes', ARGV[12])
 local x = redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
 if x == 1 then
@@ -319,10 +320,10 @@ async def dead_letter(
     iid = entry.item_id
     marker = keys.done("actor", iid) if stage == "requests" else keys.done("learner", iid)
     ks = [sc.stream, sc.deadletter, ak.counters, ak.open, ak.mix, ak.items, marker]
+    payload, size = sc.deadletter_payload(entry)
     args: list[Any] = [
-        sc.group, entry.id, reason, detail[:2000], sc.consumer,
-        entry.payload if entry.payload is not None else b"", iid, stage, sc.done_ttl_s,
-        keys.done("learner", ""),
+        sc.group, entry.id, reason, detail[:2000], sc.consumer, payload, iid, stage,
+        sc.done_ttl_s, keys.done("learner", ""), sc.deadletter_maxlen, size,
     ]
     return int(await sc.redis.eval(_DEADLETTER_LUA, len(ks), *ks, *args))
 

@@ -16,8 +16,10 @@ from redis.backoff import ExponentialBackoff
 
 log = logging.getLogger("libludic.transport")
 
-#: Errors that mean "Redis is unreachable right now": back off and retry, never crash.
+#: Errors that mean "Redis cannot serve right now": unreachable, or full (maxmemory with
+#: noeviction refuses writes until consumers drain it): back off and retry, never crash.
 REDIS_DOWN_ERRORS: tuple[type[BaseException], ...] = (
+    rexc.OutOfMemoryError,
     rexc.ConnectionError,
     rexc.TimeoutError,
     ConnectionError,

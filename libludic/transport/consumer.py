@@ -36,9 +36,9 @@ return written
 """
 
 _DEADLETTER_LUA = """
-redis.call('XADD', KEYS[2], '*', 'reason', ARGV[3], 'detail', ARGV[4],
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'reason', ARGV[3], 'detail', ARGV[4],
            'source_stream', KEYS[1], 'source_id', ARGV[2], 'group', ARGV[1],
-           'consumer', ARGV[5], 'id', ARGV[7], 'd', ARGV[6])
+           'consumer', ARGV[5], 'id', ARGV[7], 'd', ARGV[6], 'd_bytes', ARGV[9])
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
 return 1
@@ -159,6 +159,10 @@ class StreamConsumer:
     claim_every_s: float | None = None
     max_deliveries: int = 5
     done_ttl_s: int = 7 * 24 * 3600
+    # the dead-letter stream keeps about this many entries (the oldest go first), each with
+    # its payload when it is at most deadletter_payload_bytes (else only its size, d_bytes)
+    deadletter_maxlen: int = 10_000
+    deadletter_payload_bytes: int = 1 << 20
     on_deadletter: Callable[[str], None] | None = None
     acct_stage: str = ""  # requests|rollouts|saw: dead-letters also move libludic.transport.accounting
     _cursor: str = field(default="0-0", init=False)
@@ -258,6 +262,12 @@ class StreamConsumer:
         pipe.xdel(self.stream, *ids)
         await pipe.execute()
 
+    def deadletter_payload(self, entry: Entry) -> tuple[bytes, int]:
+        """What the dead-letter stream keeps of ``entry``'s payload, and its size."""
+        raw = entry.payload if entry.payload is not None else b""
+        size = len(raw)
+        return (bytes(raw) if size <= self.deadletter_payload_bytes else b""), size
+
     async def dead_letter(self, entry: Entry, reason: str, detail: str = "") -> None:
         """Move ``entry`` to the dead-letter stream with its reason; ack it here."""
         if self.acct_stage:
@@ -265,6 +275,7 @@ class StreamConsumer:
 
             await accounting.dead_letter(self, entry, self.acct_stage, reason, detail)
         else:
+            payload, size = self.deadletter_payload(entry)
             await self._dl(
                 keys=[self.stream, self.deadletter],
                 args=[
@@ -273,8 +284,10 @@ class StreamConsumer:
                     reason,
                     detail[:2000],
                     self.consumer,
-                    entry.payload if entry.payload is not None else b"",
+                    payload,
                     entry.item_id,
+                    self.deadletter_maxlen,
+                    size,
                 ],
             )
         log.warning("dead-lettered %s %s: %s %s", self.stream, entry.id, reason, detail[:200])

@@ -42,13 +42,15 @@ def redis_server_binary() -> str:
 
 
 def redis_spec(data_dir: Path, port: int) -> ServiceSpec:
-    """redis-server with appendonly persistence (fsync every second) in ``data_dir``."""
+    """redis-server with appendonly persistence (fsync every second) in ``data_dir``; when
+    it reaches maxmemory writes fail loudly (noeviction): no stream entry is ever evicted."""
     data_dir.mkdir(parents=True, exist_ok=True)
     return ServiceSpec(
         name="redis",
         argv=[
             redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir),
             "--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--protected-mode", "yes",
+            "--maxmemory", "2gb", "--maxmemory-policy", "noeviction",
         ],
     )
 

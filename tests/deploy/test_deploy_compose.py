@@ -152,6 +152,7 @@ def test_redis_persists_and_takes_its_password_from_a_secret(compose):
     redis = compose["services"]["redis"]
     cmd = " ".join(redis["command"])
     assert "--appendonly yes" in cmd and "/run/secrets/redis_password" in cmd
+    assert "--maxmemory ${REDIS_MAXMEMORY:-2gb} --maxmemory-policy noeviction" in cmd
     assert any(v.endswith(":/data") for v in redis["volumes"])
     assert compose["secrets"]["redis_password"] == {"environment": "REDIS_PASSWORD"}
 

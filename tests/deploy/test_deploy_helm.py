@@ -571,6 +571,9 @@ def test_bundled_redis_persists_with_aof():
     redis = find(rendered("default"), "StatefulSet", "redis")
     args = containers(redis)[0]["args"]
     assert args[args.index("--appendonly") + 1] == "yes"
+    # full Redis refuses writes rather than evicting stream entries
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
+    assert args[args.index("--maxmemory") + 1] == "3gb"
     assert "$(REDIS_PASSWORD)" in args
     assert redis["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
 
@@ -603,6 +606,7 @@ BAD_VALUES = [
     ({"learner": {"replicaCount": 2}}, "maximum"),
     ({"actor": {"env": {"LUDIC_AUTH_TOKEN": "plain"}}}, "LUDIC_AUTH_TOKEN"),
     ({"redis": {"appendfsync": "sometimes"}}, "appendfsync"),
+    ({"redis": {"maxmemory": "lots"}}, "maxmemory"),
     ({"externalRedis": {"url": "redis://user:pw@redis:6379/0"}}, "does not match pattern"),
     ({"inference": {"image": {"digest": "latest"}}}, "does not match pattern"),
     ({"actor": {"replicaCoutn": 3}}, "replicaCoutn"),

@@ -156,6 +156,36 @@ async def test_malformed_entries_are_deadlettered_counted_and_acked(redis_url: s
     await r.aclose()
 
 
+async def test_the_deadletter_stream_is_capped_and_keeps_large_payloads_as_sizes(
+    redis_url: str,
+) -> None:
+    from libludic.transport import accounting
+
+    r = t.connect(redis_url)
+    await r.delete(DL)
+    await t.ensure_group(r, STREAM, GROUP)
+    c = consumer(r, "w", deadletter_maxlen=100, deadletter_payload_bytes=1000)
+    for i in range(400):
+        await t.xadd(r, STREAM, f"junk-{i}", b"\xc1" * (10 if i % 2 else 5000))
+    got: list[t.Entry] = []
+    while len(got) < 400:
+        got += await c.read(100, block_ms=100)
+    for i, e in enumerate(got):  # half through the accounting script (the services' path)
+        if i % 2:
+            await c.dead_letter(e, "bad_msgpack", "junk")
+        else:
+            await accounting.dead_letter(c, e, "rollouts", "bad_msgpack", "junk")
+    # MAXLEN ~ 100: Redis trims whole macro nodes, so a little over 100 stays, never 400
+    n = await r.xlen(DL)
+    assert 100 <= n < 250, n
+    for _, f in await r.xrange(DL):
+        size = int(f[b"d_bytes"])
+        assert f[b"d"] == (b"\xc1" * size if size <= 1000 else b"")
+    assert await pending(r) == 0 and await r.xlen(STREAM) == 0
+    await r.delete(DL)
+    await r.aclose()
+
+
 async def test_poison_entry_deadlettered_after_max_deliveries(redis_url: str) -> None:
     r = t.connect(redis_url)
     await t.ensure_group(r, STREAM, GROUP)
@@ -252,3 +282,29 @@ async def test_heartbeats_and_lease(redis_url: str) -> None:
     await l2.release()
     assert await l1.hold()
     await r.aclose()
+
+
+async def test_a_full_redis_refuses_writes_and_the_writer_waits_instead_of_crashing(
+    redis_url: str,
+) -> None:
+    """maxmemory with noeviction (compose, the chart, ludic up): a write to a full Redis
+    fails with OOM, which the services treat like Redis being down: back off, retry."""
+    r = t.connect(redis_url)
+    old = await r.config_get("maxmemory*")
+    errors: list[BaseException] = []
+    try:
+        await r.config_set("maxmemory-policy", "noeviction")
+        await r.config_set("maxmemory", "1")  # below what is already used: full
+        write = asyncio.create_task(t.retry_redis(
+            lambda: r.xadd("ludic:{oom}:s", {"d": b"x"}), deadline_s=30, on_error=errors.append
+        ))
+        await asyncio.sleep(1.0)
+        assert not write.done() and errors and isinstance(errors[0], t.REDIS_DOWN_ERRORS)
+        await r.config_set("maxmemory", "0")  # drained
+        await asyncio.wait_for(write, 30)
+        assert await r.xlen("ludic:{oom}:s") == 1
+    finally:
+        await r.config_set("maxmemory", old["maxmemory"])
+        await r.config_set("maxmemory-policy", old["maxmemory-policy"])
+        await r.delete("ludic:{oom}:s")
+        await r.aclose()
