@@ -26,12 +26,16 @@ that used it is *committed*:
   inside a saved checkpoint).
 
 ``state_dict()`` (stored by ``Trainer.save_checkpoint`` in the checkpoint's extra) holds
-``last_committed_id``: the largest stream id of any trained item. Because entries are taken
-strictly in stream-id order, every entry with an id <= it is in the checkpoint. After
-``--resume`` (``load_state_dict``), a pending entry with id <= ``last_committed_id`` (the
-process died between saving the checkpoint and acking) is acked without training, and every
-later pending entry is retrained, in the original order and batches. So each item's update
-is in the final model exactly once, provided the stream is only consumed by this learner.
+``last_committed_id`` (the largest stream id of any trained item) and ``trained_unacked``:
+the entry ids trained but not acked when it was taken, i.e. exactly the entries inside the
+checkpoint that may still be pending. After ``--resume`` (``load_state_dict``), a pending
+entry in ``trained_unacked`` (the process died between saving the checkpoint and acking) is
+acked without training, and every other pending entry is retrained, in stream order. Ids
+are not enough: a reply to XREADGROUP lost on the wire and retried by the client leaves
+older entries pending unseen behind newer trained ones; they are trained on resume, never
+acked as trained. So each item's update is in the final model exactly once, provided the
+stream is only consumed by this learner. (A checkpoint without ``trained_unacked`` falls
+back to acking every pending id <= ``last_committed_id``.)
 
 Ranks (torch.distributed initialised). Rank 0 reads Redis and broadcasts every batch as
 msgpack bytes in a uint8 tensor (no pickle: ``broadcast_object_list`` would pickle). With
@@ -162,6 +166,7 @@ class PipelineBatchSource:
     _handed: list[tuple[str, str]] = field(default_factory=list, init=False)  # (entry id, item id)
     _uncommitted: list[str] = field(default_factory=list, init=False)
     _max_trained_id: str | None = field(default=None, init=False)
+    _resume_acked: set[str] | None = field(default=None, init=False)  # see load_state_dict
     _sc: transport.StreamConsumer | None = field(default=None, init=False)
     _last_seen: str | None = field(default=None, init=False)
     _read_errors: int = field(default=0, init=False)
@@ -199,6 +204,7 @@ class PipelineBatchSource:
         last = self._max_trained_id or self.last_committed_id
         return {
             "last_committed_id": last,
+            "trained_unacked": list(self._uncommitted),
             "items_trained": self.items_trained,
             "stale_dropped": self.stale_dropped,
             "consumer": self.consumer,
@@ -206,6 +212,8 @@ class PipelineBatchSource:
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         self.last_committed_id = sd.get("last_committed_id")
+        unacked = sd.get("trained_unacked")
+        self._resume_acked = None if unacked is None else {str(x) for x in unacked}
         self._max_trained_id = self.last_committed_id
         self.items_trained = int(sd.get("items_trained", 0))
         self.stale_dropped = int(sd.get("stale_dropped", 0))
@@ -235,6 +243,9 @@ class PipelineBatchSource:
         self._replay_cursor = "0"
 
     def _committed(self, eid: str) -> bool:
+        """A pending entry already inside the checkpoint this learner resumed from."""
+        if self._resume_acked is not None:
+            return eid in self._resume_acked
         return self.last_committed_id is not None and stream_id_key(eid) <= stream_id_key(
             self.last_committed_id
         )

@@ -1,0 +1,68 @@
+"""The learner's batch source on resume: "trained" means trained.
+
+A reply to XREADGROUP lost on the wire and retried by the client leaves entries pending
+on the learner's consumer that it never saw, older than entries it then trains and
+checkpoints. On ``--resume`` exactly the checkpoint's trained-but-unacked entries are acked
+without training; the unseen ones are trained (they used to be acked as trained because
+their ids were below the last trained id).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from learner_items import make_item, push  # noqa: E402
+
+from libludic import transport as t  # noqa: E402
+from libludic.training.batching.pipeline import PipelineBatchSource  # noqa: E402
+from libludic.transport import accounting  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+
+def source(r, keys: t.Keys) -> PipelineBatchSource:
+    return PipelineBatchSource(redis=r, keys=keys, batch_size=2, consumer="learner-0", block_ms=100)
+
+
+async def test_entries_of_a_lost_read_reply_are_trained_on_resume_not_acked(redis_url: str) -> None:
+    keys = t.Keys("resume-lost")
+    r = t.connect(redis_url)
+    first = source(r, keys)
+    await first.start()
+    await push(redis_url, "resume-lost", [make_item(f"i{n}:0", b"ab", b"1") for n in range(2)])
+    assert [it.item_id for it in (await first.next_batch()).items] == ["i0:0", "i1:0"]
+    first.mark_trained()
+    await first.commit()
+    eids = await push(redis_url, "resume-lost", [make_item(f"i{n}:0", b"ab", b"1") for n in range(2, 6)])
+    # the lost reply: i2, i3 delivered to this consumer, the client never saw them
+    await r.xreadgroup(t.GROUP_LEARNER, "learner-0", {keys.saw: ">"}, count=2)
+    batch = await first.next_batch()
+    assert [it.item_id for it in batch.items] == ["i4:0", "i5:0"]
+    first.mark_trained()
+    state = first.state_dict()  # the checkpoint; the process dies before its ack
+    assert state["trained_unacked"] == eids[2:]
+    assert state["last_committed_id"] == eids[3]  # above the unseen i2, i3
+
+    second = source(r, keys)
+    second.load_state_dict(state)
+    await second.start()
+    batch = await second.next_batch()
+    assert [it.item_id for it in batch.items] == ["i2:0", "i3:0"]  # trained, not acked as trained
+    second.mark_trained()
+    await second.commit()
+    await push(redis_url, "resume-lost", [make_item(f"i{n}:0", b"ab", b"1") for n in range(6, 8)])
+    batch = await second.next_batch()
+    assert [it.item_id for it in batch.items] == ["i6:0", "i7:0"]
+    assert second.recovered_acked == 2  # i4, i5: inside the checkpoint, acked without training
+    second.mark_trained()
+    await second.commit()
+    pending = await r.xpending(keys.saw, t.GROUP_LEARNER)
+    assert int(pending["pending"]) == 0
+    snap = await accounting.snapshot(r, keys)
+    assert snap["items_trained_twice"] == 0
+    await r.aclose()
