@@ -132,6 +132,7 @@ def main() -> int:
     path = work / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = {k: v for k, v in os.environ.items() if k != "LUDIC_REDIS_URL"}
+    env["LUDIC_DUMPABLE"] = "1"  # py-spy attaches as the same user
     cpu: dict[int, tuple[str, float]] = {}
     stop = threading.Event()
     sampler = threading.Thread(target=cpu_sampler, args=(name, stop, cpu), daemon=True)

@@ -13,6 +13,12 @@ Anything else is a crash with its traceback.
 
 A service's ``run(settings, stop=...)`` stays callable in-process (tests, benches); on
 ``stop`` it drains and returns, and ``service_main`` then exits 0.
+
+Secrets: every service process makes itself non-dumpable (``keep_secrets_in``) before it
+reads its settings, so no other process of the same uid (the code_exec sandbox's plain
+mode runs agent code as the actor's uid) can read its ``/proc/<pid>/environ`` (the auth
+token, the Redis password) or ptrace it. ``LUDIC_DUMPABLE=1`` keeps a service dumpable for
+a profiler or debugger run as the same user (``bench/step_profile.py --py-spy`` sets it).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import redis.asyncio as aioredis
 from libludic import transport
 from services.common.http import HealthFn, start_http
 from services.common.lifecycle import StartupAborted, install_stop_signals
+from services.common.secrets import keep_secrets_in
 from services.common.settings import load_settings, log_settings, setup_logging
 
 S = TypeVar("S")
@@ -82,6 +89,7 @@ def service_main(
     settings (ranks > 0); ``load(argv)`` replaces the shared settings loader (inference keeps
     vLLM-style flags)."""
     log = logging.getLogger(f"ludic.{service}")
+    keep_secrets_in()
     argv = sys.argv[1:] if argv is None else list(argv)  # ``python -m services.X.main --flag``
     try:
         if load is not None:

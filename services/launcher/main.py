@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from services.common.secrets import keep_secrets_in
 from services.common.settings import load_settings, log_settings, setup_logging
 from services.launcher.config import UpSettings
 from services.launcher.run import (  # noqa: F401 (re-exported for callers of main)
@@ -31,6 +32,7 @@ log = logging.getLogger("ludic.launcher")
 
 
 def main(argv: list[str] | None = None) -> int:
+    keep_secrets_in()  # it generates the run's auth token and hands it to the services
     s = load_settings(UpSettings, argv, service="up", description=__doc__ or "")
     setup_logging(s.log_level)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the evals' per-request lines

@@ -45,7 +45,10 @@ sandbox by running a real program through it):
 ``plain`` (anything else):
     ``python -I`` with rlimits set in ``preexec_fn``; when the host is root the child also
     drops to a fresh random uid (``Popen(user=, group=, extra_groups=[])``) and the run dir
-    is chowned to it. Gaps, documented not hidden: the network is reachable; the code can
+    is chowned to it. As a non-root host the code runs as the host's uid: it cannot read
+    the host's environment only if the host is non-dumpable (every ludic service makes
+    itself so, ``services/common/secrets.py``). Gaps, documented not hidden: the network is
+    reachable (loopback services included); the code can
     write to world-writable dirs (/tmp, /dev/shm); as a non-root host RLIMIT_NPROC counts
     all of the host user's processes (we set it to current + ``max_processes``) and a child
     that ``setsid``s into a new session escapes the sweep; if the host process dies
