@@ -45,6 +45,7 @@ from libludic.training.loss import (
     CompositeLoss,
     LossTerm,
     MaskedCausalLMCrossEntropyLoss,
+    OffPolicyCorrection,
     ReinforceLoss,
     TokenClippedSurrogateLoss,
     TokenKLLoss,
@@ -165,17 +166,22 @@ def make_grpo(
     dual_clip_c: float | None = None,
     kl_coeff: float = 0.0,
     aggregation: str = "token",
+    mismatch_correction: str | None = None,
+    mismatch_level: str = "token",
+    mismatch_cap: float = 2.0,
 ) -> RLAlgorithm:
     """GroupNormalizedReturn + TokenClippedSurrogateLoss (+ k3 KL when kl_coeff > 0).
 
     ``normalize_adv`` defaults to False as in GroupNormalizedReturn (mean-centred only);
-    set True for the original GRPO's division by the group std.
+    set True for the original GRPO's division by the group std. ``mismatch_*``: the
+    loss's OffPolicyCorrection (TIS / MIS against the server's logprobs).
     """
     loss = TokenClippedSurrogateLoss(
         eps_clip=eps_clip,
         eps_clip_higher=eps_clip_higher,
         dual_clip_c=dual_clip_c,
         aggregation=aggregation,
+        off_policy=OffPolicyCorrection(mismatch_correction, mismatch_level, mismatch_cap),
     )
     return RLAlgorithm(
         name="grpo",
@@ -202,12 +208,19 @@ def make_scalerl(
     positive_only: bool = False,
     eps_clip_high: float = 0.2,
     aggregation: str = "token",
+    mismatch_correction: str | None = None,
+    mismatch_level: str = "token",
+    mismatch_cap: float = 2.0,
 ) -> RLAlgorithm:
     """HybridNormalizedReturn + CISPOLoss; ``filter_zvp`` drops zero-variance groups."""
     return RLAlgorithm(
         name="scalerl",
         credit_assigner=HybridNormalizedReturn(group_size=group_size, positive_only=positive_only),
-        loss=CISPOLoss(eps_clip_high=eps_clip_high, aggregation=aggregation),
+        loss=CISPOLoss(
+            eps_clip_high=eps_clip_high,
+            aggregation=aggregation,
+            off_policy=OffPolicyCorrection(mismatch_correction, mismatch_level, mismatch_cap),
+        ),
         preprocess=drop_zero_variance_groups if filter_zvp else None,
     )
 
@@ -219,10 +232,16 @@ def make_cispo(
     eps_clip_low: float | None = None,
     eps_clip_high: float = 0.2,
     aggregation: str = "token",
+    mismatch_correction: str | None = None,
+    mismatch_level: str = "token",
+    mismatch_cap: float = 2.0,
 ) -> RLAlgorithm:
     """GroupNormalizedReturn + CISPOLoss (+ k3 KL when kl_coeff > 0)."""
     loss = CISPOLoss(
-        eps_clip_low=eps_clip_low, eps_clip_high=eps_clip_high, aggregation=aggregation
+        eps_clip_low=eps_clip_low,
+        eps_clip_high=eps_clip_high,
+        aggregation=aggregation,
+        off_policy=OffPolicyCorrection(mismatch_correction, mismatch_level, mismatch_cap),
     )
     return RLAlgorithm(
         name="cispo",

@@ -14,6 +14,11 @@ Conventions shared by every loss here:
   N is read from ``batch[NUM_ACTION_TOKENS_KEY]`` / ``batch[NUM_SEQUENCES_KEY]`` when present:
   the Trainer puts the *macro-batch* totals there, so the sum of micro-batch losses is the
   full-batch loss exactly (and so is its gradient). Without them N is the micro-batch's own.
+* Behaviour policy: ``actor_logprobs`` are the logprobs the inference server returned for
+  the tokens it sampled. The losses that read them (TokenClippedSurrogateLoss, CISPOLoss)
+  take an ``OffPolicyCorrection`` (field ``off_policy``) for the gap between that policy
+  and the trainer's: truncated or masked importance sampling (TIS / MIS), per token or
+  per sequence, and the mismatch stats ``mismatch_*`` (see ``OffPolicyCorrection``).
 * Stats: detached 0-d tensors under a fixed set of keys per loss (``stat_keys``).
 * Losses compute in the logits' dtype; the Trainer casts logits to fp32 first when
   ``TrainerConfig.cast_logits_to_fp32`` is set (ratios exp(logp - logp_old) need it).
@@ -25,8 +30,9 @@ Conventions shared by every loss here:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -119,6 +125,89 @@ def _old_logprobs(batch: Mapping[str, Any], who: str) -> Tensor:
     return old
 
 
+MISMATCH_CORRECTIONS = ("tis", "mis")
+MISMATCH_LEVELS = ("token", "sequence")
+
+
+@dataclass(frozen=True)
+class OffPolicyCorrection:
+    """The gap between the behaviour policy (the server's) and the trainer's policy.
+
+    b_bt = ``actor_logprobs`` (what the inference engine sampled from), t_bt = sg(logp_bt)
+    (the trainer's logprob of the same token under the weights being updated). They differ
+    by the train/inference mismatch (kernels, precision, batching of the engine) and, for an
+    item sampled by an older policy version, by the policy lag. Per action token
+    lr_bt = t_bt - b_bt,  rho = exp(lr) = pi_trainer / pi_behaviour.
+
+    ``mismatch_correction=None`` (default): the loss's pi_old is b, no weight (w = 1).
+    ``"tis"`` / ``"mis"``: the loss's pi_old is t, so its ratio r = pi / pi_old measures the
+    update alone, and every token's term is multiplied by a detached weight w:
+
+        level "token":     log rho_bt = lr_bt
+        level "sequence":  log rho_bt = sum_s m_bs lr_bs   (the whole sequence's ratio)
+        "tis" (truncated IS):  w = min(rho, mismatch_cap)
+        "mis" (masked IS):     w = rho * 1[rho <= mismatch_cap]  (the token, or the whole
+                               sequence, above the cap is dropped)
+
+    A dropped token adds 0 to the loss and stays in its normaliser (aggregation is
+    unchanged, so micro-batch accumulation stays exact). The Trainer takes one optimizer
+    step per batch, so at the forward pi = pi_old: r = 1 in value (gradient grad logp), and
+    with a correction every surrogate becomes the importance-weighted policy gradient
+    -sg(w) A grad logp; clipping acts only on weights that moved since pi_old was taken.
+
+    Stats (every loss that takes this reports them, correction on or off), means over
+    action tokens: ``mismatch_logprob_gap`` = |t - b|; ``mismatch_kl`` = the k3 estimate
+    rho - 1 - lr of KL(pi_behaviour || pi_trainer) (tokens are sampled from the behaviour
+    policy; >= 0, token level whatever ``mismatch_level``); ``mismatch_weight_mean`` = w;
+    ``mismatch_capped_frac`` = share of tokens truncated (tis) or dropped (mis).
+    """
+
+    mismatch_correction: str | None = None
+    mismatch_level: str = "token"
+    mismatch_cap: float = 2.0
+
+    stat_keys: ClassVar[tuple[str, ...]] = (
+        "mismatch_logprob_gap", "mismatch_kl", "mismatch_weight_mean", "mismatch_capped_frac",
+    )
+
+    def __post_init__(self) -> None:
+        if self.mismatch_correction is not None and self.mismatch_correction not in MISMATCH_CORRECTIONS:
+            raise ValueError(
+                f"mismatch_correction={self.mismatch_correction!r}; use one of "
+                f"{MISMATCH_CORRECTIONS} or None"
+            )
+        if self.mismatch_level not in MISMATCH_LEVELS:
+            raise ValueError(f"mismatch_level={self.mismatch_level!r}; use one of {MISMATCH_LEVELS}")
+        if not self.mismatch_cap >= 1.0:
+            raise ValueError(f"mismatch_cap={self.mismatch_cap} must be >= 1")
+
+    def terms(
+        self, logp: Tensor, m: Tensor, batch: Mapping[str, Any], who: str
+    ) -> tuple[Tensor, Tensor, Stats]:
+        """(pi_old logprobs [B, T-1], the detached weight w [B, T-1], the mismatch stats)."""
+        behav = _old_logprobs(batch, who).to(logp.dtype)
+        trained = logp.detach()
+        lr = (trained - behav) * m  # 0 off the action tokens: exp stays finite there
+        w = torch.ones_like(lr)
+        capped = torch.zeros_like(lr)
+        old = behav
+        if self.mismatch_correction is not None:
+            old = trained
+            log_rho = lr if self.mismatch_level == "token" else lr.sum(-1, keepdim=True).expand_as(lr)
+            log_cap = math.log(self.mismatch_cap)
+            over = log_rho > log_cap
+            w = torch.exp(log_rho.clamp(max=log_cap))
+            if self.mismatch_correction == "mis":
+                w = torch.where(over, torch.zeros_like(w), w)
+            capped = over.to(lr.dtype)
+        return old, w, {
+            "mismatch_logprob_gap": masked_mean(lr.abs(), m),
+            "mismatch_kl": masked_mean(torch.exp(lr) - 1.0 - lr, m),
+            "mismatch_weight_mean": masked_mean(w, m),
+            "mismatch_capped_frac": masked_mean(capped, m),
+        }
+
+
 @dataclass
 class ReinforceLoss:
     """L = -agg( w_b * log pi(a_bt | s_bt) ) over action tokens."""
@@ -176,21 +265,24 @@ class ReinforceBaselineLoss:
 
 @dataclass
 class TokenClippedSurrogateLoss:
-    """PPO/GRPO token-level clipped surrogate against the actor's (behaviour) logprobs.
+    """PPO/GRPO token-level clipped surrogate against pi_old (the behaviour logprobs).
 
     r_bt = exp(logp_bt - logp_old_bt),  A_b = weight_b
     obj  = min(r A, clip(r, 1 - eps_clip, 1 + eps_clip_higher) A)
     dual clip (``dual_clip_c`` = c > 1): for A < 0, obj = max(obj, c A)
-    L    = -agg(obj).   ``eps_clip_higher=None`` means symmetric (= eps_clip).
+    L    = -agg(w * obj).   ``eps_clip_higher=None`` means symmetric (= eps_clip).
+    pi_old and the detached weight w (1 unless corrected) come from ``off_policy``.
     """
 
     eps_clip: float = 0.2
     eps_clip_higher: float | None = None
     dual_clip_c: float | None = None
     aggregation: str = "token"
+    off_policy: OffPolicyCorrection = field(default_factory=OffPolicyCorrection)
     needs_actor_logprobs: ClassVar[bool] = True
     stat_keys: ClassVar[tuple[str, ...]] = (
         "loss", "logp_mean", "ratio_mean", "clip_frac", "dual_clip_frac", "approx_kl",
+        *OffPolicyCorrection.stat_keys,
     )
 
     def __post_init__(self) -> None:
@@ -205,8 +297,8 @@ class TokenClippedSurrogateLoss:
     @checked_loss
     def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> tuple[Tensor, Stats]:
         logp = token_logprobs(logits, batch["input_ids"])
-        old = _old_logprobs(batch, "TokenClippedSurrogateLoss").to(logp.dtype)
         m = token_mask(batch, logp.dtype)
+        old, w, mismatch = self.off_policy.terms(logp, m, batch, "TokenClippedSurrogateLoss")
         adv = batch["weight"].to(logp.dtype).unsqueeze(-1)
         log_ratio = logp - old
         ratio = torch.exp(log_ratio)
@@ -219,7 +311,7 @@ class TokenClippedSurrogateLoss:
             floor = self.dual_clip_c * adv
             dual = (adv < 0) & (obj < floor)
             obj = torch.where(dual, floor.expand_as(obj), obj)
-        loss = aggregate(-obj, m, batch, self.aggregation)
+        loss = aggregate(-w * obj, m, batch, self.aggregation)
         return loss, {
             "loss": loss.detach(),
             "logp_mean": masked_mean(logp, m),
@@ -227,6 +319,7 @@ class TokenClippedSurrogateLoss:
             "clip_frac": masked_mean((surr2 < surr1).to(m.dtype), m),
             "dual_clip_frac": masked_mean(dual.to(m.dtype), m),
             "approx_kl": masked_mean(ratio - 1.0 - log_ratio, m),
+            **mismatch,
         }
 
 
@@ -235,17 +328,20 @@ class CISPOLoss:
     """CISPO: REINFORCE with a clipped, stop-gradient importance weight.
 
     r_bt = exp(logp_bt - logp_old_bt)
-    L    = -agg( sg(clip(r, 1 - eps_clip_low, 1 + eps_clip_high)) * A_b * logp_bt )
+    L    = -agg( w * sg(clip(r, 1 - eps_clip_low, 1 + eps_clip_high)) * A_b * logp_bt )
     ``eps_clip_low=None`` leaves the ratio unbounded below (the MiniMax-M1 setting). Unlike
     the PPO surrogate, no token's gradient is zeroed: the weight is clipped, not the update.
+    pi_old and the detached weight w (1 unless corrected) come from ``off_policy``.
     """
 
     eps_clip_low: float | None = None
     eps_clip_high: float = 0.2
     aggregation: str = "token"
+    off_policy: OffPolicyCorrection = field(default_factory=OffPolicyCorrection)
     needs_actor_logprobs: ClassVar[bool] = True
     stat_keys: ClassVar[tuple[str, ...]] = (
         "loss", "logp_mean", "ratio_mean", "clip_frac", "approx_kl",
+        *OffPolicyCorrection.stat_keys,
     )
 
     def __post_init__(self) -> None:
@@ -258,20 +354,21 @@ class CISPOLoss:
     @checked_loss
     def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> tuple[Tensor, Stats]:
         logp = token_logprobs(logits, batch["input_ids"])
-        old = _old_logprobs(batch, "CISPOLoss").to(logp.dtype)
         m = token_mask(batch, logp.dtype)
+        old, w, mismatch = self.off_policy.terms(logp, m, batch, "CISPOLoss")
         adv = batch["weight"].to(logp.dtype).unsqueeze(-1)
         log_ratio = logp.detach() - old
         ratio = torch.exp(log_ratio)
         lo = 0.0 if self.eps_clip_low is None else 1.0 - self.eps_clip_low
         is_w = ratio.clamp(lo, 1.0 + self.eps_clip_high)
-        loss = aggregate(-is_w * adv * logp, m, batch, self.aggregation)
+        loss = aggregate(-w * is_w * adv * logp, m, batch, self.aggregation)
         return loss, {
             "loss": loss.detach(),
             "logp_mean": masked_mean(logp, m),
             "ratio_mean": masked_mean(ratio, m),
             "clip_frac": masked_mean((is_w != ratio).to(m.dtype), m),
             "approx_kl": masked_mean(ratio - 1.0 - log_ratio, m),
+            **mismatch,
         }
 
 

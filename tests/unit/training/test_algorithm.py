@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from libludic.training.algorithm import (
+    AlgorithmSpec,
     RLAlgorithm,
     make_cispo,
     make_grpo,
@@ -29,6 +30,7 @@ from libludic.training.loss import (
     CISPOLoss,
     CompositeLoss,
     MaskedCausalLMCrossEntropyLoss,
+    OffPolicyCorrection,
     ReinforceLoss,
     TokenClippedSurrogateLoss,
     TokenKLLoss,
@@ -115,3 +117,18 @@ def test_custom_composition() -> None:
     algo = RLAlgorithm("mine", ConstantCredit(2.0), ReinforceLoss())
     items = algo.to_saw_items([make_rollout("a", [0.0, 1.0])])
     assert [i.weight for i in items] == [2.0, 2.0]
+
+
+def spec(section: dict) -> RLAlgorithm:
+    """The algorithm a run config's ``algorithm:`` section builds."""
+    return AlgorithmSpec.from_mapping(section).build()
+
+
+@pytest.mark.parametrize("name", ["grpo", "cispo", "scalerl"])
+def test_mismatch_correction_from_the_algorithm_section(name) -> None:
+    algo = spec({"name": name, "group_size": 4, "kwargs": {
+        "mismatch_correction": "mis", "mismatch_level": "sequence", "mismatch_cap": 3.0}})
+    assert algo.loss.off_policy == OffPolicyCorrection("mis", "sequence", 3.0)
+    assert spec({"name": name}).loss.off_policy == OffPolicyCorrection(None, "token", 2.0)
+    with pytest.raises(ValueError, match=rf"algorithm '{name}' with kwargs .*mismatch_correction='ois'"):
+        spec({"name": name, "kwargs": {"mismatch_correction": "ois"}})

@@ -244,3 +244,90 @@ def test_typecheck_flag(monkeypatch) -> None:
     monkeypatch.setenv("LUDIC_TYPECHECK", "0")
     # off: the CE loss ignores weight, so the bad batch goes through unchecked
     L.MaskedCausalLMCrossEntropyLoss().compute(logits, batch)
+
+
+# ------------------------------------------------------------ train/inference mismatch (TIS / MIS)
+# uniform_batch(ratio=...) sets each action token's behaviour logprob so that
+# rho = exp(t - b) = ratio[b] on every action token of sequence b (t = -log V, the trainer's).
+
+
+def off(correction=None, level="token", cap=2.0):
+    return L.OffPolicyCorrection(correction, level, cap)
+
+
+def test_mismatch_stats_without_correction() -> None:
+    logits, batch = uniform_batch(weights=(1.0, 1.0), action_lens=(2, 1), ratio=(3.0, 0.5))
+    loss, stats = L.TokenClippedSurrogateLoss().compute(logits, batch)
+    # pi_old is the behaviour policy: seq0 ratio 3 is clipped to 1.2, seq1 0.5 is not
+    # (min(0.5, 0.8) = 0.5): L = -(1.2 + 1.2 + 0.5) / 3
+    assert float(loss.detach()) == pytest.approx(-2.9 / 3, rel=1e-5)
+    # |t - b| = ln 3, ln 3, ln 2;  k3 = rho - 1 - ln rho = 2 - ln 3 (x2), 0.5 - 1 + ln 2
+    assert float(stats["mismatch_logprob_gap"]) == pytest.approx((2 * math.log(3) + math.log(2)) / 3, rel=1e-5)
+    assert float(stats["mismatch_kl"]) == pytest.approx((2 * (2 - math.log(3)) + math.log(2) - 0.5) / 3, rel=1e-5)
+    assert float(stats["mismatch_weight_mean"]) == 1.0
+    assert float(stats["mismatch_capped_frac"]) == 0.0
+
+
+@pytest.mark.parametrize(
+    "correction, want_w, want_capped",
+    [
+        ("tis", (2.0, 2.0, 0.5), 2 / 3),  # min(3, 2) = 2 on both seq0 tokens; 0.5 kept
+        ("mis", (0.0, 0.0, 0.5), 2 / 3),  # 3 > 2: both seq0 tokens dropped; 0.5 kept as is
+    ],
+)
+def test_token_level_mismatch_correction_on_the_clipped_surrogate(correction, want_w, want_capped) -> None:
+    logits, batch = uniform_batch(weights=(1.0, 1.0), action_lens=(2, 1), ratio=(3.0, 0.5))
+    loss_obj = L.TokenClippedSurrogateLoss(eps_clip=0.2, off_policy=off(correction))
+    loss, stats = loss_obj.compute(logits, batch)
+    # pi_old = t, so r = 1 (not clipped) and obj = A = 1 per token: L = -sum(w) / 3 tokens
+    assert float(loss.detach()) == pytest.approx(-sum(want_w) / 3, rel=1e-5)
+    assert float(stats["ratio_mean"]) == pytest.approx(1.0)
+    assert float(stats["clip_frac"]) == 0.0
+    assert float(stats["mismatch_weight_mean"]) == pytest.approx(sum(want_w) / 3, rel=1e-5)
+    assert float(stats["mismatch_capped_frac"]) == pytest.approx(want_capped)
+    loss.backward()
+    # gradient of -sum_t sg(w_t) A logp_t / 3: REINFORCE with per-sequence weights w
+    # (seq0's two tokens share one w). Uncorrected, seq0's clipped ratio would pass none.
+    logits2, batch2 = uniform_batch(weights=(want_w[0], want_w[2]), action_lens=(2, 1))
+    L.ReinforceLoss().compute(logits2, batch2)[0].backward()
+    assert_close(logits.grad, logits2.grad)
+
+
+@pytest.mark.parametrize(
+    "level, correction, want_w, want_capped",
+    [
+        # token level: rho = 1.5, 1.5 (seq0) and 0.5 (seq1), all under the cap 2
+        ("token", "tis", (1.5, 1.5, 0.5), 0.0),
+        ("token", "mis", (1.5, 1.5, 0.5), 0.0),
+        # sequence level: rho(seq0) = 1.5 * 1.5 = 2.25 > 2 (both its tokens), rho(seq1) = 0.5
+        ("sequence", "tis", (2.0, 2.0, 0.5), 2 / 3),
+        ("sequence", "mis", (0.0, 0.0, 0.5), 2 / 3),
+    ],
+)
+def test_sequence_level_ratio_is_the_product_over_the_sequence(level, correction, want_w, want_capped) -> None:
+    logits, batch = uniform_batch(weights=(1.0, 1.0), action_lens=(2, 1), ratio=(1.5, 0.5))
+    loss, stats = L.TokenClippedSurrogateLoss(off_policy=off(correction, level)).compute(logits, batch)
+    assert float(loss.detach()) == pytest.approx(-sum(want_w) / 3, rel=1e-5)
+    assert float(stats["mismatch_capped_frac"]) == pytest.approx(want_capped)
+
+
+def test_mismatch_correction_on_cispo() -> None:
+    logits, batch = uniform_batch(weights=(1.0, 1.0), action_lens=(2, 1), ratio=(3.0, 0.5))
+    loss, stats = L.CISPOLoss(off_policy=off("tis")).compute(logits, batch)
+    # r = 1 against pi_old = t, so the CISPO weight is 1; TIS w = 2, 2, 0.5
+    # L = -sum(w * 1 * A * logp) / 3 = (2 + 2 + 0.5) log V / 3 = 1.5 log V
+    assert float(loss.detach()) == pytest.approx(1.5 * math.log(V), rel=1e-5)
+    assert float(stats["mismatch_capped_frac"]) == pytest.approx(2 / 3)
+    loss.backward()
+    logits2, batch2 = uniform_batch(weights=(2.0, 0.5), action_lens=(2, 1))
+    L.ReinforceLoss().compute(logits2, batch2)[0].backward()
+    assert_close(logits.grad, logits2.grad)
+
+
+def test_mismatch_options_are_validated() -> None:
+    with pytest.raises(ValueError, match="mismatch_correction='ois'"):
+        off("ois")
+    with pytest.raises(ValueError, match="mismatch_level='group'"):
+        off("tis", "group")
+    with pytest.raises(ValueError, match="mismatch_cap=0.5 must be >= 1"):
+        off("tis", cap=0.5)

@@ -14,6 +14,7 @@ from libludic.training.config import TrainerConfig
 from libludic.training.credit_assignment import ConstantCredit
 from libludic.training.loss import (
     CISPOLoss,
+    OffPolicyCorrection,
     ReinforceBaselineLoss,
     ReinforceLoss,
     TokenClippedSurrogateLoss,
@@ -37,20 +38,37 @@ def varied_items():
     return [make_item(s, a, weight=w, seed=i) for i, (s, a, w) in enumerate(shapes)]
 
 
-@pytest.mark.parametrize(
-    "loss",
-    [
-        ReinforceLoss(),
-        ReinforceLoss(aggregation="sequence"),
-        ReinforceBaselineLoss(),
-        TokenClippedSurrogateLoss(eps_clip=0.2),
-        CISPOLoss(),
-    ],
-    ids=["reinforce", "reinforce-seq", "baseline", "clipped", "cispo"],
-)
-def test_micro_batched_gradient_equals_full_batch(base_model, loss) -> None:
-    algo = RLAlgorithm("t", ConstantCredit(), loss)
+def off_policy_items():
+    """varied_items whose behaviour logprobs alternate -2.5 / -8.5 around the tiny model's
+    ~ -5.6 (near-uniform over 259 ids): rho ~ e^-3 and e^3 (= 20, above any cap below), so
+    tokens and sequences are truncated / dropped on both sides of micro-batch boundaries."""
     items = varied_items()
+    for it in items:
+        n_state = it.num_tokens - it.num_action_tokens
+        acts = [-2.5 if i % 2 else -8.5 for i in range(it.num_action_tokens)]
+        it.attachments.actor_logprobs = [0.0] * n_state + acts
+    return items
+
+
+@pytest.mark.parametrize(
+    "loss, items_fn",
+    [
+        (ReinforceLoss(), varied_items),
+        (ReinforceLoss(aggregation="sequence"), varied_items),
+        (ReinforceBaselineLoss(), varied_items),
+        (TokenClippedSurrogateLoss(eps_clip=0.2), varied_items),
+        (CISPOLoss(), varied_items),
+        (TokenClippedSurrogateLoss(off_policy=OffPolicyCorrection("tis", "token", 2.0)), off_policy_items),
+        (TokenClippedSurrogateLoss(off_policy=OffPolicyCorrection("mis", "sequence", 2.0)), off_policy_items),
+        (CISPOLoss(off_policy=OffPolicyCorrection("mis", "token", 2.0)), off_policy_items),
+        (CISPOLoss(off_policy=OffPolicyCorrection("tis", "sequence", 1.5)), off_policy_items),
+    ],
+    ids=["reinforce", "reinforce-seq", "baseline", "clipped", "cispo", "clipped-tis-token",
+         "clipped-mis-seq", "cispo-mis-token", "cispo-tis-seq"],
+)
+def test_micro_batched_gradient_equals_full_batch(base_model, loss, items_fn) -> None:
+    algo = RLAlgorithm("t", ConstantCredit(), loss)
+    items = items_fn()
     full = Trainer(model=copy.deepcopy(base_model), algo=algo, batch_source=ListBatchSource([items]),
                    cfg=cpu_cfg(micro_token_budget=10_000))
     micro = Trainer(model=copy.deepcopy(base_model), algo=algo, batch_source=ListBatchSource([items]),
@@ -62,6 +80,12 @@ def test_micro_batched_gradient_equals_full_batch(base_model, loss) -> None:
     assert s_micro["loss"] == pytest.approx(s_full["loss"], rel=1e-5, abs=1e-6)
     for (n, p), q in zip(full.model.named_parameters(), micro.model.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=n)
+    if items_fn is off_policy_items:
+        # per-token means: the token-weighted mean over micro-batches is the full batch's
+        for k in OffPolicyCorrection.stat_keys:
+            assert s_micro[f"loss/{k}"] == pytest.approx(s_full[f"loss/{k}"], rel=1e-4), k
+        # the correction does something on these items: some tokens are capped, not all
+        assert 0.0 < s_full["loss/mismatch_capped_frac"] < 1.0
 
 
 class RecordingPublisher:
