@@ -74,6 +74,13 @@ class RLAlgorithm:
         return bool(getattr(self.loss, "needs_ref_logprobs", False))
 
     @property
+    def needs_prox_logprobs(self) -> bool:
+        """The loss reads ``batch["prox_logprobs"]`` (``recompute_logprob`` or
+        ``use_decoupled_loss``): the Trainer computes them with a no-grad forward of the
+        current weights per micro-batch, before the update."""
+        return bool(getattr(self.loss, "needs_prox_logprobs", False))
+
+    @property
     def has_batch_stage(self) -> bool:
         return hasattr(self.credit_assigner, "batch_stage")
 
@@ -169,19 +176,33 @@ def make_grpo(
     mismatch_correction: str | None = None,
     mismatch_level: str = "token",
     mismatch_cap: float = 2.0,
+    recompute_logprob: bool = False,
+    use_decoupled_loss: bool = False,
+    behav_imp_weight_cap: float | None = None,
 ) -> RLAlgorithm:
     """GroupNormalizedReturn + TokenClippedSurrogateLoss (+ k3 KL when kl_coeff > 0).
 
     ``normalize_adv`` defaults to False as in GroupNormalizedReturn (mean-centred only);
-    set True for the original GRPO's division by the group std. ``mismatch_*``: the
-    loss's OffPolicyCorrection (TIS / MIS against the server's logprobs).
+    set True for the original GRPO's division by the group std.
+
+    ``mismatch_*`` (TIS / MIS against the server's logprobs), ``recompute_logprob``,
+    ``use_decoupled_loss`` and ``behav_imp_weight_cap`` (AReaL's decoupled PPO) are the
+    fields of the loss's ``OffPolicyCorrection``; the cispo and scalerl presets take them
+    too.
     """
     loss = TokenClippedSurrogateLoss(
         eps_clip=eps_clip,
         eps_clip_higher=eps_clip_higher,
         dual_clip_c=dual_clip_c,
         aggregation=aggregation,
-        off_policy=OffPolicyCorrection(mismatch_correction, mismatch_level, mismatch_cap),
+        off_policy=OffPolicyCorrection(
+            mismatch_correction=mismatch_correction,
+            mismatch_level=mismatch_level,
+            mismatch_cap=mismatch_cap,
+            recompute_logprob=recompute_logprob,
+            use_decoupled_loss=use_decoupled_loss,
+            behav_imp_weight_cap=behav_imp_weight_cap,
+        ),
     )
     return RLAlgorithm(
         name="grpo",
@@ -211,6 +232,9 @@ def make_scalerl(
     mismatch_correction: str | None = None,
     mismatch_level: str = "token",
     mismatch_cap: float = 2.0,
+    recompute_logprob: bool = False,
+    use_decoupled_loss: bool = False,
+    behav_imp_weight_cap: float | None = None,
 ) -> RLAlgorithm:
     """HybridNormalizedReturn + CISPOLoss; ``filter_zvp`` drops zero-variance groups."""
     return RLAlgorithm(
@@ -219,7 +243,14 @@ def make_scalerl(
         loss=CISPOLoss(
             eps_clip_high=eps_clip_high,
             aggregation=aggregation,
-            off_policy=OffPolicyCorrection(mismatch_correction, mismatch_level, mismatch_cap),
+            off_policy=OffPolicyCorrection(
+                mismatch_correction=mismatch_correction,
+                mismatch_level=mismatch_level,
+                mismatch_cap=mismatch_cap,
+                recompute_logprob=recompute_logprob,
+                use_decoupled_loss=use_decoupled_loss,
+                behav_imp_weight_cap=behav_imp_weight_cap,
+            ),
         ),
         preprocess=drop_zero_variance_groups if filter_zvp else None,
     )
@@ -235,13 +266,23 @@ def make_cispo(
     mismatch_correction: str | None = None,
     mismatch_level: str = "token",
     mismatch_cap: float = 2.0,
+    recompute_logprob: bool = False,
+    use_decoupled_loss: bool = False,
+    behav_imp_weight_cap: float | None = None,
 ) -> RLAlgorithm:
     """GroupNormalizedReturn + CISPOLoss (+ k3 KL when kl_coeff > 0)."""
     loss = CISPOLoss(
         eps_clip_low=eps_clip_low,
         eps_clip_high=eps_clip_high,
         aggregation=aggregation,
-        off_policy=OffPolicyCorrection(mismatch_correction, mismatch_level, mismatch_cap),
+        off_policy=OffPolicyCorrection(
+            mismatch_correction=mismatch_correction,
+            mismatch_level=mismatch_level,
+            mismatch_cap=mismatch_cap,
+            recompute_logprob=recompute_logprob,
+            use_decoupled_loss=use_decoupled_loss,
+            behav_imp_weight_cap=behav_imp_weight_cap,
+        ),
     )
     return RLAlgorithm(
         name="cispo",

@@ -127,21 +127,34 @@ def _old_logprobs(batch: Mapping[str, Any], who: str) -> Tensor:
 
 MISMATCH_CORRECTIONS = ("tis", "mis")
 MISMATCH_LEVELS = ("token", "sequence")
+PROX_LOGPROBS_KEY = "prox_logprobs"
 
 
 @dataclass(frozen=True)
 class OffPolicyCorrection:
     """The gap between the behaviour policy (the server's) and the trainer's policy.
 
-    b_bt = ``actor_logprobs`` (what the inference engine sampled from), t_bt = sg(logp_bt)
-    (the trainer's logprob of the same token under the weights being updated). They differ
-    by the train/inference mismatch (kernels, precision, batching of the engine) and, for an
-    item sampled by an older policy version, by the policy lag. Per action token
-    lr_bt = t_bt - b_bt,  rho = exp(lr) = pi_trainer / pi_behaviour.
+    b_bt = ``actor_logprobs`` (what the inference engine sampled from). t_bt = the trainer's
+    logprob of the same token under the weights being updated: ``batch["prox_logprobs"]``
+    (the proximal policy, recomputed by the Trainer with a no-grad forward before the update)
+    when ``needs_prox_logprobs``, else sg(logp_bt) (the same weights: the Trainer takes one
+    optimizer step per batch). t and b differ by the train/inference mismatch (kernels,
+    precision, batching of the engine) and, for an item sampled by an older policy version,
+    by the policy lag. Per action token lr_bt = t_bt - b_bt,  rho = exp(lr) = pi_t / pi_b.
 
-    ``mismatch_correction=None`` (default): the loss's pi_old is b, no weight (w = 1).
-    ``"tis"`` / ``"mis"``: the loss's pi_old is t, so its ratio r = pi / pi_old measures the
-    update alone, and every token's term is multiplied by a detached weight w:
+    Default: the loss's pi_old is b, no weight (w = 1).
+
+    ``recompute_logprob`` (AReaL): pi_old is the recomputed t instead of b, no weight.
+
+    ``use_decoupled_loss`` (AReaL's decoupled PPO; implies ``recompute_logprob``): pi_old is
+    the proximal policy t, and each token's term is weighted by the behaviour importance
+    weight, tokens above ``behav_imp_weight_cap`` (> 1, or None: no cap) filtered out:
+
+        r_bt = exp(logp_bt - t_bt)        the surrogate's (clipped) ratio, against pi_prox
+        w_bt = rho_bt * 1[rho_bt <= behav_imp_weight_cap]     detached
+
+    ``mismatch_correction`` "tis" / "mis" (TIS, MIS): pi_old is t, and each token's term is
+    weighted by a detached w of rho, per token or per sequence (``mismatch_level``):
 
         level "token":     log rho_bt = lr_bt
         level "sequence":  log rho_bt = sum_s m_bs lr_bs   (the whole sequence's ratio)
@@ -149,22 +162,26 @@ class OffPolicyCorrection:
         "mis" (masked IS):     w = rho * 1[rho <= mismatch_cap]  (the token, or the whole
                                sequence, above the cap is dropped)
 
+    The decoupled weight is token-level MIS against pi_prox, so the two do not combine.
     A dropped token adds 0 to the loss and stays in its normaliser (aggregation is
-    unchanged, so micro-batch accumulation stays exact). The Trainer takes one optimizer
-    step per batch, so at the forward pi = pi_old: r = 1 in value (gradient grad logp), and
-    with a correction every surrogate becomes the importance-weighted policy gradient
-    -sg(w) A grad logp; clipping acts only on weights that moved since pi_old was taken.
+    unchanged, so micro-batch accumulation stays exact). With one optimizer step per
+    batch, pi = pi_old at the forward whenever pi_old is t: r = 1 in value (gradient
+    grad logp), the surrogate becomes the importance-weighted policy gradient
+    -sg(w) A grad logp, and clipping acts only on weights that moved since t was taken.
 
-    Stats (every loss that takes this reports them, correction on or off), means over
+    Stats (every loss that takes this reports them, whatever the options), means over
     action tokens: ``mismatch_logprob_gap`` = |t - b|; ``mismatch_kl`` = the k3 estimate
-    rho - 1 - lr of KL(pi_behaviour || pi_trainer) (tokens are sampled from the behaviour
-    policy; >= 0, token level whatever ``mismatch_level``); ``mismatch_weight_mean`` = w;
-    ``mismatch_capped_frac`` = share of tokens truncated (tis) or dropped (mis).
+    rho - 1 - lr of KL(pi_b || pi_t) (tokens are sampled from the behaviour policy; >= 0,
+    token level whatever ``mismatch_level``); ``mismatch_weight_mean`` = w;
+    ``mismatch_capped_frac`` = share of tokens truncated (tis) or dropped (mis, decoupled).
     """
 
     mismatch_correction: str | None = None
     mismatch_level: str = "token"
     mismatch_cap: float = 2.0
+    recompute_logprob: bool = False
+    use_decoupled_loss: bool = False
+    behav_imp_weight_cap: float | None = None
 
     stat_keys: ClassVar[tuple[str, ...]] = (
         "mismatch_logprob_gap", "mismatch_kl", "mismatch_weight_mean", "mismatch_capped_frac",
@@ -180,24 +197,55 @@ class OffPolicyCorrection:
             raise ValueError(f"mismatch_level={self.mismatch_level!r}; use one of {MISMATCH_LEVELS}")
         if not self.mismatch_cap >= 1.0:
             raise ValueError(f"mismatch_cap={self.mismatch_cap} must be >= 1")
+        if self.behav_imp_weight_cap is not None:
+            if not self.use_decoupled_loss:
+                raise ValueError(
+                    f"behav_imp_weight_cap={self.behav_imp_weight_cap} needs "
+                    "use_decoupled_loss=True (it caps the decoupled loss's behaviour weight)"
+                )
+            if not self.behav_imp_weight_cap > 1.0:
+                raise ValueError(f"behav_imp_weight_cap={self.behav_imp_weight_cap} must be > 1")
+        if self.use_decoupled_loss and self.mismatch_correction is not None:
+            raise ValueError(
+                f"use_decoupled_loss=True and mismatch_correction={self.mismatch_correction!r}: "
+                "the decoupled loss already weights each token by exp(prox - behav) (token-level "
+                "MIS at behav_imp_weight_cap); choose one"
+            )
+
+    @property
+    def needs_prox_logprobs(self) -> bool:
+        """The loss reads ``batch["prox_logprobs"]`` (the Trainer then computes them)."""
+        return self.recompute_logprob or self.use_decoupled_loss
 
     def terms(
         self, logp: Tensor, m: Tensor, batch: Mapping[str, Any], who: str
     ) -> tuple[Tensor, Tensor, Stats]:
         """(pi_old logprobs [B, T-1], the detached weight w [B, T-1], the mismatch stats)."""
         behav = _old_logprobs(batch, who).to(logp.dtype)
-        trained = logp.detach()
+        if self.needs_prox_logprobs:
+            if batch.get(PROX_LOGPROBS_KEY) is None:
+                raise KeyError(
+                    f"{who} with recompute_logprob/use_decoupled_loss needs "
+                    f"batch[{PROX_LOGPROBS_KEY!r}] (the current weights' logprobs aligned to "
+                    "input_ids); the Trainer computes them when algo.needs_prox_logprobs"
+                )
+            trained = batch[PROX_LOGPROBS_KEY][:, 1:].to(logp.dtype)
+        else:
+            trained = logp.detach()
         lr = (trained - behav) * m  # 0 off the action tokens: exp stays finite there
+        mode, level, cap = self.mismatch_correction, self.mismatch_level, self.mismatch_cap
+        if self.use_decoupled_loss:
+            cap = math.inf if self.behav_imp_weight_cap is None else self.behav_imp_weight_cap
+            mode, level = "mis", "token"
         w = torch.ones_like(lr)
         capped = torch.zeros_like(lr)
-        old = behav
-        if self.mismatch_correction is not None:
-            old = trained
-            log_rho = lr if self.mismatch_level == "token" else lr.sum(-1, keepdim=True).expand_as(lr)
-            log_cap = math.log(self.mismatch_cap)
+        old = trained if mode is not None or self.needs_prox_logprobs else behav
+        if mode is not None:
+            log_rho = lr if level == "token" else lr.sum(-1, keepdim=True).expand_as(lr)
+            log_cap = math.log(cap)
             over = log_rho > log_cap
             w = torch.exp(log_rho.clamp(max=log_cap))
-            if self.mismatch_correction == "mis":
+            if mode == "mis":
                 w = torch.where(over, torch.zeros_like(w), w)
             capped = over.to(lr.dtype)
         return old, w, {
@@ -272,6 +320,11 @@ class TokenClippedSurrogateLoss:
     dual clip (``dual_clip_c`` = c > 1): for A < 0, obj = max(obj, c A)
     L    = -agg(w * obj).   ``eps_clip_higher=None`` means symmetric (= eps_clip).
     pi_old and the detached weight w (1 unless corrected) come from ``off_policy``.
+
+    Decoupled PPO (``off_policy.use_decoupled_loss``, AReaL), with prox = the proximal
+    policy's logprobs (the current weights before the update) and b = the behaviour's:
+    L = -agg( sg(v) * 1[v <= behav_imp_weight_cap] * min(r A, clip(r, 1 - eps_clip,
+    1 + eps_clip_higher) A) ),  r = exp(logp - prox),  v = exp(prox - b).
     """
 
     eps_clip: float = 0.2
@@ -284,6 +337,10 @@ class TokenClippedSurrogateLoss:
         "loss", "logp_mean", "ratio_mean", "clip_frac", "dual_clip_frac", "approx_kl",
         *OffPolicyCorrection.stat_keys,
     )
+
+    @property
+    def needs_prox_logprobs(self) -> bool:
+        return self.off_policy.needs_prox_logprobs
 
     def __post_init__(self) -> None:
         _check_agg(self)
@@ -343,6 +400,10 @@ class CISPOLoss:
         "loss", "logp_mean", "ratio_mean", "clip_frac", "approx_kl",
         *OffPolicyCorrection.stat_keys,
     )
+
+    @property
+    def needs_prox_logprobs(self) -> bool:
+        return self.off_policy.needs_prox_logprobs
 
     def __post_init__(self) -> None:
         _check_agg(self)
@@ -469,6 +530,10 @@ class CompositeLoss:
     @property
     def needs_ref_logprobs(self) -> bool:
         return any(getattr(t.loss, "needs_ref_logprobs", False) for t in self.terms)
+
+    @property
+    def needs_prox_logprobs(self) -> bool:
+        return any(getattr(t.loss, "needs_prox_logprobs", False) for t in self.terms)
 
     @property
     def stat_keys(self) -> tuple[str, ...]:

@@ -132,3 +132,20 @@ def test_mismatch_correction_from_the_algorithm_section(name) -> None:
     assert spec({"name": name}).loss.off_policy == OffPolicyCorrection(None, "token", 2.0)
     with pytest.raises(ValueError, match=rf"algorithm '{name}' with kwargs .*mismatch_correction='ois'"):
         spec({"name": name, "kwargs": {"mismatch_correction": "ois"}})
+
+
+@pytest.mark.parametrize("name", ["grpo", "cispo", "scalerl"])
+def test_decoupled_ppo_from_the_algorithm_section(name) -> None:
+    algo = spec({"name": name, "kwargs": {"use_decoupled_loss": True, "behav_imp_weight_cap": 5.0}})
+    assert algo.loss.off_policy == OffPolicyCorrection(use_decoupled_loss=True, behav_imp_weight_cap=5.0)
+    assert algo.needs_prox_logprobs
+    assert spec({"name": name, "kwargs": {"recompute_logprob": True}}).needs_prox_logprobs
+    assert not spec({"name": name}).needs_prox_logprobs
+    with pytest.raises(ValueError, match=rf"algorithm '{name}'.*needs use_decoupled_loss=True"):
+        spec({"name": name, "kwargs": {"behav_imp_weight_cap": 5.0}})
+
+
+def test_decoupled_ppo_with_kl_still_asks_for_prox_logprobs() -> None:
+    algo = spec({"name": "grpo", "kwargs": {"use_decoupled_loss": True, "kl_coeff": 0.1}})
+    assert isinstance(algo.loss, CompositeLoss)
+    assert algo.needs_prox_logprobs and algo.needs_ref_logprobs

@@ -331,3 +331,87 @@ def test_mismatch_options_are_validated() -> None:
         off("tis", "group")
     with pytest.raises(ValueError, match="mismatch_cap=0.5 must be >= 1"):
         off("tis", cap=0.5)
+
+
+# ------------------------------------------------------------------- decoupled PPO (AReaL)
+
+
+def decoupled_batch(r=(1.5, 0.5), v=(3.0, 0.5)):
+    """Sequence b's action tokens get prox and behaviour logprobs such that
+    exp(logp - prox) = r[b] and exp(prox - behav) = v[b] (logp = -log V)."""
+    logits, batch = uniform_batch(weights=(1.0, 1.0), action_lens=(2, 1))
+    act = batch["action_mask"].float()
+    logp = -math.log(V)
+    prox = torch.stack([(logp - math.log(r[b])) * act[b] for b in range(2)])
+    batch[L.PROX_LOGPROBS_KEY] = prox
+    batch["actor_logprobs"] = torch.stack([(prox[b] - math.log(v[b])) * act[b] for b in range(2)])
+    return logits, batch
+
+
+def decoupled(cap=None, **kw):
+    return L.OffPolicyCorrection(use_decoupled_loss=True, behav_imp_weight_cap=cap, **kw)
+
+
+def test_decoupled_ppo_clips_against_prox_and_filters_behaviour_weights_above_the_cap() -> None:
+    logits, batch = decoupled_batch()
+    loss_obj = L.TokenClippedSurrogateLoss(eps_clip=0.2, off_policy=decoupled(cap=2.0))
+    loss, stats = loss_obj.compute(logits, batch)
+    # r against prox: seq0 min(1.5, 1.2) = 1.2 (clipped), seq1 min(0.5, 0.8) = 0.5
+    # v = exp(prox - behav): seq0 3 > cap 2 -> both tokens filtered (w 0), seq1 w = 0.5
+    # L = -(0 * 1.2 * 2 + 0.5 * 0.5) / 3 tokens
+    assert float(loss.detach()) == pytest.approx(-0.25 / 3, rel=1e-5)
+    assert float(stats["ratio_mean"]) == pytest.approx(3.5 / 3, rel=1e-5)
+    assert float(stats["clip_frac"]) == pytest.approx(2 / 3)
+    assert float(stats["mismatch_weight_mean"]) == pytest.approx(0.5 / 3, rel=1e-5)
+    assert float(stats["mismatch_capped_frac"]) == pytest.approx(2 / 3)
+    # |prox - behav| = ln 3, ln 3, ln 2
+    assert float(stats["mismatch_logprob_gap"]) == pytest.approx((2 * math.log(3) + math.log(2)) / 3, rel=1e-5)
+    loss.backward()
+    # only seq1 passes gradient: d(-w r A)/dlogits = -0.5 * r * grad logp = -0.25 grad logp,
+    # over 3 tokens: REINFORCE with weights (0, 0.25)
+    logits2, batch2 = uniform_batch(weights=(0.0, 0.25), action_lens=(2, 1))
+    L.ReinforceLoss().compute(logits2, batch2)[0].backward()
+    assert_close(logits.grad, logits2.grad)
+    # without a cap seq0 keeps its weight 3: L = -(3 * 1.2 * 2 + 0.5 * 0.5) / 3
+    loss, stats = L.TokenClippedSurrogateLoss(off_policy=decoupled()).compute(*decoupled_batch())
+    assert float(loss.detach()) == pytest.approx(-7.45 / 3, rel=1e-5)
+    assert float(stats["mismatch_capped_frac"]) == 0.0
+
+
+def test_recompute_logprob_replaces_the_behaviour_logprobs_without_weights() -> None:
+    logits, batch = decoupled_batch()
+    off_pol = L.OffPolicyCorrection(recompute_logprob=True)
+    loss, stats = L.TokenClippedSurrogateLoss(off_policy=off_pol).compute(logits, batch)
+    # pi_old = prox: obj 1.2, 1.2, 0.5 as above, w = 1: L = -(1.2 + 1.2 + 0.5) / 3
+    assert float(loss.detach()) == pytest.approx(-2.9 / 3, rel=1e-5)
+    assert float(stats["mismatch_weight_mean"]) == 1.0
+
+
+def test_decoupled_cispo() -> None:
+    logits, batch = decoupled_batch()
+    loss, _ = L.CISPOLoss(eps_clip_high=0.2, off_policy=decoupled(cap=2.0)).compute(logits, batch)
+    # CISPO weight sg(clip(r, 0, 1.2)) = 1.2, 1.2, 0.5; decoupled w = 0, 0, 0.5
+    # L = -sum(w * is_w * A * logp) / 3 = 0.5 * 0.5 * log V / 3
+    assert float(loss.detach()) == pytest.approx(0.25 * math.log(V) / 3, rel=1e-5)
+
+
+def test_prox_logprobs_are_required_and_announced() -> None:
+    logits, batch = decoupled_batch()
+    del batch[L.PROX_LOGPROBS_KEY]
+    loss_obj = L.TokenClippedSurrogateLoss(off_policy=decoupled())
+    with pytest.raises(KeyError, match=r"needs batch\['prox_logprobs'\].*algo.needs_prox_logprobs"):
+        loss_obj.compute(logits, batch)
+    assert loss_obj.needs_prox_logprobs
+    assert L.CISPOLoss(off_policy=L.OffPolicyCorrection(recompute_logprob=True)).needs_prox_logprobs
+    assert not L.TokenClippedSurrogateLoss(off_policy=off("tis")).needs_prox_logprobs
+    comp = L.CompositeLoss(terms=[L.LossTerm("pg", loss_obj), L.LossTerm("kl", L.TokenKLLoss())])
+    assert comp.needs_prox_logprobs
+
+
+def test_decoupled_options_are_validated() -> None:
+    with pytest.raises(ValueError, match="behav_imp_weight_cap=5.0 needs use_decoupled_loss=True"):
+        L.OffPolicyCorrection(behav_imp_weight_cap=5.0)
+    with pytest.raises(ValueError, match="behav_imp_weight_cap=1.0 must be > 1"):
+        decoupled(cap=1.0)
+    with pytest.raises(ValueError, match="choose one"):
+        decoupled(mismatch_correction="tis")
