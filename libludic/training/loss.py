@@ -7,18 +7,23 @@ Conventions shared by every loss here:
   and the token mask is ``action_mask[:, 1:] * attention_mask[:, 1:]``. ``actor_logprobs``
   / ``ref_logprobs`` are aligned to ``input_ids`` (``[B, T]``) and shifted the same way.
 * ``batch["weight"]`` [B] is the CreditAssigner's weight (advantage) of each sequence.
-* Aggregation (field ``aggregation``), both *sums* divided by a normaliser N:
-    - ``"token"``:    L = sum_{b,t} m_bt l_bt / N_tok      (N_tok = action tokens)
-    - ``"sequence"``: L = sum_b (sum_t m_bt l_bt / n_b) / N_seq  (n_b = tokens of b,
-      N_seq = sequences with at least one action token)
-  N is read from ``batch[NUM_ACTION_TOKENS_KEY]`` / ``batch[NUM_SEQUENCES_KEY]`` when present:
-  the Trainer puts the *macro-batch* totals there, so the sum of micro-batch losses is the
-  full-batch loss exactly (and so is its gradient). Without them N is the micro-batch's own.
+* Aggregation (field ``aggregation``): sums over action tokens divided by a normaliser,
+  with m the token mask, n_b = sum_t m_bt, N_tok = sum_b n_b, N_seq = #{b : n_b > 0}:
+    - ``"token-mean"`` (alias ``"token"``):  L = sum_{b,t} m_bt l_bt / N_tok
+    - ``"seq-mean-token-mean"`` (alias ``"sequence"``):  L = sum_b (sum_t m_bt l_bt / n_b) / N_seq
+    - ``"seq-mean-token-sum"``:  L = sum_b sum_t m_bt l_bt / N_seq
+    - ``"seq-mean-token-sum-norm"``:  L = sum_b sum_t m_bt l_bt / (N_seq * C), C the loss's
+      ``max_new_tokens`` (Dr. GRPO: a constant, the generation budget, in place of n_b)
+  N_tok / N_seq are read from ``batch[NUM_ACTION_TOKENS_KEY]`` / ``batch[NUM_SEQUENCES_KEY]``
+  when present: the Trainer puts the *macro-batch* totals there, so the sum of micro-batch
+  losses is the full-batch loss exactly (and so is its gradient). Without them N is the
+  micro-batch's own. A sequence never spans two micro-batches, so n_b is always whole.
 * Behaviour policy: ``actor_logprobs`` are the logprobs the inference server returned for
-  the tokens it sampled. The losses that read them (TokenClippedSurrogateLoss, CISPOLoss)
-  take an ``OffPolicyCorrection`` (field ``off_policy``) for the gap between that policy
-  and the trainer's: truncated or masked importance sampling (TIS / MIS), per token or
-  per sequence, and the mismatch stats ``mismatch_*`` (see ``OffPolicyCorrection``).
+  the tokens it sampled. The losses that read them (TokenClippedSurrogateLoss, CISPOLoss,
+  GSPOLoss) take an ``OffPolicyCorrection`` (field ``off_policy``) for the gap between that
+  policy and the trainer's: truncated or masked importance sampling (TIS / MIS) per token
+  or per sequence, AReaL's decoupled PPO against recomputed proximal logprobs, and the
+  mismatch stats ``mismatch_*``.
 * Stats: detached 0-d tensors under a fixed set of keys per loss (``stat_keys``).
 * Losses compute in the logits' dtype; the Trainer casts logits to fp32 first when
   ``TrainerConfig.cast_logits_to_fp32`` is set (ratios exp(logp - logp_old) need it).
@@ -43,7 +48,8 @@ from libludic.training.typecheck import checked_loss
 NUM_ACTION_TOKENS_KEY = "num_action_tokens_total"
 NUM_SEQUENCES_KEY = "num_sequences_total"
 WEIGHT_MEAN_KEY = "weight_mean_total"
-AGGREGATIONS = ("token", "sequence")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+AGGREGATION_ALIASES = {"token": "token-mean", "sequence": "seq-mean-token-mean"}
 
 Stats = dict[str, Tensor]
 
@@ -91,17 +97,30 @@ def _scalar(batch: Mapping[str, Any], key: str, default: Tensor) -> Tensor:
     return torch.as_tensor(v, dtype=default.dtype, device=default.device)
 
 
-def aggregate(per_token: Tensor, mask: Tensor, batch: Mapping[str, Any], mode: str) -> Tensor:
+def aggregate(
+    per_token: Tensor,
+    mask: Tensor,
+    batch: Mapping[str, Any],
+    mode: str,
+    max_new_tokens: int | None = None,
+) -> Tensor:
     """Reduce [B, T-1] per-token losses to a scalar (see module docstring)."""
-    if mode == "token":
+    mode = AGGREGATION_ALIASES.get(mode, mode)
+    if mode == "token-mean":
         n = _scalar(batch, NUM_ACTION_TOKENS_KEY, mask.sum())
         return (per_token * mask).sum() / n.clamp(min=1.0)
-    if mode == "sequence":
-        n_b = mask.sum(dim=-1)
-        per_seq = (per_token * mask).sum(dim=-1) / n_b.clamp(min=1.0)
-        n = _scalar(batch, NUM_SEQUENCES_KEY, (n_b > 0).sum().to(mask.dtype))
-        return per_seq.sum() / n.clamp(min=1.0)
-    raise ValueError(f"aggregation={mode!r}; use one of {AGGREGATIONS}")
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"aggregation={mode!r}; use one of {AGGREGATIONS}")
+    n_b = mask.sum(dim=-1)
+    per_seq = (per_token * mask).sum(dim=-1)
+    if mode == "seq-mean-token-mean":
+        per_seq = per_seq / n_b.clamp(min=1.0)
+    elif mode == "seq-mean-token-sum-norm":
+        if max_new_tokens is None:
+            raise ValueError("aggregation='seq-mean-token-sum-norm' needs max_new_tokens (the constant C)")
+        per_seq = per_seq / float(max_new_tokens)
+    n = _scalar(batch, NUM_SEQUENCES_KEY, (n_b > 0).sum().to(mask.dtype))
+    return per_seq.sum() / n.clamp(min=1.0)
 
 
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -109,9 +128,25 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
 
 
 def _check_agg(obj: Any) -> None:
-    if obj.aggregation not in AGGREGATIONS:
+    """``obj.aggregation`` is known; the sum-norm aggregation has its constant C."""
+    mode = AGGREGATION_ALIASES.get(obj.aggregation, obj.aggregation)
+    if mode not in AGGREGATIONS:
         raise ValueError(
-            f"{type(obj).__name__}.aggregation={obj.aggregation!r}; use one of {AGGREGATIONS}"
+            f"{type(obj).__name__}.aggregation={obj.aggregation!r}; use one of {AGGREGATIONS} "
+            f"(or the aliases {sorted(AGGREGATION_ALIASES)})"
+        )
+    c = getattr(obj, "max_new_tokens", None)
+    if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
+        raise ValueError(f"{type(obj).__name__}.max_new_tokens={c!r} must be an integer >= 1")
+    if mode == "seq-mean-token-sum-norm" and c is None:
+        if not hasattr(obj, "max_new_tokens"):
+            raise ValueError(
+                f"{type(obj).__name__} does not take aggregation='seq-mean-token-sum-norm' "
+                "(no max_new_tokens); use another aggregation"
+            )
+        raise ValueError(
+            f"{type(obj).__name__}.aggregation='seq-mean-token-sum-norm' needs max_new_tokens "
+            "(the constant C each sequence's token sum is divided by: the generation budget)"
         )
 
 
@@ -260,7 +295,8 @@ class OffPolicyCorrection:
 class ReinforceLoss:
     """L = -agg( w_b * log pi(a_bt | s_bt) ) over action tokens."""
 
-    aggregation: str = "token"
+    aggregation: str = "token-mean"
+    max_new_tokens: int | None = None  # C of aggregation "seq-mean-token-sum-norm"
     needs_actor_logprobs: ClassVar[bool] = False
     stat_keys: ClassVar[tuple[str, ...]] = ("loss", "logp_mean", "weight_mean")
 
@@ -272,7 +308,7 @@ class ReinforceLoss:
         logp = token_logprobs(logits, batch["input_ids"])
         m = token_mask(batch, logp.dtype)
         w = batch["weight"].to(logp.dtype).unsqueeze(-1)  # [B, 1]
-        loss = aggregate(-w * logp, m, batch, self.aggregation)
+        loss = aggregate(-w * logp, m, batch, self.aggregation, self.max_new_tokens)
         return loss, {
             "loss": loss.detach(),
             "logp_mean": masked_mean(logp, m),
@@ -288,7 +324,8 @@ class ReinforceBaselineLoss:
     macro-batch, so micro-batching does not change it); otherwise the micro-batch mean.
     """
 
-    aggregation: str = "token"
+    aggregation: str = "token-mean"
+    max_new_tokens: int | None = None  # C of aggregation "seq-mean-token-sum-norm"
     needs_actor_logprobs: ClassVar[bool] = False
     stat_keys: ClassVar[tuple[str, ...]] = ("loss", "logp_mean", "baseline", "adv_mean")
 
@@ -302,7 +339,7 @@ class ReinforceBaselineLoss:
         w = batch["weight"].to(logp.dtype)
         b = _scalar(batch, WEIGHT_MEAN_KEY, w.mean())
         adv = (w - b).unsqueeze(-1)
-        loss = aggregate(-adv * logp, m, batch, self.aggregation)
+        loss = aggregate(-adv * logp, m, batch, self.aggregation, self.max_new_tokens)
         return loss, {
             "loss": loss.detach(),
             "logp_mean": masked_mean(logp, m),
@@ -330,7 +367,8 @@ class TokenClippedSurrogateLoss:
     eps_clip: float = 0.2
     eps_clip_higher: float | None = None
     dual_clip_c: float | None = None
-    aggregation: str = "token"
+    aggregation: str = "token-mean"
+    max_new_tokens: int | None = None  # C of aggregation "seq-mean-token-sum-norm"
     off_policy: OffPolicyCorrection = field(default_factory=OffPolicyCorrection)
     needs_actor_logprobs: ClassVar[bool] = True
     stat_keys: ClassVar[tuple[str, ...]] = (
@@ -368,7 +406,7 @@ class TokenClippedSurrogateLoss:
             floor = self.dual_clip_c * adv
             dual = (adv < 0) & (obj < floor)
             obj = torch.where(dual, floor.expand_as(obj), obj)
-        loss = aggregate(-w * obj, m, batch, self.aggregation)
+        loss = aggregate(-w * obj, m, batch, self.aggregation, self.max_new_tokens)
         return loss, {
             "loss": loss.detach(),
             "logp_mean": masked_mean(logp, m),
@@ -393,7 +431,8 @@ class CISPOLoss:
 
     eps_clip_low: float | None = None
     eps_clip_high: float = 0.2
-    aggregation: str = "token"
+    aggregation: str = "token-mean"
+    max_new_tokens: int | None = None  # C of aggregation "seq-mean-token-sum-norm"
     off_policy: OffPolicyCorrection = field(default_factory=OffPolicyCorrection)
     needs_actor_logprobs: ClassVar[bool] = True
     stat_keys: ClassVar[tuple[str, ...]] = (
@@ -422,13 +461,76 @@ class CISPOLoss:
         ratio = torch.exp(log_ratio)
         lo = 0.0 if self.eps_clip_low is None else 1.0 - self.eps_clip_low
         is_w = ratio.clamp(lo, 1.0 + self.eps_clip_high)
-        loss = aggregate(-w * is_w * adv * logp, m, batch, self.aggregation)
+        loss = aggregate(-w * is_w * adv * logp, m, batch, self.aggregation, self.max_new_tokens)
         return loss, {
             "loss": loss.detach(),
             "logp_mean": masked_mean(logp, m),
             "ratio_mean": masked_mean(ratio, m),
             "clip_frac": masked_mean((is_w != ratio).to(m.dtype), m),
             "approx_kl": masked_mean(ratio - 1.0 - log_ratio, m),
+            **mismatch,
+        }
+
+
+@dataclass
+class GSPOLoss:
+    """GSPO (Zheng et al. 2025, Group Sequence Policy Optimization): the clipped surrogate
+    on a length-normalised sequence-level ratio.
+
+    s_b   = exp( (1/n_b) sum_t m_bt (logp_bt - logp_old_bt) ),   A_b = weight_b
+    obj_b = min(s_b A_b, clip(s_b, 1 - eps_clip, 1 + eps_clip_higher) A_b)
+    L     = -agg(w * obj_b)   (obj_b on every action token of b)
+
+    The default aggregation "seq-mean-token-mean" gives the paper's -(1/G) sum_i obj_i.
+    grad s_b = s_b (1/n_b) sum_t grad logp_bt: a sequence's tokens share one weight, and a
+    clipped sequence passes no gradient. Clipping ranges default to the paper's 3e-4 (left)
+    and 4e-4 (right): s is a geometric mean over tokens, far closer to 1 than a token ratio.
+    pi_old and the detached per-token weight w (1 unless corrected) come from ``off_policy``.
+    """
+
+    eps_clip: float = 3e-4
+    eps_clip_higher: float | None = 4e-4
+    aggregation: str = "seq-mean-token-mean"
+    max_new_tokens: int | None = None  # C of aggregation "seq-mean-token-sum-norm"
+    off_policy: OffPolicyCorrection = field(default_factory=OffPolicyCorrection)
+    needs_actor_logprobs: ClassVar[bool] = True
+    stat_keys: ClassVar[tuple[str, ...]] = (
+        "loss", "logp_mean", "ratio_mean", "clip_frac", "approx_kl",
+        *OffPolicyCorrection.stat_keys,
+    )
+
+    @property
+    def needs_prox_logprobs(self) -> bool:
+        return self.off_policy.needs_prox_logprobs
+
+    def __post_init__(self) -> None:
+        _check_agg(self)
+        if not 0.0 <= self.eps_clip < 1.0:
+            raise ValueError(f"eps_clip={self.eps_clip} must be in [0, 1)")
+        if self.eps_clip_higher is not None and self.eps_clip_higher < 0:
+            raise ValueError(f"eps_clip_higher={self.eps_clip_higher} must be >= 0")
+
+    @checked_loss
+    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> tuple[Tensor, Stats]:
+        logp = token_logprobs(logits, batch["input_ids"])
+        m = token_mask(batch, logp.dtype)
+        old, w, mismatch = self.off_policy.terms(logp, m, batch, "GSPOLoss")
+        adv = batch["weight"].to(logp.dtype).unsqueeze(-1)  # [B, 1]
+        log_ratio = (logp - old) * m
+        seq_log_ratio = log_ratio.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)
+        ratio = torch.exp(seq_log_ratio)  # [B, 1]
+        hi = 1.0 + (self.eps_clip if self.eps_clip_higher is None else self.eps_clip_higher)
+        surr1 = ratio * adv
+        surr2 = ratio.clamp(1.0 - self.eps_clip, hi) * adv
+        obj = torch.minimum(surr1, surr2).expand_as(logp)
+        loss = aggregate(-w * obj, m, batch, self.aggregation, self.max_new_tokens)
+        tok_ratio = torch.exp(log_ratio.detach())
+        return loss, {
+            "loss": loss.detach(),
+            "logp_mean": masked_mean(logp, m),
+            "ratio_mean": masked_mean(ratio.expand_as(m), m),
+            "clip_frac": masked_mean((surr2 < surr1).to(m.dtype).expand_as(m), m),
+            "approx_kl": masked_mean(tok_ratio - 1.0 - log_ratio.detach(), m),
             **mismatch,
         }
 
@@ -448,7 +550,7 @@ class TokenKLLoss:
 
     coeff: float = 1.0
     estimator: str = "k3"
-    aggregation: str = "token"
+    aggregation: str = "token-mean"
     needs_actor_logprobs: ClassVar[bool] = False
     needs_ref_logprobs: ClassVar[bool] = True
     stat_keys: ClassVar[tuple[str, ...]] = ("loss", "kl")
@@ -483,7 +585,7 @@ class TokenKLLoss:
 class MaskedCausalLMCrossEntropyLoss:
     """SFT negative log-likelihood of the action tokens: L = agg(-logp). Ignores weight."""
 
-    aggregation: str = "token"
+    aggregation: str = "token-mean"
     needs_actor_logprobs: ClassVar[bool] = False
     stat_keys: ClassVar[tuple[str, ...]] = ("loss", "nll", "token_accuracy")
 

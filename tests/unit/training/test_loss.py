@@ -222,7 +222,8 @@ def test_composite_sums_terms_with_prefixed_stats() -> None:
 
 @pytest.mark.parametrize(
     "loss_obj",
-    [L.ReinforceLoss(), L.ReinforceBaselineLoss(), L.TokenClippedSurrogateLoss(), L.CISPOLoss()],
+    [L.ReinforceLoss(), L.ReinforceBaselineLoss(), L.TokenClippedSurrogateLoss(), L.CISPOLoss(),
+     L.GSPOLoss()],
 )
 def test_stat_keys_fixed(loss_obj) -> None:
     logits, batch = uniform_batch(ratio=(1.0, 1.0))
@@ -415,3 +416,121 @@ def test_decoupled_options_are_validated() -> None:
         decoupled(cap=1.0)
     with pytest.raises(ValueError, match="choose one"):
         decoupled(mismatch_correction="tis")
+
+
+# ------------------------------------------------------------------------- aggregation
+
+
+@pytest.mark.parametrize(
+    "mode, want",
+    [
+        # per-token l = -w logp = w log V: seq0 (w=2) two tokens 2 log V each, seq1 (w=-1) -log V
+        ("token-mean", (4 - 1) / 3),  # sum over 3 tokens / 3
+        ("token", (4 - 1) / 3),  # alias
+        ("seq-mean-token-mean", (4 / 2 - 1) / 2),  # per-sequence means 2 and -1, mean of 2
+        ("sequence", (4 / 2 - 1) / 2),  # alias
+        ("seq-mean-token-sum", (4 - 1) / 2),  # per-sequence sums 4 and -1, mean of 2
+        ("seq-mean-token-sum-norm", (4 - 1) / (2 * 8)),  # the sums / C = 8, mean of 2
+    ],
+)
+def test_aggregations(mode, want) -> None:
+    logits, batch = uniform_batch(weights=(2.0, -1.0), action_lens=(2, 1))
+    loss, _ = L.ReinforceLoss(aggregation=mode, max_new_tokens=8).compute(logits, batch)
+    assert float(loss.detach()) == pytest.approx(want * math.log(V), rel=1e-5)
+
+
+def test_sequence_sum_aggregations_use_the_macro_sequence_count() -> None:
+    logits, batch = uniform_batch(weights=(2.0, -1.0), action_lens=(2, 1))
+    batch[L.NUM_SEQUENCES_KEY] = 4.0
+    loss, _ = L.ReinforceLoss(aggregation="seq-mean-token-sum").compute(logits, batch)
+    # (4 - 1) log V summed over the micro-batch's sequences, over the macro count 4
+    assert float(loss.detach()) == pytest.approx(3 * math.log(V) / 4, rel=1e-5)
+    loss, _ = L.CISPOLoss(aggregation="seq-mean-token-sum-norm", max_new_tokens=2).compute(
+        *uniform_batch(weights=(2.0, -1.0), action_lens=(2, 1), ratio=(1.0, 1.0))
+    )
+    # CISPO at r = 1 is REINFORCE: (4 - 1) log V / (2 sequences * C = 2)
+    assert float(loss.detach()) == pytest.approx(3 * math.log(V) / 4, rel=1e-5)
+
+
+def test_aggregation_is_validated() -> None:
+    with pytest.raises(ValueError, match="needs max_new_tokens"):
+        L.TokenClippedSurrogateLoss(aggregation="seq-mean-token-sum-norm")
+    with pytest.raises(ValueError, match="TokenKLLoss does not take aggregation='seq-mean-token-sum-norm'"):
+        L.TokenKLLoss(aggregation="seq-mean-token-sum-norm")
+    with pytest.raises(ValueError, match="max_new_tokens=0 must be an integer >= 1"):
+        L.CISPOLoss(max_new_tokens=0)
+    with pytest.raises(ValueError, match=r"aggregation='seq-mean'; use one of .*'seq-mean-token-sum'"):
+        L.GSPOLoss(aggregation="seq-mean")
+
+
+def test_dr_grpo_aggregation_on_the_clipped_surrogate() -> None:
+    logits, batch = uniform_batch(weights=(2.0, -1.0), action_lens=(2, 1), ratio=(1.0, 1.0))
+    loss_obj = L.TokenClippedSurrogateLoss(aggregation="seq-mean-token-sum-norm", max_new_tokens=4)
+    loss, _ = loss_obj.compute(logits, batch)
+    # r = 1: obj = A per token; sums 2 * 2 = 4 and -1; L = -(4 - 1) / (2 sequences * C = 4)
+    assert float(loss.detach()) == pytest.approx(-3 / 8, rel=1e-5)
+    loss.backward()
+    # every token's gradient weight is A / (N_seq C), whatever its sequence's length:
+    # the same as token-mean REINFORCE over 3 tokens with weights scaled by 3 / 8
+    logits2, batch2 = uniform_batch(weights=(2.0 * 3 / 8, -1.0 * 3 / 8), action_lens=(2, 1))
+    L.ReinforceLoss().compute(logits2, batch2)[0].backward()
+    assert_close(logits.grad, logits2.grad)
+
+
+# ---------------------------------------------------------------------------------- GSPO
+
+
+def gspo_batch(token_ratios, weights):
+    """Two sequences (2 action tokens, 1 action token); token_ratios[b][k] = exp(logp - b) of
+    sequence b's k-th action token (logp = -log V)."""
+    logits, batch = uniform_batch(weights=weights, action_lens=(2, 1))
+    logp = -math.log(V)
+    old = torch.zeros(2, 4)
+    for b, rs in enumerate(token_ratios):
+        for k, r in enumerate(rs):
+            old[b, 4 - len(rs) + k] = logp - math.log(r)
+    batch["actor_logprobs"] = old
+    return logits, batch
+
+
+def test_gspo_sequence_ratio_is_the_geometric_mean_of_the_token_ratios() -> None:
+    logits, batch = gspo_batch([(2.0, 0.5), (1.0,)], weights=(2.0, 1.0))
+    loss, stats = L.GSPOLoss().compute(logits, batch)
+    # s0 = exp((ln 2 + ln 0.5) / 2) = 1 (token PPO would clip both), s1 = 1: nothing clipped
+    # obj = s A = 2 and 1; seq-mean-token-mean: L = -(2 + 1) / 2
+    assert float(loss.detach()) == pytest.approx(-1.5, rel=1e-5)
+    assert float(stats["ratio_mean"]) == pytest.approx(1.0, rel=1e-5)
+    assert float(stats["clip_frac"]) == 0.0
+    loss.backward()
+    # grad s_b = s_b mean_t grad logp_bt: -(1/2) [2 * (g_a + g_b) / 2 + 1 * g_c], which is
+    # sequence-mean REINFORCE with weights (2, 1)
+    logits2, batch2 = uniform_batch(weights=(2.0, 1.0), action_lens=(2, 1))
+    L.ReinforceLoss(aggregation="seq-mean-token-mean").compute(logits2, batch2)[0].backward()
+    assert_close(logits.grad, logits2.grad)
+
+
+def test_gspo_clips_whole_sequences_with_the_paper_ranges() -> None:
+    logits, batch = gspo_batch([(1.01, 1.01), (0.99,)], weights=(1.0, 1.0))
+    loss, stats = L.GSPOLoss().compute(logits, batch)
+    # s0 = 1.01 > 1 + 4e-4 with A > 0: obj = 1.0004 (clipped, no gradient)
+    # s1 = 0.99 < 1 - 3e-4 with A > 0: min(0.99, 0.9997) = 0.99 (unclipped)
+    assert float(loss.detach()) == pytest.approx(-(1.0004 + 0.99) / 2, rel=1e-5)
+    assert float(stats["clip_frac"]) == pytest.approx(2 / 3)  # seq0's 2 tokens of 3
+    assert float(stats["ratio_mean"]) == pytest.approx((2 * 1.01 + 0.99) / 3, rel=1e-5)
+    loss.backward()
+    # only seq1: -(1/2) * A * s1 * grad logp_c = sequence-mean REINFORCE with weights (0, 0.99)
+    logits2, batch2 = uniform_batch(weights=(0.0, 0.99), action_lens=(2, 1))
+    L.ReinforceLoss(aggregation="seq-mean-token-mean").compute(logits2, batch2)[0].backward()
+    assert_close(logits.grad, logits2.grad)
+
+
+def test_gspo_takes_the_off_policy_correction() -> None:
+    logits, batch = gspo_batch([(3.0, 3.0), (0.5,)], weights=(1.0, 1.0))
+    loss_obj = L.GSPOLoss(off_policy=off("tis"))
+    loss, stats = loss_obj.compute(logits, batch)
+    # pi_old = t: s = 1, obj = A = 1; TIS w = min(3, 2) = 2 (seq0 tokens), 0.5 (seq1)
+    # seq-mean-token-mean: L = -((2 + 2) / 2 + 0.5) / 2
+    assert float(loss.detach()) == pytest.approx(-1.25, rel=1e-5)
+    assert float(stats["mismatch_capped_frac"]) == pytest.approx(2 / 3)
+    assert set(stats) == set(L.GSPOLoss.stat_keys)
+    assert L.GSPOLoss(off_policy=decoupled()).needs_prox_logprobs

@@ -15,6 +15,7 @@ from libludic.training.config import TrainerConfig
 from libludic.training.credit_assignment import ConstantCredit
 from libludic.training.loss import (
     CISPOLoss,
+    GSPOLoss,
     OffPolicyCorrection,
     ReinforceBaselineLoss,
     ReinforceLoss,
@@ -67,10 +68,19 @@ def off_policy_items():
             use_decoupled_loss=True, behav_imp_weight_cap=5.0)), off_policy_items),
         (TokenClippedSurrogateLoss(off_policy=OffPolicyCorrection(recompute_logprob=True)), off_policy_items),
         (CISPOLoss(off_policy=OffPolicyCorrection(use_decoupled_loss=True)), off_policy_items),
+        (ReinforceLoss(aggregation="seq-mean-token-sum"), varied_items),
+        (ReinforceBaselineLoss(aggregation="seq-mean-token-sum-norm", max_new_tokens=16), varied_items),
+        (TokenClippedSurrogateLoss(aggregation="seq-mean-token-sum-norm", max_new_tokens=16), varied_items),
+        (CISPOLoss(aggregation="seq-mean-token-sum"), varied_items),
+        (GSPOLoss(eps_clip=0.2, eps_clip_higher=0.2), varied_items),
+        (GSPOLoss(aggregation="token-mean", off_policy=OffPolicyCorrection(
+            use_decoupled_loss=True, behav_imp_weight_cap=5.0)), off_policy_items),
+        (GSPOLoss(off_policy=OffPolicyCorrection("mis", "sequence", 2.0)), off_policy_items),
     ],
     ids=["reinforce", "reinforce-seq", "baseline", "clipped", "cispo", "clipped-tis-token",
          "clipped-mis-seq", "cispo-mis-token", "cispo-tis-seq", "decoupled-cap", "recompute",
-         "cispo-decoupled"],
+         "cispo-decoupled", "reinforce-seq-sum", "baseline-seq-sum-norm", "dr-grpo", "cispo-seq-sum",
+         "gspo", "gspo-decoupled-token-mean", "gspo-mis-seq"],
 )
 def test_micro_batched_gradient_equals_full_batch(base_model, loss, items_fn) -> None:
     algo = RLAlgorithm("t", ConstantCredit(), loss)
