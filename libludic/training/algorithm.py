@@ -43,8 +43,10 @@ from libludic.training.filters import (
 from libludic.training.loss import (
     CISPOLoss,
     CompositeLoss,
+    GSPOLoss,
     LossTerm,
     MaskedCausalLMCrossEntropyLoss,
+    OffPolicyCorrection,
     ReinforceLoss,
     TokenClippedSurrogateLoss,
     TokenKLLoss,
@@ -71,6 +73,13 @@ class RLAlgorithm:
         """The loss reads ``batch["ref_logprobs"]`` (a KL term): the Trainer then computes
         them with a frozen copy of the initial policy for items that do not carry them."""
         return bool(getattr(self.loss, "needs_ref_logprobs", False))
+
+    @property
+    def needs_prox_logprobs(self) -> bool:
+        """The loss reads ``batch["prox_logprobs"]`` (``recompute_logprob`` or
+        ``use_decoupled_loss``): the Trainer computes them with a no-grad forward of the
+        current weights per micro-batch, before the update."""
+        return bool(getattr(self.loss, "needs_prox_logprobs", False))
 
     @property
     def has_batch_stage(self) -> bool:
@@ -146,12 +155,14 @@ def _with_kl(loss: Any, kl_coeff: float, name: str) -> Any:
     )
 
 
-def make_reinforce(*, gamma: float = 1.0, aggregation: str = "token") -> RLAlgorithm:
+def make_reinforce(
+    *, gamma: float = 1.0, aggregation: str = "token-mean", max_new_tokens: int | None = None
+) -> RLAlgorithm:
     """MonteCarloReturn(gamma) + ReinforceLoss."""
     return RLAlgorithm(
         name="reinforce",
         credit_assigner=MonteCarloReturn(gamma=gamma),
-        loss=ReinforceLoss(aggregation=aggregation),
+        loss=ReinforceLoss(aggregation=aggregation, max_new_tokens=max_new_tokens),
     )
 
 
@@ -164,18 +175,40 @@ def make_grpo(
     eps_clip_higher: float | None = None,
     dual_clip_c: float | None = None,
     kl_coeff: float = 0.0,
-    aggregation: str = "token",
+    aggregation: str = "token-mean",
+    max_new_tokens: int | None = None,
+    mismatch_correction: str | None = None,
+    mismatch_level: str = "token",
+    mismatch_cap: float = 2.0,
+    recompute_logprob: bool = False,
+    use_decoupled_loss: bool = False,
+    behav_imp_weight_cap: float | None = None,
 ) -> RLAlgorithm:
     """GroupNormalizedReturn + TokenClippedSurrogateLoss (+ k3 KL when kl_coeff > 0).
 
     ``normalize_adv`` defaults to False as in GroupNormalizedReturn (mean-centred only);
     set True for the original GRPO's division by the group std.
+
+    ``mismatch_*`` (TIS / MIS against the server's logprobs), ``recompute_logprob``,
+    ``use_decoupled_loss`` and ``behav_imp_weight_cap`` (AReaL's decoupled PPO) are the
+    fields of the loss's ``OffPolicyCorrection``; the cispo, scalerl, gspo and dr_grpo
+    presets take them too. ``aggregation`` (and its constant ``max_new_tokens`` for
+    "seq-mean-token-sum-norm") is the loss's: see libludic.training.loss.
     """
     loss = TokenClippedSurrogateLoss(
         eps_clip=eps_clip,
         eps_clip_higher=eps_clip_higher,
         dual_clip_c=dual_clip_c,
         aggregation=aggregation,
+        max_new_tokens=max_new_tokens,
+        off_policy=OffPolicyCorrection(
+            mismatch_correction=mismatch_correction,
+            mismatch_level=mismatch_level,
+            mismatch_cap=mismatch_cap,
+            recompute_logprob=recompute_logprob,
+            use_decoupled_loss=use_decoupled_loss,
+            behav_imp_weight_cap=behav_imp_weight_cap,
+        ),
     )
     return RLAlgorithm(
         name="grpo",
@@ -186,7 +219,7 @@ def make_grpo(
     )
 
 
-def make_sft(*, aggregation: str = "token") -> RLAlgorithm:
+def make_sft(*, aggregation: str = "token-mean") -> RLAlgorithm:
     """ConstantCredit(1.0) + MaskedCausalLMCrossEntropyLoss."""
     return RLAlgorithm(
         name="sft",
@@ -201,13 +234,32 @@ def make_scalerl(
     filter_zvp: bool = True,
     positive_only: bool = False,
     eps_clip_high: float = 0.2,
-    aggregation: str = "token",
+    aggregation: str = "token-mean",
+    max_new_tokens: int | None = None,
+    mismatch_correction: str | None = None,
+    mismatch_level: str = "token",
+    mismatch_cap: float = 2.0,
+    recompute_logprob: bool = False,
+    use_decoupled_loss: bool = False,
+    behav_imp_weight_cap: float | None = None,
 ) -> RLAlgorithm:
     """HybridNormalizedReturn + CISPOLoss; ``filter_zvp`` drops zero-variance groups."""
     return RLAlgorithm(
         name="scalerl",
         credit_assigner=HybridNormalizedReturn(group_size=group_size, positive_only=positive_only),
-        loss=CISPOLoss(eps_clip_high=eps_clip_high, aggregation=aggregation),
+        loss=CISPOLoss(
+            eps_clip_high=eps_clip_high,
+            aggregation=aggregation,
+            max_new_tokens=max_new_tokens,
+            off_policy=OffPolicyCorrection(
+                mismatch_correction=mismatch_correction,
+                mismatch_level=mismatch_level,
+                mismatch_cap=mismatch_cap,
+                recompute_logprob=recompute_logprob,
+                use_decoupled_loss=use_decoupled_loss,
+                behav_imp_weight_cap=behav_imp_weight_cap,
+            ),
+        ),
         preprocess=drop_zero_variance_groups if filter_zvp else None,
     )
 
@@ -218,16 +270,131 @@ def make_cispo(
     kl_coeff: float = 0.0,
     eps_clip_low: float | None = None,
     eps_clip_high: float = 0.2,
-    aggregation: str = "token",
+    aggregation: str = "token-mean",
+    max_new_tokens: int | None = None,
+    mismatch_correction: str | None = None,
+    mismatch_level: str = "token",
+    mismatch_cap: float = 2.0,
+    recompute_logprob: bool = False,
+    use_decoupled_loss: bool = False,
+    behav_imp_weight_cap: float | None = None,
 ) -> RLAlgorithm:
     """GroupNormalizedReturn + CISPOLoss (+ k3 KL when kl_coeff > 0)."""
     loss = CISPOLoss(
-        eps_clip_low=eps_clip_low, eps_clip_high=eps_clip_high, aggregation=aggregation
+        eps_clip_low=eps_clip_low,
+        eps_clip_high=eps_clip_high,
+        aggregation=aggregation,
+        max_new_tokens=max_new_tokens,
+        off_policy=OffPolicyCorrection(
+            mismatch_correction=mismatch_correction,
+            mismatch_level=mismatch_level,
+            mismatch_cap=mismatch_cap,
+            recompute_logprob=recompute_logprob,
+            use_decoupled_loss=use_decoupled_loss,
+            behav_imp_weight_cap=behav_imp_weight_cap,
+        ),
     )
     return RLAlgorithm(
         name="cispo",
         credit_assigner=GroupNormalizedReturn(group_size=group_size),
         loss=_with_kl(loss, kl_coeff, "cispo"),
+    )
+
+
+def make_gspo(
+    *,
+    group_size: int = 8,
+    normalize_adv: bool = True,
+    positive_only: bool = False,
+    eps_clip: float = 3e-4,
+    eps_clip_higher: float | None = 4e-4,
+    kl_coeff: float = 0.0,
+    aggregation: str = "seq-mean-token-mean",
+    max_new_tokens: int | None = None,
+    mismatch_correction: str | None = None,
+    mismatch_level: str = "token",
+    mismatch_cap: float = 2.0,
+    recompute_logprob: bool = False,
+    use_decoupled_loss: bool = False,
+    behav_imp_weight_cap: float | None = None,
+) -> RLAlgorithm:
+    """GSPO: GroupNormalizedReturn + GSPOLoss (+ k3 KL when kl_coeff > 0).
+
+    As in the GSPO paper: A_i = (R_i - mean(R)) / std(R) (``normalize_adv=True``, unlike
+    make_grpo's default), clipping ranges 3e-4 / 4e-4 on the sequence ratio, and one term
+    per sequence (aggregation "seq-mean-token-mean").
+    """
+    loss = GSPOLoss(
+        eps_clip=eps_clip,
+        eps_clip_higher=eps_clip_higher,
+        aggregation=aggregation,
+        max_new_tokens=max_new_tokens,
+        off_policy=OffPolicyCorrection(
+            mismatch_correction=mismatch_correction,
+            mismatch_level=mismatch_level,
+            mismatch_cap=mismatch_cap,
+            recompute_logprob=recompute_logprob,
+            use_decoupled_loss=use_decoupled_loss,
+            behav_imp_weight_cap=behav_imp_weight_cap,
+        ),
+    )
+    return RLAlgorithm(
+        name="gspo",
+        credit_assigner=GroupNormalizedReturn(
+            group_size=group_size, normalize_adv=normalize_adv, positive_only=positive_only
+        ),
+        loss=_with_kl(loss, kl_coeff, "pg"),
+    )
+
+
+def make_dr_grpo(
+    *,
+    group_size: int = 8,
+    eps_clip: float = 0.2,
+    eps_clip_higher: float | None = None,
+    dual_clip_c: float | None = None,
+    kl_coeff: float = 0.0,
+    aggregation: str = "seq-mean-token-sum-norm",
+    max_new_tokens: int | None = 1024,
+    mismatch_correction: str | None = None,
+    mismatch_level: str = "token",
+    mismatch_cap: float = 2.0,
+    recompute_logprob: bool = False,
+    use_decoupled_loss: bool = False,
+    behav_imp_weight_cap: float | None = None,
+) -> RLAlgorithm:
+    """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): GRPO without its
+    two normalisations, the std of the group's rewards and the response length.
+
+    A_i = R_i - mean_{j in group}(R_j)    (GroupNormalizedReturn, normalize_adv=False)
+    L   = -(1/N_seq) sum_i sum_t obj_it / C   (TokenClippedSurrogateLoss, aggregation
+          "seq-mean-token-sum-norm"; obj as in GRPO)
+
+    The paper's objective is (1/G) sum_i sum_t obj_it: no 1/|o_i|. Its implementation (Oat)
+    divides each sequence's sum by a constant instead, the generation budget, which keeps
+    the loss on GRPO's scale without a length dependence: C = ``max_new_tokens`` (AReaL's
+    name for the budget; set it to the actors' ``max_tokens``). The credit has no
+    normalize_adv knob: dropping the std is half of the algorithm.
+    """
+    loss = TokenClippedSurrogateLoss(
+        eps_clip=eps_clip,
+        eps_clip_higher=eps_clip_higher,
+        dual_clip_c=dual_clip_c,
+        aggregation=aggregation,
+        max_new_tokens=max_new_tokens,
+        off_policy=OffPolicyCorrection(
+            mismatch_correction=mismatch_correction,
+            mismatch_level=mismatch_level,
+            mismatch_cap=mismatch_cap,
+            recompute_logprob=recompute_logprob,
+            use_decoupled_loss=use_decoupled_loss,
+            behav_imp_weight_cap=behav_imp_weight_cap,
+        ),
+    )
+    return RLAlgorithm(
+        name="dr_grpo",
+        credit_assigner=GroupNormalizedReturn(group_size=group_size, normalize_adv=False),
+        loss=_with_kl(loss, kl_coeff, "pg"),
     )
 
 
@@ -237,6 +404,8 @@ ALGORITHMS: dict[str, Callable[..., RLAlgorithm]] = {
     "sft": make_sft,
     "scalerl": make_scalerl,
     "cispo": make_cispo,
+    "gspo": make_gspo,
+    "dr_grpo": make_dr_grpo,
 }
 
 

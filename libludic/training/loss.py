@@ -7,13 +7,23 @@ Conventions shared by every loss here:
   and the token mask is ``action_mask[:, 1:] * attention_mask[:, 1:]``. ``actor_logprobs``
   / ``ref_logprobs`` are aligned to ``input_ids`` (``[B, T]``) and shifted the same way.
 * ``batch["weight"]`` [B] is the CreditAssigner's weight (advantage) of each sequence.
-* Aggregation (field ``aggregation``), both *sums* divided by a normaliser N:
-    - ``"token"``:    L = sum_{b,t} m_bt l_bt / N_tok      (N_tok = action tokens)
-    - ``"sequence"``: L = sum_b (sum_t m_bt l_bt / n_b) / N_seq  (n_b = tokens of b,
-      N_seq = sequences with at least one action token)
-  N is read from ``batch[NUM_ACTION_TOKENS_KEY]`` / ``batch[NUM_SEQUENCES_KEY]`` when present:
-  the Trainer puts the *macro-batch* totals there, so the sum of micro-batch losses is the
-  full-batch loss exactly (and so is its gradient). Without them N is the micro-batch's own.
+* Aggregation (field ``aggregation``): sums over action tokens divided by a normaliser,
+  with m the token mask, n_b = sum_t m_bt, N_tok = sum_b n_b, N_seq = #{b : n_b > 0}:
+    - ``"token-mean"`` (alias ``"token"``):  L = sum_{b,t} m_bt l_bt / N_tok
+    - ``"seq-mean-token-mean"`` (alias ``"sequence"``):  L = sum_b (sum_t m_bt l_bt / n_b) / N_seq
+    - ``"seq-mean-token-sum"``:  L = sum_b sum_t m_bt l_bt / N_seq
+    - ``"seq-mean-token-sum-norm"``:  L = sum_b sum_t m_bt l_bt / (N_seq * C), C the loss's
+      ``max_new_tokens`` (Dr. GRPO: a constant, the generation budget, in place of n_b)
+  N_tok / N_seq are read from ``batch[NUM_ACTION_TOKENS_KEY]`` / ``batch[NUM_SEQUENCES_KEY]``
+  when present: the Trainer puts the *macro-batch* totals there, so the sum of micro-batch
+  losses is the full-batch loss exactly (and so is its gradient). Without them N is the
+  micro-batch's own. A sequence never spans two micro-batches, so n_b is always whole.
+* Behaviour policy: ``actor_logprobs`` are the logprobs the inference server returned for
+  the tokens it sampled. The losses that read them (TokenClippedSurrogateLoss, CISPOLoss,
+  GSPOLoss) take an ``OffPolicyCorrection`` (field ``off_policy``) for the gap between that
+  policy and the trainer's: truncated or masked importance sampling (TIS / MIS) per token
+  or per sequence, AReaL's decoupled PPO against recomputed proximal logprobs, and the
+  mismatch stats ``mismatch_*``.
 * Stats: detached 0-d tensors under a fixed set of keys per loss (``stat_keys``).
 * Losses compute in the logits' dtype; the Trainer casts logits to fp32 first when
   ``TrainerConfig.cast_logits_to_fp32`` is set (ratios exp(logp - logp_old) need it).
@@ -25,8 +35,9 @@ Conventions shared by every loss here:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -37,7 +48,8 @@ from libludic.training.typecheck import checked_loss
 NUM_ACTION_TOKENS_KEY = "num_action_tokens_total"
 NUM_SEQUENCES_KEY = "num_sequences_total"
 WEIGHT_MEAN_KEY = "weight_mean_total"
-AGGREGATIONS = ("token", "sequence")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+AGGREGATION_ALIASES = {"token": "token-mean", "sequence": "seq-mean-token-mean"}
 
 Stats = dict[str, Tensor]
 
@@ -85,17 +97,30 @@ def _scalar(batch: Mapping[str, Any], key: str, default: Tensor) -> Tensor:
     return torch.as_tensor(v, dtype=default.dtype, device=default.device)
 
 
-def aggregate(per_token: Tensor, mask: Tensor, batch: Mapping[str, Any], mode: str) -> Tensor:
+def aggregate(
+    per_token: Tensor,
+    mask: Tensor,
+    batch: Mapping[str, Any],
+    mode: str,
+    max_new_tokens: int | None = None,
+) -> Tensor:
     """Reduce [B, T-1] per-token losses to a scalar (see module docstring)."""
-    if mode == "token":
+    mode = AGGREGATION_ALIASES.get(mode, mode)
+    if mode == "token-mean":
         n = _scalar(batch, NUM_ACTION_TOKENS_KEY, mask.sum())
         return (per_token * mask).sum() / n.clamp(min=1.0)
-    if mode == "sequence":
-        n_b = mask.sum(dim=-1)
-        per_seq = (per_token * mask).sum(dim=-1) / n_b.clamp(min=1.0)
-        n = _scalar(batch, NUM_SEQUENCES_KEY, (n_b > 0).sum().to(mask.dtype))
-        return per_seq.sum() / n.clamp(min=1.0)
-    raise ValueError(f"aggregation={mode!r}; use one of {AGGREGATIONS}")
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"aggregation={mode!r}; use one of {AGGREGATIONS}")
+    n_b = mask.sum(dim=-1)
+    per_seq = (per_token * mask).sum(dim=-1)
+    if mode == "seq-mean-token-mean":
+        per_seq = per_seq / n_b.clamp(min=1.0)
+    elif mode == "seq-mean-token-sum-norm":
+        if max_new_tokens is None:
+            raise ValueError("aggregation='seq-mean-token-sum-norm' needs max_new_tokens (the constant C)")
+        per_seq = per_seq / float(max_new_tokens)
+    n = _scalar(batch, NUM_SEQUENCES_KEY, (n_b > 0).sum().to(mask.dtype))
+    return per_seq.sum() / n.clamp(min=1.0)
 
 
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -103,9 +128,25 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
 
 
 def _check_agg(obj: Any) -> None:
-    if obj.aggregation not in AGGREGATIONS:
+    """``obj.aggregation`` is known; the sum-norm aggregation has its constant C."""
+    mode = AGGREGATION_ALIASES.get(obj.aggregation, obj.aggregation)
+    if mode not in AGGREGATIONS:
         raise ValueError(
-            f"{type(obj).__name__}.aggregation={obj.aggregation!r}; use one of {AGGREGATIONS}"
+            f"{type(obj).__name__}.aggregation={obj.aggregation!r}; use one of {AGGREGATIONS} "
+            f"(or the aliases {sorted(AGGREGATION_ALIASES)})"
+        )
+    c = getattr(obj, "max_new_tokens", None)
+    if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
+        raise ValueError(f"{type(obj).__name__}.max_new_tokens={c!r} must be an integer >= 1")
+    if mode == "seq-mean-token-sum-norm" and c is None:
+        if not hasattr(obj, "max_new_tokens"):
+            raise ValueError(
+                f"{type(obj).__name__} does not take aggregation='seq-mean-token-sum-norm' "
+                "(no max_new_tokens); use another aggregation"
+            )
+        raise ValueError(
+            f"{type(obj).__name__}.aggregation='seq-mean-token-sum-norm' needs max_new_tokens "
+            "(the constant C each sequence's token sum is divided by: the generation budget)"
         )
 
 
@@ -119,11 +160,143 @@ def _old_logprobs(batch: Mapping[str, Any], who: str) -> Tensor:
     return old
 
 
+MISMATCH_CORRECTIONS = ("tis", "mis")
+MISMATCH_LEVELS = ("token", "sequence")
+PROX_LOGPROBS_KEY = "prox_logprobs"
+
+
+@dataclass(frozen=True)
+class OffPolicyCorrection:
+    """The gap between the behaviour policy (the server's) and the trainer's policy.
+
+    b_bt = ``actor_logprobs`` (what the inference engine sampled from). t_bt = the trainer's
+    logprob of the same token under the weights being updated: ``batch["prox_logprobs"]``
+    (the proximal policy, recomputed by the Trainer with a no-grad forward before the update)
+    when ``needs_prox_logprobs``, else sg(logp_bt) (the same weights: the Trainer takes one
+    optimizer step per batch). t and b differ by the train/inference mismatch (kernels,
+    precision, batching of the engine) and, for an item sampled by an older policy version,
+    by the policy lag. Per action token lr_bt = t_bt - b_bt,  rho = exp(lr) = pi_t / pi_b.
+
+    Default: the loss's pi_old is b, no weight (w = 1).
+
+    ``recompute_logprob`` (AReaL): pi_old is the recomputed t instead of b, no weight.
+
+    ``use_decoupled_loss`` (AReaL's decoupled PPO; implies ``recompute_logprob``): pi_old is
+    the proximal policy t, and each token's term is weighted by the behaviour importance
+    weight, tokens above ``behav_imp_weight_cap`` (> 1, or None: no cap) filtered out:
+
+        r_bt = exp(logp_bt - t_bt)        the surrogate's (clipped) ratio, against pi_prox
+        w_bt = rho_bt * 1[rho_bt <= behav_imp_weight_cap]     detached
+
+    ``mismatch_correction`` "tis" / "mis" (TIS, MIS): pi_old is t, and each token's term is
+    weighted by a detached w of rho, per token or per sequence (``mismatch_level``):
+
+        level "token":     log rho_bt = lr_bt
+        level "sequence":  log rho_bt = sum_s m_bs lr_bs   (the whole sequence's ratio)
+        "tis" (truncated IS):  w = min(rho, mismatch_cap)
+        "mis" (masked IS):     w = rho * 1[rho <= mismatch_cap]  (the token, or the whole
+                               sequence, above the cap is dropped)
+
+    The decoupled weight is token-level MIS against pi_prox, so the two do not combine.
+    A dropped token adds 0 to the loss and stays in its normaliser (aggregation is
+    unchanged, so micro-batch accumulation stays exact). With one optimizer step per
+    batch, pi = pi_old at the forward whenever pi_old is t: r = 1 in value (gradient
+    grad logp), the surrogate becomes the importance-weighted policy gradient
+    -sg(w) A grad logp, and clipping acts only on weights that moved since t was taken.
+
+    Stats (every loss that takes this reports them, whatever the options), means over
+    action tokens: ``mismatch_logprob_gap`` = |t - b|; ``mismatch_kl`` = the k3 estimate
+    rho - 1 - lr of KL(pi_b || pi_t) (tokens are sampled from the behaviour policy; >= 0,
+    token level whatever ``mismatch_level``); ``mismatch_weight_mean`` = w;
+    ``mismatch_capped_frac`` = share of tokens truncated (tis) or dropped (mis, decoupled).
+    """
+
+    mismatch_correction: str | None = None
+    mismatch_level: str = "token"
+    mismatch_cap: float = 2.0
+    recompute_logprob: bool = False
+    use_decoupled_loss: bool = False
+    behav_imp_weight_cap: float | None = None
+
+    stat_keys: ClassVar[tuple[str, ...]] = (
+        "mismatch_logprob_gap", "mismatch_kl", "mismatch_weight_mean", "mismatch_capped_frac",
+    )
+
+    def __post_init__(self) -> None:
+        if self.mismatch_correction is not None and self.mismatch_correction not in MISMATCH_CORRECTIONS:
+            raise ValueError(
+                f"mismatch_correction={self.mismatch_correction!r}; use one of "
+                f"{MISMATCH_CORRECTIONS} or None"
+            )
+        if self.mismatch_level not in MISMATCH_LEVELS:
+            raise ValueError(f"mismatch_level={self.mismatch_level!r}; use one of {MISMATCH_LEVELS}")
+        if not self.mismatch_cap >= 1.0:
+            raise ValueError(f"mismatch_cap={self.mismatch_cap} must be >= 1")
+        if self.behav_imp_weight_cap is not None:
+            if not self.use_decoupled_loss:
+                raise ValueError(
+                    f"behav_imp_weight_cap={self.behav_imp_weight_cap} needs "
+                    "use_decoupled_loss=True (it caps the decoupled loss's behaviour weight)"
+                )
+            if not self.behav_imp_weight_cap > 1.0:
+                raise ValueError(f"behav_imp_weight_cap={self.behav_imp_weight_cap} must be > 1")
+        if self.use_decoupled_loss and self.mismatch_correction is not None:
+            raise ValueError(
+                f"use_decoupled_loss=True and mismatch_correction={self.mismatch_correction!r}: "
+                "the decoupled loss already weights each token by exp(prox - behav) (token-level "
+                "MIS at behav_imp_weight_cap); choose one"
+            )
+
+    @property
+    def needs_prox_logprobs(self) -> bool:
+        """The loss reads ``batch["prox_logprobs"]`` (the Trainer then computes them)."""
+        return self.recompute_logprob or self.use_decoupled_loss
+
+    def terms(
+        self, logp: Tensor, m: Tensor, batch: Mapping[str, Any], who: str
+    ) -> tuple[Tensor, Tensor, Stats]:
+        """(pi_old logprobs [B, T-1], the detached weight w [B, T-1], the mismatch stats)."""
+        behav = _old_logprobs(batch, who).to(logp.dtype)
+        if self.needs_prox_logprobs:
+            if batch.get(PROX_LOGPROBS_KEY) is None:
+                raise KeyError(
+                    f"{who} with recompute_logprob/use_decoupled_loss needs "
+                    f"batch[{PROX_LOGPROBS_KEY!r}] (the current weights' logprobs aligned to "
+                    "input_ids); the Trainer computes them when algo.needs_prox_logprobs"
+                )
+            trained = batch[PROX_LOGPROBS_KEY][:, 1:].to(logp.dtype)
+        else:
+            trained = logp.detach()
+        lr = (trained - behav) * m  # 0 off the action tokens: exp stays finite there
+        mode, level, cap = self.mismatch_correction, self.mismatch_level, self.mismatch_cap
+        if self.use_decoupled_loss:
+            cap = math.inf if self.behav_imp_weight_cap is None else self.behav_imp_weight_cap
+            mode, level = "mis", "token"
+        w = torch.ones_like(lr)
+        capped = torch.zeros_like(lr)
+        old = trained if mode is not None or self.needs_prox_logprobs else behav
+        if mode is not None:
+            log_rho = lr if level == "token" else lr.sum(-1, keepdim=True).expand_as(lr)
+            log_cap = math.log(cap)
+            over = log_rho > log_cap
+            w = torch.exp(log_rho.clamp(max=log_cap))
+            if mode == "mis":
+                w = torch.where(over, torch.zeros_like(w), w)
+            capped = over.to(lr.dtype)
+        return old, w, {
+            "mismatch_logprob_gap": masked_mean(lr.abs(), m),
+            "mismatch_kl": masked_mean(torch.exp(lr) - 1.0 - lr, m),
+            "mismatch_weight_mean": masked_mean(w, m),
+            "mismatch_capped_frac": masked_mean(capped, m),
+        }
+
+
 @dataclass
 class ReinforceLoss:
     """L = -agg( w_b * log pi(a_bt | s_bt) ) over action tokens."""
 
-    aggregation: str = "token"
+    aggregation: str = "token-mean"
+    max_new_tokens: int | None = None  # C of aggregation "seq-mean-token-sum-norm"
     needs_actor_logprobs: ClassVar[bool] = False
     stat_keys: ClassVar[tuple[str, ...]] = ("loss", "logp_mean", "weight_mean")
 
@@ -135,7 +308,7 @@ class ReinforceLoss:
         logp = token_logprobs(logits, batch["input_ids"])
         m = token_mask(batch, logp.dtype)
         w = batch["weight"].to(logp.dtype).unsqueeze(-1)  # [B, 1]
-        loss = aggregate(-w * logp, m, batch, self.aggregation)
+        loss = aggregate(-w * logp, m, batch, self.aggregation, self.max_new_tokens)
         return loss, {
             "loss": loss.detach(),
             "logp_mean": masked_mean(logp, m),
@@ -151,7 +324,8 @@ class ReinforceBaselineLoss:
     macro-batch, so micro-batching does not change it); otherwise the micro-batch mean.
     """
 
-    aggregation: str = "token"
+    aggregation: str = "token-mean"
+    max_new_tokens: int | None = None  # C of aggregation "seq-mean-token-sum-norm"
     needs_actor_logprobs: ClassVar[bool] = False
     stat_keys: ClassVar[tuple[str, ...]] = ("loss", "logp_mean", "baseline", "adv_mean")
 
@@ -165,7 +339,7 @@ class ReinforceBaselineLoss:
         w = batch["weight"].to(logp.dtype)
         b = _scalar(batch, WEIGHT_MEAN_KEY, w.mean())
         adv = (w - b).unsqueeze(-1)
-        loss = aggregate(-adv * logp, m, batch, self.aggregation)
+        loss = aggregate(-adv * logp, m, batch, self.aggregation, self.max_new_tokens)
         return loss, {
             "loss": loss.detach(),
             "logp_mean": masked_mean(logp, m),
@@ -176,22 +350,35 @@ class ReinforceBaselineLoss:
 
 @dataclass
 class TokenClippedSurrogateLoss:
-    """PPO/GRPO token-level clipped surrogate against the actor's (behaviour) logprobs.
+    """PPO/GRPO token-level clipped surrogate against pi_old (the behaviour logprobs).
 
     r_bt = exp(logp_bt - logp_old_bt),  A_b = weight_b
     obj  = min(r A, clip(r, 1 - eps_clip, 1 + eps_clip_higher) A)
     dual clip (``dual_clip_c`` = c > 1): for A < 0, obj = max(obj, c A)
-    L    = -agg(obj).   ``eps_clip_higher=None`` means symmetric (= eps_clip).
+    L    = -agg(w * obj).   ``eps_clip_higher=None`` means symmetric (= eps_clip).
+    pi_old and the detached weight w (1 unless corrected) come from ``off_policy``.
+
+    Decoupled PPO (``off_policy.use_decoupled_loss``, AReaL), with prox = the proximal
+    policy's logprobs (the current weights before the update) and b = the behaviour's:
+    L = -agg( sg(v) * 1[v <= behav_imp_weight_cap] * min(r A, clip(r, 1 - eps_clip,
+    1 + eps_clip_higher) A) ),  r = exp(logp - prox),  v = exp(prox - b).
     """
 
     eps_clip: float = 0.2
     eps_clip_higher: float | None = None
     dual_clip_c: float | None = None
-    aggregation: str = "token"
+    aggregation: str = "token-mean"
+    max_new_tokens: int | None = None  # C of aggregation "seq-mean-token-sum-norm"
+    off_policy: OffPolicyCorrection = field(default_factory=OffPolicyCorrection)
     needs_actor_logprobs: ClassVar[bool] = True
     stat_keys: ClassVar[tuple[str, ...]] = (
         "loss", "logp_mean", "ratio_mean", "clip_frac", "dual_clip_frac", "approx_kl",
+        *OffPolicyCorrection.stat_keys,
     )
+
+    @property
+    def needs_prox_logprobs(self) -> bool:
+        return self.off_policy.needs_prox_logprobs
 
     def __post_init__(self) -> None:
         _check_agg(self)
@@ -205,8 +392,8 @@ class TokenClippedSurrogateLoss:
     @checked_loss
     def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> tuple[Tensor, Stats]:
         logp = token_logprobs(logits, batch["input_ids"])
-        old = _old_logprobs(batch, "TokenClippedSurrogateLoss").to(logp.dtype)
         m = token_mask(batch, logp.dtype)
+        old, w, mismatch = self.off_policy.terms(logp, m, batch, "TokenClippedSurrogateLoss")
         adv = batch["weight"].to(logp.dtype).unsqueeze(-1)
         log_ratio = logp - old
         ratio = torch.exp(log_ratio)
@@ -219,7 +406,7 @@ class TokenClippedSurrogateLoss:
             floor = self.dual_clip_c * adv
             dual = (adv < 0) & (obj < floor)
             obj = torch.where(dual, floor.expand_as(obj), obj)
-        loss = aggregate(-obj, m, batch, self.aggregation)
+        loss = aggregate(-w * obj, m, batch, self.aggregation, self.max_new_tokens)
         return loss, {
             "loss": loss.detach(),
             "logp_mean": masked_mean(logp, m),
@@ -227,6 +414,7 @@ class TokenClippedSurrogateLoss:
             "clip_frac": masked_mean((surr2 < surr1).to(m.dtype), m),
             "dual_clip_frac": masked_mean(dual.to(m.dtype), m),
             "approx_kl": masked_mean(ratio - 1.0 - log_ratio, m),
+            **mismatch,
         }
 
 
@@ -235,18 +423,26 @@ class CISPOLoss:
     """CISPO: REINFORCE with a clipped, stop-gradient importance weight.
 
     r_bt = exp(logp_bt - logp_old_bt)
-    L    = -agg( sg(clip(r, 1 - eps_clip_low, 1 + eps_clip_high)) * A_b * logp_bt )
+    L    = -agg( w * sg(clip(r, 1 - eps_clip_low, 1 + eps_clip_high)) * A_b * logp_bt )
     ``eps_clip_low=None`` leaves the ratio unbounded below (the MiniMax-M1 setting). Unlike
     the PPO surrogate, no token's gradient is zeroed: the weight is clipped, not the update.
+    pi_old and the detached weight w (1 unless corrected) come from ``off_policy``.
     """
 
     eps_clip_low: float | None = None
     eps_clip_high: float = 0.2
-    aggregation: str = "token"
+    aggregation: str = "token-mean"
+    max_new_tokens: int | None = None  # C of aggregation "seq-mean-token-sum-norm"
+    off_policy: OffPolicyCorrection = field(default_factory=OffPolicyCorrection)
     needs_actor_logprobs: ClassVar[bool] = True
     stat_keys: ClassVar[tuple[str, ...]] = (
         "loss", "logp_mean", "ratio_mean", "clip_frac", "approx_kl",
+        *OffPolicyCorrection.stat_keys,
     )
+
+    @property
+    def needs_prox_logprobs(self) -> bool:
+        return self.off_policy.needs_prox_logprobs
 
     def __post_init__(self) -> None:
         _check_agg(self)
@@ -258,20 +454,84 @@ class CISPOLoss:
     @checked_loss
     def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> tuple[Tensor, Stats]:
         logp = token_logprobs(logits, batch["input_ids"])
-        old = _old_logprobs(batch, "CISPOLoss").to(logp.dtype)
         m = token_mask(batch, logp.dtype)
+        old, w, mismatch = self.off_policy.terms(logp, m, batch, "CISPOLoss")
         adv = batch["weight"].to(logp.dtype).unsqueeze(-1)
         log_ratio = logp.detach() - old
         ratio = torch.exp(log_ratio)
         lo = 0.0 if self.eps_clip_low is None else 1.0 - self.eps_clip_low
         is_w = ratio.clamp(lo, 1.0 + self.eps_clip_high)
-        loss = aggregate(-is_w * adv * logp, m, batch, self.aggregation)
+        loss = aggregate(-w * is_w * adv * logp, m, batch, self.aggregation, self.max_new_tokens)
         return loss, {
             "loss": loss.detach(),
             "logp_mean": masked_mean(logp, m),
             "ratio_mean": masked_mean(ratio, m),
             "clip_frac": masked_mean((is_w != ratio).to(m.dtype), m),
             "approx_kl": masked_mean(ratio - 1.0 - log_ratio, m),
+            **mismatch,
+        }
+
+
+@dataclass
+class GSPOLoss:
+    """GSPO (Zheng et al. 2025, Group Sequence Policy Optimization): the clipped surrogate
+    on a length-normalised sequence-level ratio.
+
+    s_b   = exp( (1/n_b) sum_t m_bt (logp_bt - logp_old_bt) ),   A_b = weight_b
+    obj_b = min(s_b A_b, clip(s_b, 1 - eps_clip, 1 + eps_clip_higher) A_b)
+    L     = -agg(w * obj_b)   (obj_b on every action token of b)
+
+    The default aggregation "seq-mean-token-mean" gives the paper's -(1/G) sum_i obj_i.
+    grad s_b = s_b (1/n_b) sum_t grad logp_bt: a sequence's tokens share one weight, and a
+    clipped sequence passes no gradient. Clipping ranges default to the paper's 3e-4 (left)
+    and 4e-4 (right): s is a geometric mean over tokens, far closer to 1 than a token ratio.
+    pi_old and the detached per-token weight w (1 unless corrected) come from ``off_policy``.
+    """
+
+    eps_clip: float = 3e-4
+    eps_clip_higher: float | None = 4e-4
+    aggregation: str = "seq-mean-token-mean"
+    max_new_tokens: int | None = None  # C of aggregation "seq-mean-token-sum-norm"
+    off_policy: OffPolicyCorrection = field(default_factory=OffPolicyCorrection)
+    needs_actor_logprobs: ClassVar[bool] = True
+    stat_keys: ClassVar[tuple[str, ...]] = (
+        "loss", "logp_mean", "ratio_mean", "clip_frac", "approx_kl",
+        *OffPolicyCorrection.stat_keys,
+    )
+
+    @property
+    def needs_prox_logprobs(self) -> bool:
+        return self.off_policy.needs_prox_logprobs
+
+    def __post_init__(self) -> None:
+        _check_agg(self)
+        if not 0.0 <= self.eps_clip < 1.0:
+            raise ValueError(f"eps_clip={self.eps_clip} must be in [0, 1)")
+        if self.eps_clip_higher is not None and self.eps_clip_higher < 0:
+            raise ValueError(f"eps_clip_higher={self.eps_clip_higher} must be >= 0")
+
+    @checked_loss
+    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> tuple[Tensor, Stats]:
+        logp = token_logprobs(logits, batch["input_ids"])
+        m = token_mask(batch, logp.dtype)
+        old, w, mismatch = self.off_policy.terms(logp, m, batch, "GSPOLoss")
+        adv = batch["weight"].to(logp.dtype).unsqueeze(-1)  # [B, 1]
+        log_ratio = (logp - old) * m
+        seq_log_ratio = log_ratio.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)
+        ratio = torch.exp(seq_log_ratio)  # [B, 1]
+        hi = 1.0 + (self.eps_clip if self.eps_clip_higher is None else self.eps_clip_higher)
+        surr1 = ratio * adv
+        surr2 = ratio.clamp(1.0 - self.eps_clip, hi) * adv
+        obj = torch.minimum(surr1, surr2).expand_as(logp)
+        loss = aggregate(-w * obj, m, batch, self.aggregation, self.max_new_tokens)
+        tok_ratio = torch.exp(log_ratio.detach())
+        return loss, {
+            "loss": loss.detach(),
+            "logp_mean": masked_mean(logp, m),
+            "ratio_mean": masked_mean(ratio.expand_as(m), m),
+            "clip_frac": masked_mean((surr2 < surr1).to(m.dtype).expand_as(m), m),
+            "approx_kl": masked_mean(tok_ratio - 1.0 - log_ratio.detach(), m),
+            **mismatch,
         }
 
 
@@ -290,7 +550,7 @@ class TokenKLLoss:
 
     coeff: float = 1.0
     estimator: str = "k3"
-    aggregation: str = "token"
+    aggregation: str = "token-mean"
     needs_actor_logprobs: ClassVar[bool] = False
     needs_ref_logprobs: ClassVar[bool] = True
     stat_keys: ClassVar[tuple[str, ...]] = ("loss", "kl")
@@ -325,7 +585,7 @@ class TokenKLLoss:
 class MaskedCausalLMCrossEntropyLoss:
     """SFT negative log-likelihood of the action tokens: L = agg(-logp). Ignores weight."""
 
-    aggregation: str = "token"
+    aggregation: str = "token-mean"
     needs_actor_logprobs: ClassVar[bool] = False
     stat_keys: ClassVar[tuple[str, ...]] = ("loss", "nll", "token_accuracy")
 
@@ -372,6 +632,10 @@ class CompositeLoss:
     @property
     def needs_ref_logprobs(self) -> bool:
         return any(getattr(t.loss, "needs_ref_logprobs", False) for t in self.terms)
+
+    @property
+    def needs_prox_logprobs(self) -> bool:
+        return any(getattr(t.loss, "needs_prox_logprobs", False) for t in self.terms)
 
     @property
     def stat_keys(self) -> tuple[str, ...]:

@@ -60,6 +60,12 @@ and before any checkpoint is loaded), kept unsharded on every rank: one more for
 micro-batch and one more copy of the weights in memory. ``ref_time_s`` in the step stats
 is the time spent in it.
 
+Proximal policy. When the loss needs ``prox_logprobs`` (``algo.needs_prox_logprobs``: AReaL's
+``recompute_logprob`` / ``use_decoupled_loss``), every micro-batch first gets a no-grad
+forward of the current weights (eval mode, before the update: the logprobs of the policy
+this step starts from) under ``batch["prox_logprobs"]``; ``prox_time_s`` in the step stats
+is its time. Off by default: no extra forward.
+
 Temperature. Each item's logits are divided by its sampling temperature before the loss
 (``loss.apply_temperature``; the reference model's too): the policy trained is the one the
 actor sampled from, whose logprobs the server returned, so an on-policy ratio is exactly 1.
@@ -300,6 +306,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         ref_time = 0.0
+        prox_time = 0.0
         stat_acc: dict[str, float] = {}
         local_tok = max(sum(n_tok), 1.0)
         for i, b in enumerate(batches):
@@ -315,6 +322,10 @@ class Trainer:
                 t_ref = time.perf_counter()
                 dev_b["ref_logprobs"] = self.reference_logprobs(dev_b)
                 ref_time += time.perf_counter() - t_ref
+            if self.algo.needs_prox_logprobs:
+                t_prox = time.perf_counter()
+                dev_b[L.PROX_LOGPROBS_KEY] = self.proximal_logprobs(dev_b)
+                prox_time += time.perf_counter() - t_prox
             with self._autocast():
                 out = self.model(
                     input_ids=dev_b["input_ids"], attention_mask=dev_b["attention_mask"]
@@ -339,20 +350,36 @@ class Trainer:
         )
         if self.ref_model is not None:
             out_stats["ref_time_s"] = ref_time
+        if self.algo.needs_prox_logprobs:
+            out_stats["prox_time_s"] = prox_time
         return out_stats
 
     @torch.no_grad()
-    def reference_logprobs(self, batch: dict[str, Any]) -> torch.Tensor:
-        """The frozen reference policy's logprob of every token, aligned to input_ids
-        ([B, T], 0.0 at position 0 which nothing predicts): what ``TokenKLLoss`` reads."""
-        assert self.ref_model is not None
+    def _logprobs(self, model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+        """``model``'s logprob of every token at the item's temperature, aligned to
+        input_ids ([B, T] fp32, 0.0 at position 0 which nothing predicts)."""
         ids = batch["input_ids"]
         with self._autocast():
-            out = self.ref_model(input_ids=ids, attention_mask=batch["attention_mask"])
+            out = model(input_ids=ids, attention_mask=batch["attention_mask"])
         logits = L.apply_temperature((out.logits if hasattr(out, "logits") else out).float(), batch)
-        ref = torch.zeros(ids.shape, dtype=torch.float32, device=logits.device)
-        ref[:, 1:] = L.token_logprobs(logits, ids)
-        return ref
+        lp = torch.zeros(ids.shape, dtype=torch.float32, device=logits.device)
+        lp[:, 1:] = L.token_logprobs(logits, ids)
+        return lp
+
+    def reference_logprobs(self, batch: dict[str, Any]) -> torch.Tensor:
+        """The frozen reference policy's logprobs (``_logprobs``): what ``TokenKLLoss`` reads."""
+        assert self.ref_model is not None
+        return self._logprobs(self.ref_model, batch)
+
+    def proximal_logprobs(self, batch: dict[str, Any]) -> torch.Tensor:
+        """The current weights' logprobs (``_logprobs``, eval mode, no grad): pi_prox of the
+        decoupled loss, pi_old under ``recompute_logprob``."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self._logprobs(self.model, batch)
+        finally:
+            self.model.train(was_training)
 
     def _all_sum(self, xs: list[float]) -> list[float]:
         """Sums over every rank (for batch-level statistics of a sharded batch)."""

@@ -69,7 +69,7 @@ def test_algorithm_section_values_are_checked_with_the_key_named(tmp_path) -> No
             load(CreditSettings, write(tmp_path, text), "credit")
 
     bad("algorithm: grpo\n", "algorithm: must be a mapping")
-    bad("algorithm: {name: ppo}\n", r"algorithm.name='ppo'; use one of \['cispo', 'grpo'")
+    bad("algorithm: {name: ppo}\n", r"algorithm.name='ppo'; use one of \['cispo', 'dr_grpo', 'grpo', 'gspo'")
     bad("algorithm: {name: grpo, kwargs: {group_size: 4}}\n", "move it to algorithm.group_size")
     bad("algorithm: {name: grpo, kwargs: {kl_coef: 0.1}}\n", r"\['kl_coef'\] are not arguments of make_grpo")
     bad("algorithm: {name: grpo, kwargs: {kl_coeff: -1}}\n", "kl_coeff=-1 must be >= 0")

@@ -5,9 +5,12 @@ from __future__ import annotations
 import pytest
 
 from libludic.training.algorithm import (
+    AlgorithmSpec,
     RLAlgorithm,
     make_cispo,
+    make_dr_grpo,
     make_grpo,
+    make_gspo,
     make_reinforce,
     make_scalerl,
     make_sft,
@@ -28,7 +31,9 @@ from libludic.training.filters import (
 from libludic.training.loss import (
     CISPOLoss,
     CompositeLoss,
+    GSPOLoss,
     MaskedCausalLMCrossEntropyLoss,
+    OffPolicyCorrection,
     ReinforceLoss,
     TokenClippedSurrogateLoss,
     TokenKLLoss,
@@ -115,3 +120,84 @@ def test_custom_composition() -> None:
     algo = RLAlgorithm("mine", ConstantCredit(2.0), ReinforceLoss())
     items = algo.to_saw_items([make_rollout("a", [0.0, 1.0])])
     assert [i.weight for i in items] == [2.0, 2.0]
+
+
+def spec(section: dict) -> RLAlgorithm:
+    """The algorithm a run config's ``algorithm:`` section builds."""
+    return AlgorithmSpec.from_mapping(section).build()
+
+
+@pytest.mark.parametrize("name", ["grpo", "cispo", "scalerl"])
+def test_mismatch_correction_from_the_algorithm_section(name) -> None:
+    algo = spec({"name": name, "group_size": 4, "kwargs": {
+        "mismatch_correction": "mis", "mismatch_level": "sequence", "mismatch_cap": 3.0}})
+    assert algo.loss.off_policy == OffPolicyCorrection("mis", "sequence", 3.0)
+    assert spec({"name": name}).loss.off_policy == OffPolicyCorrection(None, "token", 2.0)
+    with pytest.raises(ValueError, match=rf"algorithm '{name}' with kwargs .*mismatch_correction='ois'"):
+        spec({"name": name, "kwargs": {"mismatch_correction": "ois"}})
+
+
+@pytest.mark.parametrize("name", ["grpo", "cispo", "scalerl"])
+def test_decoupled_ppo_from_the_algorithm_section(name) -> None:
+    algo = spec({"name": name, "kwargs": {"use_decoupled_loss": True, "behav_imp_weight_cap": 5.0}})
+    assert algo.loss.off_policy == OffPolicyCorrection(use_decoupled_loss=True, behav_imp_weight_cap=5.0)
+    assert algo.needs_prox_logprobs
+    assert spec({"name": name, "kwargs": {"recompute_logprob": True}}).needs_prox_logprobs
+    assert not spec({"name": name}).needs_prox_logprobs
+    with pytest.raises(ValueError, match=rf"algorithm '{name}'.*needs use_decoupled_loss=True"):
+        spec({"name": name, "kwargs": {"behav_imp_weight_cap": 5.0}})
+
+
+def test_decoupled_ppo_with_kl_still_asks_for_prox_logprobs() -> None:
+    algo = spec({"name": "grpo", "kwargs": {"use_decoupled_loss": True, "kl_coeff": 0.1}})
+    assert isinstance(algo.loss, CompositeLoss)
+    assert algo.needs_prox_logprobs and algo.needs_ref_logprobs
+
+
+def test_gspo_and_dr_grpo_presets() -> None:
+    g = make_gspo()
+    assert isinstance(g.loss, GSPOLoss) and g.needs_actor_logprobs
+    assert (g.loss.eps_clip, g.loss.eps_clip_higher, g.loss.aggregation) == (3e-4, 4e-4, "seq-mean-token-mean")
+    assert isinstance(g.credit_assigner, GroupNormalizedReturn) and g.credit_assigner.normalize_adv
+    d = make_dr_grpo()
+    assert isinstance(d.loss, TokenClippedSurrogateLoss) and d.loss.eps_clip == 0.2
+    assert (d.loss.aggregation, d.loss.max_new_tokens) == ("seq-mean-token-sum-norm", 1024)
+    assert isinstance(d.credit_assigner, GroupNormalizedReturn) and not d.credit_assigner.normalize_adv
+    assert isinstance(make_dr_grpo(kl_coeff=0.1).loss, CompositeLoss)
+
+
+def test_dr_grpo_credit_is_mean_centred_and_gspo_divides_by_the_std() -> None:
+    rs = [make_rollout(f"r{i}", [r], "g", logprobs=[-0.1, -0.2]) for i, r in enumerate([1.0, 0.0, 0.0, 0.0])]
+    # mean 0.25: Dr. GRPO A = R - mean = 0.75, -0.25 x3
+    assert [i.weight for i in make_dr_grpo(group_size=4).to_saw_items(rs)] == pytest.approx([0.75] + [-0.25] * 3)
+    # GSPO (the paper's GRPO advantage): std = sqrt((0.5625 + 3 * 0.0625) / 4) = sqrt(0.1875)
+    std = 0.1875 ** 0.5
+    want = [0.75 / std] + [-0.25 / std] * 3
+    assert [i.weight for i in make_gspo(group_size=4).to_saw_items(rs)] == pytest.approx(want, rel=1e-6)
+
+
+def test_gspo_and_dr_grpo_from_the_algorithm_section() -> None:
+    g = spec({"name": "gspo", "group_size": 4, "kwargs": {
+        "eps_clip": 1e-3, "eps_clip_higher": 2e-3, "aggregation": "token-mean", "normalize_adv": False,
+        "mismatch_correction": "tis", "mismatch_level": "sequence"}})
+    assert g.name == "gspo" and g.credit_assigner.group_size == 4 and not g.credit_assigner.normalize_adv
+    assert (g.loss.eps_clip, g.loss.eps_clip_higher, g.loss.aggregation) == (1e-3, 2e-3, "token-mean")
+    assert g.loss.off_policy == OffPolicyCorrection("tis", "sequence")
+    d = spec({"name": "dr_grpo", "group_size": 4, "kwargs": {"max_new_tokens": 4096, "use_decoupled_loss": True}})
+    assert d.name == "dr_grpo" and (d.loss.aggregation, d.loss.max_new_tokens) == ("seq-mean-token-sum-norm", 4096)
+    assert d.needs_prox_logprobs
+    with pytest.raises(ValueError, match=r"\['normalize_adv'\] are not arguments of make_dr_grpo"):
+        spec({"name": "dr_grpo", "kwargs": {"normalize_adv": True}})
+    with pytest.raises(ValueError, match="algorithm 'dr_grpo'.*needs max_new_tokens"):
+        spec({"name": "dr_grpo", "kwargs": {"max_new_tokens": None}})
+
+
+@pytest.mark.parametrize("name", ["reinforce", "grpo", "cispo", "scalerl", "gspo", "dr_grpo"])
+def test_aggregation_from_the_algorithm_section(name) -> None:
+    algo = spec({"name": name, "kwargs": {"aggregation": "seq-mean-token-sum-norm", "max_new_tokens": 512}})
+    loss = algo.loss
+    assert (loss.aggregation, loss.max_new_tokens) == ("seq-mean-token-sum-norm", 512)
+    assert spec({"name": name, "kwargs": {"aggregation": "seq-mean-token-sum"}}).loss.aggregation == "seq-mean-token-sum"
+    assert spec({"name": name, "kwargs": {"aggregation": "token"}}).loss.aggregation == "token"  # old name
+    with pytest.raises(ValueError, match=rf"algorithm '{name}'.*aggregation='mean'"):
+        spec({"name": name, "kwargs": {"aggregation": "mean"}})

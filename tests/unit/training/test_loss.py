@@ -222,7 +222,8 @@ def test_composite_sums_terms_with_prefixed_stats() -> None:
 
 @pytest.mark.parametrize(
     "loss_obj",
-    [L.ReinforceLoss(), L.ReinforceBaselineLoss(), L.TokenClippedSurrogateLoss(), L.CISPOLoss()],
+    [L.ReinforceLoss(), L.ReinforceBaselineLoss(), L.TokenClippedSurrogateLoss(), L.CISPOLoss(),
+     L.GSPOLoss()],
 )
 def test_stat_keys_fixed(loss_obj) -> None:
     logits, batch = uniform_batch(ratio=(1.0, 1.0))
@@ -244,3 +245,292 @@ def test_typecheck_flag(monkeypatch) -> None:
     monkeypatch.setenv("LUDIC_TYPECHECK", "0")
     # off: the CE loss ignores weight, so the bad batch goes through unchecked
     L.MaskedCausalLMCrossEntropyLoss().compute(logits, batch)
+
+
+# ------------------------------------------------------------ train/inference mismatch (TIS / MIS)
+# uniform_batch(ratio=...) sets each action token's behaviour logprob so that
+# rho = exp(t - b) = ratio[b] on every action token of sequence b (t = -log V, the trainer's).
+
+
+def off(correction=None, level="token", cap=2.0):
+    return L.OffPolicyCorrection(correction, level, cap)
+
+
+def test_mismatch_stats_without_correction() -> None:
+    logits, batch = uniform_batch(weights=(1.0, 1.0), action_lens=(2, 1), ratio=(3.0, 0.5))
+    loss, stats = L.TokenClippedSurrogateLoss().compute(logits, batch)
+    # pi_old is the behaviour policy: seq0 ratio 3 is clipped to 1.2, seq1 0.5 is not
+    # (min(0.5, 0.8) = 0.5): L = -(1.2 + 1.2 + 0.5) / 3
+    assert float(loss.detach()) == pytest.approx(-2.9 / 3, rel=1e-5)
+    # |t - b| = ln 3, ln 3, ln 2;  k3 = rho - 1 - ln rho = 2 - ln 3 (x2), 0.5 - 1 + ln 2
+    assert float(stats["mismatch_logprob_gap"]) == pytest.approx((2 * math.log(3) + math.log(2)) / 3, rel=1e-5)
+    assert float(stats["mismatch_kl"]) == pytest.approx((2 * (2 - math.log(3)) + math.log(2) - 0.5) / 3, rel=1e-5)
+    assert float(stats["mismatch_weight_mean"]) == 1.0
+    assert float(stats["mismatch_capped_frac"]) == 0.0
+
+
+@pytest.mark.parametrize(
+    "correction, want_w, want_capped",
+    [
+        ("tis", (2.0, 2.0, 0.5), 2 / 3),  # min(3, 2) = 2 on both seq0 tokens; 0.5 kept
+        ("mis", (0.0, 0.0, 0.5), 2 / 3),  # 3 > 2: both seq0 tokens dropped; 0.5 kept as is
+    ],
+)
+def test_token_level_mismatch_correction_on_the_clipped_surrogate(correction, want_w, want_capped) -> None:
+    logits, batch = uniform_batch(weights=(1.0, 1.0), action_lens=(2, 1), ratio=(3.0, 0.5))
+    loss_obj = L.TokenClippedSurrogateLoss(eps_clip=0.2, off_policy=off(correction))
+    loss, stats = loss_obj.compute(logits, batch)
+    # pi_old = t, so r = 1 (not clipped) and obj = A = 1 per token: L = -sum(w) / 3 tokens
+    assert float(loss.detach()) == pytest.approx(-sum(want_w) / 3, rel=1e-5)
+    assert float(stats["ratio_mean"]) == pytest.approx(1.0)
+    assert float(stats["clip_frac"]) == 0.0
+    assert float(stats["mismatch_weight_mean"]) == pytest.approx(sum(want_w) / 3, rel=1e-5)
+    assert float(stats["mismatch_capped_frac"]) == pytest.approx(want_capped)
+    loss.backward()
+    # gradient of -sum_t sg(w_t) A logp_t / 3: REINFORCE with per-sequence weights w
+    # (seq0's two tokens share one w). Uncorrected, seq0's clipped ratio would pass none.
+    logits2, batch2 = uniform_batch(weights=(want_w[0], want_w[2]), action_lens=(2, 1))
+    L.ReinforceLoss().compute(logits2, batch2)[0].backward()
+    assert_close(logits.grad, logits2.grad)
+
+
+@pytest.mark.parametrize(
+    "level, correction, want_w, want_capped",
+    [
+        # token level: rho = 1.5, 1.5 (seq0) and 0.5 (seq1), all under the cap 2
+        ("token", "tis", (1.5, 1.5, 0.5), 0.0),
+        ("token", "mis", (1.5, 1.5, 0.5), 0.0),
+        # sequence level: rho(seq0) = 1.5 * 1.5 = 2.25 > 2 (both its tokens), rho(seq1) = 0.5
+        ("sequence", "tis", (2.0, 2.0, 0.5), 2 / 3),
+        ("sequence", "mis", (0.0, 0.0, 0.5), 2 / 3),
+    ],
+)
+def test_sequence_level_ratio_is_the_product_over_the_sequence(level, correction, want_w, want_capped) -> None:
+    logits, batch = uniform_batch(weights=(1.0, 1.0), action_lens=(2, 1), ratio=(1.5, 0.5))
+    loss, stats = L.TokenClippedSurrogateLoss(off_policy=off(correction, level)).compute(logits, batch)
+    assert float(loss.detach()) == pytest.approx(-sum(want_w) / 3, rel=1e-5)
+    assert float(stats["mismatch_capped_frac"]) == pytest.approx(want_capped)
+
+
+def test_mismatch_correction_on_cispo() -> None:
+    logits, batch = uniform_batch(weights=(1.0, 1.0), action_lens=(2, 1), ratio=(3.0, 0.5))
+    loss, stats = L.CISPOLoss(off_policy=off("tis")).compute(logits, batch)
+    # r = 1 against pi_old = t, so the CISPO weight is 1; TIS w = 2, 2, 0.5
+    # L = -sum(w * 1 * A * logp) / 3 = (2 + 2 + 0.5) log V / 3 = 1.5 log V
+    assert float(loss.detach()) == pytest.approx(1.5 * math.log(V), rel=1e-5)
+    assert float(stats["mismatch_capped_frac"]) == pytest.approx(2 / 3)
+    loss.backward()
+    logits2, batch2 = uniform_batch(weights=(2.0, 0.5), action_lens=(2, 1))
+    L.ReinforceLoss().compute(logits2, batch2)[0].backward()
+    assert_close(logits.grad, logits2.grad)
+
+
+def test_mismatch_options_are_validated() -> None:
+    with pytest.raises(ValueError, match="mismatch_correction='ois'"):
+        off("ois")
+    with pytest.raises(ValueError, match="mismatch_level='group'"):
+        off("tis", "group")
+    with pytest.raises(ValueError, match="mismatch_cap=0.5 must be >= 1"):
+        off("tis", cap=0.5)
+
+
+# ------------------------------------------------------------------- decoupled PPO (AReaL)
+
+
+def decoupled_batch(r=(1.5, 0.5), v=(3.0, 0.5)):
+    """Sequence b's action tokens get prox and behaviour logprobs such that
+    exp(logp - prox) = r[b] and exp(prox - behav) = v[b] (logp = -log V)."""
+    logits, batch = uniform_batch(weights=(1.0, 1.0), action_lens=(2, 1))
+    act = batch["action_mask"].float()
+    logp = -math.log(V)
+    prox = torch.stack([(logp - math.log(r[b])) * act[b] for b in range(2)])
+    batch[L.PROX_LOGPROBS_KEY] = prox
+    batch["actor_logprobs"] = torch.stack([(prox[b] - math.log(v[b])) * act[b] for b in range(2)])
+    return logits, batch
+
+
+def decoupled(cap=None, **kw):
+    return L.OffPolicyCorrection(use_decoupled_loss=True, behav_imp_weight_cap=cap, **kw)
+
+
+def test_decoupled_ppo_clips_against_prox_and_filters_behaviour_weights_above_the_cap() -> None:
+    logits, batch = decoupled_batch()
+    loss_obj = L.TokenClippedSurrogateLoss(eps_clip=0.2, off_policy=decoupled(cap=2.0))
+    loss, stats = loss_obj.compute(logits, batch)
+    # r against prox: seq0 min(1.5, 1.2) = 1.2 (clipped), seq1 min(0.5, 0.8) = 0.5
+    # v = exp(prox - behav): seq0 3 > cap 2 -> both tokens filtered (w 0), seq1 w = 0.5
+    # L = -(0 * 1.2 * 2 + 0.5 * 0.5) / 3 tokens
+    assert float(loss.detach()) == pytest.approx(-0.25 / 3, rel=1e-5)
+    assert float(stats["ratio_mean"]) == pytest.approx(3.5 / 3, rel=1e-5)
+    assert float(stats["clip_frac"]) == pytest.approx(2 / 3)
+    assert float(stats["mismatch_weight_mean"]) == pytest.approx(0.5 / 3, rel=1e-5)
+    assert float(stats["mismatch_capped_frac"]) == pytest.approx(2 / 3)
+    # |prox - behav| = ln 3, ln 3, ln 2
+    assert float(stats["mismatch_logprob_gap"]) == pytest.approx((2 * math.log(3) + math.log(2)) / 3, rel=1e-5)
+    loss.backward()
+    # only seq1 passes gradient: d(-w r A)/dlogits = -0.5 * r * grad logp = -0.25 grad logp,
+    # over 3 tokens: REINFORCE with weights (0, 0.25)
+    logits2, batch2 = uniform_batch(weights=(0.0, 0.25), action_lens=(2, 1))
+    L.ReinforceLoss().compute(logits2, batch2)[0].backward()
+    assert_close(logits.grad, logits2.grad)
+    # without a cap seq0 keeps its weight 3: L = -(3 * 1.2 * 2 + 0.5 * 0.5) / 3
+    loss, stats = L.TokenClippedSurrogateLoss(off_policy=decoupled()).compute(*decoupled_batch())
+    assert float(loss.detach()) == pytest.approx(-7.45 / 3, rel=1e-5)
+    assert float(stats["mismatch_capped_frac"]) == 0.0
+
+
+def test_recompute_logprob_replaces_the_behaviour_logprobs_without_weights() -> None:
+    logits, batch = decoupled_batch()
+    off_pol = L.OffPolicyCorrection(recompute_logprob=True)
+    loss, stats = L.TokenClippedSurrogateLoss(off_policy=off_pol).compute(logits, batch)
+    # pi_old = prox: obj 1.2, 1.2, 0.5 as above, w = 1: L = -(1.2 + 1.2 + 0.5) / 3
+    assert float(loss.detach()) == pytest.approx(-2.9 / 3, rel=1e-5)
+    assert float(stats["mismatch_weight_mean"]) == 1.0
+
+
+def test_decoupled_cispo() -> None:
+    logits, batch = decoupled_batch()
+    loss, _ = L.CISPOLoss(eps_clip_high=0.2, off_policy=decoupled(cap=2.0)).compute(logits, batch)
+    # CISPO weight sg(clip(r, 0, 1.2)) = 1.2, 1.2, 0.5; decoupled w = 0, 0, 0.5
+    # L = -sum(w * is_w * A * logp) / 3 = 0.5 * 0.5 * log V / 3
+    assert float(loss.detach()) == pytest.approx(0.25 * math.log(V) / 3, rel=1e-5)
+
+
+def test_prox_logprobs_are_required_and_announced() -> None:
+    logits, batch = decoupled_batch()
+    del batch[L.PROX_LOGPROBS_KEY]
+    loss_obj = L.TokenClippedSurrogateLoss(off_policy=decoupled())
+    with pytest.raises(KeyError, match=r"needs batch\['prox_logprobs'\].*algo.needs_prox_logprobs"):
+        loss_obj.compute(logits, batch)
+    assert loss_obj.needs_prox_logprobs
+    assert L.CISPOLoss(off_policy=L.OffPolicyCorrection(recompute_logprob=True)).needs_prox_logprobs
+    assert not L.TokenClippedSurrogateLoss(off_policy=off("tis")).needs_prox_logprobs
+    comp = L.CompositeLoss(terms=[L.LossTerm("pg", loss_obj), L.LossTerm("kl", L.TokenKLLoss())])
+    assert comp.needs_prox_logprobs
+
+
+def test_decoupled_options_are_validated() -> None:
+    with pytest.raises(ValueError, match="behav_imp_weight_cap=5.0 needs use_decoupled_loss=True"):
+        L.OffPolicyCorrection(behav_imp_weight_cap=5.0)
+    with pytest.raises(ValueError, match="behav_imp_weight_cap=1.0 must be > 1"):
+        decoupled(cap=1.0)
+    with pytest.raises(ValueError, match="choose one"):
+        decoupled(mismatch_correction="tis")
+
+
+# ------------------------------------------------------------------------- aggregation
+
+
+@pytest.mark.parametrize(
+    "mode, want",
+    [
+        # per-token l = -w logp = w log V: seq0 (w=2) two tokens 2 log V each, seq1 (w=-1) -log V
+        ("token-mean", (4 - 1) / 3),  # sum over 3 tokens / 3
+        ("token", (4 - 1) / 3),  # alias
+        ("seq-mean-token-mean", (4 / 2 - 1) / 2),  # per-sequence means 2 and -1, mean of 2
+        ("sequence", (4 / 2 - 1) / 2),  # alias
+        ("seq-mean-token-sum", (4 - 1) / 2),  # per-sequence sums 4 and -1, mean of 2
+        ("seq-mean-token-sum-norm", (4 - 1) / (2 * 8)),  # the sums / C = 8, mean of 2
+    ],
+)
+def test_aggregations(mode, want) -> None:
+    logits, batch = uniform_batch(weights=(2.0, -1.0), action_lens=(2, 1))
+    loss, _ = L.ReinforceLoss(aggregation=mode, max_new_tokens=8).compute(logits, batch)
+    assert float(loss.detach()) == pytest.approx(want * math.log(V), rel=1e-5)
+
+
+def test_sequence_sum_aggregations_use_the_macro_sequence_count() -> None:
+    logits, batch = uniform_batch(weights=(2.0, -1.0), action_lens=(2, 1))
+    batch[L.NUM_SEQUENCES_KEY] = 4.0
+    loss, _ = L.ReinforceLoss(aggregation="seq-mean-token-sum").compute(logits, batch)
+    # (4 - 1) log V summed over the micro-batch's sequences, over the macro count 4
+    assert float(loss.detach()) == pytest.approx(3 * math.log(V) / 4, rel=1e-5)
+    loss, _ = L.CISPOLoss(aggregation="seq-mean-token-sum-norm", max_new_tokens=2).compute(
+        *uniform_batch(weights=(2.0, -1.0), action_lens=(2, 1), ratio=(1.0, 1.0))
+    )
+    # CISPO at r = 1 is REINFORCE: (4 - 1) log V / (2 sequences * C = 2)
+    assert float(loss.detach()) == pytest.approx(3 * math.log(V) / 4, rel=1e-5)
+
+
+def test_aggregation_is_validated() -> None:
+    with pytest.raises(ValueError, match="needs max_new_tokens"):
+        L.TokenClippedSurrogateLoss(aggregation="seq-mean-token-sum-norm")
+    with pytest.raises(ValueError, match="TokenKLLoss does not take aggregation='seq-mean-token-sum-norm'"):
+        L.TokenKLLoss(aggregation="seq-mean-token-sum-norm")
+    with pytest.raises(ValueError, match="max_new_tokens=0 must be an integer >= 1"):
+        L.CISPOLoss(max_new_tokens=0)
+    with pytest.raises(ValueError, match=r"aggregation='seq-mean'; use one of .*'seq-mean-token-sum'"):
+        L.GSPOLoss(aggregation="seq-mean")
+
+
+def test_dr_grpo_aggregation_on_the_clipped_surrogate() -> None:
+    logits, batch = uniform_batch(weights=(2.0, -1.0), action_lens=(2, 1), ratio=(1.0, 1.0))
+    loss_obj = L.TokenClippedSurrogateLoss(aggregation="seq-mean-token-sum-norm", max_new_tokens=4)
+    loss, _ = loss_obj.compute(logits, batch)
+    # r = 1: obj = A per token; sums 2 * 2 = 4 and -1; L = -(4 - 1) / (2 sequences * C = 4)
+    assert float(loss.detach()) == pytest.approx(-3 / 8, rel=1e-5)
+    loss.backward()
+    # every token's gradient weight is A / (N_seq C), whatever its sequence's length:
+    # the same as token-mean REINFORCE over 3 tokens with weights scaled by 3 / 8
+    logits2, batch2 = uniform_batch(weights=(2.0 * 3 / 8, -1.0 * 3 / 8), action_lens=(2, 1))
+    L.ReinforceLoss().compute(logits2, batch2)[0].backward()
+    assert_close(logits.grad, logits2.grad)
+
+
+# ---------------------------------------------------------------------------------- GSPO
+
+
+def gspo_batch(token_ratios, weights):
+    """Two sequences (2 action tokens, 1 action token); token_ratios[b][k] = exp(logp - b) of
+    sequence b's k-th action token (logp = -log V)."""
+    logits, batch = uniform_batch(weights=weights, action_lens=(2, 1))
+    logp = -math.log(V)
+    old = torch.zeros(2, 4)
+    for b, rs in enumerate(token_ratios):
+        for k, r in enumerate(rs):
+            old[b, 4 - len(rs) + k] = logp - math.log(r)
+    batch["actor_logprobs"] = old
+    return logits, batch
+
+
+def test_gspo_sequence_ratio_is_the_geometric_mean_of_the_token_ratios() -> None:
+    logits, batch = gspo_batch([(2.0, 0.5), (1.0,)], weights=(2.0, 1.0))
+    loss, stats = L.GSPOLoss().compute(logits, batch)
+    # s0 = exp((ln 2 + ln 0.5) / 2) = 1 (token PPO would clip both), s1 = 1: nothing clipped
+    # obj = s A = 2 and 1; seq-mean-token-mean: L = -(2 + 1) / 2
+    assert float(loss.detach()) == pytest.approx(-1.5, rel=1e-5)
+    assert float(stats["ratio_mean"]) == pytest.approx(1.0, rel=1e-5)
+    assert float(stats["clip_frac"]) == 0.0
+    loss.backward()
+    # grad s_b = s_b mean_t grad logp_bt: -(1/2) [2 * (g_a + g_b) / 2 + 1 * g_c], which is
+    # sequence-mean REINFORCE with weights (2, 1)
+    logits2, batch2 = uniform_batch(weights=(2.0, 1.0), action_lens=(2, 1))
+    L.ReinforceLoss(aggregation="seq-mean-token-mean").compute(logits2, batch2)[0].backward()
+    assert_close(logits.grad, logits2.grad)
+
+
+def test_gspo_clips_whole_sequences_with_the_paper_ranges() -> None:
+    logits, batch = gspo_batch([(1.01, 1.01), (0.99,)], weights=(1.0, 1.0))
+    loss, stats = L.GSPOLoss().compute(logits, batch)
+    # s0 = 1.01 > 1 + 4e-4 with A > 0: obj = 1.0004 (clipped, no gradient)
+    # s1 = 0.99 < 1 - 3e-4 with A > 0: min(0.99, 0.9997) = 0.99 (unclipped)
+    assert float(loss.detach()) == pytest.approx(-(1.0004 + 0.99) / 2, rel=1e-5)
+    assert float(stats["clip_frac"]) == pytest.approx(2 / 3)  # seq0's 2 tokens of 3
+    assert float(stats["ratio_mean"]) == pytest.approx((2 * 1.01 + 0.99) / 3, rel=1e-5)
+    loss.backward()
+    # only seq1: -(1/2) * A * s1 * grad logp_c = sequence-mean REINFORCE with weights (0, 0.99)
+    logits2, batch2 = uniform_batch(weights=(0.0, 0.99), action_lens=(2, 1))
+    L.ReinforceLoss(aggregation="seq-mean-token-mean").compute(logits2, batch2)[0].backward()
+    assert_close(logits.grad, logits2.grad)
+
+
+def test_gspo_takes_the_off_policy_correction() -> None:
+    logits, batch = gspo_batch([(3.0, 3.0), (0.5,)], weights=(1.0, 1.0))
+    loss_obj = L.GSPOLoss(off_policy=off("tis"))
+    loss, stats = loss_obj.compute(logits, batch)
+    # pi_old = t: s = 1, obj = A = 1; TIS w = min(3, 2) = 2 (seq0 tokens), 0.5 (seq1)
+    # seq-mean-token-mean: L = -((2 + 2) / 2 + 0.5) / 2
+    assert float(loss.detach()) == pytest.approx(-1.25, rel=1e-5)
+    assert float(stats["mismatch_capped_frac"]) == pytest.approx(2 / 3)
+    assert set(stats) == set(L.GSPOLoss.stat_keys)
+    assert L.GSPOLoss(off_policy=decoupled()).needs_prox_logprobs

@@ -9,11 +9,14 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from libludic.models.tiny import PAD_ID
+from libludic.training import loss as L
 from libludic.training.algorithm import RLAlgorithm, make_grpo, make_sft
 from libludic.training.config import TrainerConfig
 from libludic.training.credit_assignment import ConstantCredit
 from libludic.training.loss import (
     CISPOLoss,
+    GSPOLoss,
+    OffPolicyCorrection,
     ReinforceBaselineLoss,
     ReinforceLoss,
     TokenClippedSurrogateLoss,
@@ -37,20 +40,51 @@ def varied_items():
     return [make_item(s, a, weight=w, seed=i) for i, (s, a, w) in enumerate(shapes)]
 
 
-@pytest.mark.parametrize(
-    "loss",
-    [
-        ReinforceLoss(),
-        ReinforceLoss(aggregation="sequence"),
-        ReinforceBaselineLoss(),
-        TokenClippedSurrogateLoss(eps_clip=0.2),
-        CISPOLoss(),
-    ],
-    ids=["reinforce", "reinforce-seq", "baseline", "clipped", "cispo"],
-)
-def test_micro_batched_gradient_equals_full_batch(base_model, loss) -> None:
-    algo = RLAlgorithm("t", ConstantCredit(), loss)
+def off_policy_items():
+    """varied_items whose behaviour logprobs alternate -2.5 / -8.5 around the tiny model's
+    ~ -5.6 (near-uniform over 259 ids): rho ~ e^-3 and e^3 (= 20, above any cap below), so
+    tokens and sequences are truncated / dropped on both sides of micro-batch boundaries."""
     items = varied_items()
+    for it in items:
+        n_state = it.num_tokens - it.num_action_tokens
+        acts = [-2.5 if i % 2 else -8.5 for i in range(it.num_action_tokens)]
+        it.attachments.actor_logprobs = [0.0] * n_state + acts
+    return items
+
+
+@pytest.mark.parametrize(
+    "loss, items_fn",
+    [
+        (ReinforceLoss(), varied_items),
+        (ReinforceLoss(aggregation="sequence"), varied_items),
+        (ReinforceBaselineLoss(), varied_items),
+        (TokenClippedSurrogateLoss(eps_clip=0.2), varied_items),
+        (CISPOLoss(), varied_items),
+        (TokenClippedSurrogateLoss(off_policy=OffPolicyCorrection("tis", "token", 2.0)), off_policy_items),
+        (TokenClippedSurrogateLoss(off_policy=OffPolicyCorrection("mis", "sequence", 2.0)), off_policy_items),
+        (CISPOLoss(off_policy=OffPolicyCorrection("mis", "token", 2.0)), off_policy_items),
+        (CISPOLoss(off_policy=OffPolicyCorrection("tis", "sequence", 1.5)), off_policy_items),
+        (TokenClippedSurrogateLoss(off_policy=OffPolicyCorrection(
+            use_decoupled_loss=True, behav_imp_weight_cap=5.0)), off_policy_items),
+        (TokenClippedSurrogateLoss(off_policy=OffPolicyCorrection(recompute_logprob=True)), off_policy_items),
+        (CISPOLoss(off_policy=OffPolicyCorrection(use_decoupled_loss=True)), off_policy_items),
+        (ReinforceLoss(aggregation="seq-mean-token-sum"), varied_items),
+        (ReinforceBaselineLoss(aggregation="seq-mean-token-sum-norm", max_new_tokens=16), varied_items),
+        (TokenClippedSurrogateLoss(aggregation="seq-mean-token-sum-norm", max_new_tokens=16), varied_items),
+        (CISPOLoss(aggregation="seq-mean-token-sum"), varied_items),
+        (GSPOLoss(eps_clip=0.2, eps_clip_higher=0.2), varied_items),
+        (GSPOLoss(aggregation="token-mean", off_policy=OffPolicyCorrection(
+            use_decoupled_loss=True, behav_imp_weight_cap=5.0)), off_policy_items),
+        (GSPOLoss(off_policy=OffPolicyCorrection("mis", "sequence", 2.0)), off_policy_items),
+    ],
+    ids=["reinforce", "reinforce-seq", "baseline", "clipped", "cispo", "clipped-tis-token",
+         "clipped-mis-seq", "cispo-mis-token", "cispo-tis-seq", "decoupled-cap", "recompute",
+         "cispo-decoupled", "reinforce-seq-sum", "baseline-seq-sum-norm", "dr-grpo", "cispo-seq-sum",
+         "gspo", "gspo-decoupled-token-mean", "gspo-mis-seq"],
+)
+def test_micro_batched_gradient_equals_full_batch(base_model, loss, items_fn) -> None:
+    algo = RLAlgorithm("t", ConstantCredit(), loss)
+    items = items_fn()
     full = Trainer(model=copy.deepcopy(base_model), algo=algo, batch_source=ListBatchSource([items]),
                    cfg=cpu_cfg(micro_token_budget=10_000))
     micro = Trainer(model=copy.deepcopy(base_model), algo=algo, batch_source=ListBatchSource([items]),
@@ -62,6 +96,65 @@ def test_micro_batched_gradient_equals_full_batch(base_model, loss) -> None:
     assert s_micro["loss"] == pytest.approx(s_full["loss"], rel=1e-5, abs=1e-6)
     for (n, p), q in zip(full.model.named_parameters(), micro.model.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=n)
+    if items_fn is off_policy_items:
+        # per-token means: the token-weighted mean over micro-batches is the full batch's
+        for k in OffPolicyCorrection.stat_keys:
+            assert s_micro[f"loss/{k}"] == pytest.approx(s_full[f"loss/{k}"], rel=1e-4), k
+        if loss.off_policy.mismatch_correction or loss.off_policy.behav_imp_weight_cap:
+            # the correction does something on these items: some tokens are capped, not all
+            assert 0.0 < s_full["loss/mismatch_capped_frac"] < 1.0
+
+
+class SpyLoss:
+    """Wraps a loss; keeps every batch it is given."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.batches = []
+
+    @property
+    def needs_actor_logprobs(self) -> bool:
+        return self.inner.needs_actor_logprobs
+
+    @property
+    def needs_prox_logprobs(self) -> bool:
+        return self.inner.needs_prox_logprobs
+
+    def compute(self, logits, batch):
+        self.batches.append(dict(batch))
+        return self.inner.compute(logits, batch)
+
+
+@pytest.mark.parametrize(
+    "flags, wanted",
+    [({}, False), ({"recompute_logprob": True}, True), ({"use_decoupled_loss": True}, True)],
+    ids=["off", "recompute", "decoupled"],
+)
+def test_prox_logprobs_are_a_no_grad_forward_of_the_current_weights_only_when_asked(
+    base_model, flags, wanted
+) -> None:
+    items = [sampled_at(base_model, make_item(s, a, weight=w, seed=i), 0.7)
+             for i, (s, a, w) in enumerate([(5, 3, 1.0), (9, 6, -0.5), (3, 4, 0.5), (6, 2, 1.5)])]
+    spy = SpyLoss(TokenClippedSurrogateLoss(off_policy=OffPolicyCorrection(**flags)))
+    tr = Trainer(model=copy.deepcopy(base_model), algo=RLAlgorithm("t", ConstantCredit(), spy),
+                 batch_source=ListBatchSource([]), cfg=cpu_cfg(micro_token_budget=24))
+    assert tr.algo.needs_prox_logprobs == wanted
+    tr.model.train()
+    st = tr.accumulate_gradients(items)
+    assert tr.model.training  # the eval-mode forward hands the model back in train mode
+    assert st["num_micro_batches"] > 1 and ("prox_time_s" in st) == wanted
+    for b in spy.batches:
+        assert (L.PROX_LOGPROBS_KEY in b) == wanted
+        if wanted:  # the weights before the update (no step happened), at the item's temperature
+            with torch.no_grad():
+                out = base_model(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
+            want = L.token_logprobs(L.apply_temperature(out.logits.float(), b), b["input_ids"])
+            torch.testing.assert_close(b[L.PROX_LOGPROBS_KEY][:, 1:], want)
+            assert not b[L.PROX_LOGPROBS_KEY][:, 0].any()
+    # on-policy items: prox = the server's logprobs, so r = 1, w = 1 and the gap is 0
+    assert st["loss/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert st["loss/mismatch_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert st["loss/mismatch_logprob_gap"] == pytest.approx(0.0, abs=1e-5)
 
 
 class RecordingPublisher:
