@@ -388,7 +388,8 @@ class Learner:
                         await accounting.wake_admission(self.r, self.keys)
                 except transport.REDIS_DOWN_ERRORS as e:  # the feeder polls anyway
                     log.warning("cannot wake the feeder: %s", e)
-            M.export_step(stats)
+            M.export_step(stats, tuple(getattr(self.trainer.algo.loss, "stat_keys", ()) or ())
+                          if self.trainer is not None else ())
             M.UNCOMMITTED.set(self.source.uncommitted)
             if self.logger is not None:
                 self.logger.step(stats)

@@ -34,6 +34,12 @@ STALE_DROPPED = Counter(
     "Items dropped (acked, never trained) for exceeding max_lag",
 )
 ITEMS_TRAINED = Counter("ludic_learner_items_trained_total", "Items trained")
+TRAIN_SIGNAL = Gauge(
+    "ludic_learner_train_signal",
+    "The last step's loss statistics (the loss's stat_keys: clip fraction, approx KL, ratio "
+    "and importance-weight means, the served/trained logprob gap and mismatch KL, ...)",
+    ["signal"],
+)
 NONFINITE_SKIPPED = Counter(
     "ludic_learner_nonfinite_steps_skipped_total",
     "Steps whose loss or gradient was not finite: the update was skipped, weights unchanged",
@@ -129,8 +135,14 @@ class WaitAverage:
 WAIT_AVERAGE = WaitAverage()
 
 
-def export_step(stats: dict[str, float]) -> None:
+def export_step(stats: dict[str, float], signals: tuple[str, ...] = ()) -> None:
+    """The step's figures as metrics; ``signals``: the loss's stat keys, exported as
+    ``ludic_learner_train_signal{signal=...}`` ("loss" has its own gauge)."""
     global _nonfinite_seen
+    for k in signals:  # the Trainer reports them as "loss/<key>", token-weighted over micro-batches
+        v = stats.get(f"loss/{k}")
+        if k != "loss" and v is not None:
+            TRAIN_SIGNAL.labels(signal=k).set(float(v))
     skipped = int(stats.get("nonfinite_skipped_total", 0))
     if skipped > _nonfinite_seen:
         NONFINITE_SKIPPED.inc(skipped - _nonfinite_seen)

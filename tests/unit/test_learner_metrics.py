@@ -42,3 +42,20 @@ def test_the_exported_gauge_moves_in_both_directions() -> None:
         M.export_step({**base, "batch_wait_s": 0.4, "step_wall_s": 0.5})
         seen.append(gauge())
     assert all(b > a for a, b in zip(seen[9:], seen[10:]))
+
+
+def test_the_losss_statistics_are_exported_as_training_signals() -> None:
+    from libludic.training.algorithm import AlgorithmSpec
+
+    loss = AlgorithmSpec.from_mapping(
+        {"name": "grpo", "group_size": 4, "kwargs": {"mismatch_correction": "tis"}}
+    ).build().loss
+    stats = {"step": 2.0, "loss": 0.1, "batch_items": 0.0, "batch_wait_s": 0.0, "step_wall_s": 1.0,
+             "loss/clip_frac": 0.125, "loss/mismatch_logprob_gap": 0.03, "loss/other": 9.0}
+    M.export_step(stats, tuple(loss.stat_keys))
+
+    def signal(name: str) -> float | None:
+        return REGISTRY.get_sample_value("ludic_learner_train_signal", {"signal": name})
+
+    assert signal("clip_frac") == 0.125 and signal("mismatch_logprob_gap") == 0.03
+    assert signal("other") is None and signal("loss") is None  # only the loss's own keys
