@@ -117,13 +117,25 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return full() if callable(full) else t
 
 
-def full_state_dict(model: nn.Module, to_cpu: bool = True) -> dict[str, torch.Tensor]:
+def full_state_dict(
+    model: nn.Module, to_cpu: bool = True, rank0_only: bool = False
+) -> dict[str, torch.Tensor]:
     """Full (unsharded) parameters and buffers under their HF names.
 
     FSDP2 shards are all-gathered (every rank must call this). For a peft LoRA model the
     adapters are merged on the fly, W' = W + get_delta_weight(), without touching the
     live model; LoRA tensors are left out and ``.base_layer`` dropped from names.
+    ``rank0_only``: the other ranks take part in each gather and drop its result at once
+    (they return {}), so only rank 0 ever holds the whole model; with ``to_cpu`` each
+    tensor moves to the host as soon as it is gathered (one full tensor at a time on the
+    device, not the whole model).
     """
+    keep = not rank0_only or rank() == 0
+
+    def put(name: str, t: torch.Tensor) -> None:
+        if keep:
+            out[name] = t.to("cpu") if to_cpu else t
+
     out: dict[str, torch.Tensor] = {}
     if is_peft(model):
         from peft.tuners.lora import LoraLayer
@@ -132,17 +144,15 @@ def full_state_dict(model: nn.Module, to_cpu: bool = True) -> dict[str, torch.Te
         for name, t in base.state_dict().items():
             if "lora_" in name:
                 continue
-            out[name.replace(".base_layer.", ".")] = _full(t).detach()
+            put(name.replace(".base_layer.", "."), _full(t).detach())
         for mname, mod in base.named_modules():
             if isinstance(mod, LoraLayer):
                 w = _full(mod.get_base_layer().weight).detach()  # type: ignore[arg-type]
                 for a in mod.active_adapters:
                     if a in mod.lora_A:
                         w = w + _full(mod.get_delta_weight(a)).detach()  # type: ignore[attr-defined]
-                out[f"{mname}.weight"] = w
+                put(f"{mname}.weight", w)
     else:
         for name, t in model.state_dict().items():
-            out[name] = _full(t).detach()
-    if to_cpu:
-        out = {k: v.to("cpu") for k, v in out.items()}
+            put(name, _full(t).detach())
     return out

@@ -238,9 +238,10 @@ class Trainer:
         )
         return kept, len(stale)
 
-    def full_state_dict(self, to_cpu: bool = True) -> dict[str, torch.Tensor]:
-        """Full parameters under HF names (gathers FSDP2 shards; every rank must call)."""
-        return parallel.full_state_dict(self.model, to_cpu=to_cpu)
+    def full_state_dict(self, to_cpu: bool = True, rank0_only: bool = False) -> dict[str, torch.Tensor]:
+        """Full parameters under HF names (gathers FSDP2 shards; every rank must call;
+        ``rank0_only``: the other ranks get {} and never hold the whole model)."""
+        return parallel.full_state_dict(self.model, to_cpu=to_cpu, rank0_only=rank0_only)
 
     # ------------------------------------------------------------------ gradients
 
@@ -544,8 +545,9 @@ class Trainer:
         return bool(await self.finish_publish())
 
     def snapshot_state_dict(self) -> dict[str, torch.Tensor]:
-        """The full state dict as CPU tensors that later training steps cannot change
-        (every rank must call it: the gather is collective under FSDP2). Gathered and
+        """The full state dict as CPU tensors that later training steps cannot change, on
+        rank 0 ({} elsewhere: every rank must call it, the gather is collective under FSDP2,
+        but only rank 0 sends and only it holds the whole model). Gathered and
         device-to-host tensors are fresh already; a CPU model's own tensors are copied."""
         live = set()
         for t in [*self.model.parameters(), *self.model.buffers()]:
@@ -553,7 +555,7 @@ class Trainer:
             live.add(local.untyped_storage().data_ptr())
         return {
             k: v.clone() if v.untyped_storage().data_ptr() in live else v
-            for k, v in self.full_state_dict().items()
+            for k, v in self.full_state_dict(rank0_only=True).items()
         }
 
     async def start_publish(self) -> None:

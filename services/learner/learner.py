@@ -364,7 +364,7 @@ class Learner:
             return
         from libludic.distributed.weight_sync import to_safetensors_bytes
 
-        sd = tr.full_state_dict()
+        sd = tr.full_state_dict(rank0_only=True)
         if self.rank != 0:
             return
         out = Path(s.output_dir) / "snapshots"
@@ -476,7 +476,7 @@ class Learner:
         tr = self.trainer
         if tr is None or not self.s.output_dir:
             return
-        sd = tr.full_state_dict()
+        sd = tr.full_state_dict(rank0_only=True)
         if self.rank != 0:
             return
         from transformers import AutoTokenizer

@@ -84,6 +84,10 @@ def main() -> int:
 
     stats = asyncio.run(step_and_publish())
     sd = tr.full_state_dict()
+    only0 = tr.full_state_dict(rank0_only=True)  # the publish path: only rank 0 holds it all
+    rank0_only_ok = (only0 == {}) if rank != 0 else (
+        only0.keys() == sd.keys() and all(torch.equal(only0[k], sd[k]) for k in sd)
+    )
     seen: set[int] = set()
     flat = {}
     for k, v in sd.items():  # tied embeddings share storage; safetensors wants copies
@@ -97,7 +101,7 @@ def main() -> int:
     (out_dir / f"rank{rank}.json").write_text(json.dumps({
         "loss": stats["loss"], "grad_norm": stats["grad_norm"], "num_items": stats["num_items"],
         "policy_version": tr.policy_version, "publish_calls": pub.calls, "dtensor_params": sharded,
-        "world": world,
+        "world": world, "rank0_only_ok": rank0_only_ok,
     }))
     dist.barrier()
     dist.destroy_process_group()

@@ -35,6 +35,8 @@ def test_fsdp2_two_ranks_match_single_process(tiny_model_dir, tmp_path) -> None:
     # rank 0 sent the publish, rank 1 learnt its outcome from rank 0
     assert s0["policy_version"] == s1["policy_version"] == 1
     assert [v for v, _ in s0["publish_calls"]] == [1] and s1["publish_calls"] == []
+    # publishing gathers onto rank 0 only: rank 1 took part and kept nothing
+    assert s0["rank0_only_ok"] and s1["rank0_only_ok"]
     # both ranks gathered the same full parameters, bit for bit
     assert sorted(r0) == sorted(r1)
     for k in r0:
