@@ -2,9 +2,10 @@
 """Container health probe for every `ludic <service>` process (Docker HEALTHCHECK, compose).
 
 Which endpoint is probed follows DEVELOPERS.md: `inference` answers `GET /health` on its API
-port 8000 (200 only once the engine answers a real probe); the other services expose only
-their Prometheus port (actor 9101, credit 9102, learner 9103, feeder 9104, eval 9105), so a
-200 from `GET /metrics` is their liveness signal. The service is read from PID 1's command
+port 8000 (200 only once the engine answers a real probe); the other services answer
+`GET /health` on their metrics port (actor 9101, credit 9102, learner 9103, feeder 9104,
+eval 9105) with their own check (the actor's and credit's loop ticked recently, the learner
+made progress or waited for items within `health_stall_s`, ...). The service is read from PID 1's command
 line (the container's `ludic <service> ...` or `torchrun ... -m services.cli learner`), so
 one image and one HEALTHCHECK serve all six services. `HEALTHCHECK_URL` overrides the probed URL.
 
@@ -20,11 +21,11 @@ import urllib.request
 # service -> probed path on 127.0.0.1 (ports from DEVELOPERS.md "Services, ports and environment")
 PROBES = {
     "inference": "http://127.0.0.1:8000/health",
-    "actor": "http://127.0.0.1:9101/metrics",
-    "credit": "http://127.0.0.1:9102/metrics",
-    "learner": "http://127.0.0.1:9103/metrics",
-    "feeder": "http://127.0.0.1:9104/metrics",
-    "eval": "http://127.0.0.1:9105/metrics",
+    "actor": "http://127.0.0.1:9101/health",
+    "credit": "http://127.0.0.1:9102/health",
+    "learner": "http://127.0.0.1:9103/health",
+    "feeder": "http://127.0.0.1:9104/health",
+    "eval": "http://127.0.0.1:9105/health",
 }
 
 

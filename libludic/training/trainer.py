@@ -208,6 +208,7 @@ class Trainer:
         self.version_floor = 0  # publish never labels a version <= this (set before training)
         self.stale_dropped_total = 0
         self.nonfinite_skipped_total = 0  # steps whose loss or gradient was not finite
+        self.last_progress = time.monotonic()  # when a step last started or finished
         self.publish_failures = 0
         self.consecutive_publish_failures = 0
         self.last_publish_error = ""
@@ -388,6 +389,15 @@ class Trainer:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return [float(x) for x in t.cpu()]
 
+    def _update(self, items: Sequence[SAWItem]) -> dict[str, float]:
+        """Forward, backward and the optimizer step of ``items`` (in a worker thread)."""
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # the current device is per thread
+        self.model.train()
+        out = self.accumulate_gradients(items)
+        out["grad_norm"] = self.optimizer_step()
+        return out
+
     def optimizer_step(self) -> float:
         """Clip (if configured), step AdamW; returns the pre-clip global grad norm.
 
@@ -414,6 +424,7 @@ class Trainer:
 
     async def train_step(self) -> dict[str, float]:
         t0 = time.perf_counter()
+        self.last_progress = time.monotonic()
         batch = await self.batch_source.next_batch()
         t_batch = time.perf_counter()
         items, dropped = self.drop_stale(batch.items)
@@ -438,9 +449,9 @@ class Trainer:
                 "raise max_lag or give every rank its own batch"
             )
         if items:
-            self.model.train()
-            stats.update(self.accumulate_gradients(items))
-            stats["grad_norm"] = self.optimizer_step()
+            # off the event loop: its other tasks (the service's /health and /metrics,
+            # heartbeats) keep answering through a step of any length
+            stats.update(await asyncio.to_thread(self._update, items))
             stats["nonfinite_skipped_total"] = float(self.nonfinite_skipped_total)
         else:
             log.warning("step %d: no items left after dropping %d stale; no update", self.step + 1, dropped)
@@ -504,6 +515,7 @@ class Trainer:
                 stats["samples_per_s"], self.policy_version, stats["batch_wait_s"],
                 stats["train_s"], stats["publish_wait_s"],
             )
+        self.last_progress = time.monotonic()
         if self.hooks.on_step is not None:
             await self.hooks.on_step(stats, ids)
         return stats

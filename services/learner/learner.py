@@ -72,6 +72,7 @@ class Learner:
         self.r: Any = None
         self._sync_redis: Any = None  # the publish thread's client (TrainerHooks.on_served)
         self.trainer: Trainer | None = None
+        self.started_at = time.monotonic()
         self.publisher: Any = None
         self.inner_publisher: Any = None
         self.logger: M.StepLogger | None = None
@@ -374,6 +375,18 @@ class Learner:
         with open(out / "snapshots.jsonl", "a") as f:
             f.write(json.dumps({"step": step, "time": time.time(), "path": path.name,
                                 "policy_version": tr.policy_version}) + "\n")
+
+    async def health(self) -> bool:
+        """Healthy while the learner makes progress: a step started or finished, or it
+        read the saw stream for items, within ``health_stall_s`` (training runs off the
+        event loop, so this answers during a step of any length)."""
+        last = self.started_at
+        if self.trainer is not None:
+            last = max(last, self.trainer.last_progress)
+        source = getattr(self, "source", None)  # set by _build
+        if source is not None:
+            last = max(last, source.last_read)
+        return time.monotonic() - last < self.s.health_stall_s
 
     async def _on_step(self, stats: dict[str, float], ids: list[str]) -> None:
         self._snapshot(int(stats["step"]))

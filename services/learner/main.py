@@ -71,7 +71,7 @@ async def run(settings: LearnerSettings, *, stop: asyncio.Event | None = None) -
     stop = stop or asyncio.Event()
     init_distributed(settings.device)
     learner = Learner(settings, stop)
-    server = await start_http(settings.metrics_port) if learner.rank == 0 else None
+    server = await start_http(settings.metrics_port, learner.health) if learner.rank == 0 else None
     try:
         await learner.run()
     finally:

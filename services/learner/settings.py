@@ -149,6 +149,11 @@ class LearnerSettings:
             "replica serves the learner's version (a restarted one is republished to); 0: off"
         },
     )
+    health_stall_s: float = field(
+        default=1800.0,
+        metadata={"help": "/health fails when no step started or finished and no read for items "
+                  "happened for this long (a hung step or collective)"},
+    )
     metrics_port: int = field(
         default=9103, metadata={"help": "/metrics and /health, rank 0 (0 off)"}
     )

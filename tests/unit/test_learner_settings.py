@@ -58,3 +58,21 @@ def test_settings_read_pep604_optionals_from_env_and_yaml(tmp_path):
         coerce("n", int, None)
     s = LearnerSettings(device="cpu", auth_token_file=None, config_path=None)
     assert s.config_path is None
+
+
+async def test_learner_health_follows_progress_not_the_event_loop() -> None:
+    import time
+    from types import SimpleNamespace
+
+    from services.learner.learner import Learner
+
+    now = time.monotonic()
+    fake = SimpleNamespace(
+        started_at=now - 100, s=SimpleNamespace(health_stall_s=30.0),
+        trainer=SimpleNamespace(last_progress=now - 50), source=SimpleNamespace(last_read=now - 5),
+    )
+    assert await Learner.health(fake)  # waiting for items: read 5 s ago
+    fake.source.last_read = now - 40
+    assert not await Learner.health(fake)  # nothing for 40 s > 30 s: a hung step or collective
+    fake.trainer.last_progress = now - 1  # a step started a second ago
+    assert await Learner.health(fake)

@@ -64,7 +64,7 @@ spec:
             {{- end }}
             {{- include "ludic.env.ompNumThreads" $v | nindent 12 }}
             {{- include "ludic.env.extra" $v | nindent 12 }}
-          {{- include "ludic.httpProbes" (dict "values" $v "path" "/metrics" "port" "metrics") | nindent 10 }}
+          {{- include "ludic.httpProbes" (dict "values" $v "path" "/health" "port" "metrics") | nindent 10 }}
           resources:
             {{- include "ludic.resources" (dict "resources" $v.resources "gpus" 0) | nindent 12 }}
           {{- with $v.containerSecurityContext }}

@@ -170,6 +170,7 @@ class PipelineBatchSource:
     _sc: transport.StreamConsumer | None = field(default=None, init=False)
     _last_seen: str | None = field(default=None, init=False)
     _read_errors: int = field(default=0, init=False)
+    last_read: float = field(default=0.0, init=False)  # monotonic time of the last read attempt
     _idle_since: float | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -251,6 +252,7 @@ class PipelineBatchSource:
         )
 
     async def _read(self, count: int) -> list[transport.Entry]:
+        self.last_read = time.monotonic()
         assert self.keys is not None
         stream = self.keys.saw
         start = ">" if self._replay_cursor is None else self._replay_cursor
