@@ -20,6 +20,9 @@ _EXPORTS = {
     "make_sft": "libludic.training.algorithm",
     "make_scalerl": "libludic.training.algorithm",
     "make_cispo": "libludic.training.algorithm",
+    "make_gspo": "libludic.training.algorithm",
+    "make_dr_grpo": "libludic.training.algorithm",
+    "RolloutEngine": "libludic.rollout.engine",  # where the spec's example imports it from
     "RolloutBatchSource": "libludic.training.batching.rollout_batch_source",
     "OfflineBatchSource": "libludic.training.batching.offline",
     "PipelineBatchSource": "libludic.training.batching.pipeline",

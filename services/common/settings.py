@@ -100,6 +100,20 @@ def coerce(name: str, tp: Any, value: Any) -> Any:
     return value
 
 
+def _default_text(f: dataclasses.Field[Any]) -> str:
+    """A field's default as ``--help`` shows it (secrets masked, argparse's % escaped)."""
+    if f.default is not dataclasses.MISSING:
+        value: Any = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
+        return "required"
+    words = f.name.lower().split("_")
+    if value and any(w in words for w in _SECRET_WORDS):
+        return "***"
+    return json.dumps(value, default=str).replace("%", "%%")
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -122,15 +136,14 @@ def load_settings(
         help_ = f.metadata.get("help", "")
         env_name = ENV_PREFIX + f.name.upper()
         base, _ = _base_type(hints[f.name])
+        shown = f"default {_default_text(f)}; env {env_name}"
         if base is bool:
             parser.add_argument(
                 _flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=None,
-                help=f"{help_} [env {env_name}]",
+                help=f"{help_} [{shown}]",
             )
         else:
-            parser.add_argument(
-                _flag(f.name), dest=f.name, default=None, help=f"{help_} [env {env_name}]"
-            )
+            parser.add_argument(_flag(f.name), dest=f.name, default=None, help=f"{help_} [{shown}]")
     args = parser.parse_args(list(argv or []))
 
     values: dict[str, Any] = {}

@@ -1,5 +1,5 @@
 """`make venv` on a machine with no pip configuration gets torch's CPU build from the extra
-index (issue #12, point 10).
+index.
 
 On this machine pip's own configuration lists a local wheel directory that holds
 torch 2.13.0+cpu, which hides the path a user's fresh machine takes. Here the Makefile's own

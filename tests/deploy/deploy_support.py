@@ -29,7 +29,7 @@ K8S_VERSIONS = ("1.29.0", "1.33.0")
 # Custom resources: kubernetes-validate ships only the core API schemas.
 CRD_KINDS = {"ServiceMonitor", "ScaledObject", "TriggerAuthentication"}
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
-# Metric names the services export (issue #8); dashboards and rules may use nothing else.
+# Metric names the services export; dashboards and rules may use nothing else.
 KNOWN_METRICS = {
     "ludic_learner_step",
     "ludic_learner_loss",

@@ -1,4 +1,4 @@
-"""Issue 12 point 8: the figure the chart's KEDA trigger scales actors on must always be defined.
+"""The figure the chart's KEDA trigger scales actors on must always be defined.
 
 Our consumers XACK + XDEL every entry they finish (libludic/transport/consumer.py StreamConsumer.ack), so
 XLEN of a requests stream is exactly its un-acked backlog (undelivered + delivered-but-pending).

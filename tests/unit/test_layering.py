@@ -1,4 +1,4 @@
-"""Layering: the library never depends on its services (issue #14).
+"""Layering: the library never depends on its services.
 
 ``libludic`` is usable without ``services/`` (a pip install of the library, a notebook);
 the services import the library, never the other way. Checked on the source: every import
@@ -72,7 +72,7 @@ def stream_calls(path: Path) -> list[str]:
 def test_only_the_transport_package_talks_to_redis_streams() -> None:
     """Keys, codec, consumer (read, claim, commit, dead-letter), the accounting scripts and
     stream inspection live in libludic/transport/; every service and library module goes
-    through its API (issue #14)."""
+    through its API."""
     root = LIB.parent
     files = [f for d in ("libludic", "services") for f in sorted((root / d).rglob("*.py"))
              if "transport" not in f.relative_to(root).parts]
@@ -131,7 +131,7 @@ def transport_private_names() -> set[str]:
 
 def test_nothing_outside_the_transport_package_reaches_into_its_objects() -> None:
     """``consumer._cursor`` and the like: private state of StreamConsumer, Lease, ... is read
-    and written only by the transport package (issue #14); outside it, ``self._x`` is the
+    and written only by the transport package; outside it, ``self._x`` is the
     caller's own attribute and is not flagged."""
     private = transport_private_names()
     assert {"_cursor", "_commit"} <= private  # the scan sees StreamConsumer's own state

@@ -86,3 +86,26 @@ def test_runtime_device_other_than_model_device_is_rejected_with_the_reason():
     assert TrainerConfig(model_device="cpu").runtime_device is None
     with pytest.raises(ValueError, match=r"runtime_device='cuda:1' differs from model_device='cpu'.*inference service"):
         TrainerConfig(model_device="cpu", runtime_device="cuda:1")
+
+
+def test_the_specs_example_imports_work() -> None:
+    """ludic-training.md's example loop and filters, under the package's name (libludic)."""
+    import libludic.training as training
+    from libludic.training import (  # noqa: F401
+        RolloutBatchSource,
+        RolloutEngine,
+        Trainer,
+        TrainerConfig,
+        make_dr_grpo,
+        make_grpo,
+        make_gspo,
+    )
+    from libludic.training.filters import (  # noqa: F401
+        combine,
+        drop_incomplete_completions,
+        drop_parse_errors,
+        drop_truncated,
+    )
+
+    for name in training.__all__:  # every lazy export resolves
+        assert getattr(training, name) is not None, name

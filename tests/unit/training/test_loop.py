@@ -1,4 +1,4 @@
-"""Trainer.train is the one RL loop (issue #14): publish with a version floor and a failure
+"""Trainer.train is the one RL loop: publish with a version floor and a failure
 policy, commit of the source's trained items (after each step, or only inside checkpoints),
 stop conditions, and hooks, on the tiny model with fakes for the source and the publisher."""
 
