@@ -75,10 +75,13 @@ async def retry_redis(
     stop: asyncio.Event | None = None,
     deadline_s: float | None = None,
     on_error: Callable[[BaseException], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> Any:
     """Call ``fn`` until it does not raise a REDIS_DOWN_ERRORS (idempotent calls only).
 
-    Gives up (re-raises) once ``deadline_s`` has passed, or when ``stop`` is set.
+    Gives up (re-raises) once ``deadline_s`` has passed, or when ``stop`` is set or
+    ``should_stop()`` is true (a service asked to stop does not wait for a Redis that is
+    gone).
     """
     t0 = time.monotonic()
     attempt = 0
@@ -90,7 +93,7 @@ async def retry_redis(
                 on_error(e)
             if deadline_s is not None and time.monotonic() - t0 > deadline_s:
                 raise
-            if stop is not None and stop.is_set():
+            if (stop is not None and stop.is_set()) or (should_stop is not None and should_stop()):
                 raise
             log.warning("redis unavailable (%s: %s); retrying", type(e).__name__, e)
             await backoff_sleep(attempt, stop)

@@ -225,7 +225,7 @@ class Learner:
         floor = 0
         if self.rank == 0:
             floor = await transport.retry_redis(
-                lambda: transport.get_policy_version(self.r, self.keys), deadline_s=60
+                lambda: transport.get_policy_version(self.r, self.keys), deadline_s=60, stop=self.stop
             )
             if self.inner_publisher is not None:
                 vs = replica_versions(self.inner_publisher.replicas.resolve())
@@ -268,7 +268,7 @@ class Learner:
             return
         await transport.retry_redis(
             lambda: accounting.set_admission(self.r, self.keys, served_step, self.s.batch_size),
-            deadline_s=60,
+            deadline_s=60, stop=self.stop,
         )
 
     # ------------------------------------------------------------------ publish / commit
@@ -282,7 +282,8 @@ class Learner:
         M.POLICY_VERSION.set(version)
         if self.rank == 0:  # actors' admission control reads it
             await transport.retry_redis(
-                lambda: transport.set_policy_version(self.r, self.keys, version), deadline_s=60
+                lambda: transport.set_policy_version(self.r, self.keys, version), deadline_s=60,
+                stop=self.stop,
             )
             assert self.trainer is not None
             await self._announce(self.trainer.last_publish_step)

@@ -66,3 +66,35 @@ async def test_entries_of_a_lost_read_reply_are_trained_on_resume_not_acked(redi
     snap = await accounting.snapshot(r, keys)
     assert snap["items_trained_twice"] == 0
     await r.aclose()
+
+
+async def test_a_stop_request_ends_the_wait_for_items_while_redis_is_down() -> None:
+    """SIGTERM of a learner whose Redis is gone (e.g. every service of a run stopping at
+    once) must end it: the wait for items gives up on stop_fn even while reads fail."""
+    import asyncio
+    import socket
+    import time
+
+    from libludic.training.types import SourceStopped
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = t.connect(f"redis://127.0.0.1:{port}/0", socket_timeout=1.0)
+    stop = False
+    src = PipelineBatchSource(redis=r, keys=t.Keys("down"), batch_size=2, block_ms=100,
+                              stop_fn=lambda: stop)
+    src._replay_cursor = None  # past start(): reading new entries
+
+    async def request_stop() -> None:
+        nonlocal stop
+        await asyncio.sleep(1.0)
+        stop = True
+
+    t0 = time.monotonic()
+    task = asyncio.create_task(request_stop())
+    with pytest.raises(SourceStopped):
+        await asyncio.wait_for(src.next_batch(), 30)
+    await task
+    assert time.monotonic() - t0 < 15
+    await r.aclose()

@@ -122,9 +122,15 @@ def test_a_killed_ludic_up_leaves_no_service_running(tmp_path, tiny_model_dir):
     while procs_of_run(run_id) and time.monotonic() < deadline:
         time.sleep(0.5)
     left = procs_of_run(run_id)
+    what = {}
+    for pid in left:
+        try:
+            what[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+        except OSError:
+            pass
     for pid in left:  # do not leak them into the rest of the suite
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    assert left == [], "services outlived a SIGKILL of ludic up"
+    assert left == [], f"services outlived a SIGKILL of ludic up: {what}"

@@ -292,8 +292,8 @@ class PipelineBatchSource:
         assert self._sc is not None
         while len(self._buffer) < self.batch_size:
             entries = await self._read(self.batch_size - len(self._buffer))
-            if not entries and self._replay_cursor is None:
-                return
+            if not entries and (self._replay_cursor is None or self._read_errors):
+                return  # nothing new, or Redis is down: next_batch checks stop_fn meanwhile
             stale: list[transport.Entry] = []
             recovered: list[transport.Entry] = []
             version = self.version_fn()
@@ -475,7 +475,8 @@ class PipelineBatchSource:
         for i in range(0, n, 1000):
             chunk = ids[i : i + 1000]
             await transport.retry_redis(
-                functools.partial(accounting.ack_items, sc, chunk, "trained"), deadline_s=60
+                functools.partial(accounting.ack_items, sc, chunk, "trained"), deadline_s=60,
+                should_stop=self.stop_fn,
             )
         self._uncommitted = []
         self.last_committed_id = self._max_trained_id
