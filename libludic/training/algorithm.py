@@ -4,6 +4,14 @@
 ``preprocess`` (whole groups, before credit) -> ``credit_assigner.compute`` ->
 ``rollouts_to_saw_items`` -> ``sample_filter`` (per item, after credit).
 
+Dynamic sampling (AReaL's and DAPO's ``dynamic_sampling``, a kwarg of every RL preset; on by
+default only in scalerl, where the paper calls it the zero-variance filter ``filter_zvp``):
+the preprocess ``drop_zero_variance_groups`` drops every group whose rollouts all have the
+same total reward, whose group-centred advantage is 0 everywhere. In the services such a
+group ends with no SAWItem: credit counts it ``ludic_credit_groups_total{outcome=
+"zero_variance"}`` and the run accounting ``groups_dropped_empty``, and its admission slot
+is free again, so the feeder requests a replacement and the learner's batch stays full.
+
 Presets (keyword-only) cover the common algorithms; anything else is a new composition.
 ``ALGORITHMS`` maps each preset's name to its factory; ``AlgorithmSpec`` (name, group_size,
 kwargs) is the one place a run configures its algorithm (the services read it from the
@@ -58,6 +66,13 @@ PENDING_BATCH_STAGE = "pending_batch_stage"
 
 
 @dataclass
+class CreditStats:
+    """What ``RLAlgorithm.to_saw_items`` left out, summed over the calls it is passed to."""
+
+    groups_zero_variance: int = 0  # whole groups dropped by dynamic sampling
+
+
+@dataclass
 class RLAlgorithm:
     name: str
     credit_assigner: CreditAssigner
@@ -85,22 +100,32 @@ class RLAlgorithm:
     def has_batch_stage(self) -> bool:
         return hasattr(self.credit_assigner, "batch_stage")
 
+    @property
+    def dynamic_sampling(self) -> bool:
+        """Zero-variance groups are dropped before credit (``drop_zero_variance_groups``)."""
+        return self.preprocess is drop_zero_variance_groups
+
     def to_saw_items(
         self,
         rollouts: Sequence[Rollout],
         sample_filter: SampleFilter | None = None,
         *,
         defer_batch_stage: bool = False,
+        stats: CreditStats | None = None,
     ) -> list[SAWItem]:
         """preprocess -> credit -> SAWItems -> filter.
 
         ``defer_batch_stage=True`` (the credit worker, which sees one group per call): a
         batch-level stage is left to ``apply_batch_stage`` on the training batch; the items
         carry the group-stage weight and ``meta[PENDING_BATCH_STAGE] = self.name``.
+        ``stats`` (optional) is incremented with what dynamic sampling dropped.
         """
         rs = list(rollouts)
         if self.preprocess is not None:
+            before = {r.group_id for r in rs if r.group_id is not None}
             rs = self.preprocess(rs)
+            if stats is not None and self.dynamic_sampling:
+                stats.groups_zero_variance += len(before - {r.group_id for r in rs})
         if not rs:
             return []
         if defer_batch_stage and self.has_batch_stage:
@@ -145,6 +170,13 @@ class RLAlgorithm:
         return out
 
 
+def _dynamic_sampling(dynamic_sampling: bool) -> PreprocessFn | None:
+    """The preprocess of ``dynamic_sampling``: drop the groups whose rewards are all equal."""
+    if not isinstance(dynamic_sampling, bool):
+        raise ValueError(f"dynamic_sampling={dynamic_sampling!r} must be true or false")
+    return drop_zero_variance_groups if dynamic_sampling else None
+
+
 def _with_kl(loss: Any, kl_coeff: float, name: str) -> Any:
     if kl_coeff < 0:
         raise ValueError(f"kl_coeff={kl_coeff} must be >= 0")
@@ -156,13 +188,22 @@ def _with_kl(loss: Any, kl_coeff: float, name: str) -> Any:
 
 
 def make_reinforce(
-    *, gamma: float = 1.0, aggregation: str = "token-mean", max_new_tokens: int | None = None
+    *,
+    gamma: float = 1.0,
+    aggregation: str = "token-mean",
+    max_new_tokens: int | None = None,
+    dynamic_sampling: bool = False,
 ) -> RLAlgorithm:
-    """MonteCarloReturn(gamma) + ReinforceLoss."""
+    """MonteCarloReturn(gamma) + ReinforceLoss.
+
+    ``dynamic_sampling`` drops the groups (rollouts sharing ``meta.group_id``) whose total
+    rewards are all equal, as in every RL preset.
+    """
     return RLAlgorithm(
         name="reinforce",
         credit_assigner=MonteCarloReturn(gamma=gamma),
         loss=ReinforceLoss(aggregation=aggregation, max_new_tokens=max_new_tokens),
+        preprocess=_dynamic_sampling(dynamic_sampling),
     )
 
 
@@ -183,11 +224,16 @@ def make_grpo(
     recompute_logprob: bool = False,
     use_decoupled_loss: bool = False,
     behav_imp_weight_cap: float | None = None,
+    dynamic_sampling: bool = False,
 ) -> RLAlgorithm:
     """GroupNormalizedReturn + TokenClippedSurrogateLoss (+ k3 KL when kl_coeff > 0).
 
     ``normalize_adv`` defaults to False as in GroupNormalizedReturn (mean-centred only);
     set True for the original GRPO's division by the group std.
+
+    ``dynamic_sampling`` (AReaL's and DAPO's name; default False) drops, before credit,
+    every group whose rollouts all have the same total reward: its advantages are all 0.
+    Every RL preset takes it (scalerl has it on by default).
 
     ``mismatch_*`` (TIS / MIS against the server's logprobs), ``recompute_logprob``,
     ``use_decoupled_loss`` and ``behav_imp_weight_cap`` (AReaL's decoupled PPO) are the
@@ -216,6 +262,7 @@ def make_grpo(
             group_size=group_size, normalize_adv=normalize_adv, positive_only=positive_only
         ),
         loss=_with_kl(loss, kl_coeff, "pg"),
+        preprocess=_dynamic_sampling(dynamic_sampling),
     )
 
 
@@ -231,7 +278,8 @@ def make_sft(*, aggregation: str = "token-mean") -> RLAlgorithm:
 def make_scalerl(
     *,
     group_size: int = 8,
-    filter_zvp: bool = True,
+    dynamic_sampling: bool | None = None,
+    filter_zvp: bool | None = None,
     positive_only: bool = False,
     eps_clip_high: float = 0.2,
     aggregation: str = "token-mean",
@@ -243,7 +291,18 @@ def make_scalerl(
     use_decoupled_loss: bool = False,
     behav_imp_weight_cap: float | None = None,
 ) -> RLAlgorithm:
-    """HybridNormalizedReturn + CISPOLoss; ``filter_zvp`` drops zero-variance groups."""
+    """HybridNormalizedReturn + CISPOLoss, with dynamic sampling on by default.
+
+    ``dynamic_sampling`` (default True here; ``filter_zvp``, the paper's "zero-variance
+    filter", is the same switch and may be given instead) drops every group whose rollouts
+    all have the same total reward before credit.
+    """
+    if dynamic_sampling is not None and filter_zvp is not None and dynamic_sampling != filter_zvp:
+        raise ValueError(
+            f"dynamic_sampling={dynamic_sampling!r} and filter_zvp={filter_zvp!r} are the same "
+            "switch (filter_zvp is ScaleRL's name for it); give only dynamic_sampling"
+        )
+    zvp = next((x for x in (dynamic_sampling, filter_zvp) if x is not None), True)
     return RLAlgorithm(
         name="scalerl",
         credit_assigner=HybridNormalizedReturn(group_size=group_size, positive_only=positive_only),
@@ -260,7 +319,7 @@ def make_scalerl(
                 behav_imp_weight_cap=behav_imp_weight_cap,
             ),
         ),
-        preprocess=drop_zero_variance_groups if filter_zvp else None,
+        preprocess=_dynamic_sampling(zvp),
     )
 
 
@@ -278,6 +337,7 @@ def make_cispo(
     recompute_logprob: bool = False,
     use_decoupled_loss: bool = False,
     behav_imp_weight_cap: float | None = None,
+    dynamic_sampling: bool = False,
 ) -> RLAlgorithm:
     """GroupNormalizedReturn + CISPOLoss (+ k3 KL when kl_coeff > 0)."""
     loss = CISPOLoss(
@@ -298,6 +358,7 @@ def make_cispo(
         name="cispo",
         credit_assigner=GroupNormalizedReturn(group_size=group_size),
         loss=_with_kl(loss, kl_coeff, "cispo"),
+        preprocess=_dynamic_sampling(dynamic_sampling),
     )
 
 
@@ -317,6 +378,7 @@ def make_gspo(
     recompute_logprob: bool = False,
     use_decoupled_loss: bool = False,
     behav_imp_weight_cap: float | None = None,
+    dynamic_sampling: bool = False,
 ) -> RLAlgorithm:
     """GSPO: GroupNormalizedReturn + GSPOLoss (+ k3 KL when kl_coeff > 0).
 
@@ -344,6 +406,7 @@ def make_gspo(
             group_size=group_size, normalize_adv=normalize_adv, positive_only=positive_only
         ),
         loss=_with_kl(loss, kl_coeff, "pg"),
+        preprocess=_dynamic_sampling(dynamic_sampling),
     )
 
 
@@ -362,6 +425,7 @@ def make_dr_grpo(
     recompute_logprob: bool = False,
     use_decoupled_loss: bool = False,
     behav_imp_weight_cap: float | None = None,
+    dynamic_sampling: bool = False,
 ) -> RLAlgorithm:
     """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): GRPO without its
     two normalisations, the std of the group's rewards and the response length.
@@ -395,6 +459,7 @@ def make_dr_grpo(
         name="dr_grpo",
         credit_assigner=GroupNormalizedReturn(group_size=group_size, normalize_adv=False),
         loss=_with_kl(loss, kl_coeff, "pg"),
+        preprocess=_dynamic_sampling(dynamic_sampling),
     )
 
 
@@ -441,7 +506,12 @@ class AlgorithmSpec:
             raise ValueError(
                 f"algorithm.kwargs {unknown} are not arguments of make_{self.name}; known: {known}"
             )
-        self.build()  # value errors now, naming the preset
+        if self.build().dynamic_sampling and self.group_size == 1:
+            raise ValueError(
+                f"algorithm {self.name!r} with group_size=1 and dynamic sampling drops every "
+                "group (one rollout never has reward variance); set algorithm.group_size >= 2 "
+                "or algorithm.kwargs.dynamic_sampling: false"
+            )
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any] | None) -> AlgorithmSpec:

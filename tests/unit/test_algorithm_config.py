@@ -105,3 +105,15 @@ def test_ludic_up_refuses_a_bad_algorithm_before_starting_anything(tmp_path, cap
     p = write(tmp_path, "learner:\n  algorithm_kwargs: {group_size: 8}\n")
     with pytest.raises(ValueError, match="move learner.algorithm_kwargs to the top-level algorithm: section"):
         up_main(["--config", str(p)])
+
+
+def test_algorithm_options_reach_credit_and_learner_from_the_run_config(tmp_path) -> None:
+    p = write(tmp_path, "algorithm:\n  name: grpo\n  group_size: 4\n  kwargs:\n"
+                        "    dynamic_sampling: true\n")
+    c = load(CreditSettings, p, "credit")
+    lr = load(LearnerSettings, p, "learner")
+    assert c.spec == lr.spec and c.spec.kwargs == {"dynamic_sampling": True}
+    assert c.spec.build().dynamic_sampling and c.spec.build(group_size=3).dynamic_sampling
+    env = load_settings(CreditSettings, [], service="credit", environ={
+        "LUDIC_ALGORITHM": '{"name": "cispo", "group_size": 2, "kwargs": {"dynamic_sampling": true}}'})
+    assert env.spec.build().dynamic_sampling
