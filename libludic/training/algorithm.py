@@ -4,13 +4,28 @@
 ``preprocess`` (whole groups, before credit) -> ``credit_assigner.compute`` ->
 ``rollouts_to_saw_items`` -> ``sample_filter`` (per item, after credit).
 
-Dynamic sampling (AReaL's and DAPO's ``dynamic_sampling``, a kwarg of every RL preset; on by
-default only in scalerl, where the paper calls it the zero-variance filter ``filter_zvp``):
-the preprocess ``drop_zero_variance_groups`` drops every group whose rollouts all have the
-same total reward, whose group-centred advantage is 0 everywhere. In the services such a
-group ends with no SAWItem: credit counts it ``ludic_credit_groups_total{outcome=
-"zero_variance"}`` and the run accounting ``groups_dropped_empty``, and its admission slot
-is free again, so the feeder requests a replacement and the learner's batch stays full.
+Reward options, kwargs of every RL preset (reinforce, grpo, cispo, gspo, dr_grpo, scalerl)
+with AReaL's names and defaults, applied in this order before credit:
+
+- ``overlong_reward_penalty`` (False), ``overlong_tokens``, ``overlong_penalty_factor``
+  (both required with the penalty): DAPO's linear penalty on a completion within
+  ``overlong_tokens`` of ``max_new_tokens`` (the preset's kwarg: the generation budget);
+  then ``reward_bias`` (0.0), ``reward_scaling`` (1.0) and ``reward_clip`` (20.0):
+  r' = clip((r + penalty + bias) * scaling, -clip, clip) on every step reward
+  (libludic.training.rewards.RewardShaping). Items keep the task reward in
+  ``meta["reward"]``; the credit sees r'.
+- ``dynamic_sampling`` (False; True in scalerl, where the paper calls it the zero-variance
+  filter ``filter_zvp``): the preprocess ``drop_zero_variance_groups`` drops every group
+  whose rollouts all have the same (shaped) total reward, whose group-centred advantage is
+  0 everywhere. In the services such a group ends with no SAWItem: credit counts it
+  ``ludic_credit_groups_total{outcome="zero_variance"}`` and the run accounting
+  ``groups_dropped_empty``, and its admission slot is free again, so the feeder requests a
+  replacement and the learner's batch stays full.
+- ``mask_no_eos_with_zero`` (False): after credit, weight 0 for every item whose completion
+  ended without EOS (``Step.info["finish_reason"] == "length"``, the token budget). Its
+  rollout still counts in the group and batch statistics and its tokens in the loss's
+  counts, as in AReaL; the credit filter ``drop_incomplete_completions`` removes such items
+  from the batch instead.
 
 Presets (keyword-only) cover the common algorithms; anything else is a new composition.
 ``ALGORITHMS`` maps each preset's name to its factory; ``AlgorithmSpec`` (name, group_size,
@@ -59,6 +74,7 @@ from libludic.training.loss import (
     TokenClippedSurrogateLoss,
     TokenKLLoss,
 )
+from libludic.training.rewards import RewardShaping
 from libludic.training.types import SAWItem
 from libludic.types import Rollout
 
@@ -70,14 +86,27 @@ class CreditStats:
     """What ``RLAlgorithm.to_saw_items`` left out, summed over the calls it is passed to."""
 
     groups_zero_variance: int = 0  # whole groups dropped by dynamic sampling
+    items_masked_no_eos: int = 0  # items given weight 0 by mask_no_eos_with_zero
+
+
+def ended_without_eos(item: SAWItem) -> bool:
+    """The item's completion stopped at the token budget (``finish_reason == "length"``)."""
+    return item.meta.get("finish_reason") == "length"
 
 
 @dataclass
 class RLAlgorithm:
+    """``reward_shaping`` (None: rewards as they are) runs first, on every step reward;
+    ``mask_no_eos_with_zero`` gives weight 0 to the items whose completion ended without
+    EOS, after the whole credit (their rollouts still count in the group and batch
+    statistics; the loss's token counts keep them, as AReaL's mask does)."""
+
     name: str
     credit_assigner: CreditAssigner
     loss: Any  # a libludic.training.loss.Loss
     preprocess: PreprocessFn | None = None
+    reward_shaping: RewardShaping | None = None
+    mask_no_eos_with_zero: bool = False
 
     @property
     def needs_actor_logprobs(self) -> bool:
@@ -113,14 +142,18 @@ class RLAlgorithm:
         defer_batch_stage: bool = False,
         stats: CreditStats | None = None,
     ) -> list[SAWItem]:
-        """preprocess -> credit -> SAWItems -> filter.
+        """reward shaping -> preprocess -> credit -> SAWItems -> filter -> no-EOS mask.
 
         ``defer_batch_stage=True`` (the credit worker, which sees one group per call): a
         batch-level stage is left to ``apply_batch_stage`` on the training batch; the items
-        carry the group-stage weight and ``meta[PENDING_BATCH_STAGE] = self.name``.
-        ``stats`` (optional) is incremented with what dynamic sampling dropped.
+        carry the group-stage weight and ``meta[PENDING_BATCH_STAGE] = self.name`` (and the
+        no-EOS mask waits for that stage too). ``stats`` (optional) is incremented with what
+        dynamic sampling dropped and what the mask zeroed. Items keep the task's rewards in
+        ``meta["reward"]`` / ``meta["step_reward"]``; with shaping, the shaped rollout total
+        is ``meta["shaped_reward"]``.
         """
-        rs = list(rollouts)
+        raw = list(rollouts)
+        rs = raw if self.reward_shaping is None else self.reward_shaping.apply(raw)
         if self.preprocess is not None:
             before = {r.group_id for r in rs if r.group_id is not None}
             rs = self.preprocess(rs)
@@ -135,7 +168,17 @@ class RLAlgorithm:
                 it.meta[PENDING_BATCH_STAGE] = self.name
         else:
             items = rollouts_to_saw_items(rs, self.credit_assigner.compute(rs))
-        return apply_filter(items, sample_filter)
+        items = apply_filter(items, sample_filter)
+        if self.reward_shaping is not None:
+            _keep_task_rewards(items, raw)
+        if self.mask_no_eos_with_zero:
+            masked = [it for it in items if ended_without_eos(it)]
+            if stats is not None:
+                stats.items_masked_no_eos += len(masked)
+            for it in masked:
+                if PENDING_BATCH_STAGE not in it.meta:
+                    it.weight = 0.0
+        return items
 
     def apply_batch_stage(
         self, items: Sequence[SAWItem], all_sum: SumFn | None = None
@@ -166,8 +209,22 @@ class RLAlgorithm:
         for it, w in zip(items, weights, strict=True):
             meta = {k: v for k, v in it.meta.items() if k != PENDING_BATCH_STAGE}
             meta["group_weight"] = it.weight
+            if self.mask_no_eos_with_zero and ended_without_eos(it):
+                w = 0.0
             out.append(dataclasses.replace(it, weight=float(w), meta=meta))
         return out
+
+
+def _keep_task_rewards(items: Sequence[SAWItem], raw: Sequence[Rollout]) -> None:
+    """``meta["reward"]`` / ``["step_reward"]`` back to the unshaped rewards (what the
+    learner reports as ``reward_mean``), the shaped rollout total as ``["shaped_reward"]``."""
+    totals = {r.id: r.total_reward for r in raw}
+    steps = {(r.id, s.index): float(s.reward) for r in raw for s in r.steps}
+    for it in items:
+        rid = str(it.meta["rollout_id"])
+        it.meta["shaped_reward"] = it.meta["reward"]
+        it.meta["reward"] = totals[rid]
+        it.meta["step_reward"] = steps[(rid, it.meta["step_index"])]
 
 
 def _dynamic_sampling(dynamic_sampling: bool) -> PreprocessFn | None:
@@ -175,6 +232,36 @@ def _dynamic_sampling(dynamic_sampling: bool) -> PreprocessFn | None:
     if not isinstance(dynamic_sampling, bool):
         raise ValueError(f"dynamic_sampling={dynamic_sampling!r} must be true or false")
     return drop_zero_variance_groups if dynamic_sampling else None
+
+
+def _reward_options(
+    *,
+    dynamic_sampling: bool,
+    reward_scaling: float,
+    reward_bias: float,
+    reward_clip: float,
+    overlong_reward_penalty: bool,
+    overlong_tokens: int | None,
+    overlong_penalty_factor: float | None,
+    max_new_tokens: int | None,
+    mask_no_eos_with_zero: bool,
+) -> dict[str, Any]:
+    """The RLAlgorithm fields every RL preset sets from the same kwargs (module docstring)."""
+    if not isinstance(mask_no_eos_with_zero, bool):
+        raise ValueError(f"mask_no_eos_with_zero={mask_no_eos_with_zero!r} must be true or false")
+    return {
+        "preprocess": _dynamic_sampling(dynamic_sampling),
+        "reward_shaping": RewardShaping(
+            reward_scaling=reward_scaling,
+            reward_bias=reward_bias,
+            reward_clip=reward_clip,
+            overlong_reward_penalty=overlong_reward_penalty,
+            overlong_tokens=overlong_tokens,
+            overlong_penalty_factor=overlong_penalty_factor,
+            max_new_tokens=max_new_tokens,
+        ),
+        "mask_no_eos_with_zero": mask_no_eos_with_zero,
+    }
 
 
 def _with_kl(loss: Any, kl_coeff: float, name: str) -> Any:
@@ -193,6 +280,13 @@ def make_reinforce(
     aggregation: str = "token-mean",
     max_new_tokens: int | None = None,
     dynamic_sampling: bool = False,
+    reward_scaling: float = 1.0,
+    reward_bias: float = 0.0,
+    reward_clip: float = 20.0,
+    overlong_reward_penalty: bool = False,
+    overlong_tokens: int | None = None,
+    overlong_penalty_factor: float | None = None,
+    mask_no_eos_with_zero: bool = False,
 ) -> RLAlgorithm:
     """MonteCarloReturn(gamma) + ReinforceLoss.
 
@@ -203,7 +297,17 @@ def make_reinforce(
         name="reinforce",
         credit_assigner=MonteCarloReturn(gamma=gamma),
         loss=ReinforceLoss(aggregation=aggregation, max_new_tokens=max_new_tokens),
-        preprocess=_dynamic_sampling(dynamic_sampling),
+        **_reward_options(
+            dynamic_sampling=dynamic_sampling,
+            reward_scaling=reward_scaling,
+            reward_bias=reward_bias,
+            reward_clip=reward_clip,
+            overlong_reward_penalty=overlong_reward_penalty,
+            overlong_tokens=overlong_tokens,
+            overlong_penalty_factor=overlong_penalty_factor,
+            max_new_tokens=max_new_tokens,
+            mask_no_eos_with_zero=mask_no_eos_with_zero,
+        ),
     )
 
 
@@ -225,6 +329,13 @@ def make_grpo(
     use_decoupled_loss: bool = False,
     behav_imp_weight_cap: float | None = None,
     dynamic_sampling: bool = False,
+    reward_scaling: float = 1.0,
+    reward_bias: float = 0.0,
+    reward_clip: float = 20.0,
+    overlong_reward_penalty: bool = False,
+    overlong_tokens: int | None = None,
+    overlong_penalty_factor: float | None = None,
+    mask_no_eos_with_zero: bool = False,
 ) -> RLAlgorithm:
     """GroupNormalizedReturn + TokenClippedSurrogateLoss (+ k3 KL when kl_coeff > 0).
 
@@ -262,7 +373,17 @@ def make_grpo(
             group_size=group_size, normalize_adv=normalize_adv, positive_only=positive_only
         ),
         loss=_with_kl(loss, kl_coeff, "pg"),
-        preprocess=_dynamic_sampling(dynamic_sampling),
+        **_reward_options(
+            dynamic_sampling=dynamic_sampling,
+            reward_scaling=reward_scaling,
+            reward_bias=reward_bias,
+            reward_clip=reward_clip,
+            overlong_reward_penalty=overlong_reward_penalty,
+            overlong_tokens=overlong_tokens,
+            overlong_penalty_factor=overlong_penalty_factor,
+            max_new_tokens=max_new_tokens,
+            mask_no_eos_with_zero=mask_no_eos_with_zero,
+        ),
     )
 
 
@@ -290,6 +411,13 @@ def make_scalerl(
     recompute_logprob: bool = False,
     use_decoupled_loss: bool = False,
     behav_imp_weight_cap: float | None = None,
+    reward_scaling: float = 1.0,
+    reward_bias: float = 0.0,
+    reward_clip: float = 20.0,
+    overlong_reward_penalty: bool = False,
+    overlong_tokens: int | None = None,
+    overlong_penalty_factor: float | None = None,
+    mask_no_eos_with_zero: bool = False,
 ) -> RLAlgorithm:
     """HybridNormalizedReturn + CISPOLoss, with dynamic sampling on by default.
 
@@ -319,7 +447,17 @@ def make_scalerl(
                 behav_imp_weight_cap=behav_imp_weight_cap,
             ),
         ),
-        preprocess=_dynamic_sampling(zvp),
+        **_reward_options(
+            dynamic_sampling=zvp,
+            reward_scaling=reward_scaling,
+            reward_bias=reward_bias,
+            reward_clip=reward_clip,
+            overlong_reward_penalty=overlong_reward_penalty,
+            overlong_tokens=overlong_tokens,
+            overlong_penalty_factor=overlong_penalty_factor,
+            max_new_tokens=max_new_tokens,
+            mask_no_eos_with_zero=mask_no_eos_with_zero,
+        ),
     )
 
 
@@ -338,6 +476,13 @@ def make_cispo(
     use_decoupled_loss: bool = False,
     behav_imp_weight_cap: float | None = None,
     dynamic_sampling: bool = False,
+    reward_scaling: float = 1.0,
+    reward_bias: float = 0.0,
+    reward_clip: float = 20.0,
+    overlong_reward_penalty: bool = False,
+    overlong_tokens: int | None = None,
+    overlong_penalty_factor: float | None = None,
+    mask_no_eos_with_zero: bool = False,
 ) -> RLAlgorithm:
     """GroupNormalizedReturn + CISPOLoss (+ k3 KL when kl_coeff > 0)."""
     loss = CISPOLoss(
@@ -358,7 +503,17 @@ def make_cispo(
         name="cispo",
         credit_assigner=GroupNormalizedReturn(group_size=group_size),
         loss=_with_kl(loss, kl_coeff, "cispo"),
-        preprocess=_dynamic_sampling(dynamic_sampling),
+        **_reward_options(
+            dynamic_sampling=dynamic_sampling,
+            reward_scaling=reward_scaling,
+            reward_bias=reward_bias,
+            reward_clip=reward_clip,
+            overlong_reward_penalty=overlong_reward_penalty,
+            overlong_tokens=overlong_tokens,
+            overlong_penalty_factor=overlong_penalty_factor,
+            max_new_tokens=max_new_tokens,
+            mask_no_eos_with_zero=mask_no_eos_with_zero,
+        ),
     )
 
 
@@ -379,6 +534,13 @@ def make_gspo(
     use_decoupled_loss: bool = False,
     behav_imp_weight_cap: float | None = None,
     dynamic_sampling: bool = False,
+    reward_scaling: float = 1.0,
+    reward_bias: float = 0.0,
+    reward_clip: float = 20.0,
+    overlong_reward_penalty: bool = False,
+    overlong_tokens: int | None = None,
+    overlong_penalty_factor: float | None = None,
+    mask_no_eos_with_zero: bool = False,
 ) -> RLAlgorithm:
     """GSPO: GroupNormalizedReturn + GSPOLoss (+ k3 KL when kl_coeff > 0).
 
@@ -406,7 +568,17 @@ def make_gspo(
             group_size=group_size, normalize_adv=normalize_adv, positive_only=positive_only
         ),
         loss=_with_kl(loss, kl_coeff, "pg"),
-        preprocess=_dynamic_sampling(dynamic_sampling),
+        **_reward_options(
+            dynamic_sampling=dynamic_sampling,
+            reward_scaling=reward_scaling,
+            reward_bias=reward_bias,
+            reward_clip=reward_clip,
+            overlong_reward_penalty=overlong_reward_penalty,
+            overlong_tokens=overlong_tokens,
+            overlong_penalty_factor=overlong_penalty_factor,
+            max_new_tokens=max_new_tokens,
+            mask_no_eos_with_zero=mask_no_eos_with_zero,
+        ),
     )
 
 
@@ -426,6 +598,13 @@ def make_dr_grpo(
     use_decoupled_loss: bool = False,
     behav_imp_weight_cap: float | None = None,
     dynamic_sampling: bool = False,
+    reward_scaling: float = 1.0,
+    reward_bias: float = 0.0,
+    reward_clip: float = 20.0,
+    overlong_reward_penalty: bool = False,
+    overlong_tokens: int | None = None,
+    overlong_penalty_factor: float | None = None,
+    mask_no_eos_with_zero: bool = False,
 ) -> RLAlgorithm:
     """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): GRPO without its
     two normalisations, the std of the group's rewards and the response length.
@@ -459,7 +638,17 @@ def make_dr_grpo(
         name="dr_grpo",
         credit_assigner=GroupNormalizedReturn(group_size=group_size, normalize_adv=False),
         loss=_with_kl(loss, kl_coeff, "pg"),
-        preprocess=_dynamic_sampling(dynamic_sampling),
+        **_reward_options(
+            dynamic_sampling=dynamic_sampling,
+            reward_scaling=reward_scaling,
+            reward_bias=reward_bias,
+            reward_clip=reward_clip,
+            overlong_reward_penalty=overlong_reward_penalty,
+            overlong_tokens=overlong_tokens,
+            overlong_penalty_factor=overlong_penalty_factor,
+            max_new_tokens=max_new_tokens,
+            mask_no_eos_with_zero=mask_no_eos_with_zero,
+        ),
     )
 
 

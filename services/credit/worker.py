@@ -37,6 +37,10 @@ GROUPS = Counter(
     "Groups by outcome (complete, partial, empty, zero_variance, dropped, late, duplicate, error)",
     ["outcome"],
 )
+MASKED_NO_EOS = Counter(
+    "ludic_credit_items_masked_no_eos_total",
+    "SAWItems given weight 0 because their completion ended without EOS (mask_no_eos_with_zero)",
+)
 DEADLETTERED = Counter("ludic_credit_deadlettered_total", "Rollout entries dead-lettered")
 ERRORS = Counter("ludic_credit_errors_total", "Credit worker failures by kind", ["kind"])
 DUP_ROLLOUTS = Counter(
@@ -260,6 +264,7 @@ class CreditWorker:
             self._count("duplicate")
             return
         ITEMS.inc(written)
+        MASKED_NO_EOS.inc(stats.items_masked_no_eos)
         self.items_written += written
         if items:
             self._count(outcome)

@@ -117,3 +117,21 @@ def test_algorithm_options_reach_credit_and_learner_from_the_run_config(tmp_path
     env = load_settings(CreditSettings, [], service="credit", environ={
         "LUDIC_ALGORITHM": '{"name": "cispo", "group_size": 2, "kwargs": {"dynamic_sampling": true}}'})
     assert env.spec.build().dynamic_sampling
+
+
+def test_reward_options_reach_credit_and_learner_from_the_run_config(tmp_path) -> None:
+    p = write(tmp_path, "algorithm:\n  name: dr_grpo\n  group_size: 4\n  kwargs:\n"
+                        "    overlong_reward_penalty: true\n    overlong_tokens: 256\n"
+                        "    overlong_penalty_factor: 1.0\n    reward_scaling: 0.5\n"
+                        "    reward_bias: 1.0\n    reward_clip: 10.0\n    mask_no_eos_with_zero: true\n")
+    c = load(CreditSettings, p, "credit")
+    assert c.spec == load(LearnerSettings, p, "learner").spec
+    algo = c.spec.build()
+    sh = algo.reward_shaping
+    assert (sh.overlong_tokens, sh.overlong_penalty_factor, sh.max_new_tokens) == (256, 1.0, 1024)
+    assert (sh.reward_scaling, sh.reward_bias, sh.reward_clip) == (0.5, 1.0, 10.0)
+    assert algo.mask_no_eos_with_zero
+    with pytest.raises(ValueError, match="overlong_reward_penalty needs max_new_tokens"):
+        load(CreditSettings, write(tmp_path, "algorithm: {name: grpo, kwargs: "
+                                             "{overlong_reward_penalty: true, overlong_tokens: 4, "
+                                             "overlong_penalty_factor: 1.0}}\n"), "credit")
