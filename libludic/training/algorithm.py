@@ -1,8 +1,9 @@
 """An RL algorithm is a composition: CreditAssigner + Loss (+ optional rollout preprocess).
 
 ``RLAlgorithm.to_saw_items(rollouts)`` is the whole rollout -> training-sample path:
-``preprocess`` (whole groups, before credit) -> ``credit_assigner.compute`` ->
-``rollouts_to_saw_items`` -> ``sample_filter`` (per item, after credit).
+``reward_shaping`` (every step reward) -> ``preprocess`` (whole groups, before credit) ->
+``credit_assigner.compute`` -> ``rollouts_to_saw_items`` -> ``sample_filter`` (per item,
+after credit) -> the batch-level stage, if any -> the no-EOS mask.
 
 Reward options, kwargs of every RL preset (reinforce, grpo, cispo, gspo, dr_grpo, scalerl)
 with AReaL's names and defaults, applied in this order before credit:
@@ -27,23 +28,38 @@ with AReaL's names and defaults, applied in this order before credit:
   counts, as in AReaL; the credit filter ``drop_incomplete_completions`` removes such items
   from the batch instead.
 
+Normalisation, kwargs ``reward_norm`` and ``adv_norm`` of the grouped presets (grpo, cispo,
+gspo, dr_grpo, scalerl): AReaL's ``NormConfig`` mappings {mean_level: group | batch | null,
+mean_leave1out, std_level: group | batch | null, std_unbiased, eps} (defaults batch, false,
+batch, true, 1e-5; libludic.training.normalization), over one value per rollout.
+``reward_norm`` replaces the preset's own normalisation of the rewards (grpo, cispo,
+dr_grpo: group mean, no std; gspo and grpo with ``normalize_adv``: group mean and
+population std, eps 1e-8; scalerl: group mean, batch population std, eps 1e-8) and
+``adv_norm`` runs after it. Leave-one-out (RLOO) is ``reward_norm: {mean_level: group,
+mean_leave1out: true, std_level: null}``. Both unset: the preset's credit assigner as is.
+
 Presets (keyword-only) cover the common algorithms; anything else is a new composition.
 ``ALGORITHMS`` maps each preset's name to its factory; ``AlgorithmSpec`` (name, group_size,
 kwargs) is the one place a run configures its algorithm (the services read it from the
 top-level ``algorithm:`` section of the run config).
 
-Batch-level stage. A credit assigner whose statistics span the whole training batch (today
-``HybridNormalizedReturn``: the std of ScaleRL) has ``group_stage``/``batch_stage``. In one
-process, ``to_saw_items`` treats the rollouts of the call as the batch. The services' credit
-worker sees one group at a time, so it calls ``to_saw_items(..., defer_batch_stage=True)``:
-items carry the group-stage weight and ``meta[PENDING_BATCH_STAGE] = algorithm name``, and
-the Trainer calls ``apply_batch_stage`` on exactly the items of each optimizer step.
+Batch-level stage. A credit assigner whose statistics span the whole training batch
+(``HybridNormalizedReturn``: the std of ScaleRL; ``NormalizedReturn`` with a batch-level
+``reward_norm`` / ``adv_norm``) has ``group_stage``/``batch_stage``. ``to_saw_items`` runs
+the group stage, makes and filters the items, stamps each with ``meta[ROLLOUT_ITEMS]`` (its
+rollout's items that survived the filters) and runs ``apply_batch_stage`` over the items of
+the call. The services' credit worker sees one group at a time, so it calls
+``to_saw_items(..., defer_batch_stage=True)``: items carry the group-stage weight and
+``meta[PENDING_BATCH_STAGE] = algorithm name``, and the Trainer calls ``apply_batch_stage``
+on exactly the items of each optimizer step. Both paths take the batch statistics over the
+same population, one value per rollout: an item weighs 1 / ``meta[ROLLOUT_ITEMS]``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,7 +71,7 @@ from libludic.training.credit_assignment import (
     GroupNormalizedReturn,
     HybridNormalizedReturn,
     MonteCarloReturn,
-    SumFn,
+    NormalizedReturn,
 )
 from libludic.training.filters import (
     PreprocessFn,
@@ -74,11 +90,13 @@ from libludic.training.loss import (
     TokenClippedSurrogateLoss,
     TokenKLLoss,
 )
+from libludic.training.normalization import NormConfig, SumFn
 from libludic.training.rewards import RewardShaping
 from libludic.training.types import SAWItem
 from libludic.types import Rollout
 
 PENDING_BATCH_STAGE = "pending_batch_stage"
+ROLLOUT_ITEMS = "rollout_items"  # items of the same rollout credit wrote (batch-stage weights)
 
 
 @dataclass
@@ -127,7 +145,9 @@ class RLAlgorithm:
 
     @property
     def has_batch_stage(self) -> bool:
-        return hasattr(self.credit_assigner, "batch_stage")
+        """The credit assigner has statistics over the whole training batch."""
+        ca = self.credit_assigner
+        return bool(getattr(ca, "needs_batch_stage", hasattr(ca, "batch_stage")))
 
     @property
     def dynamic_sampling(self) -> bool:
@@ -161,22 +181,25 @@ class RLAlgorithm:
                 stats.groups_zero_variance += len(before - {r.group_id for r in rs})
         if not rs:
             return []
-        if defer_batch_stage and self.has_batch_stage:
+        if self.has_batch_stage:
             weights = self.credit_assigner.group_stage(rs)  # type: ignore[attr-defined]
-            items = rollouts_to_saw_items(rs, weights)
+            items = apply_filter(rollouts_to_saw_items(rs, weights), sample_filter)
+            per_rollout = Counter(str(it.meta["rollout_id"]) for it in items)
             for it in items:
                 it.meta[PENDING_BATCH_STAGE] = self.name
+                it.meta[ROLLOUT_ITEMS] = per_rollout[str(it.meta["rollout_id"])]
         else:
             items = rollouts_to_saw_items(rs, self.credit_assigner.compute(rs))
-        items = apply_filter(items, sample_filter)
+            items = apply_filter(items, sample_filter)
         if self.reward_shaping is not None:
             _keep_task_rewards(items, raw)
+        if self.mask_no_eos_with_zero and stats is not None:
+            stats.items_masked_no_eos += sum(1 for it in items if ended_without_eos(it))
+        if self.has_batch_stage:
+            return items if defer_batch_stage else self.apply_batch_stage(items)
         if self.mask_no_eos_with_zero:
-            masked = [it for it in items if ended_without_eos(it)]
-            if stats is not None:
-                stats.items_masked_no_eos += len(masked)
-            for it in masked:
-                if PENDING_BATCH_STAGE not in it.meta:
+            for it in items:
+                if ended_without_eos(it):
                     it.weight = 0.0
         return items
 
@@ -184,8 +207,9 @@ class RLAlgorithm:
         self, items: Sequence[SAWItem], all_sum: SumFn | None = None
     ) -> list[SAWItem]:
         """Items whose weight still lacks the batch-level stage get it, computed over
-        exactly ``items`` (plus the other ranks' shards through ``all_sum``); other items
-        are returned as they are. A batch must not mix the two."""
+        exactly ``items`` (plus the other ranks' shards through ``all_sum``), one value per
+        rollout (``_rollout_shares``); other items are returned as they are. A batch must
+        not mix the two. The no-EOS mask, when on, applies here."""
         pending = [it for it in items if PENDING_BATCH_STAGE in it.meta]
         if not pending:
             return list(items)
@@ -203,16 +227,28 @@ class RLAlgorithm:
                 "algorithm: section read by credit and learner"
             )
         weights = self.credit_assigner.batch_stage(  # type: ignore[attr-defined]
-            [it.weight for it in items], all_sum
+            [it.weight for it in items], all_sum, _rollout_shares(items)
         )
         out = []
         for it, w in zip(items, weights, strict=True):
-            meta = {k: v for k, v in it.meta.items() if k != PENDING_BATCH_STAGE}
+            meta = {k: v for k, v in it.meta.items() if k not in (PENDING_BATCH_STAGE, ROLLOUT_ITEMS)}
             meta["group_weight"] = it.weight
             if self.mask_no_eos_with_zero and ended_without_eos(it):
                 w = 0.0
             out.append(dataclasses.replace(it, weight=float(w), meta=meta))
         return out
+
+
+def _rollout_shares(items: Sequence[SAWItem]) -> list[float]:
+    """Each item's weight in a batch statistic: 1 / (items of its rollout after the
+    filters, ``meta[ROLLOUT_ITEMS]`` stamped by credit), so a rollout counts once however
+    many steps it has (a fraction when its items straddle two training batches). Items
+    without the stamp are counted among ``items``."""
+    here = Counter(str(it.meta.get("rollout_id")) for it in items)
+    return [
+        1.0 / int(it.meta.get(ROLLOUT_ITEMS) or here[str(it.meta.get("rollout_id"))])
+        for it in items
+    ]
 
 
 def _keep_task_rewards(items: Sequence[SAWItem], raw: Sequence[Rollout]) -> None:
@@ -262,6 +298,51 @@ def _reward_options(
         ),
         "mask_no_eos_with_zero": mask_no_eos_with_zero,
     }
+
+
+NormArg = NormConfig | Mapping[str, Any] | None
+
+
+def _group_credit(
+    builtin: GroupNormalizedReturn | HybridNormalizedReturn,
+    *,
+    reward_norm: NormArg,
+    adv_norm: NormArg,
+    positive_only: bool = False,
+) -> CreditAssigner:
+    """The preset's own assigner, or NormalizedReturn when ``reward_norm`` / ``adv_norm``
+    is given (``reward_norm`` unset: the preset's own normalisation as a NormConfig)."""
+    if reward_norm is None and adv_norm is None:
+        return builtin
+    if isinstance(builtin, HybridNormalizedReturn):
+        own = NormConfig("group", False, "batch", False, builtin.eps)
+    else:
+        own = NormConfig("group", False, "group" if builtin.normalize_adv else None, False, 1e-8)
+    return NormalizedReturn(
+        builtin.group_size,
+        reward_norm=own if reward_norm is None else NormConfig.parse(reward_norm, "reward_norm"),
+        adv_norm=None if adv_norm is None else NormConfig.parse(adv_norm, "adv_norm"),
+        positive_only=positive_only,
+    )
+
+
+def _norm_with_preset_std(preset: str, normalize_adv: bool | None, reward_norm: NormArg) -> NormArg:
+    """``normalize_adv`` is the std of the preset's own normalisation: one or the other."""
+    if normalize_adv is not None and reward_norm is not None:
+        raise ValueError(
+            f"{preset}: normalize_adv={normalize_adv!r} and reward_norm both set; "
+            "normalize_adv is reward_norm's std_level (group or null): give only reward_norm"
+        )
+    return reward_norm
+
+
+def _no_std(preset: str, name: str, cfg: NormArg) -> NormArg:
+    if cfg is not None and NormConfig.parse(cfg, name).std_level is not None:
+        raise ValueError(
+            f"{name}.std_level must be null in {preset}: dropping the std is half of "
+            "Dr. GRPO; use grpo for a std normalisation"
+        )
+    return cfg
 
 
 def _with_kl(loss: Any, kl_coeff: float, name: str) -> Any:
@@ -314,7 +395,7 @@ def make_reinforce(
 def make_grpo(
     *,
     group_size: int = 8,
-    normalize_adv: bool = False,
+    normalize_adv: bool | None = None,
     positive_only: bool = False,
     eps_clip: float = 0.2,
     eps_clip_higher: float | None = None,
@@ -328,6 +409,8 @@ def make_grpo(
     recompute_logprob: bool = False,
     use_decoupled_loss: bool = False,
     behav_imp_weight_cap: float | None = None,
+    reward_norm: NormArg = None,
+    adv_norm: NormArg = None,
     dynamic_sampling: bool = False,
     reward_scaling: float = 1.0,
     reward_bias: float = 0.0,
@@ -339,12 +422,15 @@ def make_grpo(
 ) -> RLAlgorithm:
     """GroupNormalizedReturn + TokenClippedSurrogateLoss (+ k3 KL when kl_coeff > 0).
 
-    ``normalize_adv`` defaults to False as in GroupNormalizedReturn (mean-centred only);
-    set True for the original GRPO's division by the group std.
+    ``normalize_adv`` (unset: False) as in GroupNormalizedReturn: mean-centred only; True
+    for the original GRPO's division by the group std. ``reward_norm`` / ``adv_norm``
+    (AReaL's NormConfig, see the module docstring) replace that normalisation or add one
+    after it; ``normalize_adv`` and ``reward_norm`` are exclusive.
 
     ``dynamic_sampling`` (AReaL's and DAPO's name; default False) drops, before credit,
     every group whose rollouts all have the same total reward: its advantages are all 0.
-    Every RL preset takes it (scalerl has it on by default).
+    Every RL preset takes it (scalerl has it on by default), and the reward options of the
+    module docstring.
 
     ``mismatch_*`` (TIS / MIS against the server's logprobs), ``recompute_logprob``,
     ``use_decoupled_loss`` and ``behav_imp_weight_cap`` (AReaL's decoupled PPO) are the
@@ -352,6 +438,7 @@ def make_grpo(
     presets take them too. ``aggregation`` (and its constant ``max_new_tokens`` for
     "seq-mean-token-sum-norm") is the loss's: see libludic.training.loss.
     """
+    std = bool(normalize_adv)
     loss = TokenClippedSurrogateLoss(
         eps_clip=eps_clip,
         eps_clip_higher=eps_clip_higher,
@@ -369,8 +456,11 @@ def make_grpo(
     )
     return RLAlgorithm(
         name="grpo",
-        credit_assigner=GroupNormalizedReturn(
-            group_size=group_size, normalize_adv=normalize_adv, positive_only=positive_only
+        credit_assigner=_group_credit(
+            GroupNormalizedReturn(group_size, normalize_adv=std, positive_only=positive_only),
+            reward_norm=_norm_with_preset_std("grpo", normalize_adv, reward_norm),
+            adv_norm=adv_norm,
+            positive_only=positive_only,
         ),
         loss=_with_kl(loss, kl_coeff, "pg"),
         **_reward_options(
@@ -411,6 +501,8 @@ def make_scalerl(
     recompute_logprob: bool = False,
     use_decoupled_loss: bool = False,
     behav_imp_weight_cap: float | None = None,
+    reward_norm: NormArg = None,
+    adv_norm: NormArg = None,
     reward_scaling: float = 1.0,
     reward_bias: float = 0.0,
     reward_clip: float = 20.0,
@@ -420,6 +512,9 @@ def make_scalerl(
     mask_no_eos_with_zero: bool = False,
 ) -> RLAlgorithm:
     """HybridNormalizedReturn + CISPOLoss, with dynamic sampling on by default.
+
+    ``reward_norm`` replaces the hybrid normalisation (group mean, batch population std,
+    eps 1e-8), ``adv_norm`` adds one after it (module docstring).
 
     ``dynamic_sampling`` (default True here; ``filter_zvp``, the paper's "zero-variance
     filter", is the same switch and may be given instead) drops every group whose rollouts
@@ -433,7 +528,12 @@ def make_scalerl(
     zvp = next((x for x in (dynamic_sampling, filter_zvp) if x is not None), True)
     return RLAlgorithm(
         name="scalerl",
-        credit_assigner=HybridNormalizedReturn(group_size=group_size, positive_only=positive_only),
+        credit_assigner=_group_credit(
+            HybridNormalizedReturn(group_size=group_size, positive_only=positive_only),
+            reward_norm=reward_norm,
+            adv_norm=adv_norm,
+            positive_only=positive_only,
+        ),
         loss=CISPOLoss(
             eps_clip_high=eps_clip_high,
             aggregation=aggregation,
@@ -475,6 +575,8 @@ def make_cispo(
     recompute_logprob: bool = False,
     use_decoupled_loss: bool = False,
     behav_imp_weight_cap: float | None = None,
+    reward_norm: NormArg = None,
+    adv_norm: NormArg = None,
     dynamic_sampling: bool = False,
     reward_scaling: float = 1.0,
     reward_bias: float = 0.0,
@@ -484,7 +586,8 @@ def make_cispo(
     overlong_penalty_factor: float | None = None,
     mask_no_eos_with_zero: bool = False,
 ) -> RLAlgorithm:
-    """GroupNormalizedReturn + CISPOLoss (+ k3 KL when kl_coeff > 0)."""
+    """GroupNormalizedReturn + CISPOLoss (+ k3 KL when kl_coeff > 0); ``reward_norm`` /
+    ``adv_norm`` as in make_grpo."""
     loss = CISPOLoss(
         eps_clip_low=eps_clip_low,
         eps_clip_high=eps_clip_high,
@@ -501,7 +604,9 @@ def make_cispo(
     )
     return RLAlgorithm(
         name="cispo",
-        credit_assigner=GroupNormalizedReturn(group_size=group_size),
+        credit_assigner=_group_credit(
+            GroupNormalizedReturn(group_size=group_size), reward_norm=reward_norm, adv_norm=adv_norm
+        ),
         loss=_with_kl(loss, kl_coeff, "cispo"),
         **_reward_options(
             dynamic_sampling=dynamic_sampling,
@@ -520,7 +625,7 @@ def make_cispo(
 def make_gspo(
     *,
     group_size: int = 8,
-    normalize_adv: bool = True,
+    normalize_adv: bool | None = None,
     positive_only: bool = False,
     eps_clip: float = 3e-4,
     eps_clip_higher: float | None = 4e-4,
@@ -533,6 +638,8 @@ def make_gspo(
     recompute_logprob: bool = False,
     use_decoupled_loss: bool = False,
     behav_imp_weight_cap: float | None = None,
+    reward_norm: NormArg = None,
+    adv_norm: NormArg = None,
     dynamic_sampling: bool = False,
     reward_scaling: float = 1.0,
     reward_bias: float = 0.0,
@@ -544,10 +651,12 @@ def make_gspo(
 ) -> RLAlgorithm:
     """GSPO: GroupNormalizedReturn + GSPOLoss (+ k3 KL when kl_coeff > 0).
 
-    As in the GSPO paper: A_i = (R_i - mean(R)) / std(R) (``normalize_adv=True``, unlike
-    make_grpo's default), clipping ranges 3e-4 / 4e-4 on the sequence ratio, and one term
-    per sequence (aggregation "seq-mean-token-mean").
+    As in the GSPO paper: A_i = (R_i - mean(R)) / std(R) (``normalize_adv`` unset: True,
+    unlike make_grpo's default), clipping ranges 3e-4 / 4e-4 on the sequence ratio, and one
+    term per sequence (aggregation "seq-mean-token-mean"). ``reward_norm`` / ``adv_norm`` as
+    in make_grpo.
     """
+    std = True if normalize_adv is None else normalize_adv
     loss = GSPOLoss(
         eps_clip=eps_clip,
         eps_clip_higher=eps_clip_higher,
@@ -564,8 +673,11 @@ def make_gspo(
     )
     return RLAlgorithm(
         name="gspo",
-        credit_assigner=GroupNormalizedReturn(
-            group_size=group_size, normalize_adv=normalize_adv, positive_only=positive_only
+        credit_assigner=_group_credit(
+            GroupNormalizedReturn(group_size, normalize_adv=std, positive_only=positive_only),
+            reward_norm=_norm_with_preset_std("gspo", normalize_adv, reward_norm),
+            adv_norm=adv_norm,
+            positive_only=positive_only,
         ),
         loss=_with_kl(loss, kl_coeff, "pg"),
         **_reward_options(
@@ -597,6 +709,8 @@ def make_dr_grpo(
     recompute_logprob: bool = False,
     use_decoupled_loss: bool = False,
     behav_imp_weight_cap: float | None = None,
+    reward_norm: NormArg = None,
+    adv_norm: NormArg = None,
     dynamic_sampling: bool = False,
     reward_scaling: float = 1.0,
     reward_bias: float = 0.0,
@@ -617,7 +731,8 @@ def make_dr_grpo(
     divides each sequence's sum by a constant instead, the generation budget, which keeps
     the loss on GRPO's scale without a length dependence: C = ``max_new_tokens`` (AReaL's
     name for the budget; set it to the actors' ``max_tokens``). The credit has no
-    normalize_adv knob: dropping the std is half of the algorithm.
+    normalize_adv knob: dropping the std is half of the algorithm, so ``reward_norm`` and
+    ``adv_norm`` (e.g. a leave-one-out mean) must keep ``std_level: null``.
     """
     loss = TokenClippedSurrogateLoss(
         eps_clip=eps_clip,
@@ -636,7 +751,11 @@ def make_dr_grpo(
     )
     return RLAlgorithm(
         name="dr_grpo",
-        credit_assigner=GroupNormalizedReturn(group_size=group_size, normalize_adv=False),
+        credit_assigner=_group_credit(
+            GroupNormalizedReturn(group_size=group_size, normalize_adv=False),
+            reward_norm=_no_std("dr_grpo", "reward_norm", reward_norm),
+            adv_norm=_no_std("dr_grpo", "adv_norm", adv_norm),
+        ),
         loss=_with_kl(loss, kl_coeff, "pg"),
         **_reward_options(
             dynamic_sampling=dynamic_sampling,

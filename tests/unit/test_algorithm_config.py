@@ -135,3 +135,22 @@ def test_reward_options_reach_credit_and_learner_from_the_run_config(tmp_path) -
         load(CreditSettings, write(tmp_path, "algorithm: {name: grpo, kwargs: "
                                              "{overlong_reward_penalty: true, overlong_tokens: 4, "
                                              "overlong_penalty_factor: 1.0}}\n"), "credit")
+
+
+def test_normalisation_options_reach_credit_and_learner_from_the_run_config(tmp_path) -> None:
+    from libludic.training.credit_assignment import NormalizedReturn
+    from libludic.training.normalization import NormConfig
+
+    p = write(tmp_path, "algorithm:\n  name: grpo\n  group_size: 4\n  kwargs:\n"
+                        "    reward_norm: {mean_level: group, mean_leave1out: true, std_level: null}\n"
+                        "    adv_norm: {mean_level: batch, std_level: batch, std_unbiased: false, eps: 1.0e-6}\n")
+    c = load(CreditSettings, p, "credit")
+    assert c.spec == load(LearnerSettings, p, "learner").spec
+    ca = c.spec.build().credit_assigner
+    assert isinstance(ca, NormalizedReturn) and ca.needs_batch_stage
+    assert ca.reward_norm == NormConfig("group", True, None, True, 1e-5)
+    assert ca.adv_norm == NormConfig("batch", False, "batch", False, 1e-6)
+    assert c.spec.build().has_batch_stage  # credit defers it, the learner finishes it
+    with pytest.raises(ValueError, match="reward_norm.group_size=4"):
+        load(CreditSettings, write(tmp_path, "algorithm: {name: grpo, kwargs: "
+                                             "{reward_norm: {mean_level: group, group_size: 4}}}\n"), "credit")
