@@ -115,22 +115,16 @@ class RolloutEngine:
         max_steps: int = 1,
         concurrency: int = 8,
     ) -> SAWBatch:
-        """Rollouts -> credit (algorithm.credit_assigner) -> SAWItems -> SAWBatch.
+        """Rollouts -> ``algorithm.to_saw_items`` (reward shaping, preprocess, credit,
+        filter, the whole batch's statistics over these rollouts) -> SAWBatch.
 
         The positional order is the spec's ``(requests, algorithm, sample_filter)``;
         ``max_steps`` and ``concurrency`` (Ludic extras) are keyword-only so a spec-style
         ``generate_batch(reqs, algo, keep)`` can never bind the filter to ``max_steps``.
         """
-        from libludic.training.batching.saw import rollouts_to_saw_items
-
         rollouts = await self.generate_rollouts(requests, max_steps, concurrency)
-        if algorithm.preprocess is not None:
-            rollouts = algorithm.preprocess(rollouts)
-        weights = algorithm.credit_assigner.compute(rollouts)
-        items = rollouts_to_saw_items(rollouts, weights)
-        if sample_filter is not None:
-            items = [it for it in items if sample_filter(it)]
-        rewards = [r.total_reward for r in rollouts]
+        items = algorithm.to_saw_items(rollouts, sample_filter)
+        rewards = [r.total_reward for r in rollouts]  # the task's, over every rollout generated
         return SAWBatch(
             items=items,
             meta={

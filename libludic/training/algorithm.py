@@ -1,26 +1,65 @@
 """An RL algorithm is a composition: CreditAssigner + Loss (+ optional rollout preprocess).
 
 ``RLAlgorithm.to_saw_items(rollouts)`` is the whole rollout -> training-sample path:
-``preprocess`` (whole groups, before credit) -> ``credit_assigner.compute`` ->
-``rollouts_to_saw_items`` -> ``sample_filter`` (per item, after credit).
+``reward_shaping`` (every step reward) -> ``preprocess`` (whole groups, before credit) ->
+``credit_assigner.compute`` -> ``rollouts_to_saw_items`` -> ``sample_filter`` (per item,
+after credit) -> the batch-level stage, if any -> the no-EOS mask.
+
+Reward options, kwargs of every RL preset (reinforce, grpo, cispo, gspo, dr_grpo, scalerl)
+with AReaL's names and defaults, applied in this order before credit:
+
+- ``overlong_reward_penalty`` (False), ``overlong_tokens``, ``overlong_penalty_factor``
+  (both required with the penalty): DAPO's linear penalty on a completion within
+  ``overlong_tokens`` of ``max_new_tokens`` (the preset's kwarg: the generation budget);
+  then ``reward_bias`` (0.0), ``reward_scaling`` (1.0) and ``reward_clip`` (20.0):
+  r' = clip((r + penalty + bias) * scaling, -clip, clip) on every step reward
+  (libludic.training.rewards.RewardShaping). Items keep the task reward in
+  ``meta["reward"]``; the credit sees r'.
+- ``dynamic_sampling`` (False; True in scalerl, where the paper calls it the zero-variance
+  filter ``filter_zvp``): the preprocess ``drop_zero_variance_groups`` drops every group
+  whose rollouts all have the same (shaped) total reward, whose group-centred advantage is
+  0 everywhere. In the services such a group ends with no SAWItem: credit counts it
+  ``ludic_credit_groups_total{outcome="zero_variance"}`` and the run accounting
+  ``groups_dropped_empty``, and its admission slot is free again, so the feeder requests a
+  replacement and the learner's batch stays full.
+- ``mask_no_eos_with_zero`` (False): after credit, weight 0 for every item whose completion
+  ended without EOS (``Step.info["finish_reason"] == "length"``, the token budget). Its
+  rollout still counts in the group and batch statistics and its tokens in the loss's
+  counts, as in AReaL; the credit filter ``drop_incomplete_completions`` removes such items
+  from the batch instead.
+
+Normalisation, kwargs ``reward_norm`` and ``adv_norm`` of the grouped presets (grpo, cispo,
+gspo, dr_grpo, scalerl): AReaL's ``NormConfig`` mappings {mean_level: group | batch | null,
+mean_leave1out, std_level: group | batch | null, std_unbiased, eps} (defaults batch, false,
+batch, true, 1e-5; libludic.training.normalization), over one value per rollout.
+``reward_norm`` replaces the preset's own normalisation of the rewards (grpo, cispo,
+dr_grpo: group mean, no std; gspo and grpo with ``normalize_adv``: group mean and
+population std, eps 1e-8; scalerl: group mean, batch population std, eps 1e-8) and
+``adv_norm`` runs after it. Leave-one-out (RLOO) is ``reward_norm: {mean_level: group,
+mean_leave1out: true, std_level: null}``. Both unset: the preset's credit assigner as is.
 
 Presets (keyword-only) cover the common algorithms; anything else is a new composition.
 ``ALGORITHMS`` maps each preset's name to its factory; ``AlgorithmSpec`` (name, group_size,
 kwargs) is the one place a run configures its algorithm (the services read it from the
 top-level ``algorithm:`` section of the run config).
 
-Batch-level stage. A credit assigner whose statistics span the whole training batch (today
-``HybridNormalizedReturn``: the std of ScaleRL) has ``group_stage``/``batch_stage``. In one
-process, ``to_saw_items`` treats the rollouts of the call as the batch. The services' credit
-worker sees one group at a time, so it calls ``to_saw_items(..., defer_batch_stage=True)``:
-items carry the group-stage weight and ``meta[PENDING_BATCH_STAGE] = algorithm name``, and
-the Trainer calls ``apply_batch_stage`` on exactly the items of each optimizer step.
+Batch-level stage. A credit assigner whose statistics span the whole training batch
+(``HybridNormalizedReturn``: the std of ScaleRL; ``NormalizedReturn`` with a batch-level
+``reward_norm`` / ``adv_norm``) has ``group_stage``/``batch_stage``. ``to_saw_items`` runs
+the group stage, makes and filters the items, stamps each with ``meta[ROLLOUT_ITEMS]`` (its
+rollout's items that survived the filters) and runs ``apply_batch_stage`` over the items of
+the call. The services' credit worker sees one group at a time, so it calls
+``to_saw_items(..., defer_batch_stage=True)``: items carry the group-stage weight and
+``meta[PENDING_BATCH_STAGE] = algorithm name``, and the Trainer calls ``apply_batch_stage``
+on exactly the items of each optimizer step. Both paths take the batch statistics over the
+same population, one value per rollout: an item weighs 1 / ``meta[ROLLOUT_ITEMS]``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +71,7 @@ from libludic.training.credit_assignment import (
     GroupNormalizedReturn,
     HybridNormalizedReturn,
     MonteCarloReturn,
-    SumFn,
+    NormalizedReturn,
 )
 from libludic.training.filters import (
     PreprocessFn,
@@ -51,18 +90,41 @@ from libludic.training.loss import (
     TokenClippedSurrogateLoss,
     TokenKLLoss,
 )
+from libludic.training.normalization import NormConfig, SumFn
+from libludic.training.rewards import RewardShaping
 from libludic.training.types import SAWItem
 from libludic.types import Rollout
 
 PENDING_BATCH_STAGE = "pending_batch_stage"
+ROLLOUT_ITEMS = "rollout_items"  # items of the same rollout credit wrote (batch-stage weights)
+
+
+@dataclass
+class CreditStats:
+    """What ``RLAlgorithm.to_saw_items`` left out, summed over the calls it is passed to."""
+
+    groups_zero_variance: int = 0  # whole groups dropped by dynamic sampling
+    items_masked_no_eos: int = 0  # items given weight 0 by mask_no_eos_with_zero
+
+
+def ended_without_eos(item: SAWItem) -> bool:
+    """The item's completion stopped at the token budget (``finish_reason == "length"``)."""
+    return item.meta.get("finish_reason") == "length"
 
 
 @dataclass
 class RLAlgorithm:
+    """``reward_shaping`` (None: rewards as they are) runs first, on every step reward;
+    ``mask_no_eos_with_zero`` gives weight 0 to the items whose completion ended without
+    EOS, after the whole credit (their rollouts still count in the group and batch
+    statistics; the loss's token counts keep them, as AReaL's mask does)."""
+
     name: str
     credit_assigner: CreditAssigner
     loss: Any  # a libludic.training.loss.Loss
     preprocess: PreprocessFn | None = None
+    reward_shaping: RewardShaping | None = None
+    mask_no_eos_with_zero: bool = False
 
     @property
     def needs_actor_logprobs(self) -> bool:
@@ -83,7 +145,14 @@ class RLAlgorithm:
 
     @property
     def has_batch_stage(self) -> bool:
-        return hasattr(self.credit_assigner, "batch_stage")
+        """The credit assigner has statistics over the whole training batch."""
+        ca = self.credit_assigner
+        return bool(getattr(ca, "needs_batch_stage", hasattr(ca, "batch_stage")))
+
+    @property
+    def dynamic_sampling(self) -> bool:
+        """Zero-variance groups are dropped before credit (``drop_zero_variance_groups``)."""
+        return self.preprocess is drop_zero_variance_groups
 
     def to_saw_items(
         self,
@@ -91,33 +160,56 @@ class RLAlgorithm:
         sample_filter: SampleFilter | None = None,
         *,
         defer_batch_stage: bool = False,
+        stats: CreditStats | None = None,
     ) -> list[SAWItem]:
-        """preprocess -> credit -> SAWItems -> filter.
+        """reward shaping -> preprocess -> credit -> SAWItems -> filter -> no-EOS mask.
 
         ``defer_batch_stage=True`` (the credit worker, which sees one group per call): a
         batch-level stage is left to ``apply_batch_stage`` on the training batch; the items
-        carry the group-stage weight and ``meta[PENDING_BATCH_STAGE] = self.name``.
+        carry the group-stage weight and ``meta[PENDING_BATCH_STAGE] = self.name`` (and the
+        no-EOS mask waits for that stage too). ``stats`` (optional) is incremented with what
+        dynamic sampling dropped and what the mask zeroed. Items keep the task's rewards in
+        ``meta["reward"]`` / ``meta["step_reward"]``; with shaping, the shaped rollout total
+        is ``meta["shaped_reward"]``.
         """
-        rs = list(rollouts)
+        raw = list(rollouts)
+        rs = raw if self.reward_shaping is None else self.reward_shaping.apply(raw)
         if self.preprocess is not None:
+            before = {r.group_id for r in rs if r.group_id is not None}
             rs = self.preprocess(rs)
+            if stats is not None and self.dynamic_sampling:
+                stats.groups_zero_variance += len(before - {r.group_id for r in rs})
         if not rs:
             return []
-        if defer_batch_stage and self.has_batch_stage:
+        if self.has_batch_stage:
             weights = self.credit_assigner.group_stage(rs)  # type: ignore[attr-defined]
-            items = rollouts_to_saw_items(rs, weights)
+            items = apply_filter(rollouts_to_saw_items(rs, weights), sample_filter)
+            per_rollout = Counter(str(it.meta["rollout_id"]) for it in items)
             for it in items:
                 it.meta[PENDING_BATCH_STAGE] = self.name
+                it.meta[ROLLOUT_ITEMS] = per_rollout[str(it.meta["rollout_id"])]
         else:
             items = rollouts_to_saw_items(rs, self.credit_assigner.compute(rs))
-        return apply_filter(items, sample_filter)
+            items = apply_filter(items, sample_filter)
+        if self.reward_shaping is not None:
+            _keep_task_rewards(items, raw)
+        if self.mask_no_eos_with_zero and stats is not None:
+            stats.items_masked_no_eos += sum(1 for it in items if ended_without_eos(it))
+        if self.has_batch_stage:
+            return items if defer_batch_stage else self.apply_batch_stage(items)
+        if self.mask_no_eos_with_zero:
+            for it in items:
+                if ended_without_eos(it):
+                    it.weight = 0.0
+        return items
 
     def apply_batch_stage(
         self, items: Sequence[SAWItem], all_sum: SumFn | None = None
     ) -> list[SAWItem]:
         """Items whose weight still lacks the batch-level stage get it, computed over
-        exactly ``items`` (plus the other ranks' shards through ``all_sum``); other items
-        are returned as they are. A batch must not mix the two."""
+        exactly ``items`` (plus the other ranks' shards through ``all_sum``), one value per
+        rollout (``_rollout_shares``); other items are returned as they are. A batch must
+        not mix the two. The no-EOS mask, when on, applies here."""
         pending = [it for it in items if PENDING_BATCH_STAGE in it.meta]
         if not pending:
             return list(items)
@@ -135,14 +227,122 @@ class RLAlgorithm:
                 "algorithm: section read by credit and learner"
             )
         weights = self.credit_assigner.batch_stage(  # type: ignore[attr-defined]
-            [it.weight for it in items], all_sum
+            [it.weight for it in items], all_sum, _rollout_shares(items)
         )
         out = []
         for it, w in zip(items, weights, strict=True):
-            meta = {k: v for k, v in it.meta.items() if k != PENDING_BATCH_STAGE}
+            meta = {k: v for k, v in it.meta.items() if k not in (PENDING_BATCH_STAGE, ROLLOUT_ITEMS)}
             meta["group_weight"] = it.weight
+            if self.mask_no_eos_with_zero and ended_without_eos(it):
+                w = 0.0
             out.append(dataclasses.replace(it, weight=float(w), meta=meta))
         return out
+
+
+def _rollout_shares(items: Sequence[SAWItem]) -> list[float]:
+    """Each item's weight in a batch statistic: 1 / (items of its rollout after the
+    filters, ``meta[ROLLOUT_ITEMS]`` stamped by credit), so a rollout counts once however
+    many steps it has (a fraction when its items straddle two training batches). Items
+    without the stamp are counted among ``items``."""
+    here = Counter(str(it.meta.get("rollout_id")) for it in items)
+    return [
+        1.0 / int(it.meta.get(ROLLOUT_ITEMS) or here[str(it.meta.get("rollout_id"))])
+        for it in items
+    ]
+
+
+def _keep_task_rewards(items: Sequence[SAWItem], raw: Sequence[Rollout]) -> None:
+    """``meta["reward"]`` / ``["step_reward"]`` back to the unshaped rewards (what the
+    learner reports as ``reward_mean``), the shaped rollout total as ``["shaped_reward"]``."""
+    totals = {r.id: r.total_reward for r in raw}
+    steps = {(r.id, s.index): float(s.reward) for r in raw for s in r.steps}
+    for it in items:
+        rid = str(it.meta["rollout_id"])
+        it.meta["shaped_reward"] = it.meta["reward"]
+        it.meta["reward"] = totals[rid]
+        it.meta["step_reward"] = steps[(rid, it.meta["step_index"])]
+
+
+def _dynamic_sampling(dynamic_sampling: bool) -> PreprocessFn | None:
+    """The preprocess of ``dynamic_sampling``: drop the groups whose rewards are all equal."""
+    if not isinstance(dynamic_sampling, bool):
+        raise ValueError(f"dynamic_sampling={dynamic_sampling!r} must be true or false")
+    return drop_zero_variance_groups if dynamic_sampling else None
+
+
+def _reward_options(
+    *,
+    dynamic_sampling: bool,
+    reward_scaling: float,
+    reward_bias: float,
+    reward_clip: float,
+    overlong_reward_penalty: bool,
+    overlong_tokens: int | None,
+    overlong_penalty_factor: float | None,
+    max_new_tokens: int | None,
+    mask_no_eos_with_zero: bool,
+) -> dict[str, Any]:
+    """The RLAlgorithm fields every RL preset sets from the same kwargs (module docstring)."""
+    if not isinstance(mask_no_eos_with_zero, bool):
+        raise ValueError(f"mask_no_eos_with_zero={mask_no_eos_with_zero!r} must be true or false")
+    return {
+        "preprocess": _dynamic_sampling(dynamic_sampling),
+        "reward_shaping": RewardShaping(
+            reward_scaling=reward_scaling,
+            reward_bias=reward_bias,
+            reward_clip=reward_clip,
+            overlong_reward_penalty=overlong_reward_penalty,
+            overlong_tokens=overlong_tokens,
+            overlong_penalty_factor=overlong_penalty_factor,
+            max_new_tokens=max_new_tokens,
+        ),
+        "mask_no_eos_with_zero": mask_no_eos_with_zero,
+    }
+
+
+NormArg = NormConfig | Mapping[str, Any] | None
+
+
+def _group_credit(
+    builtin: GroupNormalizedReturn | HybridNormalizedReturn,
+    *,
+    reward_norm: NormArg,
+    adv_norm: NormArg,
+    positive_only: bool = False,
+) -> CreditAssigner:
+    """The preset's own assigner, or NormalizedReturn when ``reward_norm`` / ``adv_norm``
+    is given (``reward_norm`` unset: the preset's own normalisation as a NormConfig)."""
+    if reward_norm is None and adv_norm is None:
+        return builtin
+    if isinstance(builtin, HybridNormalizedReturn):
+        own = NormConfig("group", False, "batch", False, builtin.eps)
+    else:
+        own = NormConfig("group", False, "group" if builtin.normalize_adv else None, False, 1e-8)
+    return NormalizedReturn(
+        builtin.group_size,
+        reward_norm=own if reward_norm is None else NormConfig.parse(reward_norm, "reward_norm"),
+        adv_norm=None if adv_norm is None else NormConfig.parse(adv_norm, "adv_norm"),
+        positive_only=positive_only,
+    )
+
+
+def _norm_with_preset_std(preset: str, normalize_adv: bool | None, reward_norm: NormArg) -> NormArg:
+    """``normalize_adv`` is the std of the preset's own normalisation: one or the other."""
+    if normalize_adv is not None and reward_norm is not None:
+        raise ValueError(
+            f"{preset}: normalize_adv={normalize_adv!r} and reward_norm both set; "
+            "normalize_adv is reward_norm's std_level (group or null): give only reward_norm"
+        )
+    return reward_norm
+
+
+def _no_std(preset: str, name: str, cfg: NormArg) -> NormArg:
+    if cfg is not None and NormConfig.parse(cfg, name).std_level is not None:
+        raise ValueError(
+            f"{name}.std_level must be null in {preset}: dropping the std is half of "
+            "Dr. GRPO; use grpo for a std normalisation"
+        )
+    return cfg
 
 
 def _with_kl(loss: Any, kl_coeff: float, name: str) -> Any:
@@ -156,20 +356,46 @@ def _with_kl(loss: Any, kl_coeff: float, name: str) -> Any:
 
 
 def make_reinforce(
-    *, gamma: float = 1.0, aggregation: str = "token-mean", max_new_tokens: int | None = None
+    *,
+    gamma: float = 1.0,
+    aggregation: str = "token-mean",
+    max_new_tokens: int | None = None,
+    dynamic_sampling: bool = False,
+    reward_scaling: float = 1.0,
+    reward_bias: float = 0.0,
+    reward_clip: float = 20.0,
+    overlong_reward_penalty: bool = False,
+    overlong_tokens: int | None = None,
+    overlong_penalty_factor: float | None = None,
+    mask_no_eos_with_zero: bool = False,
 ) -> RLAlgorithm:
-    """MonteCarloReturn(gamma) + ReinforceLoss."""
+    """MonteCarloReturn(gamma) + ReinforceLoss.
+
+    ``dynamic_sampling`` drops the groups (rollouts sharing ``meta.group_id``) whose total
+    rewards are all equal, as in every RL preset.
+    """
     return RLAlgorithm(
         name="reinforce",
         credit_assigner=MonteCarloReturn(gamma=gamma),
         loss=ReinforceLoss(aggregation=aggregation, max_new_tokens=max_new_tokens),
+        **_reward_options(
+            dynamic_sampling=dynamic_sampling,
+            reward_scaling=reward_scaling,
+            reward_bias=reward_bias,
+            reward_clip=reward_clip,
+            overlong_reward_penalty=overlong_reward_penalty,
+            overlong_tokens=overlong_tokens,
+            overlong_penalty_factor=overlong_penalty_factor,
+            max_new_tokens=max_new_tokens,
+            mask_no_eos_with_zero=mask_no_eos_with_zero,
+        ),
     )
 
 
 def make_grpo(
     *,
     group_size: int = 8,
-    normalize_adv: bool = False,
+    normalize_adv: bool | None = None,
     positive_only: bool = False,
     eps_clip: float = 0.2,
     eps_clip_higher: float | None = None,
@@ -183,11 +409,28 @@ def make_grpo(
     recompute_logprob: bool = False,
     use_decoupled_loss: bool = False,
     behav_imp_weight_cap: float | None = None,
+    reward_norm: NormArg = None,
+    adv_norm: NormArg = None,
+    dynamic_sampling: bool = False,
+    reward_scaling: float = 1.0,
+    reward_bias: float = 0.0,
+    reward_clip: float = 20.0,
+    overlong_reward_penalty: bool = False,
+    overlong_tokens: int | None = None,
+    overlong_penalty_factor: float | None = None,
+    mask_no_eos_with_zero: bool = False,
 ) -> RLAlgorithm:
     """GroupNormalizedReturn + TokenClippedSurrogateLoss (+ k3 KL when kl_coeff > 0).
 
-    ``normalize_adv`` defaults to False as in GroupNormalizedReturn (mean-centred only);
-    set True for the original GRPO's division by the group std.
+    ``normalize_adv`` (unset: False) as in GroupNormalizedReturn: mean-centred only; True
+    for the original GRPO's division by the group std. ``reward_norm`` / ``adv_norm``
+    (AReaL's NormConfig, see the module docstring) replace that normalisation or add one
+    after it; ``normalize_adv`` and ``reward_norm`` are exclusive.
+
+    ``dynamic_sampling`` (AReaL's and DAPO's name; default False) drops, before credit,
+    every group whose rollouts all have the same total reward: its advantages are all 0.
+    Every RL preset takes it (scalerl has it on by default), and the reward options of the
+    module docstring.
 
     ``mismatch_*`` (TIS / MIS against the server's logprobs), ``recompute_logprob``,
     ``use_decoupled_loss`` and ``behav_imp_weight_cap`` (AReaL's decoupled PPO) are the
@@ -195,6 +438,7 @@ def make_grpo(
     presets take them too. ``aggregation`` (and its constant ``max_new_tokens`` for
     "seq-mean-token-sum-norm") is the loss's: see libludic.training.loss.
     """
+    std = bool(normalize_adv)
     loss = TokenClippedSurrogateLoss(
         eps_clip=eps_clip,
         eps_clip_higher=eps_clip_higher,
@@ -212,10 +456,24 @@ def make_grpo(
     )
     return RLAlgorithm(
         name="grpo",
-        credit_assigner=GroupNormalizedReturn(
-            group_size=group_size, normalize_adv=normalize_adv, positive_only=positive_only
+        credit_assigner=_group_credit(
+            GroupNormalizedReturn(group_size, normalize_adv=std, positive_only=positive_only),
+            reward_norm=_norm_with_preset_std("grpo", normalize_adv, reward_norm),
+            adv_norm=adv_norm,
+            positive_only=positive_only,
         ),
         loss=_with_kl(loss, kl_coeff, "pg"),
+        **_reward_options(
+            dynamic_sampling=dynamic_sampling,
+            reward_scaling=reward_scaling,
+            reward_bias=reward_bias,
+            reward_clip=reward_clip,
+            overlong_reward_penalty=overlong_reward_penalty,
+            overlong_tokens=overlong_tokens,
+            overlong_penalty_factor=overlong_penalty_factor,
+            max_new_tokens=max_new_tokens,
+            mask_no_eos_with_zero=mask_no_eos_with_zero,
+        ),
     )
 
 
@@ -231,7 +489,8 @@ def make_sft(*, aggregation: str = "token-mean") -> RLAlgorithm:
 def make_scalerl(
     *,
     group_size: int = 8,
-    filter_zvp: bool = True,
+    dynamic_sampling: bool | None = None,
+    filter_zvp: bool | None = None,
     positive_only: bool = False,
     eps_clip_high: float = 0.2,
     aggregation: str = "token-mean",
@@ -242,11 +501,39 @@ def make_scalerl(
     recompute_logprob: bool = False,
     use_decoupled_loss: bool = False,
     behav_imp_weight_cap: float | None = None,
+    reward_norm: NormArg = None,
+    adv_norm: NormArg = None,
+    reward_scaling: float = 1.0,
+    reward_bias: float = 0.0,
+    reward_clip: float = 20.0,
+    overlong_reward_penalty: bool = False,
+    overlong_tokens: int | None = None,
+    overlong_penalty_factor: float | None = None,
+    mask_no_eos_with_zero: bool = False,
 ) -> RLAlgorithm:
-    """HybridNormalizedReturn + CISPOLoss; ``filter_zvp`` drops zero-variance groups."""
+    """HybridNormalizedReturn + CISPOLoss, with dynamic sampling on by default.
+
+    ``reward_norm`` replaces the hybrid normalisation (group mean, batch population std,
+    eps 1e-8), ``adv_norm`` adds one after it (module docstring).
+
+    ``dynamic_sampling`` (default True here; ``filter_zvp``, the paper's "zero-variance
+    filter", is the same switch and may be given instead) drops every group whose rollouts
+    all have the same total reward before credit.
+    """
+    if dynamic_sampling is not None and filter_zvp is not None and dynamic_sampling != filter_zvp:
+        raise ValueError(
+            f"dynamic_sampling={dynamic_sampling!r} and filter_zvp={filter_zvp!r} are the same "
+            "switch (filter_zvp is ScaleRL's name for it); give only dynamic_sampling"
+        )
+    zvp = next((x for x in (dynamic_sampling, filter_zvp) if x is not None), True)
     return RLAlgorithm(
         name="scalerl",
-        credit_assigner=HybridNormalizedReturn(group_size=group_size, positive_only=positive_only),
+        credit_assigner=_group_credit(
+            HybridNormalizedReturn(group_size=group_size, positive_only=positive_only),
+            reward_norm=reward_norm,
+            adv_norm=adv_norm,
+            positive_only=positive_only,
+        ),
         loss=CISPOLoss(
             eps_clip_high=eps_clip_high,
             aggregation=aggregation,
@@ -260,7 +547,17 @@ def make_scalerl(
                 behav_imp_weight_cap=behav_imp_weight_cap,
             ),
         ),
-        preprocess=drop_zero_variance_groups if filter_zvp else None,
+        **_reward_options(
+            dynamic_sampling=zvp,
+            reward_scaling=reward_scaling,
+            reward_bias=reward_bias,
+            reward_clip=reward_clip,
+            overlong_reward_penalty=overlong_reward_penalty,
+            overlong_tokens=overlong_tokens,
+            overlong_penalty_factor=overlong_penalty_factor,
+            max_new_tokens=max_new_tokens,
+            mask_no_eos_with_zero=mask_no_eos_with_zero,
+        ),
     )
 
 
@@ -278,8 +575,19 @@ def make_cispo(
     recompute_logprob: bool = False,
     use_decoupled_loss: bool = False,
     behav_imp_weight_cap: float | None = None,
+    reward_norm: NormArg = None,
+    adv_norm: NormArg = None,
+    dynamic_sampling: bool = False,
+    reward_scaling: float = 1.0,
+    reward_bias: float = 0.0,
+    reward_clip: float = 20.0,
+    overlong_reward_penalty: bool = False,
+    overlong_tokens: int | None = None,
+    overlong_penalty_factor: float | None = None,
+    mask_no_eos_with_zero: bool = False,
 ) -> RLAlgorithm:
-    """GroupNormalizedReturn + CISPOLoss (+ k3 KL when kl_coeff > 0)."""
+    """GroupNormalizedReturn + CISPOLoss (+ k3 KL when kl_coeff > 0); ``reward_norm`` /
+    ``adv_norm`` as in make_grpo."""
     loss = CISPOLoss(
         eps_clip_low=eps_clip_low,
         eps_clip_high=eps_clip_high,
@@ -296,15 +604,28 @@ def make_cispo(
     )
     return RLAlgorithm(
         name="cispo",
-        credit_assigner=GroupNormalizedReturn(group_size=group_size),
+        credit_assigner=_group_credit(
+            GroupNormalizedReturn(group_size=group_size), reward_norm=reward_norm, adv_norm=adv_norm
+        ),
         loss=_with_kl(loss, kl_coeff, "cispo"),
+        **_reward_options(
+            dynamic_sampling=dynamic_sampling,
+            reward_scaling=reward_scaling,
+            reward_bias=reward_bias,
+            reward_clip=reward_clip,
+            overlong_reward_penalty=overlong_reward_penalty,
+            overlong_tokens=overlong_tokens,
+            overlong_penalty_factor=overlong_penalty_factor,
+            max_new_tokens=max_new_tokens,
+            mask_no_eos_with_zero=mask_no_eos_with_zero,
+        ),
     )
 
 
 def make_gspo(
     *,
     group_size: int = 8,
-    normalize_adv: bool = True,
+    normalize_adv: bool | None = None,
     positive_only: bool = False,
     eps_clip: float = 3e-4,
     eps_clip_higher: float | None = 4e-4,
@@ -317,13 +638,25 @@ def make_gspo(
     recompute_logprob: bool = False,
     use_decoupled_loss: bool = False,
     behav_imp_weight_cap: float | None = None,
+    reward_norm: NormArg = None,
+    adv_norm: NormArg = None,
+    dynamic_sampling: bool = False,
+    reward_scaling: float = 1.0,
+    reward_bias: float = 0.0,
+    reward_clip: float = 20.0,
+    overlong_reward_penalty: bool = False,
+    overlong_tokens: int | None = None,
+    overlong_penalty_factor: float | None = None,
+    mask_no_eos_with_zero: bool = False,
 ) -> RLAlgorithm:
     """GSPO: GroupNormalizedReturn + GSPOLoss (+ k3 KL when kl_coeff > 0).
 
-    As in the GSPO paper: A_i = (R_i - mean(R)) / std(R) (``normalize_adv=True``, unlike
-    make_grpo's default), clipping ranges 3e-4 / 4e-4 on the sequence ratio, and one term
-    per sequence (aggregation "seq-mean-token-mean").
+    As in the GSPO paper: A_i = (R_i - mean(R)) / std(R) (``normalize_adv`` unset: True,
+    unlike make_grpo's default), clipping ranges 3e-4 / 4e-4 on the sequence ratio, and one
+    term per sequence (aggregation "seq-mean-token-mean"). ``reward_norm`` / ``adv_norm`` as
+    in make_grpo.
     """
+    std = True if normalize_adv is None else normalize_adv
     loss = GSPOLoss(
         eps_clip=eps_clip,
         eps_clip_higher=eps_clip_higher,
@@ -340,10 +673,24 @@ def make_gspo(
     )
     return RLAlgorithm(
         name="gspo",
-        credit_assigner=GroupNormalizedReturn(
-            group_size=group_size, normalize_adv=normalize_adv, positive_only=positive_only
+        credit_assigner=_group_credit(
+            GroupNormalizedReturn(group_size, normalize_adv=std, positive_only=positive_only),
+            reward_norm=_norm_with_preset_std("gspo", normalize_adv, reward_norm),
+            adv_norm=adv_norm,
+            positive_only=positive_only,
         ),
         loss=_with_kl(loss, kl_coeff, "pg"),
+        **_reward_options(
+            dynamic_sampling=dynamic_sampling,
+            reward_scaling=reward_scaling,
+            reward_bias=reward_bias,
+            reward_clip=reward_clip,
+            overlong_reward_penalty=overlong_reward_penalty,
+            overlong_tokens=overlong_tokens,
+            overlong_penalty_factor=overlong_penalty_factor,
+            max_new_tokens=max_new_tokens,
+            mask_no_eos_with_zero=mask_no_eos_with_zero,
+        ),
     )
 
 
@@ -362,6 +709,16 @@ def make_dr_grpo(
     recompute_logprob: bool = False,
     use_decoupled_loss: bool = False,
     behav_imp_weight_cap: float | None = None,
+    reward_norm: NormArg = None,
+    adv_norm: NormArg = None,
+    dynamic_sampling: bool = False,
+    reward_scaling: float = 1.0,
+    reward_bias: float = 0.0,
+    reward_clip: float = 20.0,
+    overlong_reward_penalty: bool = False,
+    overlong_tokens: int | None = None,
+    overlong_penalty_factor: float | None = None,
+    mask_no_eos_with_zero: bool = False,
 ) -> RLAlgorithm:
     """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): GRPO without its
     two normalisations, the std of the group's rewards and the response length.
@@ -374,7 +731,8 @@ def make_dr_grpo(
     divides each sequence's sum by a constant instead, the generation budget, which keeps
     the loss on GRPO's scale without a length dependence: C = ``max_new_tokens`` (AReaL's
     name for the budget; set it to the actors' ``max_tokens``). The credit has no
-    normalize_adv knob: dropping the std is half of the algorithm.
+    normalize_adv knob: dropping the std is half of the algorithm, so ``reward_norm`` and
+    ``adv_norm`` (e.g. a leave-one-out mean) must keep ``std_level: null``.
     """
     loss = TokenClippedSurrogateLoss(
         eps_clip=eps_clip,
@@ -393,8 +751,23 @@ def make_dr_grpo(
     )
     return RLAlgorithm(
         name="dr_grpo",
-        credit_assigner=GroupNormalizedReturn(group_size=group_size, normalize_adv=False),
+        credit_assigner=_group_credit(
+            GroupNormalizedReturn(group_size=group_size, normalize_adv=False),
+            reward_norm=_no_std("dr_grpo", "reward_norm", reward_norm),
+            adv_norm=_no_std("dr_grpo", "adv_norm", adv_norm),
+        ),
         loss=_with_kl(loss, kl_coeff, "pg"),
+        **_reward_options(
+            dynamic_sampling=dynamic_sampling,
+            reward_scaling=reward_scaling,
+            reward_bias=reward_bias,
+            reward_clip=reward_clip,
+            overlong_reward_penalty=overlong_reward_penalty,
+            overlong_tokens=overlong_tokens,
+            overlong_penalty_factor=overlong_penalty_factor,
+            max_new_tokens=max_new_tokens,
+            mask_no_eos_with_zero=mask_no_eos_with_zero,
+        ),
     )
 
 
@@ -441,7 +814,12 @@ class AlgorithmSpec:
             raise ValueError(
                 f"algorithm.kwargs {unknown} are not arguments of make_{self.name}; known: {known}"
             )
-        self.build()  # value errors now, naming the preset
+        if self.build().dynamic_sampling and self.group_size == 1:
+            raise ValueError(
+                f"algorithm {self.name!r} with group_size=1 and dynamic sampling drops every "
+                "group (one rollout never has reward variance); set algorithm.group_size >= 2 "
+                "or algorithm.kwargs.dynamic_sampling: false"
+            )
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any] | None) -> AlgorithmSpec:

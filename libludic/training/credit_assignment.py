@@ -6,22 +6,27 @@ rollouts that answered the same prompt: they group by ``rollout.meta["group_id"]
 require exactly ``group_size`` rollouts per group.
 
 Every step of a rollout gets the same weight under the grouped assigners (outcome reward);
-MonteCarloReturn gives step t the discounted return from t onwards.
+MonteCarloReturn gives step t the discounted return from t onwards. GroupNormalizedReturn
+(GRPO) and HybridNormalizedReturn (ScaleRL) are fixed normalisations; NormalizedReturn
+takes AReaL's ``reward_norm`` / ``adv_norm`` (libludic.training.normalization).
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from libludic.training.normalization import (
+    NormConfig,
+    SumFn,
+    apply_batch_ops,
+    apply_group_ops,
+    split_chain,
+)
 from libludic.types import Rollout, RolloutStepKey
-
-# [partial sums of this shard] -> the same sums over every data-parallel rank's shard
-# (identity on one process)
-SumFn = Callable[[list[float]], list[float]]
 
 
 @runtime_checkable
@@ -127,11 +132,12 @@ class HybridNormalizedReturn:
 
     Two stages. ``group_stage`` needs only whole groups (c_i); ``batch_stage`` needs the
     whole batch (std_batch and the clip). ``compute`` runs both and treats the rollouts of
-    the call as the batch (the in-process path: RolloutBatchSource/RolloutEngine credit one
-    training batch per call). The services' credit worker sees one group at a time, so it
-    runs ``group_stage`` only (``RLAlgorithm.to_saw_items(..., defer_batch_stage=True)``)
-    and the Trainer runs ``batch_stage`` over exactly the items of each optimizer step
-    (``RLAlgorithm.apply_batch_stage``): std_batch is then over those items.
+    the call as the batch. ``RLAlgorithm.to_saw_items`` runs ``group_stage``, makes the
+    items, filters them and runs ``batch_stage`` over the items of the call, or, in the
+    services' credit worker, which sees one group at a time, leaves ``batch_stage`` to the
+    Trainer on exactly the items of each optimizer step (``RLAlgorithm.apply_batch_stage``).
+    Either way std_batch counts one value per rollout: each item is weighted 1 / (its
+    rollout's items in the batch).
     """
 
     group_size: int
@@ -159,19 +165,27 @@ class HybridNormalizedReturn:
             _broadcast(r, c, out)
         return out
 
-    def batch_stage(self, centred: Sequence[float], all_sum: SumFn | None = None) -> list[float]:
+    def batch_stage(
+        self,
+        centred: Sequence[float],
+        all_sum: SumFn | None = None,
+        weights: Sequence[float] | None = None,
+    ) -> list[float]:
         """A = c / (std(c) + eps), clipped at 0 with ``positive_only``.
 
-        ``all_sum`` extends the count and the sums over the other data-parallel ranks'
-        shards of the batch (default: ``centred`` is the whole batch).
+        ``weights`` (default 1 each) count each value in the std: 1 / (items of its
+        rollout) when the values are items. ``all_sum`` extends the count and the sums over
+        the other data-parallel ranks' shards of the batch (default: ``centred`` is the
+        whole batch).
         """
         cs = [float(c) for c in centred]
+        ws = [1.0] * len(cs) if weights is None else [float(w) for w in weights]
         red: SumFn = all_sum if all_sum is not None else (lambda xs: xs)
-        n, total = red([float(len(cs)), sum(cs)])
+        n, total = red([sum(ws), sum(w * c for w, c in zip(ws, cs, strict=True))])
         if n <= 0:
             return []
         mu = total / n  # ~0, kept for exactness with float rounding
-        (ss,) = red([sum((c - mu) ** 2 for c in cs)])
+        (ss,) = red([sum(w * (c - mu) ** 2 for w, c in zip(ws, cs, strict=True))])
         std = math.sqrt(ss / n)
         out = [c / (std + self.eps) for c in cs]
         return [max(a, 0.0) for a in out] if self.positive_only else out
@@ -180,6 +194,75 @@ class HybridNormalizedReturn:
         centred = self._centred(rollouts)  # std over rollouts: one c per rollout
         out: dict[RolloutStepKey, float] = {}
         for (r, _), a in zip(centred, self.batch_stage([c for _, c in centred]), strict=True):
+            _broadcast(r, a, out)
+        return out
+
+
+@dataclass
+class NormalizedReturn:
+    """A_i = adv_norm(reward_norm(R))_i, broadcast to every step of rollout i.
+
+    R_i is the rollout's total reward; ``reward_norm`` and ``adv_norm`` are AReaL's
+    ``NormConfig`` (libludic.training.normalization: group or batch mean, leave-one-out
+    mean, group or batch std, biased or unbiased, eps), either may be None (no-op), over
+    one value per rollout. ``positive_only=True`` clips to max(A_i, 0) at the end.
+
+    Group-level statistics run in ``group_stage`` (whole groups, the credit worker);
+    batch-level ones in ``batch_stage`` when there are any (``needs_batch_stage``), as for
+    HybridNormalizedReturn. A group-level statistic after a batch-level one is refused.
+    """
+
+    group_size: int
+    reward_norm: NormConfig | None = None
+    adv_norm: NormConfig | None = None
+    positive_only: bool = False
+
+    def __post_init__(self) -> None:
+        if self.group_size < 1:
+            raise ValueError(f"NormalizedReturn.group_size={self.group_size} must be >= 1")
+        chain = [(n, c) for n, c in (("reward_norm", self.reward_norm), ("adv_norm", self.adv_norm))
+                 if c is not None]
+        self._group_ops, self._batch_ops = split_chain(chain)
+
+    @property
+    def needs_batch_stage(self) -> bool:
+        return bool(self._batch_ops)
+
+    def _grouped(self, rollouts: list[Rollout]) -> tuple[list[Rollout], list[float]]:
+        rs: list[Rollout] = []
+        index: list[list[int]] = []
+        for g in group_rollouts(rollouts, self.group_size).values():
+            index.append(list(range(len(rs), len(rs) + len(g))))
+            rs.extend(g)
+        values = apply_group_ops([r.total_reward for r in rs], index, self._group_ops)
+        return rs, values
+
+    def _clip(self, values: list[float]) -> list[float]:
+        return [max(a, 0.0) for a in values] if self.positive_only else values
+
+    def group_stage(self, rollouts: list[Rollout]) -> dict[RolloutStepKey, float]:
+        """The group-level part, broadcast to every step (no batch statistic, no clip)."""
+        rs, values = self._grouped(rollouts)
+        out: dict[RolloutStepKey, float] = {}
+        for r, v in zip(rs, values, strict=True):
+            _broadcast(r, v, out)
+        return out
+
+    def batch_stage(
+        self,
+        values: Sequence[float],
+        all_sum: SumFn | None = None,
+        weights: Sequence[float] | None = None,
+    ) -> list[float]:
+        """The batch-level part over ``values`` (each counted with its weight; default 1)
+        and, across data-parallel ranks, ``all_sum``; then ``positive_only``."""
+        ws = [1.0] * len(values) if weights is None else list(weights)
+        return self._clip(apply_batch_ops(values, ws, self._batch_ops, all_sum))
+
+    def compute(self, rollouts: list[Rollout]) -> dict[RolloutStepKey, float]:
+        rs, values = self._grouped(rollouts)
+        out: dict[RolloutStepKey, float] = {}
+        for r, a in zip(rs, self.batch_stage(values), strict=True):
             _broadcast(r, a, out)
         return out
 

@@ -67,10 +67,12 @@ def apply_filter(items: Sequence[SAWItem], sample_filter: SampleFilter | None) -
 
 
 def drop_zero_variance_groups(rollouts: list[Rollout]) -> list[Rollout]:
-    """Drop every group whose rollouts all have the same total reward (ScaleRL's ZVP filter).
+    """Drop every group whose rollouts all have the same total reward: dynamic sampling
+    (the presets' ``dynamic_sampling``; DAPO, AReaL; ScaleRL's zero-variance filter).
 
     Such a group has zero advantage everywhere under group-centred credit, so it only
-    dilutes the batch. Rollouts without a group_id are kept.
+    dilutes the batch. Rollouts without a group_id are kept; a group of one rollout has no
+    variance and is dropped.
     """
     groups: OrderedDict[str, list[Rollout]] = OrderedDict()
     for r in rollouts:

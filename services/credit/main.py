@@ -22,7 +22,12 @@ whose group is already done (arrived after the timeout) is acked and counted as
 ``outcome="late"``; a second entry of a rollout id already buffered is acked and counted
 in ``ludic_credit_duplicate_rollouts_total``. Groups whose credit computation raises are dead-lettered
 (``outcome="error"``). A group that ends with zero SAWItems after preprocess/filters is
-``outcome="empty"``.
+``outcome="empty"``, or ``outcome="zero_variance"`` when dynamic sampling (the algorithm's
+``dynamic_sampling``) dropped it because its rewards were all equal; the run accounting
+counts both ``groups_dropped_empty``. Such a group (and a dropped incomplete one) is no
+longer outstanding for admission control, so credit wakes the feeder
+(``accounting.wake_admission``) to request a replacement at once: the learner's batch
+stays full.
 
 Singleton: group assembly needs every rollout of a group in one process, so one credit
 worker is active per run, holding the lease ``ludic:{run}:lease:credit``; extra workers

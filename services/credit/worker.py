@@ -32,7 +32,15 @@ def _group_size(declared: Any, default: int) -> int | None:
     return declared if 1 <= declared <= MAX_GROUP_ROLLOUTS else None
 
 ITEMS = Counter("ludic_credit_items_total", "SAWItems written to the saw stream")
-GROUPS = Counter("ludic_credit_groups_total", "Groups by outcome", ["outcome"])
+GROUPS = Counter(
+    "ludic_credit_groups_total",
+    "Groups by outcome (complete, partial, empty, zero_variance, dropped, late, duplicate, error)",
+    ["outcome"],
+)
+MASKED_NO_EOS = Counter(
+    "ludic_credit_items_masked_no_eos_total",
+    "SAWItems given weight 0 because their completion ended without EOS (mask_no_eos_with_zero)",
+)
 DEADLETTERED = Counter("ludic_credit_deadlettered_total", "Rollout entries dead-lettered")
 ERRORS = Counter("ludic_credit_errors_total", "Credit worker failures by kind", ["kind"])
 DUP_ROLLOUTS = Counter(
@@ -226,9 +234,12 @@ class CreditWorker:
     async def _process_group(self, g: Group, outcome: str) -> None:
         rollouts = list(g.rollouts.values())
         entries = list(g.entries.values())
+        from libludic.training.algorithm import CreditStats
+
+        stats = CreditStats()
         try:
             items = self.algo(len(rollouts)).to_saw_items(
-                rollouts, self.sample_filter, defer_batch_stage=True
+                rollouts, self.sample_filter, defer_batch_stage=True, stats=stats
             )
             outputs = [(it.item_id, transport.encode_saw_item(it)) for it in items]
         except Exception as e:  # bad rollouts for this algorithm: dead-letter, never crash
@@ -253,8 +264,22 @@ class CreditWorker:
             self._count("duplicate")
             return
         ITEMS.inc(written)
+        MASKED_NO_EOS.inc(stats.items_masked_no_eos)
         self.items_written += written
-        self._count(outcome if items else "empty")
+        if items:
+            self._count(outcome)
+            return
+        self._count("zero_variance" if stats.groups_zero_variance else "empty")
+        await self._wake_feeder()
+
+    async def _wake_feeder(self) -> None:
+        """A group that ends with no item frees its admission slot at once (it is no longer
+        outstanding and will never be trained): wake the feeder to request a replacement
+        now rather than at its next poll."""
+        try:
+            await accounting.wake_admission(self.r, self.keys)
+        except (rexc.RedisError, OSError):
+            ERRORS.labels(kind="redis").inc()
 
     async def _expire(self) -> None:
         now = time.monotonic()
@@ -273,6 +298,7 @@ class CreditWorker:
                 )
                 self.groups.pop(g.gid, None)
                 self._count("dropped")
+                await self._wake_feeder()
 
     # ---- main loop ----------------------------------------------------------------------
 

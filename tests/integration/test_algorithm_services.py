@@ -39,31 +39,36 @@ def rollout(gid: str, i: int, reward: float) -> Rollout:
     return Rollout(id=f"{gid}-r{i}", steps=[step], meta={"group_id": gid, "request_id": gid})
 
 
-def run_config(tmp_path: Path, redis_url: str, run_id: str, model: Path, algorithm: str) -> Path:
+def run_config(tmp_path: Path, redis_url: str, run_id: str, model: Path, algorithm: str,
+               batch_size: int = 8) -> Path:
     p = tmp_path / "run.yaml"
     p.write_text(
         f"redis_url: {redis_url}\nrun_id: {run_id}\n"
         f"algorithm: {algorithm}\n"
         "credit:\n  metrics_port: 0\n  block_ms: 100\n  group_timeout_s: 60\n"
         f"learner:\n  model_dir: {model}\n  device: cpu\n  metrics_port: 0\n  block_ms: 200\n"
-        "  batch_size: 8\n  num_steps: 1\n  lr: 1.0e-3\n"
+        f"  batch_size: {batch_size}\n  num_steps: 1\n  lr: 1.0e-3\n"
     )
     return p
 
 
-async def credit_then_learner(cfg: Path, run_id: str, redis_url: str, monkeypatch: Any) -> tuple:
+def two_groups() -> list[Rollout]:
+    return [rollout(gid, i, float(x)) for gid, rewards in (("a", [0, 0, 0, 1]), ("b", [0, 0, 0, 5]))
+            for i, x in enumerate(rewards)]
+
+
+async def credit_then_learner(cfg: Path, run_id: str, redis_url: str, monkeypatch: Any,
+                              rollouts: list[Rollout] | None = None, n_items: int = 8) -> tuple:
     keys = t.Keys(run_id)
     r = t.connect(redis_url)
-    for gid, rewards in (("a", [0, 0, 0, 1]), ("b", [0, 0, 0, 5])):
-        for i, x in enumerate(rewards):
-            ro = rollout(gid, i, float(x))
-            await t.xadd(r, keys.rollouts, ro.id, t.encode_rollout(ro))
+    for ro in two_groups() if rollouts is None else rollouts:
+        await t.xadd(r, keys.rollouts, ro.id, t.encode_rollout(ro))
     cs = load_settings(credit_main.CreditSettings, ["--config", str(cfg)], service="credit", environ={})
     stop = asyncio.Event()
     task = asyncio.create_task(credit_main.run(cs, stop=stop))
     deadline = asyncio.get_running_loop().time() + 60
-    while await r.xlen(keys.saw) < 8:
-        assert asyncio.get_running_loop().time() < deadline, "credit did not write 8 SAWItems"
+    while await r.xlen(keys.saw) < n_items:
+        assert asyncio.get_running_loop().time() < deadline, f"credit did not write {n_items} SAWItems"
         await asyncio.sleep(0.05)
     stop.set()
     await asyncio.wait_for(task, 30)
@@ -110,3 +115,35 @@ async def test_grpo_with_kl_trains_through_credit_and_learner(
     assert learner.trainer.step == 1 and len(trained) == 8
     assert learner.trainer.ref_model is not None
     assert all(PENDING_BATCH_STAGE not in it.meta for it in saw)  # grpo has no batch stage
+
+
+def multi_step_rollout(gid: str, name: str, rewards: list[float]) -> Rollout:
+    steps = [Step(i, "1+2=", "3", None, x, terminated=i == len(rewards) - 1, policy_version=0,
+                  trace=TokenTrace([257, 49, 43, 50], [51, 258], [-0.25, -0.5]),
+                  info={"finish_reason": "stop"}) for i, x in enumerate(rewards)]
+    return Rollout(id=f"{gid}-{name}", steps=steps, meta={"group_id": gid, "request_id": gid})
+
+
+async def test_scalerl_batch_std_counts_each_multi_step_rollout_once(
+    redis_url: str, tiny_model_dir: Path, tmp_path: Path, monkeypatch: Any
+) -> None:
+    # group g: a (1 step, reward 1), b (3 steps, 0 + 0 + 0); group h: c (2 steps, 1 + 2),
+    # d (1 step, 1). Centred per rollout: +0.5, -0.5, +1, -1; std over the 4 rollouts
+    # sqrt((0.25 + 0.25 + 1 + 1) / 4) = sqrt(0.625): a 0.632 (over the 7 items it would be
+    # sqrt(4 / 7): a 0.661). The learner's batch of 7 items matches the library's result.
+    from libludic.training.algorithm import make_scalerl
+
+    rs = [multi_step_rollout("g", "a", [1.0]), multi_step_rollout("g", "b", [0.0, 0.0, 0.0]),
+          multi_step_rollout("h", "c", [1.0, 2.0]), multi_step_rollout("h", "d", [1.0])]
+    cfg = run_config(tmp_path, redis_url, "alg3", tiny_model_dir,
+                     "{name: scalerl, group_size: 2, kwargs: {dynamic_sampling: false}}", batch_size=7)
+    saw, trained, learner = await credit_then_learner(cfg, "alg3", redis_url, monkeypatch, rs, 7)
+    assert sorted(it.meta["rollout_items"] for it in saw) == [1, 1, 2, 2, 3, 3, 3]
+    assert learner.trainer.step == 1 and len(trained) == 7
+    got = {it.meta["item_id"]: it.weight for it in trained}
+    library = {it.item_id: it.weight for it in make_scalerl(group_size=2, dynamic_sampling=False).to_saw_items(rs)}
+    assert got.keys() == library.keys()
+    for k, w in library.items():
+        assert got[k] == pytest.approx(w, rel=1e-6)
+    assert got["g-a:0"] == pytest.approx(0.5 / math.sqrt(0.625), rel=1e-6)
+    assert got["h-c:1"] == pytest.approx(1.0 / math.sqrt(0.625), rel=1e-6)

@@ -205,3 +205,77 @@ async def test_poison_rollouts_are_dead_lettered_and_the_good_groups_go_on(redis
     assert any("non-finite" in d for d in details)
     assert worker.outcomes.get("complete") == 1 and worker.outcomes.get("error") == 1
     await r.aclose()
+
+
+async def test_dynamic_sampling_drops_zero_variance_groups_and_frees_their_admission_slot(
+    redis_url: str,
+) -> None:
+    """Real feeder top-up under admission control -> the test as the actor stage -> credit
+    running grpo with ``dynamic_sampling``: the zero-variance group leaves no item, is
+    counted (Prometheus and the run accounting) and its samples leave ``outstanding``, so
+    the feeder may request a replacement at once (credit wakes it)."""
+    from prometheus_client import REGISTRY
+
+    from libludic.transport import accounting
+    from services.feeder import worker as feeder_worker
+
+    run = "cr-ds"
+    keys = t.Keys(run)
+    r = t.connect(redis_url)
+    alg = {"name": "grpo", "group_size": 2, "kwargs": {"dynamic_sampling": True}}
+    fs = feeder_worker.FeederSettings(redis_url=redis_url, run_id=run, algorithm=alg,
+                                      high_water=16, metrics_port=0, max_head_offpolicyness=0)
+    # the learner's batch is 4 items, served step 0: room = (0 + 0 + 1) * 4 = 4 samples
+    await accounting.set_admission(r, keys, served_step=0, batch_size=4)
+    assert await feeder_worker.top_up(r, keys, fs, 100) == 2  # 4 samples = 2 groups of 2
+    assert await feeder_worker.admitted_groups(r, keys, fs) == 0
+    await r.delete(keys.admission_wake)  # set_admission's own wake-up
+
+    actor = t.StreamConsumer(r, keys.requests, t.GROUP_ACTORS, "test-actor", keys.deadletter,
+                             acct_stage="requests")
+    await actor.ensure_group()
+    entries = await actor.read(2, block_ms=500)
+    assert len(entries) == 2
+    gids = []
+    for e, rewards in zip(entries, ([1.0, 1.0], [1.0, 0.0]), strict=True):
+        req = t.decode_request(e.payload)
+        gids.append(req.id)
+        ros = [rollout(req.id, i, x) for i, x in enumerate(rewards)]
+        for ro in ros:
+            ro.meta["group_rollouts"] = len(ros)
+        await accounting.commit(actor, [e], [(ro.id, t.encode_rollout(ro)) for ro in ros],
+                                keys.rollouts, keys.done("actor", req.id), stage="actor",
+                                group_id=req.id)
+    flat, varied = gids
+
+    def zero_variance_total() -> float:
+        v = REGISTRY.get_sample_value("ludic_credit_groups_total", {"outcome": "zero_variance"})
+        return v or 0.0
+
+    before = zero_variance_total()
+    stop = asyncio.Event()
+    task = asyncio.create_task(credit_main.run(
+        settings(redis_url, run, algorithm=alg, group_timeout_s=60), stop=stop))
+
+    async def settled() -> bool:
+        return await r.xlen(keys.rollouts) == 0
+
+    await wait_for(settled, 20, "both groups to be credited")
+    stop.set()
+    worker = await asyncio.wait_for(task, 10)
+
+    # rewards (1, 1): equal, dropped; (1, 0): mean 0.5 -> GRPO weights +0.5, -0.5
+    items = await saw_items(r, keys)
+    assert {it.meta["group_id"] for it in items} == {varied}
+    assert sorted(it.weight for it in items) == pytest.approx([-0.5, 0.5])
+    assert worker.outcomes == {"complete": 1, "zero_variance": 1}
+    assert zero_variance_total() - before == 1
+    a = await accounting.snapshot(r, keys)
+    assert (a["groups_requested"], a["groups_dropped_empty"], a["items_written"]) == (2, 1, 2)
+    assert a["groups_in_flight"] == 1 and a["consistent"], a
+    # outstanding is now the 2 items in the saw stream (nothing trained yet): room = 4 - 2 =
+    # 2 samples = 1 group, the replacement of the dropped one; credit woke the feeder
+    assert await feeder_worker.admitted_groups(r, keys, fs) == 1
+    assert await r.llen(keys.admission_wake) == 1
+    assert flat not in {it.meta["group_id"] for it in items}
+    await r.aclose()

@@ -105,3 +105,52 @@ def test_ludic_up_refuses_a_bad_algorithm_before_starting_anything(tmp_path, cap
     p = write(tmp_path, "learner:\n  algorithm_kwargs: {group_size: 8}\n")
     with pytest.raises(ValueError, match="move learner.algorithm_kwargs to the top-level algorithm: section"):
         up_main(["--config", str(p)])
+
+
+def test_algorithm_options_reach_credit_and_learner_from_the_run_config(tmp_path) -> None:
+    p = write(tmp_path, "algorithm:\n  name: grpo\n  group_size: 4\n  kwargs:\n"
+                        "    dynamic_sampling: true\n")
+    c = load(CreditSettings, p, "credit")
+    lr = load(LearnerSettings, p, "learner")
+    assert c.spec == lr.spec and c.spec.kwargs == {"dynamic_sampling": True}
+    assert c.spec.build().dynamic_sampling and c.spec.build(group_size=3).dynamic_sampling
+    env = load_settings(CreditSettings, [], service="credit", environ={
+        "LUDIC_ALGORITHM": '{"name": "cispo", "group_size": 2, "kwargs": {"dynamic_sampling": true}}'})
+    assert env.spec.build().dynamic_sampling
+
+
+def test_reward_options_reach_credit_and_learner_from_the_run_config(tmp_path) -> None:
+    p = write(tmp_path, "algorithm:\n  name: dr_grpo\n  group_size: 4\n  kwargs:\n"
+                        "    overlong_reward_penalty: true\n    overlong_tokens: 256\n"
+                        "    overlong_penalty_factor: 1.0\n    reward_scaling: 0.5\n"
+                        "    reward_bias: 1.0\n    reward_clip: 10.0\n    mask_no_eos_with_zero: true\n")
+    c = load(CreditSettings, p, "credit")
+    assert c.spec == load(LearnerSettings, p, "learner").spec
+    algo = c.spec.build()
+    sh = algo.reward_shaping
+    assert (sh.overlong_tokens, sh.overlong_penalty_factor, sh.max_new_tokens) == (256, 1.0, 1024)
+    assert (sh.reward_scaling, sh.reward_bias, sh.reward_clip) == (0.5, 1.0, 10.0)
+    assert algo.mask_no_eos_with_zero
+    with pytest.raises(ValueError, match="overlong_reward_penalty needs max_new_tokens"):
+        load(CreditSettings, write(tmp_path, "algorithm: {name: grpo, kwargs: "
+                                             "{overlong_reward_penalty: true, overlong_tokens: 4, "
+                                             "overlong_penalty_factor: 1.0}}\n"), "credit")
+
+
+def test_normalisation_options_reach_credit_and_learner_from_the_run_config(tmp_path) -> None:
+    from libludic.training.credit_assignment import NormalizedReturn
+    from libludic.training.normalization import NormConfig
+
+    p = write(tmp_path, "algorithm:\n  name: grpo\n  group_size: 4\n  kwargs:\n"
+                        "    reward_norm: {mean_level: group, mean_leave1out: true, std_level: null}\n"
+                        "    adv_norm: {mean_level: batch, std_level: batch, std_unbiased: false, eps: 1.0e-6}\n")
+    c = load(CreditSettings, p, "credit")
+    assert c.spec == load(LearnerSettings, p, "learner").spec
+    ca = c.spec.build().credit_assigner
+    assert isinstance(ca, NormalizedReturn) and ca.needs_batch_stage
+    assert ca.reward_norm == NormConfig("group", True, None, True, 1e-5)
+    assert ca.adv_norm == NormConfig("batch", False, "batch", False, 1e-6)
+    assert c.spec.build().has_batch_stage  # credit defers it, the learner finishes it
+    with pytest.raises(ValueError, match="reward_norm.group_size=4"):
+        load(CreditSettings, write(tmp_path, "algorithm: {name: grpo, kwargs: "
+                                             "{reward_norm: {mean_level: group, group_size: 4}}}\n"), "credit")

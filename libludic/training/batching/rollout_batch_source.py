@@ -57,5 +57,5 @@ class RolloutBatchSource:
                 )
         raise RuntimeError(
             f"{self.max_empty_batches} rollout batches in a row were filtered to nothing; "
-            "check sample_filter / the algorithm's preprocess (e.g. make_scalerl(filter_zvp=False))"
+            "check sample_filter / the algorithm's dynamic sampling (e.g. make_scalerl(dynamic_sampling=False))"
         )

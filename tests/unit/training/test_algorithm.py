@@ -6,6 +6,7 @@ import pytest
 
 from libludic.training.algorithm import (
     AlgorithmSpec,
+    CreditStats,
     RLAlgorithm,
     make_cispo,
     make_dr_grpo,
@@ -201,3 +202,50 @@ def test_aggregation_from_the_algorithm_section(name) -> None:
     assert spec({"name": name, "kwargs": {"aggregation": "token"}}).loss.aggregation == "token"  # old name
     with pytest.raises(ValueError, match=rf"algorithm '{name}'.*aggregation='mean'"):
         spec({"name": name, "kwargs": {"aggregation": "mean"}})
+
+
+def zero_variance_rollouts() -> list:
+    """Groups of 2: x (1, 1) and z (0.5, 0.5) have equal rewards, y (1, 0) does not."""
+    rewards = {"x": [1.0, 1.0], "y": [1.0, 0.0], "z": [0.5, 0.5]}
+    return [make_rollout(f"{g}{i}", [r], g, logprobs=[-0.1, -0.2])
+            for g, rs in rewards.items() for i, r in enumerate(rs)]
+
+
+# The kept group y, rewards (1, 0): reinforce G = R -> (1, 0); grpo, cispo, dr_grpo
+# R - mean = (+0.5, -0.5); gspo / (population std 0.5) -> (+1, -1); scalerl c = (+0.5, -0.5)
+# over a batch std of sqrt((0.25 + 0.25) / 2) = 0.5 -> (+1, -1).
+KEPT_Y = {"reinforce": [1.0, 0.0], "grpo": [0.5, -0.5], "cispo": [0.5, -0.5],
+          "dr_grpo": [0.5, -0.5], "gspo": [1.0, -1.0], "scalerl": [1.0, -1.0]}
+
+
+@pytest.mark.parametrize("name", sorted(KEPT_Y))
+def test_dynamic_sampling_drops_zero_variance_groups_in_every_preset(name) -> None:
+    algo = spec({"name": name, "group_size": 2, "kwargs": {"dynamic_sampling": True}})
+    assert algo.dynamic_sampling
+    stats = CreditStats()
+    items = algo.to_saw_items(zero_variance_rollouts(), stats=stats)
+    assert [it.item_id for it in items] == ["y0:0", "y1:0"]
+    assert [it.weight for it in items] == pytest.approx(KEPT_Y[name], rel=1e-6)
+    assert stats.groups_zero_variance == 2  # x and z
+    off = spec({"name": name, "group_size": 2, "kwargs": {"dynamic_sampling": False}})
+    stats = CreditStats()
+    assert len(off.to_saw_items(zero_variance_rollouts(), stats=stats)) == 6
+    assert stats.groups_zero_variance == 0 and not off.dynamic_sampling
+
+
+def test_dynamic_sampling_defaults_and_scalerls_filter_zvp() -> None:
+    for name in ("reinforce", "grpo", "cispo", "gspo", "dr_grpo"):
+        assert not spec({"name": name}).dynamic_sampling
+    assert spec({"name": "scalerl"}).dynamic_sampling  # ScaleRL's zero-variance filter
+    assert not make_scalerl(filter_zvp=False).dynamic_sampling
+    assert not make_scalerl(dynamic_sampling=False).dynamic_sampling
+    assert make_scalerl(dynamic_sampling=True, filter_zvp=True).dynamic_sampling
+    with pytest.raises(ValueError, match="same switch.*give only dynamic_sampling"):
+        make_scalerl(dynamic_sampling=True, filter_zvp=False)
+    with pytest.raises(ValueError, match="dynamic_sampling='yes' must be true or false"):
+        spec({"name": "grpo", "kwargs": {"dynamic_sampling": "yes"}})
+    with pytest.raises(ValueError, match="group_size=1 and dynamic sampling drops every group"):
+        spec({"name": "grpo", "group_size": 1, "kwargs": {"dynamic_sampling": True}})
+    with pytest.raises(ValueError, match="kwargs.dynamic_sampling: false"):
+        spec({"name": "scalerl", "group_size": 1})
+    assert not spec({"name": "scalerl", "group_size": 1, "kwargs": {"dynamic_sampling": False}}).dynamic_sampling
