@@ -42,11 +42,12 @@ TASKS = [{
 }]
 
 
-def recompute_logprobs(model_dir: Path, input_ids: list[int]) -> list[float]:
+def recompute_logprobs(model_dir: Path, input_ids: Any) -> list[float]:
     """log_softmax(logits[i-1])[input_ids[i]] for every position i >= 1 (0.0 at i = 0)."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    input_ids = [int(i) for i in input_ids]  # a decoded item's ids are a numpy array
     model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
     with torch.no_grad():
         logits = model(torch.tensor([input_ids])).logits[0].float()  # [T, V]
