@@ -96,6 +96,7 @@ from libludic.transport.connection import (  # noqa: F401
     backoff_sleep,
     connect,
     retry_redis,
+    stop_retrying,
     wait_event,
 )
 from libludic.transport.consumer import (  # noqa: F401
@@ -130,4 +131,4 @@ from libludic.transport.state import (  # noqa: F401
     set_policy_version,
 )
 
-__all__ = ['stream_lengths_sync', 'recent_fields', 'stream_info', 'stream_lengths', 'pack_msg', 'unpack_msg', 'AdmissionController', 'CodecError', 'Entry', 'GROUP_ACTORS', 'GROUP_CREDIT', 'GROUP_LEARNER', 'KIND_REQUEST', 'KIND_ROLLOUT', 'KIND_SAW', 'Keys', 'Lease', 'MAX_PAYLOAD_BYTES', 'REDIS_DOWN_ERRORS', 'SCHEMA_VERSION', 'STREAM_GROUPS', 'StreamConsumer', 'alive', 'as_str', 'backlog', 'backoff_sleep', 'beat', 'connect', 'consumer_name', 'decode_request', 'decode_rollout', 'decode_saw_item', 'encode_request', 'encode_rollout', 'encode_saw_item', 'ensure_group', 'envelope', 'get_int', 'get_policy_version', 'pack_array', 'retry_redis', 'set_learner_step', 'set_policy_version', 'unpack_array', 'wait_below', 'wait_event', 'xadd']
+__all__ = ['stream_lengths_sync', 'recent_fields', 'stream_info', 'stream_lengths', 'pack_msg', 'unpack_msg', 'AdmissionController', 'CodecError', 'Entry', 'GROUP_ACTORS', 'GROUP_CREDIT', 'GROUP_LEARNER', 'KIND_REQUEST', 'KIND_ROLLOUT', 'KIND_SAW', 'Keys', 'Lease', 'MAX_PAYLOAD_BYTES', 'REDIS_DOWN_ERRORS', 'SCHEMA_VERSION', 'STREAM_GROUPS', 'StreamConsumer', 'alive', 'as_str', 'backlog', 'backoff_sleep', 'beat', 'connect', 'consumer_name', 'decode_request', 'decode_rollout', 'decode_saw_item', 'encode_request', 'encode_rollout', 'encode_saw_item', 'ensure_group', 'envelope', 'get_int', 'get_policy_version', 'pack_array', 'retry_redis', 'stop_retrying', 'set_learner_step', 'set_policy_version', 'unpack_array', 'wait_below', 'wait_event', 'xadd']

@@ -69,6 +69,17 @@ async def backoff_sleep(attempt: int, stop: asyncio.Event | None = None, cap: fl
     await wait_event(stop, delay)
 
 
+_stopping = False
+
+
+def stop_retrying() -> None:
+    """From now on :func:`retry_redis` re-raises at once: the process is stopping (a stop
+    signal) and must not wait for a Redis that may be gone for good (its work that did not
+    commit is redelivered: every stream is at least once)."""
+    global _stopping
+    _stopping = True
+
+
 async def retry_redis(
     fn: Callable[[], Awaitable[Any]],
     *,
@@ -93,7 +104,7 @@ async def retry_redis(
                 on_error(e)
             if deadline_s is not None and time.monotonic() - t0 > deadline_s:
                 raise
-            if (stop is not None and stop.is_set()) or (should_stop is not None and should_stop()):
+            if _stopping or (stop is not None and stop.is_set()) or (should_stop is not None and should_stop()):
                 raise
             log.warning("redis unavailable (%s: %s); retrying", type(e).__name__, e)
             await backoff_sleep(attempt, stop)

@@ -19,11 +19,18 @@ STREAM_LENGTH = Gauge(
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:
-    """SIGTERM / SIGINT set ``stop``: the service stops taking work and drains."""
+    """SIGTERM / SIGINT set ``stop``: the service stops taking work and drains, and its
+    Redis retries give up at once (``transport.stop_retrying``: a stopping service does not
+    wait for a Redis that may be gone, e.g. when ``ludic up`` died and stops everything)."""
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        stop.set()
+        transport.stop_retrying()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
         except (NotImplementedError, RuntimeError):  # not the main thread (tests)
             pass
 

@@ -137,3 +137,27 @@ def test_abort_on_stop_signals_restores_the_handlers() -> None:
         with abort_on_stop_signals():
             signal.raise_signal(signal.SIGTERM)
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+async def test_a_stopping_process_does_not_wait_for_redis(monkeypatch) -> None:
+    """After a stop signal (stop_retrying) retry_redis re-raises at once instead of backing
+    off: a service stopping because `ludic up` died must not wait for a Redis that is gone."""
+    import redis.exceptions as rexc
+
+    from libludic import transport
+    from libludic.transport import connection
+
+    monkeypatch.setattr(connection, "_stopping", False)
+    calls = 0
+
+    async def down() -> None:
+        nonlocal calls
+        calls += 1
+        raise rexc.ConnectionError("gone")
+
+    task = asyncio.create_task(transport.retry_redis(down))
+    await asyncio.sleep(0.3)
+    assert not task.done() and calls >= 1  # backing off, retrying
+    transport.stop_retrying()
+    with pytest.raises(rexc.ConnectionError):
+        await asyncio.wait_for(task, 10)
