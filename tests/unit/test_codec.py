@@ -131,6 +131,12 @@ def test_arrays_pack_with_range_and_kind_checks() -> None:
         t.pack_array([0.5], np.dtype("<i4"))
     with pytest.raises(ValueError, match="uint8"):
         t.pack_array([256], np.dtype("u1"))
+    with pytest.raises(ValueError, match="uint8"):
+        t.pack_array([0.5], np.dtype("u1"))
+    with pytest.raises(ValueError, match="float32"):
+        t.pack_array([1e40], np.dtype("<f4"))  # would be inf on the wire
+    assert t.pack_array([1, True, np.int64(7)], np.dtype("u1")) == b"\x01\x01\x07"
+    assert np.frombuffer(t.pack_array([-1.5, 2], np.dtype("<f4")), "<f4").tolist() == [-1.5, 2.0]
 
 
 def test_token_id_out_of_int32_range_is_an_encode_error() -> None:
