@@ -25,11 +25,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from libludic.models.tiny import PAD_ID, init_model  # noqa: E402
+from libludic.saw import SampleAttachments, SAWBatch, SAWItem  # noqa: E402
 from libludic.training.algorithm import make_sft  # noqa: E402
 from libludic.training.batching.saw import collate  # noqa: E402
 from libludic.training.config import TrainerConfig  # noqa: E402
 from libludic.training.trainer import Trainer  # noqa: E402
-from libludic.training.types import SampleAttachments, SAWBatch, SAWItem  # noqa: E402
 
 
 def synthetic_batches(n: int, batch_size: int, seed: int = 0) -> list[list[SAWItem]]:

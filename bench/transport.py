@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from libludic import transport as t  # noqa: E402
-from libludic.training.types import SampleAttachments, SAWItem  # noqa: E402
+from libludic.saw import SampleAttachments, SAWItem  # noqa: E402
 
 BATCH = 32
 

@@ -21,8 +21,8 @@ from libludic.inference.request import InferenceSpec
 from libludic.inference.sampling import SamplingConfig
 from libludic.models.tiny import init_model
 from libludic.registry import build_registries
+from libludic.requests import EnvSpec, RolloutRequest
 from libludic.rollout.engine import RolloutEngine
-from libludic.rollout.request import EnvSpec, RolloutRequest
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,12 +25,12 @@ from libludic.inference.request import InferenceSpec
 from libludic.interaction.multi_agent import MultiAgentProtocol
 from libludic.interaction.single_agent import SingleAgentSyncProtocol
 from libludic.parsers import ParserSpec, make_parser
+from libludic.requests import AgentSpec
 from libludic.rollout.engine import (
     EnvFactory,
     ProtocolFactory,
     inference_overrides,
 )
-from libludic.rollout.request import AgentSpec
 
 
 def make_context(kind: str = "full", **kwargs: Any) -> ContextStrategy:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from libludic.inference.request import InferenceSpec, ReturnSpec
-from libludic.rollout.request import RolloutRequest
+from libludic.requests import RolloutRequest
 
 Requests = Sequence[RolloutRequest] | Callable[[], Sequence[RolloutRequest]]
 

@@ -20,8 +20,8 @@ from typing import Any
 from libludic.envs.env import LudicEnv
 from libludic.inference.request import InferenceSpec
 from libludic.interaction.base import InteractionProtocol
-from libludic.rollout.request import RolloutRequest
-from libludic.training.types import SAWBatch
+from libludic.requests import RolloutRequest
+from libludic.saw import SAWBatch
 from libludic.types import Rollout
 
 EnvFactory = Callable[..., LudicEnv[Any, Any, Any]]

@@ -1,7 +1,8 @@
 """Training side: credit assignment, losses, algorithms, batch sources, Trainer.
 
 Names are re-exported lazily (``from libludic.training import Trainer, make_grpo``) so
-that importing ``libludic.training.types`` (as the services do) does not load torch.
+that importing one light module of the package (``filters``, ``credit_assignment``, as the
+credit service does) does not load torch.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ _EXPORTS = {
     "RolloutBatchSource": "libludic.training.batching.rollout_batch_source",
     "OfflineBatchSource": "libludic.training.batching.offline",
     "PipelineBatchSource": "libludic.training.batching.pipeline",
-    "SAWItem": "libludic.training.types",
-    "SAWBatch": "libludic.training.types",
+    "SAWItem": "libludic.saw",
+    "SAWBatch": "libludic.saw",
     "BatchSource": "libludic.training.types",
 }
 

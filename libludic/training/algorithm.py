@@ -64,6 +64,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from libludic.saw import SAWItem
 from libludic.training.batching.saw import rollouts_to_saw_items
 from libludic.training.credit_assignment import (
     ConstantCredit,
@@ -92,7 +93,6 @@ from libludic.training.loss import (
 )
 from libludic.training.normalization import NormConfig, SumFn
 from libludic.training.rewards import RewardShaping
-from libludic.training.types import SAWItem
 from libludic.types import Rollout
 
 PENDING_BATCH_STAGE = "pending_batch_stage"

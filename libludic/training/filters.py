@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from libludic.training.types import SAWItem
+from libludic.saw import SAWItem
 from libludic.types import Rollout
 
 SampleFilter = Callable[[SAWItem], bool]

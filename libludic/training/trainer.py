@@ -94,13 +94,14 @@ from torch import nn
 from libludic import staleness
 from libludic.distributed.interfaces import PolicyPublisher
 from libludic.distributed.publisher import PublishError
+from libludic.saw import SAWItem
 from libludic.training import loss as L
 from libludic.training import parallel
 from libludic.training.algorithm import RLAlgorithm
 from libludic.training.batching.saw import collate, pack_micro_batches, truncation_offset
 from libludic.training.checkpoint import CheckpointManager, LoadedCheckpoint
 from libludic.training.config import TrainerConfig
-from libludic.training.types import BatchSource, SAWItem, SourceStopped
+from libludic.training.types import BatchSource, SourceStopped
 
 log = logging.getLogger(__name__)
 

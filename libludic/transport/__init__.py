@@ -2,8 +2,10 @@
 
 A package: ``keys`` (key and stream names), ``codec`` (msgpack envelopes), ``connection``
 (connect, the retry/backoff policy), ``consumer`` (streams, ``StreamConsumer``: read, claim,
-commit, dead-letter), ``state`` (policy version, learner step, admission, heartbeats, lease).
-Everything public is re-exported here: ``from libludic import transport; transport.Keys``.
+commit, dead-letter), ``state`` (policy version, learner step, admission, heartbeats, lease),
+and above them ``accounting`` (where every group of a run is; ``AccountedConsumer``).
+Everything public but accounting is re-exported here: ``from libludic import transport;
+transport.Keys``.
 
 Data flow (one consumer group per stream)::
 
@@ -93,6 +95,7 @@ from libludic.transport.codec import (  # noqa: F401
 )
 from libludic.transport.connection import (  # noqa: F401
     REDIS_DOWN_ERRORS,
+    as_str,
     backoff_sleep,
     connect,
     retry_redis,
@@ -102,7 +105,6 @@ from libludic.transport.connection import (  # noqa: F401
 from libludic.transport.consumer import (  # noqa: F401
     Entry,
     StreamConsumer,
-    as_str,
     backlog,
     ensure_group,
     recent_fields,

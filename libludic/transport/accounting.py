@@ -56,7 +56,10 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from libludic import transport
+from libludic.transport.connection import as_str, connect
+from libludic.transport.consumer import Entry, StreamConsumer
+from libludic.transport.keys import Keys
+from libludic.transport.state import SET_MAX_LUA
 
 #: counters of the ``acct`` hash
 GROUP_FATES = (
@@ -80,7 +83,7 @@ ITEM_FIELDS = (
 class AcctKeys:
     """The accounting keys of one run (same hash tag as the streams)."""
 
-    keys: transport.Keys
+    keys: Keys
 
     @property
     def counters(self) -> str:
@@ -267,7 +270,7 @@ DEFAULT_TTL_S = 7 * 24 * 3600
 
 async def add_requests(
     r: aioredis.Redis,
-    keys: transport.Keys,
+    keys: Keys,
     requests: Sequence[tuple[str, bytes]],
     ttl_s: int = DEFAULT_TTL_S,
 ) -> int:
@@ -284,8 +287,8 @@ async def add_requests(
 
 
 async def commit(
-    sc: transport.StreamConsumer,
-    entries: Sequence[transport.Entry],
+    sc: StreamConsumer,
+    entries: Sequence[Entry],
     outputs: Sequence[tuple[str, bytes]],
     out_stream: str,
     done_key: str,
@@ -301,7 +304,7 @@ async def commit(
         raise ValueError(f"accounting commit stage={stage!r}; use 'actor' or 'credit'")
     if if_empty not in GROUP_FATES:
         raise ValueError(f"if_empty={if_empty!r}; use one of {GROUP_FATES}")
-    ak = AcctKeys(transport.Keys(_run_of(sc.stream)))
+    ak = AcctKeys(Keys(_run_of(sc.stream)))
     args: list[Any] = [sc.group, sc.done_ttl_s, stage, group_id, if_empty, len(entries)]
     args += [e.id for e in entries]
     for item_id, payload in outputs:
@@ -310,26 +313,38 @@ async def commit(
     return int(await sc.redis.eval(_COMMIT_LUA, len(ks), *ks, *args))
 
 
-async def dead_letter(
-    sc: transport.StreamConsumer, entry: transport.Entry, stage: str, reason: str, detail: str
-) -> int:
-    """:meth:`transport.StreamConsumer.dead_letter`'s script plus the accounting of
-    ``stage`` (the short name of the consumer's stream). Returns 1 if the entry was pending."""
-    keys = transport.Keys(_run_of(sc.stream))
-    ak = AcctKeys(keys)
-    iid = entry.item_id
-    marker = keys.done("actor", iid) if stage == "requests" else keys.done("learner", iid)
-    ks = [sc.stream, sc.deadletter, ak.counters, ak.open, ak.mix, ak.items, marker]
-    payload, size = sc.deadletter_payload(entry)
-    args: list[Any] = [
-        sc.group, entry.id, reason, detail[:2000], sc.consumer, payload, iid, stage,
-        sc.done_ttl_s, keys.done("learner", ""), sc.deadletter_maxlen, size,
-    ]
-    return int(await sc.redis.eval(_DEADLETTER_LUA, len(ks), *ks, *args))
+STAGES = ("requests", "rollouts", "saw")
+
+
+@dataclass
+class AccountedConsumer(StreamConsumer):
+    """A :class:`StreamConsumer` of one of a run's streams whose dead-letters also move the
+    run's accounting, in the same script. ``stage``: the short name of the stream, one of
+    :data:`STAGES`."""
+
+    stage: str = "requests"
+
+    def __post_init__(self) -> None:
+        if self.stage not in STAGES:
+            raise ValueError(f"AccountedConsumer stage={self.stage!r}; use one of {STAGES}")
+        super().__post_init__()
+
+    async def _move_to_deadletter(self, entry: Entry, reason: str, detail: str) -> None:
+        keys = Keys(_run_of(self.stream))
+        ak = AcctKeys(keys)
+        iid = entry.item_id
+        marker = keys.done("actor" if self.stage == "requests" else "learner", iid)
+        ks = [self.stream, self.deadletter, ak.counters, ak.open, ak.mix, ak.items, marker]
+        payload, size = self.deadletter_payload(entry)
+        args: list[Any] = [
+            self.group, entry.id, reason, detail, self.consumer, payload, iid, self.stage,
+            self.done_ttl_s, keys.done("learner", ""), self.deadletter_maxlen, size,
+        ]
+        await self.redis.eval(_DEADLETTER_LUA, len(ks), *ks, *args)
 
 
 async def ack_items(
-    sc: transport.StreamConsumer, entry_ids: Sequence[str], outcome: str
+    sc: StreamConsumer, entry_ids: Sequence[str], outcome: str
 ) -> int:
     """Learner: XACK + XDEL saw entries, counting each still-pending one as ``outcome``
     (``trained`` or ``stale``). Returns how many were still pending."""
@@ -337,7 +352,7 @@ async def ack_items(
         raise ValueError(f"ack outcome={outcome!r}; use 'trained' or 'stale'")
     if not entry_ids:
         return 0
-    keys = transport.Keys(_run_of(sc.stream))
+    keys = Keys(_run_of(sc.stream))
     ak = AcctKeys(keys)
     ks = [sc.stream, ak.counters, ak.open, ak.mix, ak.items]
     args: list[Any] = [sc.group, outcome, sc.done_ttl_s, keys.done("learner", ""), *entry_ids]
@@ -345,7 +360,7 @@ async def ack_items(
 
 
 async def group_failed(
-    r: aioredis.Redis, keys: transport.Keys, group_id: str, ttl_s: int = DEFAULT_TTL_S
+    r: aioredis.Redis, keys: Keys, group_id: str, ttl_s: int = DEFAULT_TTL_S
 ) -> bool:
     """Credit could not process group ``group_id`` (its rollouts were dead-lettered): mark it
     done and count it dead-lettered, once. True if this call counted it."""
@@ -387,7 +402,7 @@ def compute(counters: dict[str, int], observed: dict[str, int]) -> dict[str, Any
     }
 
 
-async def snapshot(r: aioredis.Redis, keys: transport.Keys) -> dict[str, Any]:
+async def snapshot(r: aioredis.Redis, keys: Keys) -> dict[str, Any]:
     """The run's accounting, read atomically (one script), with the derived and the
     observed in-flight figures and ``consistent``."""
     ak = AcctKeys(keys)
@@ -395,7 +410,7 @@ async def snapshot(r: aioredis.Redis, keys: transport.Keys) -> dict[str, Any]:
           keys.deadletter]
     raw = await r.eval(_SNAPSHOT_LUA, len(ks), *ks)
     flat = raw[0]
-    counters = {transport.as_str(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+    counters = {as_str(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
     observed = {
         "rolling": int(raw[1]),
         "open": int(raw[2]),
@@ -409,7 +424,7 @@ async def snapshot(r: aioredis.Redis, keys: transport.Keys) -> dict[str, Any]:
 
 
 async def admission_state(
-    r: aioredis.Redis, keys: transport.Keys, group_size: int
+    r: aioredis.Redis, keys: Keys, group_size: int
 ) -> dict[str, int] | None:
     """``{served_step, batch_size, trained, outstanding}`` for
     :func:`libludic.staleness.admission_room`, read atomically; None before a learner
@@ -430,7 +445,7 @@ async def admission_state(
 
 
 async def set_admission(
-    r: aioredis.Redis, keys: transport.Keys, served_step: int, batch_size: int
+    r: aioredis.Redis, keys: Keys, served_step: int, batch_size: int
 ) -> None:
     """Learner: the step whose weights inference serves and the batch size admission is
     measured in; wakes the feeder (:func:`wait_admission`)."""
@@ -438,7 +453,7 @@ async def set_admission(
     await wake_admission(r, keys)
 
 
-async def wake_admission(r: aioredis.Redis, keys: transport.Keys) -> None:
+async def wake_admission(r: aioredis.Redis, keys: Keys) -> None:
     """Tell a waiting feeder that room may have opened (items resolved, weights served)."""
     pipe = r.pipeline(transaction=True)
     pipe.lpush(keys.admission_wake, 1)
@@ -447,12 +462,11 @@ async def wake_admission(r: aioredis.Redis, keys: transport.Keys) -> None:
 
 
 def announce_served_sync(
-    r: Any, keys: transport.Keys, version: int, served_step: int, batch_size: int
+    r: Any, keys: Keys, version: int, served_step: int, batch_size: int
 ) -> None:
     """Learner, from its publish thread with a synchronous client (``redis.Redis``), the
     moment inference acknowledged ``version``: raise the policy version (actors' replica
     check), record the served step (admission) and wake the feeder, in one transaction."""
-    from libludic.transport.state import SET_MAX_LUA
 
     pipe = r.pipeline(transaction=True)
     pipe.eval(SET_MAX_LUA, 1, keys.policy_version, int(version))
@@ -462,7 +476,7 @@ def announce_served_sync(
     pipe.execute()
 
 
-async def wait_admission(r: aioredis.Redis, keys: transport.Keys, timeout_s: float) -> bool:
+async def wait_admission(r: aioredis.Redis, keys: Keys, timeout_s: float) -> bool:
     """Feeder: block until the learner wakes it or ``timeout_s`` passed; True if woken."""
     got = await r.blpop([keys.admission_wake], timeout=max(0.01, timeout_s))
     return got is not None
@@ -473,9 +487,9 @@ def snapshot_sync(redis_url: str, run_id: str) -> dict[str, Any]:
     import asyncio
 
     async def go() -> dict[str, Any]:
-        r = transport.connect(redis_url)
+        r = connect(redis_url)
         try:
-            return await snapshot(r, transport.Keys(run_id))
+            return await snapshot(r, Keys(run_id))
         finally:
             await r.aclose()
 

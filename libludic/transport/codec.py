@@ -13,8 +13,9 @@ from typing import Any, TypeVar, cast
 import msgpack
 import numpy as np
 
-from libludic.rollout.request import RolloutRequest
-from libludic.training.types import SampleAttachments, SAWItem
+from libludic.agents.config import validate_agent_config
+from libludic.requests import RolloutRequest
+from libludic.saw import SampleAttachments, SAWItem
 from libludic.types import Rollout
 
 log = logging.getLogger("libludic.transport")
@@ -175,7 +176,15 @@ def encode_request(req: RolloutRequest) -> bytes:
 
 def decode_request(data: Any) -> RolloutRequest:
     body = _open(data, KIND_REQUEST)
-    return _build("RolloutRequest", lambda: RolloutRequest.from_dict(body))
+
+    def build() -> RolloutRequest:
+        req = RolloutRequest.from_dict(body)
+        agent = req.protocol.agent
+        if agent is not None:  # a bad agent kind or kwarg fails here, before any episode
+            validate_agent_config(agent.kind, agent.kwargs)
+        return req
+
+    return _build("RolloutRequest", build)
 
 
 def _opt_number(x: Any, field: str) -> float | None:

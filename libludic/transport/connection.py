@@ -31,6 +31,11 @@ REDIS_DOWN_ERRORS: tuple[type[BaseException], ...] = (
 # connections
 
 
+def as_str(x: Any) -> str:
+    """A Redis reply value (bytes, or already decoded) as str."""
+    return x.decode() if isinstance(x, (bytes, bytearray)) else str(x)
+
+
 def connect(url: str, *, socket_timeout: float = 30.0) -> aioredis.Redis:
     """An asyncio client that retries single commands across short outages.
 

@@ -13,7 +13,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
 
-from libludic.transport.connection import wait_event
+from libludic.transport.connection import as_str, wait_event
 
 log = logging.getLogger("libludic.transport")
 
@@ -58,10 +58,6 @@ return kept
 
 # --------------------------------------------------------------------------------------
 # streams
-
-
-def as_str(x: Any) -> str:
-    return x.decode() if isinstance(x, (bytes, bytearray)) else str(x)
 
 
 @dataclass
@@ -164,7 +160,6 @@ class StreamConsumer:
     deadletter_maxlen: int = 10_000
     deadletter_payload_bytes: int = 1 << 20
     on_deadletter: Callable[[str], None] | None = None
-    acct_stage: str = ""  # requests|rollouts|saw: dead-letters also move libludic.transport.accounting
     _cursor: str = field(default="0-0", init=False)
     _last_claim: float = field(default=0.0, init=False)
 
@@ -270,29 +265,28 @@ class StreamConsumer:
 
     async def dead_letter(self, entry: Entry, reason: str, detail: str = "") -> None:
         """Move ``entry`` to the dead-letter stream with its reason; ack it here."""
-        if self.acct_stage:
-            from libludic.transport import accounting  # (imports this module)
-
-            await accounting.dead_letter(self, entry, self.acct_stage, reason, detail)
-        else:
-            payload, size = self.deadletter_payload(entry)
-            await self._dl(
-                keys=[self.stream, self.deadletter],
-                args=[
-                    self.group,
-                    entry.id,
-                    reason,
-                    detail[:2000],
-                    self.consumer,
-                    payload,
-                    entry.item_id,
-                    self.deadletter_maxlen,
-                    size,
-                ],
-            )
+        await self._move_to_deadletter(entry, reason, detail[:2000])
         log.warning("dead-lettered %s %s: %s %s", self.stream, entry.id, reason, detail[:200])
         if self.on_deadletter is not None:
             self.on_deadletter(reason)
+
+    async def _move_to_deadletter(self, entry: Entry, reason: str, detail: str) -> None:
+        """The atomic move (a subclass adds its bookkeeping to the same script)."""
+        payload, size = self.deadletter_payload(entry)
+        await self._dl(
+            keys=[self.stream, self.deadletter],
+            args=[
+                self.group,
+                entry.id,
+                reason,
+                detail,
+                self.consumer,
+                payload,
+                entry.item_id,
+                self.deadletter_maxlen,
+                size,
+            ],
+        )
 
     async def read_own(
         self, start: str, count: int, block_ms: int | None

@@ -14,8 +14,7 @@ import redis.asyncio as aioredis
 
 from libludic.staleness import replica_admitted
 from libludic.transport.codec import CodecError, pack_msg, unpack_msg
-from libludic.transport.connection import wait_event
-from libludic.transport.consumer import as_str
+from libludic.transport.connection import as_str, wait_event
 from libludic.transport.keys import Keys
 
 log = logging.getLogger("libludic.transport")

@@ -16,7 +16,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from libludic import staleness, transport
 from libludic.inference.client import InferenceError
-from libludic.rollout.request import RolloutRequest
+from libludic.requests import RolloutRequest
 from libludic.transport import accounting
 from services.common.lifecycle import update_stream_gauges
 
@@ -120,12 +120,12 @@ class Actor:
         self.stop = stop
         self.keys = transport.Keys(settings.run_id)
         self.name = settings.consumer or transport.consumer_name("actor")
-        self.consumer = transport.StreamConsumer(
+        self.consumer = accounting.AccountedConsumer(
             r, self.keys.requests, transport.GROUP_ACTORS, self.name, self.keys.deadletter,
             claim_idle_ms=settings.claim_idle_ms,
             max_deliveries=settings.max_deliveries,
             on_deadletter=lambda reason: ERRORS.labels(kind="deadletter").inc(),
-            acct_stage="requests",
+            stage="requests",
         )
         env_reg, proto_reg = build_registries(client)
         self.engine = RolloutEngine(env_reg, proto_reg)

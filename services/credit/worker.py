@@ -122,12 +122,12 @@ class CreditWorker:
         self.stop = stop
         self.keys = transport.Keys(settings.run_id)
         self.name = settings.consumer or transport.consumer_name("credit")
-        self.consumer = transport.StreamConsumer(
+        self.consumer = accounting.AccountedConsumer(
             r, self.keys.rollouts, transport.GROUP_CREDIT, self.name, self.keys.deadletter,
             claim_idle_ms=settings.claim_idle_ms,
             max_deliveries=settings.max_deliveries,
             on_deadletter=lambda reason: DEADLETTERED.inc(),
-            acct_stage="rollouts",
+            stage="rollouts",
         )
         self.lease = transport.Lease(r, self.keys.lease("credit"), self.name, settings.lease_ttl_ms)
         self.sample_filter = make_filter(settings.filters)

@@ -16,7 +16,7 @@ from typing import Any
 from libludic.inference.openai_client import OpenAIChatClient
 from libludic.inference.request import InferenceSpec
 from libludic.inference.sampling import SamplingConfig
-from libludic.rollout.request import EnvSpec, RolloutRequest
+from libludic.requests import EnvSpec, RolloutRequest
 
 
 def eval_requests(env: Mapping[str, Any], n: int, max_tokens: int) -> list[RolloutRequest]:

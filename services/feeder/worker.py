@@ -13,8 +13,9 @@ from typing import Any
 from prometheus_client import Counter
 
 from libludic import staleness, transport
+from libludic.agents.config import validate_agent_config
 from libludic.inference.request import InferenceSpec, ReturnSpec
-from libludic.rollout.request import EnvSpec, ProtocolSpec, RolloutRequest
+from libludic.requests import EnvSpec, ProtocolSpec, RolloutRequest
 from libludic.transport import accounting
 from services.common.settings import (
     algorithm_group_size,
@@ -64,6 +65,8 @@ class Task:
             proto["agent"] = d["agent"]
         try:
             protocol = ProtocolSpec.from_dict(proto)
+            if protocol.agent is not None:
+                validate_agent_config(protocol.agent.kind, protocol.agent.kwargs)
         except ValueError as e:
             raise ValueError(f"feeder task #{i} ({d.get('name') or d['env']['kind']}): {e}") from e
         return cls(

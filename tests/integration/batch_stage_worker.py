@@ -20,10 +20,10 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from libludic.models.tiny import PAD_ID
+from libludic.saw import SAWBatch
 from libludic.training.algorithm import make_grpo, make_scalerl
 from libludic.training.config import TrainerConfig
 from libludic.training.trainer import Trainer
-from libludic.training.types import SAWBatch
 from libludic.types import Rollout, Step, TokenTrace
 
 

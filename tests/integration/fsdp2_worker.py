@@ -20,10 +20,10 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from libludic.models.tiny import PAD_ID
+from libludic.saw import SampleAttachments, SAWBatch, SAWItem
 from libludic.training.algorithm import make_sft
 from libludic.training.config import TrainerConfig
 from libludic.training.trainer import Trainer
-from libludic.training.types import SampleAttachments, SAWBatch, SAWItem
 
 
 def fixed_items(n: int = 8) -> list[SAWItem]:

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from libludic import transport as t
-from libludic.training.types import SampleAttachments, SAWItem
+from libludic.saw import SampleAttachments, SAWItem
 
 IM_END = 258
 

@@ -126,8 +126,9 @@ def test_identity_holds_through_kill9_of_credit_and_learner(
 
     async def actor_stage(first: int, last: int) -> None:
         r = t.connect(url)
-        sc = t.StreamConsumer(r, keys.requests, t.GROUP_ACTORS, "test-actor", keys.deadletter,
-                              acct_stage="requests")
+        sc = accounting.AccountedConsumer(
+            r, keys.requests, t.GROUP_ACTORS, "test-actor", keys.deadletter,
+            stage="requests")
         await sc.ensure_group()
         done = first
         try:
@@ -237,8 +238,9 @@ async def test_trained_twice_is_counted(redis_url: str) -> None:
     r = t.connect(redis_url)
     keys = t.Keys("acct2")
     try:
-        sc = t.StreamConsumer(r, keys.saw, t.GROUP_LEARNER, "learner-0", keys.deadletter,
-                              acct_stage="saw")
+        sc = accounting.AccountedConsumer(
+            r, keys.saw, t.GROUP_LEARNER, "learner-0", keys.deadletter,
+            stage="saw")
         await sc.ensure_group()
         for _ in range(2):
             await t.xadd(r, keys.saw, "g1:0", b"x")
@@ -266,8 +268,9 @@ async def test_status_shows_the_accounting(redis_url: str) -> None:
                                         max_head_offpolicyness=None)
         assert await feeder_worker.top_up(r, keys, fs, 3) == 3
         assert await feeder_worker.top_up(r, keys, fs, 3) == 0  # at the high-water mark
-        sc = t.StreamConsumer(r, keys.requests, t.GROUP_ACTORS, "a", keys.deadletter,
-                              acct_stage="requests")
+        sc = accounting.AccountedConsumer(
+            r, keys.requests, t.GROUP_ACTORS, "a", keys.deadletter,
+            stage="requests")
         await sc.ensure_group()
         e = (await sc.read(1, block_ms=100))[0]
         await sc.dead_letter(e, "episode_error", "test")

@@ -26,7 +26,7 @@ from libludic import transport as t
 from libludic.inference.client import InferenceError
 from libludic.inference.request import InferenceSpec
 from libludic.inference.sampling import SamplingConfig
-from libludic.rollout.request import EnvSpec, RolloutRequest
+from libludic.requests import EnvSpec, RolloutRequest
 from libludic.types import ChatResponse
 from services.actor import main as actor_main
 

@@ -231,8 +231,9 @@ async def test_dynamic_sampling_drops_zero_variance_groups_and_frees_their_admis
     assert await feeder_worker.admitted_groups(r, keys, fs) == 0
     await r.delete(keys.admission_wake)  # set_admission's own wake-up
 
-    actor = t.StreamConsumer(r, keys.requests, t.GROUP_ACTORS, "test-actor", keys.deadletter,
-                             acct_stage="requests")
+    actor = accounting.AccountedConsumer(
+        r, keys.requests, t.GROUP_ACTORS, "test-actor", keys.deadletter, stage="requests"
+    )
     await actor.ensure_group()
     entries = await actor.read(2, block_ms=500)
     assert len(entries) == 2

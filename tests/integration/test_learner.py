@@ -115,10 +115,10 @@ def reference_training(
     """Single-process Trainer on the whole batches: what the 2-rank FSDP2 run must equal."""
     from transformers import AutoModelForCausalLM
 
+    from libludic.saw import SAWBatch
     from libludic.training.algorithm import make_grpo
     from libludic.training.config import TrainerConfig
     from libludic.training.trainer import Trainer
-    from libludic.training.types import SAWBatch
 
     class Source:
         def __init__(self) -> None:

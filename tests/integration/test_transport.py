@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from libludic import transport as t
-from libludic.rollout.request import EnvSpec, RolloutRequest
+from libludic.requests import EnvSpec, RolloutRequest
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,8 @@ import torch
 from libludic import transport as t
 from libludic.inference.request import InferenceSpec
 from libludic.inference.sampling import SamplingConfig
-from libludic.rollout.request import EnvSpec, ProtocolSpec, RolloutRequest
-from libludic.training.types import SampleAttachments, SAWItem
+from libludic.requests import EnvSpec, ProtocolSpec, RolloutRequest
+from libludic.saw import SampleAttachments, SAWItem
 from libludic.types import Rollout, Step, TokenTrace
 
 

@@ -6,8 +6,8 @@ import pytest
 import yaml
 
 from libludic.registry import build_registries
+from libludic.requests import EnvSpec, RolloutRequest
 from libludic.rollout.engine import RolloutEngine
-from libludic.rollout.request import EnvSpec, RolloutRequest
 from services.feeder.worker import Task
 from tests.fakes import ScriptedClient
 

@@ -1,9 +1,14 @@
-"""Layering: the library never depends on its services.
+"""Layering: the library never depends on its services, its imports run down its layers
+only, and no two of its modules import each other, however lazily.
 
 ``libludic`` is usable without ``services/`` (a pip install of the library, a notebook);
 the services import the library, never the other way. Checked on the source: every import
 statement, and every string that names a ``services`` module (``importlib`` targets such as
 ``"services.actor.main:main"``), in every module of ``libludic``.
+
+Inside ``libludic``, :data:`LAYERS` orders its parts bottom-up; the wire-level data (rollouts,
+rollout requests, SAW items) sits at the bottom, so the codec, the engine and the evaluator
+import it without importing what produces or consumes it.
 """
 
 from __future__ import annotations
@@ -48,6 +53,131 @@ def test_the_check_sees_each_kind_of_reference(tmp_path: Path) -> None:
         assert [r.split(":", 1)[1] for r in service_references(p)] == [
             "import services.actor", "from services.common import ...",
             "module name 'services.learner.main:main'"]
+    finally:
+        LIB = saved
+
+
+# bottom-up: a part imports parts of lower layers only (never its own layer's other parts)
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("types", "saw", "staleness", "parsers", "models", "distributed"),  # data, pure helpers
+    ("inference", "context", "envs"),
+    ("requests", "agents"),
+    ("interaction", "eval"),
+    ("rollout",),
+    ("transport", "registry"),
+    ("training", "demo"),
+)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(LIB.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def library_imports(path: Path, modules: set[str]) -> set[str]:
+    """The ``libludic`` modules ``path`` imports anywhere in it: import statements at any
+    depth (inside functions too) and lazy re-exports (module names held in a dict or passed
+    to ``import_module``)."""
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([node.module] if node.module else []))
+            out |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
+        elif isinstance(node, ast.Dict) or (
+            isinstance(node, ast.Call) and ast.unparse(node.func).endswith("import_module")
+        ):
+            values = node.values if isinstance(node, ast.Dict) else node.args
+            out |= {v.value for v in values if isinstance(v, ast.Constant) and isinstance(v.value, str)}
+    return {m for m in out if m in modules and m != me}
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {module_name(f): f for f in LIB.rglob("*.py")}
+    return {m: library_imports(f, set(files)) for m, f in files.items()}
+
+
+def part_of(module: str) -> str:
+    return module.split(".")[1] if "." in module else module
+
+
+def layer_of(module: str) -> int:
+    part = part_of(module)
+    for i, parts in enumerate(LAYERS):
+        if part in parts:
+            return i
+    raise AssertionError(f"{module}: part {part!r} is in no layer of LAYERS; place it")
+
+
+def test_imports_run_down_the_layers_only() -> None:
+    graph = import_graph()
+    assert len(graph) > 50
+    wrong = [
+        f"{m} -> {d} (layer {layer_of(m)} -> {layer_of(d)})"
+        for m, deps in sorted(graph.items()) for d in sorted(deps)
+        if part_of(m) != part_of(d) and layer_of(d) >= layer_of(m)
+    ]
+    assert not wrong, wrong
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_modules_import_each_other_even_lazily() -> None:
+    assert not cycles(import_graph()), cycles(import_graph())
+
+
+def test_the_checks_see_lazy_imports_cycles_and_layers(tmp_path: Path) -> None:
+    global LIB
+    saved, LIB = LIB, tmp_path / "libludic"
+    try:
+        (LIB / "training").mkdir(parents=True)
+        (LIB / "types.py").write_text("def f():\n    from libludic.training import trainer\n")
+        (LIB / "training" / "__init__.py").write_text("E = {'T': 'libludic.training.trainer'}\n")
+        (LIB / "training" / "trainer.py").write_text("from ..types import f\nfrom libludic import types\n")
+        graph = import_graph()
+        assert graph == {
+            "libludic.types": {"libludic.training.trainer"},
+            "libludic.training": {"libludic.training.trainer"},
+            "libludic.training.trainer": {"libludic.types"},
+        }
+        assert cycles(graph) == [["libludic.training.trainer", "libludic.types"]]
+        assert layer_of("libludic.types") == 0 and layer_of("libludic.training.trainer") == 6
     finally:
         LIB = saved
 

@@ -10,8 +10,8 @@ from libludic.agents.tool_agent import ToolAgent
 from libludic.envs.arithmetic import generate_problem
 from libludic.parsers import xml_parser
 from libludic.registry import build_registries
+from libludic.requests import EnvSpec, RolloutRequest
 from libludic.rollout.engine import RolloutEngine
-from libludic.rollout.request import EnvSpec, RolloutRequest
 from libludic.training.algorithm import make_reinforce
 from libludic.training.config import TrainerConfig
 from tests.fakes import ScriptedClient

@@ -24,9 +24,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from libludic.saw import SAWBatch, SAWItem
 from libludic.training.algorithm import RLAlgorithm, make_sft
 from libludic.training.filters import SampleFilter
-from libludic.training.types import SAWBatch, SAWItem
 from libludic.types import Rollout, Step, TokenTrace
 
 

@@ -70,7 +70,8 @@ import torch
 import torch.distributed as dist
 
 from libludic import staleness, transport
-from libludic.training.types import SAWBatch, SAWItem, SourceStopped
+from libludic.saw import SAWBatch, SAWItem
+from libludic.training.types import SourceStopped
 from libludic.transport import accounting
 
 log = logging.getLogger(__name__)
@@ -189,13 +190,13 @@ class PipelineBatchSource:
         if self.rank == 0:
             if self.redis is None or self.keys is None:
                 raise ValueError("PipelineBatchSource on rank 0 needs redis and keys")
-            self._sc = transport.StreamConsumer(
+            self._sc = accounting.AccountedConsumer(
                 self.redis,
                 self.keys.saw,
                 transport.GROUP_LEARNER,
                 self.consumer,
                 self.keys.deadletter,
-                acct_stage="saw",  # libludic.transport.accounting counts dead-letters, acks below
+                stage="saw",
             )
 
     # ------------------------------------------------------------------ state

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from libludic.rollout.request import RolloutRequest
+from libludic.requests import RolloutRequest
+from libludic.saw import SAWBatch
 from libludic.training.algorithm import RLAlgorithm
 from libludic.training.filters import SampleFilter
-from libludic.training.types import SAWBatch
 
 
 @dataclass

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
+from libludic.saw import SampleAttachments, SAWItem
 from libludic.training import typecheck
-from libludic.training.types import SampleAttachments, SAWItem
 from libludic.types import Rollout, RolloutStepKey
 
 

@@ -12,8 +12,8 @@ from libludic.agents.tool_agent import ToolAgent
 from libludic.agents.tools import calculator
 from libludic.envs.arithmetic import generate_problem
 from libludic.registry import build_registries
+from libludic.requests import AgentSpec, EnvSpec, ProtocolSpec, RolloutRequest
 from libludic.rollout.engine import RolloutEngine
-from libludic.rollout.request import AgentSpec, EnvSpec, ProtocolSpec, RolloutRequest
 from services.feeder.worker import FeederSettings, Task, make_request
 from tests.fakes import ScriptedClient
 

@@ -4,8 +4,8 @@ from libludic.envs.arithmetic import generate_problem
 from libludic.inference.request import InferenceSpec
 from libludic.inference.sampling import SamplingConfig
 from libludic.registry import build_registries
+from libludic.requests import EnvSpec, ProtocolSpec, RolloutRequest
 from libludic.rollout.engine import RolloutEngine
-from libludic.rollout.request import EnvSpec, ProtocolSpec, RolloutRequest
 from libludic.types import Rollout
 from tests.fakes import ScriptedClient
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from libludic.training.types import SampleAttachments, SAWBatch, SAWItem
+from libludic.saw import SampleAttachments, SAWBatch, SAWItem
 from libludic.types import Rollout, Step, TokenTrace
 
 

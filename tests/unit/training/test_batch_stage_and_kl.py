@@ -13,11 +13,11 @@ import torch
 from torch import nn
 
 from libludic.models.tiny import PAD_ID
+from libludic.saw import SampleAttachments, SAWItem
 from libludic.training.algorithm import PENDING_BATCH_STAGE, make_grpo, make_scalerl
 from libludic.training.config import TrainerConfig
 from libludic.training.credit_assignment import HybridNormalizedReturn
 from libludic.training.trainer import Trainer
-from libludic.training.types import SampleAttachments, SAWItem
 
 from .fakes import ListBatchSource, make_rollout
 

@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 from libludic.eval.evaluator import Evaluator
 from libludic.inference.request import ReturnSpec
 from libludic.models.tiny import IM_END_ID, encode_bytes
-from libludic.rollout.request import EnvSpec, RolloutRequest
+from libludic.requests import EnvSpec, RolloutRequest
 from libludic.training.algorithm import make_grpo, make_reinforce, make_sft
 from libludic.training.batching.offline import OfflineBatchSource
 from libludic.training.batching.rollout_batch_source import RolloutBatchSource

@@ -33,17 +33,12 @@ class AgentSpec:
     """Which agent class the protocol builds: ``kind`` is ``plain``, ``tool`` or ``react``.
 
     Written flat in config (``agent: {kind: tool, tools: [python], max_tool_rounds: 2}``);
-    the kwargs per kind are in ``libludic.agents.config``. Validated at construction, so a
-    bad kind or kwarg fails where the config is read.
+    the kwargs per kind are in ``libludic.agents.config``, whose ``validate_agent_config``
+    runs where a spec enters: the feeder's start-up, request decoding and agent building.
     """
 
     kind: str = "plain"
     kwargs: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        from libludic.agents.config import validate_agent_config
-
-        validate_agent_config(self.kind, self.kwargs)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, **self.kwargs}
