@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from libludic.training.schedule import check_schedule, lr_factor
+
 MIXED_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 
 
@@ -44,6 +46,12 @@ class TrainerConfig:
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+    # the learning-rate schedule (libludic/training/schedule.py), AReaL's names and defaults;
+    # total_steps is its horizon in optimizer steps (None: no horizon, constant only)
+    lr_scheduler_type: str = "constant"
+    warmup_steps_proportion: float = 0.001
+    min_lr_ratio: float = 0.0
+    total_steps: int | None = None
     max_grad_norm: float | None = 1.0
     max_seq_len: int = 1024
     micro_token_budget: int = 8192  # padded B * T_max tokens per micro-batch
@@ -109,6 +117,11 @@ class TrainerConfig:
             raise bad("betas", "must be two floats in [0, 1)")
         if not self.eps > 0:
             raise bad("eps", "must be > 0")
+        try:
+            check_schedule(self.lr_scheduler_type, self.total_steps, self.warmup_steps_proportion,
+                           self.min_lr_ratio)
+        except ValueError as e:
+            raise ValueError(f"TrainerConfig.{e}") from None
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise bad("max_grad_norm", "must be > 0 or None (no clipping)")
         if self.max_seq_len < 2:
@@ -134,6 +147,11 @@ class TrainerConfig:
         if self.lora_rank is not None and self.lora_rank < 1:
             raise bad("lora_rank", "must be >= 1 or None")
         self.lora_target_modules = tuple(self.lora_target_modules)
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` (0 for the first)."""
+        return self.lr * lr_factor(step, self.lr_scheduler_type, self.total_steps,
+                                   self.warmup_steps_proportion, self.min_lr_ratio)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:

@@ -400,7 +400,8 @@ class Trainer:
         return out
 
     def optimizer_step(self) -> float:
-        """Clip (if configured), step AdamW; returns the pre-clip global grad norm.
+        """Clip (if configured), step AdamW at this step's scheduled learning rate
+        (``TrainerConfig.lr_at``); returns the pre-clip global grad norm.
 
         A non-finite norm (a NaN or inf loss or gradient anywhere, on any rank: the norm is
         global) skips the update: the gradients are dropped, the weights and the optimizer
@@ -411,6 +412,8 @@ class Trainer:
         norm = full() if callable(full) else norm
         value = float(norm)
         if math.isfinite(value):
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.cfg.lr_at(self.step)
             self.optimizer.step()
         else:
             self.nonfinite_skipped_total += 1
@@ -439,7 +442,7 @@ class Trainer:
             "stale_dropped": float(dropped),
             "stale_dropped_total": float(self.stale_dropped_total + source_stale),
             "nonfinite_skipped_total": float(self.nonfinite_skipped_total),
-            "lr": float(self.optimizer.param_groups[0]["lr"]),
+            "lr": self.cfg.lr_at(self.step),  # this step's
         }
         rewards = [float(it.meta["reward"]) for it in items if "reward" in it.meta]
         stats["reward_mean"] = sum(rewards) / len(rewards) if rewards else 0.0

@@ -232,6 +232,7 @@ class LearnerSettings:
             log_every=self.log_every,
             max_lag=self.max_lag,
             max_publish_failures=self.max_publish_failures,
+            total_steps=self.num_steps or None,  # the lr schedule's horizon
         )
         kw.update(over)
         return TrainerConfig(**kw)

@@ -29,6 +29,17 @@ def test_trainer_section_accepts_the_specs_learning_rate_alias():
         LearnerSettings(device="cpu", trainer={"learnig_rate": 3e-4}).trainer_config()
 
 
+def test_the_lr_schedule_spans_the_learners_num_steps():
+    s = LearnerSettings(device="cpu", num_steps=40, trainer={"lr_scheduler_type": "cosine",
+                                                              "warmup_steps_proportion": 0.1})
+    cfg = s.trainer_config()
+    assert cfg.total_steps == 40
+    # W = int(0.1 * 40) = 4 warmup steps at 1/4 .. 4/4 of lr, then the cosine from lr to 0
+    assert cfg.lr_at(0) == s.lr / 4 and cfg.lr_at(4) == s.lr and cfg.lr_at(40) == 0.0
+    with pytest.raises(ValueError, match="decays over a horizon"):  # num_steps 0: until stopped
+        LearnerSettings(device="cpu", trainer={"lr_scheduler_type": "linear"}).trainer_config()
+
+
 def test_ack_window_larger_than_credits_high_water_is_refused(tmp_path):
     cfg = tmp_path / "run.yaml"
     cfg.write_text("credit: {saw_high_water: 128}\n")
