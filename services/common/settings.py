@@ -147,6 +147,7 @@ def load_settings(
     args = parser.parse_args(list(argv or []))
 
     values: dict[str, Any] = {}
+    origin: dict[str, int] = {}  # field -> _YAML | _ENV | _FLAG, where its value came from
     cfg_path = args.config or env.get(ENV_PREFIX + "CONFIG")
     names = {f.name for f in fields}
     if "algorithm" in names:
@@ -158,18 +159,51 @@ def load_settings(
                 )
     if cfg_path:
         values.update(read_yaml_section(cfg_path, service, names))
+        origin.update(dict.fromkeys(values, _YAML))
     for f in fields:
         raw = env.get(ENV_PREFIX + f.name.upper())
         if raw is not None:
             values[f.name] = raw
+            origin[f.name] = _ENV
     for f in fields:
         v = getattr(args, f.name)
         if v is not None:
             values[f.name] = v
+            origin[f.name] = _FLAG
     if "config_path" in names and cfg_path and "config_path" not in values:
         values["config_path"] = cfg_path
     out = {k: coerce(k, hints[k], v) for k, v in values.items()}
+    _resolve_nested(cls, out, origin)
     return cls(**out)
+
+
+_YAML, _ENV, _FLAG = 1, 2, 3
+_ORIGIN_NAME = {_YAML: "the YAML", _ENV: "the environment", _FLAG: "a flag"}
+
+
+def _resolve_nested(cls: type, out: dict[str, Any], origin: Mapping[str, int]) -> None:
+    """One precedence for settings reachable two ways. ``cls.NESTED`` maps a mapping field
+    (``trainer``) to {its key: the flat field that sets the same thing} (``lr: lr``). A key
+    and its flat field both set: the one from the higher source (flags > env > YAML) wins
+    (the key is dropped here when the flat field's source is higher; the mapping's value
+    beats the flat one where the settings derive their config); both from the same source
+    is an error naming them."""
+    for nested, aliases in getattr(cls, "NESTED", {}).items():
+        mapping = out.get(nested)
+        if not isinstance(mapping, Mapping):
+            continue
+        mapping = dict(mapping)
+        for key, flat in aliases.items():
+            if key not in mapping or flat not in origin:
+                continue
+            if origin[flat] == origin[nested]:
+                raise ValueError(
+                    f"{flat} and {nested}.{key} are both set in {_ORIGIN_NAME[origin[flat]]}; "
+                    "they name the same setting: keep one"
+                )
+            if origin[flat] > origin[nested]:
+                del mapping[key]  # the flat value, from a higher source, applies
+        out[nested] = mapping
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

@@ -121,6 +121,9 @@ class Run:
             "inference", LUDIC + ["inference", "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(ip)],
             env=self.env(LUDIC_AUTH_TOKEN=self.token, **self.inference_config()),
             health_url=f"{self.inference_url}/health",
+            # a restarted server serves the starting weights as version 0: actors' admission
+            # holds generation until the learner, idle for items, republishes its version
+            restart=True,
         ))
         self.sup.wait_healthy("inference", self.s.startup_timeout_s)
 

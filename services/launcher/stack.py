@@ -43,7 +43,10 @@ def redis_server_binary() -> str:
 
 def redis_spec(data_dir: Path, port: int) -> ServiceSpec:
     """redis-server with appendonly persistence (fsync every second) in ``data_dir``; when
-    it reaches maxmemory writes fail loudly (noeviction): no stream entry is ever evicted."""
+    it reaches maxmemory writes fail loudly (noeviction): no stream entry is ever evicted.
+    Restarted when it exits: it reloads its append-only file (a killed process loses
+    nothing the kernel holds; only a crash of the machine can lose the last second), and
+    every service retries Redis meanwhile."""
     data_dir.mkdir(parents=True, exist_ok=True)
     return ServiceSpec(
         name="redis",
@@ -52,6 +55,7 @@ def redis_spec(data_dir: Path, port: int) -> ServiceSpec:
             "--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--protected-mode", "yes",
             "--maxmemory", "2gb", "--maxmemory-policy", "noeviction",
         ],
+        restart=True,
     )
 
 

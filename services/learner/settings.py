@@ -2,10 +2,11 @@
 that name a field, e.g. a shared ``checkpoint:`` block) > defaults.
 
 TrainerConfig fields are reachable two ways: the common ones as flat settings (``lr``,
-``micro_token_budget``, ...) and any field through the nested ``trainer:`` mapping (which
-wins over the flat ones). ``checkpoint:`` is a CheckpointConfig mapping (``output_dir``,
-``every_n_steps``, ``max_to_keep``) and wins over ``output_dir`` / ``checkpoint_every`` /
-``max_to_keep``.
+``micro_token_budget``, ...) and any field through the nested ``trainer:`` mapping;
+``checkpoint:`` is a CheckpointConfig mapping (``output_dir``, ``every_n_steps``,
+``max_to_keep``) beside ``output_dir`` / ``checkpoint_every`` / ``max_to_keep``. Where both
+name one setting (:data:`LearnerSettings.NESTED`), the value from the higher source wins
+(``--lr`` beats a YAML ``trainer: {lr: ...}``), and both in one source is an error.
 
 The algorithm is the run's top-level ``algorithm:`` section ({name, group_size, kwargs}),
 the same one the credit worker reads; a ``learner.algorithm`` copy is an error.
@@ -17,7 +18,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from libludic import staleness
 from libludic.training.algorithm import AlgorithmSpec
@@ -50,6 +51,21 @@ def check_ack_window(checkpoint_every: int, batch_size: int, run_config: dict[st
 
 @dataclass
 class LearnerSettings:
+    # mapping field -> {its key: the flat field naming the same setting}
+    NESTED: ClassVar[dict[str, dict[str, str]]] = {
+        "trainer": {
+            "lr": "lr", "learning_rate": "lr", "weight_decay": "weight_decay",
+            "max_grad_norm": "max_grad_norm", "micro_token_budget": "micro_token_budget",
+            "max_seq_len": "max_seq_len", "sync_every_steps": "sync_every_steps",
+            "mixed_precision_dtype": "mixed_precision", "lora_rank": "lora_rank",
+            "log_every": "log_every", "max_lag": "max_lag",
+            "max_publish_failures": "max_publish_failures", "model_device": "device",
+        },
+        "checkpoint": {
+            "output_dir": "output_dir", "every_n_steps": "checkpoint_every",
+            "max_to_keep": "max_to_keep",
+        },
+    }
     redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={"help": "Redis URL"})
     run_id: str = field(default="default", metadata={"help": "run namespace of the Redis keys"})
     model_dir: str = field(default="", metadata={"help": "HF model directory to train (required)"})
@@ -113,7 +129,7 @@ class LearnerSettings:
     mixed_precision: str = field(default="bf16", metadata={"help": "bf16 | fp32 (CUDA autocast)"})
     lora_rank: int = field(default=0, metadata={"help": "LoRA rank (0 = full fine-tuning)"})
     trainer: dict[str, Any] = field(
-        default_factory=dict, metadata={"help": "any TrainerConfig field (wins over flat ones)"}
+        default_factory=dict, metadata={"help": "any TrainerConfig field (a flat one from a higher source wins)"}
     )
     checkpoint_every: int = field(default=0, metadata={"help": "checkpoint every N steps (0 off)"})
     snapshot_every: int = field(
@@ -125,7 +141,7 @@ class LearnerSettings:
     )
     max_to_keep: int = field(default=2, metadata={"help": "checkpoints kept"})
     checkpoint: dict[str, Any] = field(
-        default_factory=dict, metadata={"help": "CheckpointConfig mapping (wins over flat ones)"}
+        default_factory=dict, metadata={"help": "CheckpointConfig mapping (a flat one from a higher source wins)"}
     )
     resume: bool = field(default=False, metadata={"help": "continue from the newest checkpoint"})
     trained_log: bool = field(

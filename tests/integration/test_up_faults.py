@@ -1,10 +1,12 @@
 """`ludic up` survives its workers crashing, and dies without leaving anything behind.
 
 One run (checkpoints every 2 steps) has, once training is under way, a SIGKILL of an actor,
-of credit, of the feeder and then of the learner: each is restarted (the learner resumes
-from its newest checkpoint) and the run reaches its step count with the accounting
-consistent, no group lost and no item trained twice. Another ``ludic up`` is itself killed
-with SIGKILL: every service it started stops (PR_SET_PDEATHSIG).
+of credit, of the feeder, then of the learner, of redis-server and of the inference server:
+each is restarted (the learner resumes from its newest checkpoint, redis reloads its
+append-only file, inference is republished the learner's weights) and the run reaches its
+step count with the accounting consistent, no group lost and no item trained twice.
+Another ``ludic up`` is itself killed with SIGKILL: every service it started stops
+(PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ def service_pid(up_pid: int, service: str, consumer: str | None = None) -> int |
             env = (d / "environ").read_bytes()
         except (OSError, ValueError, IndexError):
             continue
-        if service.encode() in argv and (consumer is None or f"LUDIC_CONSUMER={consumer}".encode() in env):
+        named = service.encode() in argv or Path(argv[0].decode()).name == service
+        if named and (consumer is None or f"LUDIC_CONSUMER={consumer}".encode() in env):
             return int(d.name)
     return None
 
@@ -58,7 +61,7 @@ def wait(cond, proc, log: Path, timeout_s: float, what: str) -> None:
 
 def test_crashed_workers_and_learner_are_restarted_and_the_run_completes(tmp_path, tiny_model_dir):
     run_id = f"faults-{os.getpid()}"
-    cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=10, eval_n=0, actors=2)
+    cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=16, eval_n=0, actors=2)
     import yaml
 
     data = yaml.safe_load(cfg.read_text())
@@ -76,13 +79,16 @@ def test_crashed_workers_and_learner_are_restarted_and_the_run_completes(tmp_pat
             assert pid is not None, name
             os.kill(pid, signal.SIGKILL)
             killed[name] = pid
-        start = trained_steps(run_dir)
-        wait(lambda: trained_steps(run_dir) >= start + 2, proc, log, 240, "progress after the kills")
-        # the learner, between two checkpoints or just after one
-        pid = service_pid(proc.pid, "learner")
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)
-        killed["learner"] = pid
+        # then one at a time, each once the run has made progress since the last: the learner
+        # (between two checkpoints or just after one), Redis, the inference API server
+        for svc in ("learner", "redis-server", "inference"):
+            start = trained_steps(run_dir)
+            wait(lambda s=start: trained_steps(run_dir) >= s + 2, proc, log, 240,
+                 f"progress before killing {svc}")
+            pid = service_pid(proc.pid, svc)
+            assert pid is not None, svc
+            os.kill(pid, signal.SIGKILL)
+            killed["redis" if svc == "redis-server" else svc] = pid
         code = proc.wait(600)
     finally:
         if proc.poll() is None:
@@ -90,7 +96,7 @@ def test_crashed_workers_and_learner_are_restarted_and_the_run_completes(tmp_pat
     text = log.read_text(errors="replace")
     assert code == 0, text[-4000:]
     s = json.loads((run_dir / "summary.json").read_text())
-    assert s["steps"] == 10
+    assert s["steps"] == 16
     assert {n: s["restarts"].get(n) for n in killed} == {n: 1 for n in killed}, s["restarts"]
     a = s["accounting"]
     assert a["consistent"], a

@@ -58,6 +58,27 @@ def test_ack_window_larger_than_credits_high_water_is_refused(tmp_path):
                         config_path=str(cfg))
 
 
+def test_a_flag_beats_the_yaml_trainer_map_and_one_source_may_not_say_it_twice(tmp_path):
+    from services.learner.settings import load
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("learner: {device: cpu, trainer: {lr: 2.0e-4, max_seq_len: 64}}\n")
+    assert load(["--config", str(cfg)]).trainer_config().lr == 2e-4  # the map, alone
+    s = load(["--config", str(cfg), "--lr", "5e-5"])
+    assert s.trainer_config().lr == 5e-5  # flags > YAML, whichever form the YAML used
+    assert s.trainer_config().max_seq_len == 64  # the map's other keys still apply
+    assert s.trainer == {"max_seq_len": 64}
+    # the map from a higher source than the flat field: the map
+    s = load(["--config", str(cfg), "--trainer", '{"lr": 7e-5}'])
+    assert s.trainer_config().lr == 7e-5
+    cfg.write_text("learner: {device: cpu, lr: 1.0e-4, trainer: {learning_rate: 2.0e-4}}\n")
+    with pytest.raises(ValueError, match=r"lr and trainer.learning_rate are both set in the YAML"):
+        load(["--config", str(cfg)])
+    cfg.write_text("learner: {device: cpu, checkpoint_every: 2, checkpoint: {every_n_steps: 4}}\n")
+    with pytest.raises(ValueError, match="checkpoint_every and checkpoint.every_n_steps"):
+        load(["--config", str(cfg)])
+
+
 def test_settings_read_pep604_optionals_from_env_and_yaml(tmp_path):
     """Settings annotations are ``X | None`` (pyupgrade): ``coerce`` must see them as optional."""
     from services.common.settings import coerce
