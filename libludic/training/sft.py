@@ -100,6 +100,9 @@ def run_sft(
         max_seq_len=256,
         mixed_precision_dtype="bf16" if dev.startswith("cuda") else None,
         log_every=max(log_every, 1),
+        lr_scheduler_type=lr_schedule,  # linear: decay to 0, a converged, stable endpoint
+        total_steps=steps,
+        warmup_steps_proportion=0.0,
     )
     trainer = Trainer(model=model, algo=make_sft(), batch_source=source, cfg=cfg)
     say = (lambda *_a, **_k: None) if quiet else print
@@ -111,9 +114,6 @@ def run_sft(
     async def loop() -> None:
         window: list[float] = []
         for i in range(1, steps + 1):
-            if lr_schedule == "linear":  # decay to 0: a converged, stable endpoint
-                for g in trainer.optimizer.param_groups:
-                    g["lr"] = lr * (1.0 - (i - 1) / steps)
             st = await trainer.train_step()
             losses.append(st["loss"])
             window.append(st["loss"])
