@@ -40,7 +40,8 @@ def service_pid(up_pid: int, service: str, consumer: str | None = None) -> int |
             env = (d / "environ").read_bytes()
         except (OSError, ValueError, IndexError):
             continue
-        named = service.encode() in argv or Path(argv[0].decode()).name == service
+        # (redis-server rewrites its title: argv[0] becomes "/usr/bin/redis-server host:port")
+        named = service.encode() in argv or Path(argv[0].decode().split(" ")[0]).name == service
         if named and (consumer is None or f"LUDIC_CONSUMER={consumer}".encode() in env):
             return int(d.name)
     return None
