@@ -34,7 +34,8 @@ of each run (its generation and its training time): the most any pipelining of t
 gain on this machine at this batch size, before contention for the cores.
 
 Full mode repeats each contestant ``--reps`` times (default 3), alternating, and reports
-medians. ``--quick`` builds the tiny model, skips SFT and runs a few steps of the demo
+medians; rep ``k`` of the baseline seeds its sampling and its problems with ``k`` (the
+services' reps differ by run id), so its reps are independent runs, not replays. ``--quick`` builds the tiny model, skips SFT and runs a few steps of the demo
 workload once per contestant (exercises the path, measures nothing).
 
 Last line: ``RESULT e2e ... ratio=<x>`` with ``ratio`` = median async samples/s / median
@@ -121,7 +122,7 @@ def run_services(cfg: dict[str, Any], name: str, work: Path, sync: bool) -> dict
 # ----------------------------------------------------------------------------- baseline
 
 
-def run_baseline(cfg: dict[str, Any], model_dir: Path) -> dict[str, Any]:
+def run_baseline(cfg: dict[str, Any], model_dir: Path, seed: int = 0) -> dict[str, Any]:
     """The single-process loop (see the module docstring); its own clock is the Trainer's
     RL wall, so in-loop evaluation is excluded exactly as for the services."""
     import torch
@@ -137,7 +138,7 @@ def run_baseline(cfg: dict[str, Any], model_dir: Path) -> dict[str, Any]:
     from services.feeder.worker import FeederSettings, make_request, pick_task
     from services.learner.settings import LearnerSettings
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)  # each rep its own sampling and problems, as the services' reps
     tmp = Path(tempfile.mkdtemp(prefix="ludic-baseline-"))
     cfg_path = tmp / "run.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
@@ -155,7 +156,7 @@ def run_baseline(cfg: dict[str, Any], model_dir: Path) -> dict[str, Any]:
     tcfg = dataclasses.replace(tcfg, model_device="cpu", pad_token_id=int(pad), log_every=10**9)
     client = HFChatClient(model=model, tokenizer=tok, max_batch_size=ls.batch_size)
     engine = RolloutEngine(*build_registries(client))
-    seeds = iter(range(10**9))
+    seeds = iter(range(seed * 10**7, 10**9))
     groups = ls.batch_size // fs.group_size
 
     def requests() -> list[Any]:
@@ -226,13 +227,15 @@ def run_baseline(cfg: dict[str, Any], model_dir: Path) -> dict[str, Any]:
     }
 
 
-def baseline_subprocess(cfg: dict[str, Any], model_dir: Path, work: Path, name: str) -> dict[str, Any]:
+def baseline_subprocess(
+    cfg: dict[str, Any], model_dir: Path, work: Path, name: str, seed: int
+) -> dict[str, Any]:
     """The baseline in a fresh process (one torch thread pool, no state from other runs);
     it uses both cores, as a single process would."""
     cfg_path, out = work / f"{name}.yaml", work / f"{name}.json"
     cfg_path.write_text(yaml.safe_dump(cfg))
     code = subprocess.call([sys.executable, __file__, "--_baseline", str(cfg_path), str(model_dir),
-                            str(out)], cwd=ROOT)
+                            str(out), str(seed)], cwd=ROOT)
     if code != 0:
         raise SystemExit(f"{name}: the baseline exited with {code}")
     return json.loads(out.read_text())
@@ -285,11 +288,11 @@ def main() -> int:
     ap.add_argument("--workload", choices=["demo", "gen-heavy", "both"], default="both")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--target", type=float, default=None, help="pass-rate target (default: before + 0.10)")
-    ap.add_argument("--_baseline", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--_baseline", nargs=4, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a._baseline:
-        cfg_path, model_dir, out = a._baseline
-        res = run_baseline(yaml.safe_load(Path(cfg_path).read_text()), Path(model_dir))
+        cfg_path, model_dir, out, seed = a._baseline
+        res = run_baseline(yaml.safe_load(Path(cfg_path).read_text()), Path(model_dir), int(seed))
         Path(out).write_text(json.dumps(res))
         return 0
 
@@ -323,7 +326,7 @@ def main() -> int:
                 name = f"e2e-{wl}-{who}-{rep}"
                 t = time.monotonic()
                 if who == "baseline":
-                    r = baseline_subprocess(wcfg, Path(model), work, name)
+                    r = baseline_subprocess(wcfg, Path(model), work, name, seed=rep)
                 else:
                     r = run_services(wcfg, name, work, sync=(who == "sync"))
                 runs[who].append(r)
