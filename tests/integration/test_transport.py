@@ -165,16 +165,16 @@ async def test_the_deadletter_stream_is_capped_and_keeps_large_payloads_as_sizes
     await r.delete(DL)
     await t.ensure_group(r, STREAM, GROUP)
     c = consumer(r, "w", deadletter_maxlen=100, deadletter_payload_bytes=1000)
+    # the same consumer, dead-lettering through the accounting script (the services' path)
+    ac = accounting.AccountedConsumer(r, STREAM, GROUP, "w", DL, deadletter_maxlen=100,
+                                      deadletter_payload_bytes=1000, stage="rollouts")
     for i in range(400):
         await t.xadd(r, STREAM, f"junk-{i}", b"\xc1" * (10 if i % 2 else 5000))
     got: list[t.Entry] = []
     while len(got) < 400:
         got += await c.read(100, block_ms=100)
-    for i, e in enumerate(got):  # half through the accounting script (the services' path)
-        if i % 2:
-            await c.dead_letter(e, "bad_msgpack", "junk")
-        else:
-            await accounting.dead_letter(c, e, "rollouts", "bad_msgpack", "junk")
+    for i, e in enumerate(got):  # half each way
+        await (c if i % 2 else ac).dead_letter(e, "bad_msgpack", "junk")
     # MAXLEN ~ 100: Redis trims whole macro nodes, so a little over 100 stays, never 400
     n = await r.xlen(DL)
     assert 100 <= n < 250, n
