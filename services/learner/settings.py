@@ -235,30 +235,21 @@ class LearnerSettings:
                     "setting, keep one"
                 )
             over["lr"] = over.pop("learning_rate")
-        kw: dict[str, Any] = dict(
-            model_device=self.device,
-            lr=self.lr,
-            weight_decay=self.weight_decay,
-            max_grad_norm=self.max_grad_norm if self.max_grad_norm > 0 else None,
-            micro_token_budget=self.micro_token_budget,
-            max_seq_len=self.max_seq_len,
-            sync_every_steps=self.sync_every_steps,
-            mixed_precision_dtype=self.mixed_precision or None,
-            lora_rank=self.lora_rank or None,
-            log_every=self.log_every,
-            max_lag=self.max_lag,
-            max_publish_failures=self.max_publish_failures,
-            total_steps=self.num_steps or None,  # the lr schedule's horizon
-        )
+        # the flat settings under their TrainerConfig names (NESTED is the one map of both)
+        kw: dict[str, Any] = {
+            key: getattr(self, name) for key, name in self.NESTED["trainer"].items()
+            if key != "learning_rate"
+        }
+        # the flat forms write "off" as 0 / "", TrainerConfig as None
+        kw["max_grad_norm"] = kw["max_grad_norm"] if kw["max_grad_norm"] > 0 else None
+        kw["mixed_precision_dtype"] = kw["mixed_precision_dtype"] or None
+        kw["lora_rank"] = kw["lora_rank"] or None
+        kw["total_steps"] = self.num_steps or None  # the lr schedule's horizon
         kw.update(over)
         return TrainerConfig(**kw)
 
     def checkpoint_config(self) -> CheckpointConfig | None:
-        d: dict[str, Any] = {
-            "output_dir": self.output_dir,
-            "every_n_steps": self.checkpoint_every,
-            "max_to_keep": self.max_to_keep,
-        }
+        d: dict[str, Any] = {key: getattr(self, name) for key, name in self.NESTED["checkpoint"].items()}
         d.update(self.checkpoint)
         # every_n_steps == 0 means checkpointing is off (CheckpointConfig's convention): items
         # then commit after each step. Returning a config here would make the learner hold
