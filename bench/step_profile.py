@@ -11,10 +11,12 @@ the services' own accounts of their time:
 * actors (their ``actor profile`` log line): per request, generating every episode
   (inference + env) and committing; their time waiting for work;
 * credit (its ``credit profile`` line): per group, credit + encode + commit;
-* inference: the swap's generation pause and the in-place reload in the worker (its log).
+* inference: the swap's generation pause and the in-place reload in the worker (its log);
+* CPU while training: each kind of process's CPU seconds between the learner's first and
+  last step, per second of that window (1.00 = one core busy all the time).
 
-With ``--py-spy`` (``pip install py-spy``) it also records the learner and the first actor
-for 10 s in the middle of the run and prints their hottest functions.
+With ``--py-spy`` (``pip install py-spy``) it also records the learner, an actor and the
+inference processes (API server, EngineCore, worker) for 10 s in the middle of the run and prints their hottest functions.
 
 Last line: ``RESULT profile ... ratio=<x>`` with ``ratio`` = training time / step time of
 the learner (higher is better; 1.0 = the learner never waits for items or publishing).
@@ -52,6 +54,9 @@ ROLES = (("VLLM::Worker", "vllm worker"), ("VLLM::EngineCore", "vllm engine core
          ("redis-server", "redis"))
 
 
+SPIED = ("learner", "actor", "inference api", "vllm engine core", "vllm worker")
+
+
 def role(cmdline: str) -> str | None:
     for needle, name in ROLES:
         if needle in cmdline:
@@ -59,12 +64,15 @@ def role(cmdline: str) -> str | None:
     return None
 
 
-def cpu_sampler(run_id: str, stop: threading.Event, out: dict[int, tuple[str, float]]) -> None:
-    """pid -> (role, CPU seconds) of every process of this run (found by its environment)."""
+def cpu_sampler(run_id: str, stop: threading.Event, out: dict[int, tuple[str, float]],
+                history: list[tuple[float, dict[int, tuple[str, float]]]]) -> None:
+    """pid -> (role, CPU seconds) of every process of this run (found by its environment, or
+    for vLLM's processes, whose title overwrites their environment, by their parent), and a
+    copy of it every second in ``history`` with its wall time."""
     tick = os.sysconf("SC_CLK_TCK")
     needle = f"LUDIC_RUN_ID={run_id}".encode()
     while not stop.is_set():
-        for d in Path("/proc").iterdir():
+        for d in sorted(Path("/proc").iterdir(), key=lambda d: int(d.name) if d.name.isdigit() else 0):
             if not d.name.isdigit():
                 continue
             try:
@@ -72,13 +80,34 @@ def cpu_sampler(run_id: str, stop: threading.Event, out: dict[int, tuple[str, fl
                 r = role(cmd)
                 if r is None:
                     continue
-                if r != "launcher" and needle not in (d / "environ").read_bytes():
-                    continue  # another run's process (or the machine's own redis)
                 stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                ours = needle in (d / "environ").read_bytes() or int(stat[1]) in out
+                if r != "launcher" and not ours:
+                    continue  # another run's process (or the machine's own redis)
                 out[int(d.name)] = (r, (int(stat[11]) + int(stat[12])) / tick)
             except (OSError, IndexError, ValueError):
                 continue
+        history.append((time.time(), dict(out)))
         stop.wait(1.0)
+
+
+def rl_window_cpu(history: list[tuple[float, dict[int, tuple[str, float]]]], learner_log: Path
+                  ) -> tuple[float, dict[str, float]] | None:
+    """(seconds, role -> CPU seconds) between the learner's first and last trained step, from
+    the samples nearest those times: what each service costs while training runs."""
+    stamps = [time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
+              for m in re.finditer(r"^(\S+ \S+),(\d+) INFO libludic.training.trainer: step \d+ ",
+                                   learner_log.read_text(), re.M)]
+    if len(stamps) < 2 or len(history) < 2:
+        return None
+    a = min(history, key=lambda h: abs(h[0] - stamps[0]))
+    b = min(history, key=lambda h: abs(h[0] - stamps[-1]))
+    if b[0] - a[0] < 1:
+        return None
+    by_role: collections.Counter[str] = collections.Counter()
+    for pid, (r, secs) in b[1].items():
+        by_role[r] += secs - a[1].get(pid, (r, 0.0))[1]
+    return b[0] - a[0], dict(by_role)
 
 
 def py_spy(pid: int, seconds: int, path: Path) -> None:
@@ -115,7 +144,7 @@ def main() -> int:
     ap.add_argument("--config", default=str(ROOT / "examples/arith/grpo.yaml"))
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--py-spy", action="store_true", help="record learner and actor-0 for 10 s")
+    ap.add_argument("--py-spy", action="store_true", help="record the learner, an actor and the inference processes for 10 s")
     a = ap.parse_args()
     cfg = yaml.safe_load(Path(a.config).read_text())
     work = Path(tempfile.mkdtemp(prefix="ludic-profile-"))
@@ -134,8 +163,9 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if k != "LUDIC_REDIS_URL"}
     env["LUDIC_DUMPABLE"] = "1"  # py-spy attaches as the same user
     cpu: dict[int, tuple[str, float]] = {}
+    history: list[tuple[float, dict[int, tuple[str, float]]]] = []
     stop = threading.Event()
-    sampler = threading.Thread(target=cpu_sampler, args=(name, stop, cpu), daemon=True)
+    sampler = threading.Thread(target=cpu_sampler, args=(name, stop, cpu, history), daemon=True)
     sampler.start()
     log = work / "up.log"
     with open(log, "wb") as f:
@@ -147,7 +177,7 @@ def main() -> int:
                     r"step (\d+) loss", learner_log.read_text() if learner_log.exists() else ""):
                 time.sleep(1)
             time.sleep(5)
-            pids = {r: pid for pid, (r, _) in cpu.items() if r in ("learner", "actor")}
+            pids = {r: pid for pid, (r, _) in cpu.items() if r in SPIED}
             threads = [threading.Thread(target=py_spy, args=(pid, 10, work / f"{r}.spy"))
                        for r, pid in pids.items()]
             for t in threads:
@@ -193,7 +223,13 @@ def main() -> int:
     print("CPU seconds by process (whole run: start-up included; the launcher's include the SFT "
           "warm start and the before/after evaluations): " + ", ".join(
         f"{r} {s:.1f}" for r, s in by_role.most_common()))
-    for r in ("learner", "actor"):
+    window = rl_window_cpu(history, logs / "learner.log")
+    if window:
+        secs, roles = window
+        print(f"CPU while training ({secs:.0f} s from the first to the last step; 1.00 = one core "
+              "busy all the time): " + ", ".join(f"{r} {v / secs:.2f}" for r, v in
+                                                sorted(roles.items(), key=lambda kv: -kv[1])))
+    for r in SPIED:
         top = hottest(work / f"{r}.spy")
         if top:
             print(f"py-spy {r} (share of 10 s of samples):")

@@ -244,7 +244,12 @@ class ParamSpec:
         for name, t in tensors.items():
             self.check_meta(name, t.dtype, tuple(t.shape))
         for name, t in tensors.items():
-            if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+            # a sum is finite when every value is (NaN and inf propagate): one pass and no
+            # mask, 0.5 ms instead of 6 ms for 2.9M fp32 values on one core; only a non-finite
+            # sum (that, or a finite overflow) pays for the exact check
+            if not t.is_floating_point() or not t.numel() or bool(torch.isfinite(t.sum())):
+                continue
+            if not bool(torch.isfinite(t).all()):
                 bad = int((~torch.isfinite(t)).sum())
                 raise WeightValidationError(
                     f"{name}: {bad} non-finite value(s) (NaN/Inf); refusing the whole update",

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.launcher.cpus import PINNING_MODES
+
 
 @dataclass
 class UpSettings:
@@ -34,6 +36,12 @@ class UpSettings:
     learner_nproc: int = field(default=1, metadata={"help": "learner ranks (>1: torchrun, FSDP2)"})
     learner_threads: int = field(
         default=1, metadata={"help": "torch intra-op threads of each learner rank (OMP_NUM_THREADS)"}
+    )
+    cpu_pinning: str = field(
+        default="auto",
+        metadata={"help": "auto: without a GPU, the learner gets learner_nproc x learner_threads "
+                  "cores of its own and every other service the rest (services/launcher/cpus.py); "
+                  "off: the kernel places every process"},
     )
     eval_env: dict[str, Any] = field(
         default_factory=lambda: {"kind": "arithmetic", "kwargs": {"split": "eval"}},
@@ -70,6 +78,8 @@ class UpSettings:
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
             raise ValueError(f"up.max_restarts={self.max_restarts} must be >= 0")
+        if self.cpu_pinning not in PINNING_MODES:
+            raise ValueError(f"up.cpu_pinning={self.cpu_pinning!r}; use one of {sorted(PINNING_MODES)}")
         if self.eval_mode not in EVAL_MODES:
             raise ValueError(f"up.eval_mode={self.eval_mode!r}; use one of {sorted(EVAL_MODES)}")
 

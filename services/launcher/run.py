@@ -3,6 +3,7 @@ services, evaluate, supervise, report). ``main.py`` is the command line."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from libludic.transport import accounting
-from services.launcher import stack
+from services.launcher import cpus, stack
 from services.launcher.config import UpSettings
 from services.launcher.live import LiveView
 from services.launcher.report import write_report
@@ -87,6 +88,19 @@ class Run:
         self.publish: dict[str, Any] = {}  # from learner_final.json
         self.learner_rl: dict[str, Any] = {}  # the learner's RL wall and samples/s
         self.curve_eval_s = 0.0  # seconds of curve evaluations (live or deferred)
+        self.cpu_plan: cpus.CpuPlan | None = None
+
+    def start(self, spec: ServiceSpec) -> None:
+        """Start a service on the cores the CPU plan gives it (launcher/cpus.py)."""
+        if self.cpu_plan is not None:
+            spec = dataclasses.replace(spec, cpus=self.cpu_plan.for_service(spec.name))
+        self.sup.start(spec)
+
+    def plan_cpus(self) -> None:
+        learner_cores = self.s.learner_nproc * self.s.learner_threads
+        gpu = self.s.cpu_pinning == "auto" and cpus.cuda_visible()
+        self.cpu_plan, why = cpus.plan_cpus(self.s.cpu_pinning, learner_cores, cpus.usable_cores(), gpu)
+        log.info("%s", why)
 
     def env(self, **extra: Any) -> dict[str, str]:
         base = {
@@ -109,7 +123,7 @@ class Run:
         data = self.run_dir / "redis"
         if self.s.fresh and data.exists():
             shutil.rmtree(data)
-        self.sup.start(stack.redis_spec(data, port))
+        self.start(stack.redis_spec(data, port))
         stack.wait_redis(port)
         self.redis_url = f"redis://127.0.0.1:{port}/0"
 
@@ -117,7 +131,7 @@ class Run:
         ip = stack.free_port()
         self.inference_url = f"http://127.0.0.1:{ip}"
         self.metrics["inference"] = f"{self.inference_url}/metrics"
-        self.sup.start(ServiceSpec(
+        self.start(ServiceSpec(
             "inference", LUDIC + ["inference", "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(ip)],
             env=self.env(LUDIC_AUTH_TOKEN=self.token, **self.inference_config()),
             health_url=f"{self.inference_url}/health",
@@ -175,7 +189,7 @@ class Run:
             # one torch thread per worker: with vLLM on the same cores, spinning OpenMP threads
             # make small models ~50x slower (DEVELOPERS.md)
             threads = self.s.learner_threads if name == "learner" else 1
-            self.sup.start(ServiceSpec(name, argv, env=self.env(LUDIC_METRICS_PORT=mp, OMP_NUM_THREADS=threads, **env),
+            self.start(ServiceSpec(name, argv, env=self.env(LUDIC_METRICS_PORT=mp, OMP_NUM_THREADS=threads, **env),
                                        health_url=self.metrics[name], critical=critical,
                                        may_finish=may_finish, restart=restart,
                                        restart_env=restart_env or {}))
@@ -220,7 +234,7 @@ class Run:
                 raise FileNotFoundError("up.prometheus_server needs Debian's `prometheus` (make system-deps)")
             port = stack.free_port()
             self.prometheus_url = f"http://127.0.0.1:{port}"
-            self.sup.start(ServiceSpec("prometheus", [
+            self.start(ServiceSpec("prometheus", [
                 exe, f"--config.file={path}", f"--storage.tsdb.path={self.run_dir / 'prometheus-data'}",
                 f"--web.listen-address=127.0.0.1:{port}"], health_url=f"{self.prometheus_url}/-/ready", critical=False))
             self.sup.wait_healthy("prometheus", 60)
@@ -311,6 +325,7 @@ class Run:
             if self.s.fresh:  # an earlier run's checkpoints: a restarted learner must not resume them
                 for ck in (self.run_dir / "learner").glob("step_*"):
                     shutil.rmtree(ck, ignore_errors=True)
+            self.plan_cpus()
             self.start_redis()
             self.start_services(model_dir)
             before = self.eval_now("before", 0)

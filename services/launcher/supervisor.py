@@ -46,10 +46,19 @@ class ServiceSpec:
     may_finish: bool = False
     restart: bool = False  # start it again when it exits (see the module docstring)
     restart_env: dict[str, str] = field(default_factory=dict)  # added on restarts (e.g. resume)
+    # the CPU cores it (and every process it starts) may run on; None: any (launcher/cpus.py)
+    cpus: tuple[int, ...] | None = None
 
 
 class ServiceError(RuntimeError):
     pass
+
+
+def _in_child(parent: int, cpus: tuple[int, ...] | None) -> None:
+    """In the child, before exec: its CPU cores, then the parent-death signal."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    _die_with_parent(parent)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -97,7 +106,7 @@ class Supervisor:
         parent = os.getpid()
         proc = subprocess.Popen(
             spec.argv, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, preexec_fn=lambda: _die_with_parent(parent),
+            start_new_session=True, preexec_fn=lambda: _in_child(parent, spec.cpus),
         )
         log_file.close()
         self.procs[spec.name] = proc

@@ -111,6 +111,16 @@ def test_bad_tensors_are_422(spec: ParamSpec, tensors: dict[str, torch.Tensor], 
     assert ei.value.status == 422
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_finite_values_whose_sum_overflows_are_accepted(spec: ParamSpec, dtype: torch.dtype) -> None:
+    """The finiteness check sums first; a sum that overflows to inf is not a non-finite value."""
+    big = torch.finfo(dtype).max
+    sent = torch.tensor([big, big, -1.0, 1.0], dtype=dtype)
+    assert not bool(torch.isfinite(sent.sum()))
+    got = decode_and_validate(body({"model.norm.weight": sent}), spec)
+    torch.testing.assert_close(got["model.norm.weight"], sent)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_floating_parameters_accept_every_wire_dtype_and_are_cast_to_the_served_one(
     model_dir: Path, dtype: torch.dtype

@@ -99,3 +99,20 @@ def test_services_die_with_a_killed_supervisor(tmp_path: Path) -> None:
             return f.read().split(")")[-1].split()[0] == "Z"
 
     _until(gone, 10)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin to one")
+def test_a_service_and_its_children_run_on_the_cores_of_its_spec(tmp_path: Path) -> None:
+    """``ServiceSpec.cpus`` is applied before exec; a process the service starts inherits it
+    (vLLM's EngineCore and worker, torchrun's ranks)."""
+    core = max(os.sched_getaffinity(0))
+    out = tmp_path / "affinity"
+    child = f"import os; open({str(out)!r}, 'w').write(repr(sorted(os.sched_getaffinity(0))))"
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}], check=True)"
+    sup = Supervisor(tmp_path)
+    sup.start(ServiceSpec("pinned", [sys.executable, "-c", parent], cpus=(core,)))
+    assert sup.procs["pinned"].wait(30) == 0
+    assert out.read_text() == repr([core])
+    sup.start(ServiceSpec("free", [sys.executable, "-c", parent]))
+    assert sup.procs["free"].wait(30) == 0
+    assert out.read_text() == repr(sorted(os.sched_getaffinity(0)))
