@@ -53,6 +53,9 @@ class TrainerConfig:
     min_lr_ratio: float = 0.0
     total_steps: int | None = None
     max_grad_norm: float | None = 1.0
+    # optimizer steps per trainer step: the batch is split into this many minibatches (AReaL's
+    # name; its default is 4, ours 1: one step per batch, as the spec's presets assume)
+    ppo_n_minibatches: int = 1
     max_seq_len: int = 1024
     micro_token_budget: int = 8192  # padded B * T_max tokens per micro-batch
     sync_every_steps: int = 1  # publish weights every N optimizer steps
@@ -124,6 +127,8 @@ class TrainerConfig:
             raise ValueError(f"TrainerConfig.{e}") from None
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise bad("max_grad_norm", "must be > 0 or None (no clipping)")
+        if self.ppo_n_minibatches < 1:
+            raise bad("ppo_n_minibatches", "must be >= 1")
         if self.max_seq_len < 2:
             raise bad("max_seq_len", "must be >= 2")
         if self.micro_token_budget < 1:

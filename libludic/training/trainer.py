@@ -66,6 +66,9 @@ forward of the current weights (eval mode, before the update: the logprobs of th
 this step starts from) under ``batch["prox_logprobs"]``; ``prox_time_s`` in the step stats
 is its time. Off by default: no extra forward.
 
+Minibatches. ``cfg.ppo_n_minibatches`` > 1 splits a step's items into that many optimizer
+steps (``_update``); the proximal logprobs of all of them are taken before the first.
+
 Temperature. Each item's logits are divided by its sampling temperature before the loss
 (``loss.apply_temperature``; the reference model's too): the policy trained is the one the
 actor sampled from, whose logprobs the server returned, so an on-policy ratio is exactly 1.
@@ -104,6 +107,46 @@ from libludic.training.config import TrainerConfig
 from libludic.training.types import BatchSource, SourceStopped
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Prepared:
+    """The collated micro-batches of one optimizer step's items and their loss normalisers."""
+
+    batches: list[dict[str, Any]]
+    n_tok: list[float]  # action tokens per micro-batch (this rank's)
+    macro: dict[str, float]  # over every rank: NUM_ACTION_TOKENS, NUM_SEQUENCES, WEIGHT_MEAN
+
+
+def split_minibatches(items: Sequence[SAWItem], n: int) -> list[list[SAWItem]]:
+    """``items`` in ``n`` contiguous parts (1 <= n <= len(items)) whose sizes differ by at
+    most one, the larger first: 10 items, n=4 -> 3, 3, 2, 2."""
+    if not 1 <= n <= len(items):
+        raise ValueError(f"cannot split {len(items)} items into {n} minibatches")
+    k, r = divmod(len(items), n)
+    out: list[list[SAWItem]] = []
+    i = 0
+    for j in range(n):
+        size = k + (1 if j < r else 0)
+        out.append(list(items[i : i + size]))
+        i += size
+    return out
+
+
+def combine_minibatch_stats(parts: list[dict[str, float]]) -> dict[str, float]:
+    """One step's stats from its minibatches' (see ``Trainer._update``)."""
+    toks = [max(p.get("num_action_tokens", 0.0), 0.0) for p in parts]
+    total = sum(toks) or 1.0
+    out: dict[str, float] = {"num_minibatches": float(len(parts))}
+    for key in parts[0]:
+        vals = [p.get(key, 0.0) for p in parts]
+        if key in ("loss", "grad_norm"):
+            out[key] = sum(vals) / len(vals)
+        elif key.startswith("loss/"):
+            out[key] = sum(t * v for t, v in zip(toks, vals)) / total
+        else:
+            out[key] = sum(vals)
+    return out
 
 
 class PublishFailed(RuntimeError):
@@ -277,6 +320,11 @@ class Trainer:
         Afterwards ``p.grad`` holds the gradient of the full-batch loss. Returns the
         summed loss, token counts and the loss stats (token-weighted over micro-batches).
         """
+        return self._forward_backward(self._prepare(items))
+
+    def _prepare(self, items: Sequence[SAWItem]) -> _Prepared:
+        """Micro-batches of ``items``, collated, with the loss normalisers of the whole of
+        ``items`` (over every rank's shard)."""
         cfg = self.cfg
         if self.algo.needs_actor_logprobs:
             missing = [it.item_id for it in items if it.attachments.actor_logprobs is None]
@@ -293,19 +341,35 @@ class Trainer:
             [sum(n_tok), sum(n_seq), sum(float(it.weight) for it in items), float(len(items))],
             dtype=torch.float64,
         )
-        scale = 1.0
         if self.distributed:
             # all_reduce on the model's device (gloo: CPU, NCCL: GPU)
             t = totals.to(self.device)
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
             totals = t.cpu()
-            scale = float(dist.get_world_size())
         tot_tok, tot_seq, w_sum, n_items = (float(x) for x in totals)
         macro = {
             L.NUM_ACTION_TOKENS_KEY: max(tot_tok, 1.0),
             L.NUM_SEQUENCES_KEY: max(tot_seq, 1.0),
             L.WEIGHT_MEAN_KEY: w_sum / max(n_items, 1.0),
         }
+        return _Prepared(batches, n_tok, macro)
+
+    def _add_proximal(self, prepared: _Prepared) -> float:
+        """Put the current weights' logprobs in every micro-batch of ``prepared`` (if the
+        loss needs them and they are not there yet); returns the seconds it took."""
+        if not self.algo.needs_prox_logprobs:
+            return 0.0
+        t = time.perf_counter()
+        for b in prepared.batches:
+            if L.PROX_LOGPROBS_KEY not in b:
+                dev_b = {k: v.to(self.device, non_blocking=True) for k, v in b.items()}
+                b[L.PROX_LOGPROBS_KEY] = self.proximal_logprobs(dev_b)
+        return time.perf_counter() - t
+
+    def _forward_backward(self, prepared: _Prepared) -> dict[str, float]:
+        cfg = self.cfg
+        batches, n_tok = prepared.batches, prepared.n_tok
+        scale = float(dist.get_world_size()) if self.distributed else 1.0
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         ref_time = 0.0
@@ -320,12 +384,12 @@ class Trainer:
             dev_b: dict[str, Any] = {
                 k: v.to(self.device, non_blocking=True) for k, v in b.items()
             }
-            dev_b.update(macro)
+            dev_b.update(prepared.macro)
             if self.ref_model is not None and "ref_logprobs" not in dev_b:
                 t_ref = time.perf_counter()
                 dev_b["ref_logprobs"] = self.reference_logprobs(dev_b)
                 ref_time += time.perf_counter() - t_ref
-            if self.algo.needs_prox_logprobs:
+            if self.algo.needs_prox_logprobs and L.PROX_LOGPROBS_KEY not in dev_b:
                 t_prox = time.perf_counter()
                 dev_b[L.PROX_LOGPROBS_KEY] = self.proximal_logprobs(dev_b)
                 prox_time += time.perf_counter() - t_prox
@@ -391,12 +455,39 @@ class Trainer:
         return [float(x) for x in t.cpu()]
 
     def _update(self, items: Sequence[SAWItem]) -> dict[str, float]:
-        """Forward, backward and the optimizer step of ``items`` (in a worker thread)."""
+        """Forward, backward and the optimizer step(s) of ``items`` (in a worker thread).
+
+        ``cfg.ppo_n_minibatches`` = n > 1: the items are split into n minibatches
+        (``split_minibatches``; fewer when a rank holds fewer than n items, the same number
+        on every rank), each with its own loss normalisers and its own optimizer step, all
+        at this trainer step's learning rate. The proximal logprobs a decoupled loss needs
+        are taken for every minibatch before the first update: they are the policy this
+        step starts from, not the one the previous minibatch left. Stats: ``loss`` and
+        ``grad_norm`` are means over the minibatches, the loss stats token-weighted means,
+        counts and times sums; ``num_minibatches`` says how many ran."""
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # the current device is per thread
         self.model.train()
-        out = self.accumulate_gradients(items)
-        out["grad_norm"] = self.optimizer_step()
+        n = min(self.cfg.ppo_n_minibatches, len(items))
+        if self.distributed and self.cfg.ppo_n_minibatches > 1:
+            t = torch.tensor([n], dtype=torch.int64, device=self.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            n = int(t.item())
+        if n <= 1:
+            out = self.accumulate_gradients(items)
+            out["grad_norm"] = self.optimizer_step()
+            out["num_minibatches"] = 1.0
+            return out
+        prepared = [self._prepare(part) for part in split_minibatches(items, n)]
+        prox_time = sum(self._add_proximal(p) for p in prepared)
+        parts: list[dict[str, float]] = []
+        for p in prepared:
+            st = self._forward_backward(p)
+            st["grad_norm"] = self.optimizer_step()
+            parts.append(st)
+        out = combine_minibatch_stats(parts)
+        if self.algo.needs_prox_logprobs:
+            out["prox_time_s"] = prox_time
         return out
 
     def optimizer_step(self) -> float:
