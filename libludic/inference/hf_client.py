@@ -7,8 +7,10 @@ stays free. Semantics match the vLLM server:
 * completion token ids include the EOS token that ended the reply; text excludes it;
 * ``completion_logprobs`` are the chosen tokens' logprobs under the distribution actually
   sampled (``ludic inference``'s vLLM ``processed_logprobs``): ``log_softmax(logits / T)``,
-  renormalised over the top-p nucleus when top_p < 1; at T = 0 (greedy) untempered;
+  renormalised over the top-k tokens (``top_k``), then over the top-p nucleus of those
+  (``top_p`` < 1), vLLM's order; at T = 0 (greedy) untempered;
 * a stop string ends generation; the text is cut before it, the ids keep its tokens;
+* a token of ``stop_token_ids`` ends generation and is kept in the ids, like EOS;
 * ``seed`` seeds a per-row generator, so a request is reproducible alone or in a batch;
 * ``policy_version`` starts at 0 and becomes the version given to ``sync_weights``.
 """
@@ -140,7 +142,8 @@ class HFChatClient:
         step_ids, step_pos = ids, pos
         temps = torch.tensor([p.request.sampling.temperature for p in batch], dtype=torch.float32)
         greedy = temps == 0
-        nucleus = [p.request.sampling.top_p < 1.0 and not greedy[i] for i, p in enumerate(batch)]
+        nucleus = [(p.request.sampling.top_p < 1.0 or p.request.sampling.top_k is not None)
+                   and not greedy[i] for i, p in enumerate(batch)]
         for _t in range(max(max_new)):
             out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=past, use_cache=True)
             past = out.past_key_values
@@ -159,10 +162,13 @@ class HFChatClient:
             nxt = torch.full((B,), self.pad_id, dtype=torch.long)
             for i in live:
                 p = batch[i]
-                if nucleus[i]:  # top-p: sample from the renormalised nucleus
-                    sp = p.request.sampling
+                sp = p.request.sampling
+                if nucleus[i]:  # top-k, then top-p: sample from the renormalised rest
                     probs = logp[i].exp()
                     sp_sorted, idx = torch.sort(probs, descending=True)
+                    if sp.top_k is not None:
+                        sp_sorted, idx = sp_sorted[: sp.top_k], idx[: sp.top_k]
+                        sp_sorted = sp_sorted / sp_sorted.sum()
                     keep = sp_sorted.cumsum(-1) - sp_sorted < sp.top_p
                     probs = torch.zeros_like(probs).scatter(0, idx[keep], sp_sorted[keep])
                     probs = probs / probs.sum()
@@ -174,7 +180,9 @@ class HFChatClient:
                 nxt[i] = tok
                 out_ids[i].append(tok)
                 out_lp[i].append(lp)
-                if tok in self.eos_ids and not p.request.sampling.ignore_eos:
+                if tok in self.eos_ids and not sp.ignore_eos:
+                    finish[i] = "stop"
+                elif sp.stop_token_ids and tok in sp.stop_token_ids:
                     finish[i] = "stop"
                 elif stops[i]:
                     text = str(self.tokenizer.decode(out_ids[i], skip_special_tokens=True))

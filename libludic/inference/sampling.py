@@ -14,6 +14,10 @@ class SamplingConfig:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     stop: str | list[str] | None = None
+    # sample among the k most likely tokens only (None: all; AReaL's default 1e8 means the same)
+    top_k: int | None = None
+    # generation also ends when one of these token ids is sampled (it is kept, like EOS)
+    stop_token_ids: tuple[int, ...] | None = None
     # keep sampling after the end-of-sequence token until max_tokens (vLLM's ignore_eos; the
     # sampled distribution is unchanged, so logprobs stay those of the policy)
     ignore_eos: bool = False
@@ -25,6 +29,16 @@ class SamplingConfig:
             raise ValueError(f"SamplingConfig.max_tokens={self.max_tokens} must be >= 1")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"SamplingConfig.top_p={self.top_p} must be in (0, 1]")
+        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
+                                       or self.top_k < 1):
+            raise ValueError(f"SamplingConfig.top_k={self.top_k!r} must be an integer >= 1 or None (all tokens)")
+        if self.stop_token_ids is not None:
+            ids = tuple(self.stop_token_ids)
+            if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
+                raise ValueError(
+                    f"SamplingConfig.stop_token_ids={list(ids)!r} must be token ids (integers >= 0)"
+                )
+            object.__setattr__(self, "stop_token_ids", ids or None)
 
     def to_openai(self) -> dict[str, Any]:
         """Fields of an OpenAI-compatible request body."""
@@ -39,10 +53,17 @@ class SamplingConfig:
             out["stop"] = self.stop
         if self.ignore_eos:
             out["ignore_eos"] = True
+        if self.top_k is not None:
+            out["top_k"] = self.top_k  # vLLM's extension of the OpenAI body
+        if self.stop_token_ids is not None:
+            out["stop_token_ids"] = list(self.stop_token_ids)
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if self.stop_token_ids is not None:
+            d["stop_token_ids"] = list(self.stop_token_ids)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SamplingConfig:

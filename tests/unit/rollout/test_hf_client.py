@@ -66,3 +66,47 @@ async def test_sync_weights_changes_output_and_version(tiny_model_dir):
 def test_missing_model_dir_is_clear(tmp_path):
     with pytest.raises(FileNotFoundError, match="ludic model init"):
         HFChatClient(tmp_path / "none")
+
+
+@pytest.mark.parametrize("kw", [{"top_k": 3}, {"top_k": 5, "top_p": 0.5}])
+async def test_top_k_samples_among_the_k_likeliest_and_reports_their_renormalised_logprob(client, kw):
+    """vLLM's order: top-k, renormalise, then top-p over what is left; the logprob is the
+    sampled token's under that final renormalised distribution."""
+    r, _ = await client.complete(req(seed=7, temperature=1.0, max_tokens=6, **kw))
+    ids = torch.tensor([r.prompt_token_ids + r.completion_token_ids])
+    with torch.no_grad():
+        probs = torch.softmax(client.model(ids).logits.float(), -1)[0]
+    n = len(r.prompt_token_ids)
+    for j, (t, lp) in enumerate(zip(r.completion_token_ids, r.completion_logprobs)):
+        top, idx = torch.sort(probs[n - 1 + j], descending=True)
+        top, idx = top[: kw["top_k"]], idx[: kw["top_k"]]
+        top = top / top.sum()
+        keep = top.cumsum(-1) - top < kw.get("top_p", 1.0)
+        assert t in idx[keep].tolist()  # sampled inside the kept set
+        kept = top[keep] / top[keep].sum()
+        want = float(torch.log(kept[idx[keep].tolist().index(t)]))
+        assert lp == pytest.approx(want, abs=1e-4)
+
+
+async def test_a_stop_token_id_ends_generation_and_is_kept(client):
+    free, _ = await client.complete(req(seed=3, temperature=1.0, max_tokens=12))
+    assert len(free.completion_token_ids) >= 3, "this seed must give a few tokens to stop at"
+    stop = free.completion_token_ids[2]
+    first = free.completion_token_ids.index(stop)
+    r, _ = await client.complete(req(seed=3, temperature=1.0, max_tokens=12, stop_token_ids=[stop]))
+    assert r.completion_token_ids == free.completion_token_ids[: first + 1]
+    assert r.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("kw, match", [({"top_k": 0}, "top_k=0"), ({"top_k": 2.5}, "top_k=2.5"),
+                                       ({"stop_token_ids": [-1]}, "stop_token_ids=")])
+def test_bad_top_k_and_stop_token_ids_are_refused(kw, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingConfig(**kw)
+
+
+def test_top_k_and_stop_token_ids_go_into_the_openai_body():
+    body = SamplingConfig(top_k=20, stop_token_ids=[7, 9]).to_openai()
+    assert body["top_k"] == 20 and body["stop_token_ids"] == [7, 9]
+    assert "top_k" not in SamplingConfig().to_openai()
+    assert SamplingConfig.from_dict(SamplingConfig(stop_token_ids=[7]).to_dict()).stop_token_ids == (7,)
