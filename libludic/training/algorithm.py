@@ -81,6 +81,7 @@ from libludic.training.filters import (
     drop_zero_variance_groups,
 )
 from libludic.training.loss import (
+    KL_ESTIMATORS,
     CISPOLoss,
     CompositeLoss,
     GSPOLoss,
@@ -345,13 +346,17 @@ def _no_std(preset: str, name: str, cfg: NormArg) -> NormArg:
     return cfg
 
 
-def _with_kl(loss: Any, kl_coeff: float, name: str) -> Any:
+def _with_kl(loss: Any, kl_coeff: float, name: str, kl_estimator: str = "k3") -> Any:
+    """``loss`` plus ``kl_coeff`` x the KL estimate to the reference policy (TokenKLLoss:
+    k1, k2 or k3, AReaL's ``kl_estimator``; ours defaults to k3, the spec's)."""
     if kl_coeff < 0:
         raise ValueError(f"kl_coeff={kl_coeff} must be >= 0")
+    if kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator={kl_estimator!r}; use one of {list(KL_ESTIMATORS)}")
     if kl_coeff == 0.0:
         return loss
     return CompositeLoss(
-        terms=[LossTerm(name, loss, 1.0), LossTerm("kl", TokenKLLoss(), kl_coeff)]
+        terms=[LossTerm(name, loss, 1.0), LossTerm("kl", TokenKLLoss(estimator=kl_estimator), kl_coeff)]
     )
 
 
@@ -401,6 +406,7 @@ def make_grpo(
     eps_clip_higher: float | None = None,
     dual_clip_c: float | None = None,
     kl_coeff: float = 0.0,
+    kl_estimator: str = "k3",
     aggregation: str = "token-mean",
     max_new_tokens: int | None = None,
     mismatch_correction: str | None = None,
@@ -420,7 +426,7 @@ def make_grpo(
     overlong_penalty_factor: float | None = None,
     mask_no_eos_with_zero: bool = False,
 ) -> RLAlgorithm:
-    """GroupNormalizedReturn + TokenClippedSurrogateLoss (+ k3 KL when kl_coeff > 0).
+    """GroupNormalizedReturn + TokenClippedSurrogateLoss (+ the KL term when kl_coeff > 0, estimator kl_estimator).
 
     ``normalize_adv`` (unset: False) as in GroupNormalizedReturn: mean-centred only; True
     for the original GRPO's division by the group std. ``reward_norm`` / ``adv_norm``
@@ -462,7 +468,7 @@ def make_grpo(
             adv_norm=adv_norm,
             positive_only=positive_only,
         ),
-        loss=_with_kl(loss, kl_coeff, "pg"),
+        loss=_with_kl(loss, kl_coeff, "pg", kl_estimator),
         **_reward_options(
             dynamic_sampling=dynamic_sampling,
             reward_scaling=reward_scaling,
@@ -565,6 +571,7 @@ def make_cispo(
     *,
     group_size: int = 8,
     kl_coeff: float = 0.0,
+    kl_estimator: str = "k3",
     eps_clip_low: float | None = None,
     eps_clip_high: float = 0.2,
     aggregation: str = "token-mean",
@@ -586,7 +593,7 @@ def make_cispo(
     overlong_penalty_factor: float | None = None,
     mask_no_eos_with_zero: bool = False,
 ) -> RLAlgorithm:
-    """GroupNormalizedReturn + CISPOLoss (+ k3 KL when kl_coeff > 0); ``reward_norm`` /
+    """GroupNormalizedReturn + CISPOLoss (+ the KL term when kl_coeff > 0, estimator kl_estimator); ``reward_norm`` /
     ``adv_norm`` as in make_grpo."""
     loss = CISPOLoss(
         eps_clip_low=eps_clip_low,
@@ -607,7 +614,7 @@ def make_cispo(
         credit_assigner=_group_credit(
             GroupNormalizedReturn(group_size=group_size), reward_norm=reward_norm, adv_norm=adv_norm
         ),
-        loss=_with_kl(loss, kl_coeff, "cispo"),
+        loss=_with_kl(loss, kl_coeff, "cispo", kl_estimator),
         **_reward_options(
             dynamic_sampling=dynamic_sampling,
             reward_scaling=reward_scaling,
@@ -630,6 +637,7 @@ def make_gspo(
     eps_clip: float = 3e-4,
     eps_clip_higher: float | None = 4e-4,
     kl_coeff: float = 0.0,
+    kl_estimator: str = "k3",
     aggregation: str = "seq-mean-token-mean",
     max_new_tokens: int | None = None,
     mismatch_correction: str | None = None,
@@ -649,7 +657,7 @@ def make_gspo(
     overlong_penalty_factor: float | None = None,
     mask_no_eos_with_zero: bool = False,
 ) -> RLAlgorithm:
-    """GSPO: GroupNormalizedReturn + GSPOLoss (+ k3 KL when kl_coeff > 0).
+    """GSPO: GroupNormalizedReturn + GSPOLoss (+ the KL term when kl_coeff > 0, estimator kl_estimator).
 
     As in the GSPO paper: A_i = (R_i - mean(R)) / std(R) (``normalize_adv`` unset: True,
     unlike make_grpo's default), clipping ranges 3e-4 / 4e-4 on the sequence ratio, and one
@@ -679,7 +687,7 @@ def make_gspo(
             adv_norm=adv_norm,
             positive_only=positive_only,
         ),
-        loss=_with_kl(loss, kl_coeff, "pg"),
+        loss=_with_kl(loss, kl_coeff, "pg", kl_estimator),
         **_reward_options(
             dynamic_sampling=dynamic_sampling,
             reward_scaling=reward_scaling,
@@ -701,6 +709,7 @@ def make_dr_grpo(
     eps_clip_higher: float | None = None,
     dual_clip_c: float | None = None,
     kl_coeff: float = 0.0,
+    kl_estimator: str = "k3",
     aggregation: str = "seq-mean-token-sum-norm",
     max_new_tokens: int | None = 1024,
     mismatch_correction: str | None = None,
@@ -756,7 +765,7 @@ def make_dr_grpo(
             reward_norm=_no_std("dr_grpo", "reward_norm", reward_norm),
             adv_norm=_no_std("dr_grpo", "adv_norm", adv_norm),
         ),
-        loss=_with_kl(loss, kl_coeff, "pg"),
+        loss=_with_kl(loss, kl_coeff, "pg", kl_estimator),
         **_reward_options(
             dynamic_sampling=dynamic_sampling,
             reward_scaling=reward_scaling,

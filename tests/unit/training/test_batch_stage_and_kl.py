@@ -171,6 +171,38 @@ async def test_kl_term_with_the_trainers_reference_policy_by_hand() -> None:
     assert ref.bias.tolist() == pytest.approx([0.0, math.log(3.0)])  # frozen
 
 
+@pytest.mark.parametrize("estimator, want, moves", [
+    # same policy/reference as above: lr = log 1.5 (token 1) and log 0.5 (token 2)
+    # k1 = -lr: (-log 1.5 - log 0.5) / 2 = log(4/3) / 2 = 0.1438410 (k3's value here too,
+    #   since e^lr - 1 sums to 0 over the two tokens); but d k1 / d logp = -1 per token and
+    #   d logp(y) / d bias = onehot(y) - p: (-1/2, 1/2) + (1/2, -1/2) = 0: the policy stays
+    ("k1", math.log(4.0 / 3.0) / 2, False),
+    # k2 = lr^2 / 2: (log(1.5)^2 + log(0.5)^2) / 4 = (0.1644 + 0.4805) / 4 = 0.1612219;
+    #   d k2 / d logp = -lr: token 1 -log 1.5 x (-1/2, 1/2), token 2 -log 0.5 x (1/2, -1/2)
+    #   = (0.2027 + 0.3466, ...) != 0: it moves toward the reference as k3 does
+    ("k2", (math.log(1.5) ** 2 + math.log(0.5) ** 2) / 4, True),
+])
+async def test_kl_estimator_is_a_preset_kwarg(estimator, want, moves) -> None:
+    algo = make_grpo(group_size=1, kl_coeff=0.5, kl_estimator=estimator)
+    policy = ConstLogits([0.0, 0.0])
+    tr = Trainer(model=policy, algo=algo, batch_source=ListBatchSource([[kl_item()]]),
+                 cfg=cpu_cfg(max_grad_norm=None),
+                 reference_model=ConstLogits([0.0, math.log(3.0)], trainable=False))
+    stats = await tr.train_step()
+    assert stats["loss/kl/kl"] == pytest.approx(want, rel=1e-5)
+    assert stats["loss"] == pytest.approx(0.5 * want, rel=1e-5)
+    bias = policy.bias.detach().tolist()
+    if moves:
+        assert bias[1] > 0.0 > bias[0]
+    else:
+        assert bias == pytest.approx([0.0, 0.0], abs=1e-7)
+
+
+def test_a_bad_kl_estimator_names_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"kl_estimator='k4'; use one of \['k1', 'k2', 'k3'\]"):
+        make_grpo(kl_coeff=0.1, kl_estimator="k4")
+
+
 def test_kl_gradient_by_hand() -> None:
     algo = make_grpo(group_size=1, kl_coeff=0.5)
     policy = ConstLogits([0.0, 0.0])
