@@ -56,6 +56,10 @@ class TrainerConfig:
     # optimizer steps per trainer step: the batch is split into this many minibatches (AReaL's
     # name; its default is 4, ours 1: one step per batch, as the spec's presets assume)
     ppo_n_minibatches: int = 1
+    # recompute each layer's activations in the backward pass instead of keeping them:
+    # less memory for long sequences, ~1 more forward of time (AReaL's name; its default is
+    # True, ours False: the demo's sequences are short)
+    gradient_checkpointing: bool = False
     max_seq_len: int = 1024
     micro_token_budget: int = 8192  # padded B * T_max tokens per micro-batch
     sync_every_steps: int = 1  # publish weights every N optimizer steps

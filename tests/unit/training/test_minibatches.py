@@ -114,3 +114,27 @@ def test_stats_of_minibatches_combine_by_their_kind() -> None:
     assert out == pytest.approx({"num_minibatches": 2.0, "loss": 2.0, "grad_norm": 3.0,
                                  "num_action_tokens": 40.0, "loss/clip_frac": 0.2,
                                  "prox_time_s": 0.3})
+
+
+def test_gradient_checkpointing_gives_the_same_gradient(base_model) -> None:
+    """Recomputing activations in the backward changes memory, not numbers."""
+    algo = RLAlgorithm("t", ConstantCredit(), ReinforceLoss())
+    items = items6()
+    plain = Trainer(model=copy.deepcopy(base_model), algo=algo, cfg=cfg(),
+                    batch_source=ListBatchSource([]))
+    ckpt = Trainer(model=copy.deepcopy(base_model), algo=algo, cfg=cfg(gradient_checkpointing=True),
+                   batch_source=ListBatchSource([]))
+    assert ckpt.model.is_gradient_checkpointing and not plain.model.is_gradient_checkpointing
+    plain.model.train()
+    ckpt.model.train()
+    a = plain.accumulate_gradients(items)
+    b = ckpt.accumulate_gradients(items)
+    assert b["loss"] == pytest.approx(a["loss"], rel=1e-6)
+    for (n, p), q in zip(plain.model.named_parameters(), ckpt.model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7, msg=n)
+
+
+def test_gradient_checkpointing_on_a_model_without_it_is_refused() -> None:
+    with pytest.raises(ValueError, match="gradient_checkpointing=True but Linear does not support it"):
+        Trainer(model=torch.nn.Linear(2, 2), algo=RLAlgorithm("t", ConstantCredit(), ReinforceLoss()),
+                cfg=cfg(gradient_checkpointing=True), batch_source=ListBatchSource([]))
