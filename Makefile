@@ -42,6 +42,7 @@ system-deps:
 
 lint: venv
 	$(VENV)/bin/ruff check libludic services tests bench
+	$(VENV)/bin/ruff format --check libludic services tests bench examples scripts
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy --strict -p libludic
 

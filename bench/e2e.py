@@ -35,8 +35,9 @@ gain on this machine at this batch size, before contention for the cores.
 
 Full mode repeats each contestant ``--reps`` times (default 3), alternating, and reports
 medians; rep ``k`` of the baseline seeds its sampling and its problems with ``k`` (the
-services' reps differ by run id), so its reps are independent runs, not replays. ``--quick`` builds the tiny model, skips SFT and runs a few steps of the demo
-workload once per contestant (exercises the path, measures nothing).
+services' reps differ by run id), so its reps are independent runs, not replays.
+``--quick`` builds the tiny model, skips SFT and runs a few steps of the demo workload once
+per contestant (exercises the path, measures nothing).
 
 Last line: ``RESULT e2e ... ratio=<x>`` with ``ratio`` = median async samples/s / median
 baseline samples/s on the demo workload (higher is better; 1.0 = as fast as one process).
@@ -99,7 +100,10 @@ def run_services(cfg: dict[str, Any], name: str, work: Path, sync: bool) -> dict
     with open(log, "wb") as f:
         code = subprocess.call(
             [sys.executable, "-m", "services.cli", "up", "--config", str(path), "--no-live"],
-            stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
         )
     if code != 0:
         sys.stderr.write(log.read_text(errors="replace")[-3000:])
@@ -112,8 +116,11 @@ def run_services(cfg: dict[str, Any], name: str, work: Path, sync: bool) -> dict
         "rl_wall_s": s["rl_wall_seconds"],
         "pass_before": s["pass_rate_before"],
         "pass_after": s["pass_rate_after"],
-        "curve": [(e["step"], e["wall_s"], e["eval/pass_rate"]) for e in s["evals"]
-                  if 0 < e["step"] < s["steps"]],
+        "curve": [
+            (e["step"], e["wall_s"], e["eval/pass_rate"])
+            for e in s["evals"]
+            if 0 < e["step"] < s["steps"]
+        ],
         "stale_fraction": (acct.get("items_stale", 0) / written) if written else 0.0,
         "steps": s["steps"],
     }
@@ -166,8 +173,9 @@ def run_baseline(cfg: dict[str, Any], model_dir: Path, seed: int = 0) -> dict[st
             out.append(make_request(fs, pick_task(fs.parsed_tasks, s), s))
         return out
 
-    source = RolloutBatchSource(engine=engine, request_fn=requests, algorithm=algo,
-                                max_steps=1, concurrency=ls.batch_size)
+    source = RolloutBatchSource(
+        engine=engine, request_fn=requests, algorithm=algo, max_steps=1, concurrency=ls.batch_size
+    )
     gen = {"s": 0.0}
     inner = source.next_batch
 
@@ -234,8 +242,18 @@ def baseline_subprocess(
     it uses both cores, as a single process would."""
     cfg_path, out = work / f"{name}.yaml", work / f"{name}.json"
     cfg_path.write_text(yaml.safe_dump(cfg))
-    code = subprocess.call([sys.executable, __file__, "--_baseline", str(cfg_path), str(model_dir),
-                            str(out), str(seed)], cwd=ROOT)
+    code = subprocess.call(
+        [
+            sys.executable,
+            __file__,
+            "--_baseline",
+            str(cfg_path),
+            str(model_dir),
+            str(out),
+            str(seed),
+        ],
+        cwd=ROOT,
+    )
     if code != 0:
         raise SystemExit(f"{name}: the baseline exited with {code}")
     return json.loads(out.read_text())
@@ -261,33 +279,47 @@ def fmt(x: float | None, spec: str) -> str:
 
 
 def table(wl: str, runs: dict[str, list[dict[str, Any]]], target: float) -> None:
-    print(f"\n## workload {wl} (medians of {len(next(iter(runs.values())))} run(s); target "
-          f"pass rate {target:.3f})")
-    print("| contestant | samples/s | time to target (s) | pass rate before -> after | "
-          "stale fraction | runs (samples/s) |")
+    print(
+        f"\n## workload {wl} (medians of {len(next(iter(runs.values())))} run(s); target "
+        f"pass rate {target:.3f})"
+    )
+    print(
+        "| contestant | samples/s | time to target (s) | pass rate before -> after | "
+        "stale fraction | runs (samples/s) |"
+    )
     print("|---|---|---|---|---|---|")
     for who, rs in runs.items():
         sps = [r["samples_per_s"] for r in rs]
-        tt = [time_to(r["curve"] + [(r["steps"], r["rl_wall_s"], r["pass_after"])], target)
-              for r in rs]
-        print(f"| {who} | {fmt(med(sps), '.1f')} | {fmt(med(tt), '.1f')} | "
-              f"{fmt(med([r['pass_before'] for r in rs]), '.3f')} -> "
-              f"{fmt(med([r['pass_after'] for r in rs]), '.3f')} | "
-              f"{fmt(med([r['stale_fraction'] for r in rs]), '.3f')} | "
-              f"{', '.join(f'{x:.1f}' for x in sps)} |")
+        tt = [
+            time_to(r["curve"] + [(r["steps"], r["rl_wall_s"], r["pass_after"])], target)
+            for r in rs
+        ]
+        print(
+            f"| {who} | {fmt(med(sps), '.1f')} | {fmt(med(tt), '.1f')} | "
+            f"{fmt(med([r['pass_before'] for r in rs]), '.3f')} -> "
+            f"{fmt(med([r['pass_after'] for r in rs]), '.3f')} | "
+            f"{fmt(med([r['stale_fraction'] for r in rs]), '.3f')} | "
+            f"{', '.join(f'{x:.1f}' for x in sps)} |"
+        )
     b = runs["baseline"]
-    print(f"overlap bound (t_gen + t_train) / max: {fmt(med([r['overlap_bound'] for r in b]), '.2f')}"
-          f" (baseline t_gen {fmt(med([r['t_gen'] for r in b]), '.1f')} s, t_train "
-          f"{fmt(med([r['t_train'] for r in b]), '.1f')} s)")
+    print(
+        f"overlap bound (t_gen + t_train) / max: {fmt(med([r['overlap_bound'] for r in b]), '.2f')}"
+        f" (baseline t_gen {fmt(med([r['t_gen'] for r in b]), '.1f')} s, t_train "
+        f"{fmt(med([r['t_train'] for r in b]), '.1f')} s)"
+    )
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--config", default=str(ROOT / "examples/arith/grpo.yaml"))
     ap.add_argument("--workload", choices=["demo", "gen-heavy", "both"], default="both")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--target", type=float, default=None, help="pass-rate target (default: before + 0.10)")
+    ap.add_argument(
+        "--target", type=float, default=None, help="pass-rate target (default: before + 0.10)"
+    )
     ap.add_argument("--_baseline", nargs=4, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a._baseline:
@@ -304,15 +336,18 @@ def main() -> int:
         from libludic.models.tiny import init_model
 
         model = init_model(work / "tiny", size="tiny")
-        cfg["up"].update(model=str(model), sft_steps=0, actors=1, eval_n=16, eval_every_steps=2,
-                         timeout_s=300)
+        cfg["up"].update(
+            model=str(model), sft_steps=0, actors=1, eval_n=16, eval_every_steps=2, timeout_s=300
+        )
         cfg["learner"].update(num_steps=4, batch_size=16)
         workloads, reps = ["demo"], 1
     else:
         from services.launcher.config import UpSettings
         from services.launcher.run import prepare_model
 
-        s = UpSettings(**{k: v for k, v in cfg["up"].items() if k in UpSettings.__dataclass_fields__})
+        s = UpSettings(
+            **{k: v for k, v in cfg["up"].items() if k in UpSettings.__dataclass_fields__}
+        )
         s.name, s.runs_dir = "shared", str(work)
         model = prepare_model(s, work / "shared")
         cfg["up"].update(model=str(model), sft_steps=0)
@@ -330,9 +365,12 @@ def main() -> int:
                 else:
                     r = run_services(wcfg, name, work, sync=(who == "sync"))
                 runs[who].append(r)
-                print(f"{name}: {r['samples_per_s']:.1f} samples/s, pass rate "
-                      f"{r['pass_before']:.3f} -> {r['pass_after']:.3f}, stale "
-                      f"{r['stale_fraction']:.3f} ({time.monotonic() - t:.0f} s)", flush=True)
+                print(
+                    f"{name}: {r['samples_per_s']:.1f} samples/s, pass rate "
+                    f"{r['pass_before']:.3f} -> {r['pass_after']:.3f}, stale "
+                    f"{r['stale_fraction']:.3f} ({time.monotonic() - t:.0f} s)",
+                    flush=True,
+                )
         results[wl] = runs
     out: dict[str, Any] = {}
     for wl, runs in results.items():
@@ -345,8 +383,13 @@ def main() -> int:
     (work / "results.json").write_text(json.dumps({"out": out, "runs": results}, indent=1))
     first = workloads[0]
     ratio = (out[f"{first}_async"] or 0) / max(1e-9, out[f"{first}_baseline"] or 0)
-    fields = " ".join(f"{k.replace('-', '_')}_samples_per_s={v:.1f}" if "overlap" not in k
-                      else f"{k.replace('-', '_')}_bound={v:.2f}" for k, v in out.items() if v is not None)
+    fields = " ".join(
+        f"{k.replace('-', '_')}_samples_per_s={v:.1f}"
+        if "overlap" not in k
+        else f"{k.replace('-', '_')}_bound={v:.2f}"
+        for k, v in out.items()
+        if v is not None
+    )
     print(f"RESULT e2e {fields} ratio={ratio:.2f}")
     return 0
 

@@ -97,11 +97,17 @@ def main(argv: list[str] | None = None) -> int:
     batches = synthetic_batches(8, bs)
     real_tokens = [sum(it.num_tokens for it in b) for b in batches]
     cfg = TrainerConfig(
-        model_device="cpu", mixed_precision_dtype=None, lr=1e-3, pad_token_id=PAD_ID,
-        micro_token_budget=1 << 20, log_every=10**9,
+        model_device="cpu",
+        mixed_precision_dtype=None,
+        lr=1e-3,
+        pad_token_id=PAD_ID,
+        micro_token_budget=1 << 20,
+        log_every=10**9,
     )
     trainer = Trainer(model=m_tr, algo=make_sft(), batch_source=CycleSource(batches), cfg=cfg)
-    opt = torch.optim.AdamW(m_bare.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    opt = torch.optim.AdamW(
+        m_bare.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01
+    )
     padded = [collate(b, PAD_ID) for b in batches]
 
     async def trainer_steps(k: int) -> None:
@@ -126,17 +132,24 @@ def main(argv: list[str] | None = None) -> int:
             bare_tok += real_tokens[bi % len(batches)]
             bi += 1
         bare_time += time.perf_counter() - t0
-        print(f"block {blk + 1}/{blocks}: trainer {tr_tok / tr_time:.0f} tok/s, "
-              f"bare {bare_tok / bare_time:.0f} tok/s (cumulative)", flush=True)
+        print(
+            f"block {blk + 1}/{blocks}: trainer {tr_tok / tr_time:.0f} tok/s, "
+            f"bare {bare_tok / bare_time:.0f} tok/s (cumulative)",
+            flush=True,
+        )
     x, y = tr_tok / tr_time, bare_tok / bare_time
     extra = ""
     svc = service_path(bs, steps * blocks, cfg)
     if svc is not None:
         s_tok, pub_s = svc
         print(f"service path: {s_tok:.0f} tok/s, publish {pub_s:.3f} s/step", flush=True)
-        extra = (f" service_tokens_per_s={s_tok:.1f} service_ratio={s_tok / x:.3f}"
-                 f" publish_s_per_step={pub_s:.3f}")
-    print(f"RESULT learner tokens_per_s={x:.1f} baseline_tokens_per_s={y:.1f} ratio={x / y:.3f}{extra}")
+        extra = (
+            f" service_tokens_per_s={s_tok:.1f} service_ratio={s_tok / x:.3f}"
+            f" publish_s_per_step={pub_s:.3f}"
+        )
+    print(
+        f"RESULT learner tokens_per_s={x:.1f} baseline_tokens_per_s={y:.1f} ratio={x / y:.3f}{extra}"
+    )
     return 0
 
 
@@ -170,8 +183,21 @@ def service_path(bs: int, steps: int, cfg: TrainerConfig, publish_steps: int = 3
         port = so.getsockname()[1]
     with tempfile.TemporaryDirectory() as d:
         proc = subprocess.Popen(
-            [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", d], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                exe,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                d,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         try:
             init_model(Path(d) / "small", "small", seed=0)

@@ -47,11 +47,17 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-ROLES = (("VLLM::Worker", "vllm worker"), ("VLLM::EngineCore", "vllm engine core"),
-         ("services.cli inference", "inference api"), ("services.cli learner", "learner"),
-         ("services.cli actor", "actor"), ("services.cli credit", "credit"),
-         ("services.cli feeder", "feeder"), ("services.cli up", "launcher"),
-         ("redis-server", "redis"))
+ROLES = (
+    ("VLLM::Worker", "vllm worker"),
+    ("VLLM::EngineCore", "vllm engine core"),
+    ("services.cli inference", "inference api"),
+    ("services.cli learner", "learner"),
+    ("services.cli actor", "actor"),
+    ("services.cli credit", "credit"),
+    ("services.cli feeder", "feeder"),
+    ("services.cli up", "launcher"),
+    ("redis-server", "redis"),
+)
 
 
 SPIED = ("learner", "actor", "inference api", "vllm engine core", "vllm worker")
@@ -64,15 +70,21 @@ def role(cmdline: str) -> str | None:
     return None
 
 
-def cpu_sampler(run_id: str, stop: threading.Event, out: dict[int, tuple[str, float]],
-                history: list[tuple[float, dict[int, tuple[str, float]]]]) -> None:
+def cpu_sampler(
+    run_id: str,
+    stop: threading.Event,
+    out: dict[int, tuple[str, float]],
+    history: list[tuple[float, dict[int, tuple[str, float]]]],
+) -> None:
     """pid -> (role, CPU seconds) of every process of this run (found by its environment, or
     for vLLM's processes, whose title overwrites their environment, by their parent), and a
     copy of it every second in ``history`` with its wall time."""
     tick = os.sysconf("SC_CLK_TCK")
     needle = f"LUDIC_RUN_ID={run_id}".encode()
     while not stop.is_set():
-        for d in sorted(Path("/proc").iterdir(), key=lambda d: int(d.name) if d.name.isdigit() else 0):
+        for d in sorted(
+            Path("/proc").iterdir(), key=lambda d: int(d.name) if d.name.isdigit() else 0
+        ):
             if not d.name.isdigit():
                 continue
             try:
@@ -91,13 +103,19 @@ def cpu_sampler(run_id: str, stop: threading.Event, out: dict[int, tuple[str, fl
         stop.wait(1.0)
 
 
-def rl_window_cpu(history: list[tuple[float, dict[int, tuple[str, float]]]], learner_log: Path
-                  ) -> tuple[float, dict[str, float]] | None:
+def rl_window_cpu(
+    history: list[tuple[float, dict[int, tuple[str, float]]]], learner_log: Path
+) -> tuple[float, dict[str, float]] | None:
     """(seconds, role -> CPU seconds) between the learner's first and last trained step, from
     the samples nearest those times: what each service costs while training runs."""
-    stamps = [time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
-              for m in re.finditer(r"^(\S+ \S+),(\d+) INFO libludic.training.trainer: step \d+ ",
-                                   learner_log.read_text(), re.M)]
+    stamps = [
+        time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
+        for m in re.finditer(
+            r"^(\S+ \S+),(\d+) INFO libludic.training.trainer: step \d+ ",
+            learner_log.read_text(),
+            re.M,
+        )
+    ]
     if len(stamps) < 2 or len(history) < 2:
         return None
     a = min(history, key=lambda h: abs(h[0] - stamps[0]))
@@ -112,9 +130,26 @@ def rl_window_cpu(history: list[tuple[float, dict[int, tuple[str, float]]]], lea
 
 def py_spy(pid: int, seconds: int, path: Path) -> None:
     exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    subprocess.run([exe, "record", "-p", str(pid), "-d", str(seconds), "-r", "100", "-f", "raw",
-                    "-o", str(path), "--nonblocking"], stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, check=False)
+    subprocess.run(
+        [
+            exe,
+            "record",
+            "-p",
+            str(pid),
+            "-d",
+            str(seconds),
+            "-r",
+            "100",
+            "-f",
+            "raw",
+            "-o",
+            str(path),
+            "--nonblocking",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=False,
+    )
 
 
 def hottest(path: Path, n: int = 12) -> list[tuple[float, str]]:
@@ -133,18 +168,34 @@ def hottest(path: Path, n: int = 12) -> list[tuple[float, str]]:
             m = re.match(r"(.*) \((?:.*/)?([^/:]+)(?::\d+)?\)$", f.strip())
             names.add(f"{m.group(1)} ({m.group(2)})" if m else f.strip())
         for name in names:
-            if name and not name.startswith(("<module>", "_run", "run ", "Runner.", "BaseEventLoop",
-                                             "Handle._run", "main ", "service_main")):
+            if name and not name.startswith(
+                (
+                    "<module>",
+                    "_run",
+                    "run ",
+                    "Runner.",
+                    "BaseEventLoop",
+                    "Handle._run",
+                    "main ",
+                    "service_main",
+                )
+            ):
                 incl[name] += k
     return [(v / max(total, 1), k) for k, v in incl.most_common(n)]
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--config", default=str(ROOT / "examples/arith/grpo.yaml"))
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--py-spy", action="store_true", help="record the learner, an actor and the inference processes for 10 s")
+    ap.add_argument(
+        "--py-spy",
+        action="store_true",
+        help="record the learner, an actor and the inference processes for 10 s",
+    )
     a = ap.parse_args()
     cfg = yaml.safe_load(Path(a.config).read_text())
     work = Path(tempfile.mkdtemp(prefix="ludic-profile-"))
@@ -155,8 +206,9 @@ def main() -> int:
     if a.quick:
         from libludic.models.tiny import init_model
 
-        cfg["up"].update(model=str(init_model(work / "tiny", size="tiny")), sft_steps=0,
-                         actors=1, eval_n=16)
+        cfg["up"].update(
+            model=str(init_model(work / "tiny", size="tiny")), sft_steps=0, actors=1, eval_n=16
+        )
         cfg["learner"].update(num_steps=10, batch_size=16)
     path = work / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -169,17 +221,25 @@ def main() -> int:
     sampler.start()
     log = work / "up.log"
     with open(log, "wb") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--config", str(path),
-                                 "--no-live"], stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", "up", "--config", str(path), "--no-live"],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
+        )
         if a.py_spy:
             learner_log = work / name / "logs" / "learner.log"
             while proc.poll() is None and not re.search(
-                    r"step (\d+) loss", learner_log.read_text() if learner_log.exists() else ""):
+                r"step (\d+) loss", learner_log.read_text() if learner_log.exists() else ""
+            ):
                 time.sleep(1)
             time.sleep(5)
             pids = {r: pid for pid, (r, _) in cpu.items() if r in SPIED}
-            threads = [threading.Thread(target=py_spy, args=(pid, 10, work / f"{r}.spy"))
-                       for r, pid in pids.items()]
+            threads = [
+                threading.Thread(target=py_spy, args=(pid, 10, work / f"{r}.spy"))
+                for r, pid in pids.items()
+            ]
             for t in threads:
                 t.start()
             for t in threads:
@@ -195,40 +255,58 @@ def main() -> int:
     prof = final.get("step_profile") or {}
     summary = json.loads((run / "summary.json").read_text())
     logs = run / "logs"
-    actor = [re.search(r"generate ([\d.]+) s, commit ([\d.]+) s; waiting for work ([\d.]+) s",
-                       p.read_text()) for p in sorted(logs.glob("actor-*.log"))]
+    actor = [
+        re.search(
+            r"generate ([\d.]+) s, commit ([\d.]+) s; waiting for work ([\d.]+) s", p.read_text()
+        )
+        for p in sorted(logs.glob("actor-*.log"))
+    ]
     credit = re.search(r"per group ([\d.]+) s", (logs / "credit.log").read_text())
-    swaps = re.findall(r"generation paused ([\d.]+) s, reload in the worker ([\d.]+) s",
-                       (logs / "inference.log").read_text())
+    swaps = re.findall(
+        r"generation paused ([\d.]+) s, reload in the worker ([\d.]+) s",
+        (logs / "inference.log").read_text(),
+    )
     print(f"\nprofile of {final['step']} steps ({a.config}), run dir {run}")
     print(f"samples/s {summary['samples_per_second']} (RL wall {summary['rl_wall_seconds']} s)")
-    print("learner, mean per step: " + ", ".join(f"{k.removesuffix('_s')} {v * 1000:.1f} ms"
-                                                 for k, v in prof.items()))
+    print(
+        "learner, mean per step: "
+        + ", ".join(f"{k.removesuffix('_s')} {v * 1000:.1f} ms" for k, v in prof.items())
+    )
     gen = [float(m.group(1)) for m in actor if m]
     com = [float(m.group(2)) for m in actor if m]
     if gen:
-        print(f"actors, mean per request: generate {statistics.mean(gen) * 1000:.1f} ms, commit "
-              f"{statistics.mean(com) * 1000:.2f} ms; waiting for work "
-              f"{', '.join(m.group(3) + ' s' for m in actor if m)}")
+        print(
+            f"actors, mean per request: generate {statistics.mean(gen) * 1000:.1f} ms, commit "
+            f"{statistics.mean(com) * 1000:.2f} ms; waiting for work "
+            f"{', '.join(m.group(3) + ' s' for m in actor if m)}"
+        )
     if credit:
         print(f"credit, per group: {float(credit.group(1)) * 1000:.2f} ms")
     if swaps:
         pause = statistics.median(float(p) for p, _ in swaps)
         reload_ = statistics.median(float(r) for _, r in swaps)
-        print(f"inference swaps: median pause {pause * 1000:.1f} ms, median in-place reload "
-              f"{reload_ * 1000:.1f} ms ({len(swaps)} swaps)")
+        print(
+            f"inference swaps: median pause {pause * 1000:.1f} ms, median in-place reload "
+            f"{reload_ * 1000:.1f} ms ({len(swaps)} swaps)"
+        )
     by_role: collections.Counter[str] = collections.Counter()
     for r, secs in cpu.values():
         by_role[r] += secs
-    print("CPU seconds by process (whole run: start-up included; the launcher's include the SFT "
-          "warm start and the before/after evaluations): " + ", ".join(
-        f"{r} {s:.1f}" for r, s in by_role.most_common()))
+    print(
+        "CPU seconds by process (whole run: start-up included; the launcher's include the SFT "
+        "warm start and the before/after evaluations): "
+        + ", ".join(f"{r} {s:.1f}" for r, s in by_role.most_common())
+    )
     window = rl_window_cpu(history, logs / "learner.log")
     if window:
         secs, roles = window
-        print(f"CPU while training ({secs:.0f} s from the first to the last step; 1.00 = one core "
-              "busy all the time): " + ", ".join(f"{r} {v / secs:.2f}" for r, v in
-                                                sorted(roles.items(), key=lambda kv: -kv[1])))
+        print(
+            f"CPU while training ({secs:.0f} s from the first to the last step; 1.00 = one core "
+            "busy all the time): "
+            + ", ".join(
+                f"{r} {v / secs:.2f}" for r, v in sorted(roles.items(), key=lambda kv: -kv[1])
+            )
+        )
     for r in SPIED:
         top = hottest(work / f"{r}.spy")
         if top:
@@ -236,10 +314,12 @@ def main() -> int:
             for share, fn in top:
                 print(f"  {share * 100:5.1f}%  {fn}")
     ratio = prof.get("train_s", 0.0) / max(prof.get("step_wall_s", 0.0), 1e-9)
-    print(f"RESULT profile samples_per_s={summary['samples_per_second']} "
-          f"wait_ms={prof.get('batch_wait_s', 0) * 1000:.1f} train_ms={prof.get('train_s', 0) * 1000:.1f} "
-          f"publish_ms={prof.get('publish_wait_s', 0) * 1000:.1f} "
-          f"step_ms={prof.get('step_wall_s', 0) * 1000:.1f} ratio={ratio:.2f}")
+    print(
+        f"RESULT profile samples_per_s={summary['samples_per_second']} "
+        f"wait_ms={prof.get('batch_wait_s', 0) * 1000:.1f} train_ms={prof.get('train_s', 0) * 1000:.1f} "
+        f"publish_ms={prof.get('publish_wait_s', 0) * 1000:.1f} "
+        f"step_ms={prof.get('step_wall_s', 0) * 1000:.1f} ratio={ratio:.2f}"
+    )
     return 0
 
 

@@ -84,8 +84,10 @@ def metric_sum(url: str, name: str) -> float:
 
 
 def pause_and_reload(url: str) -> tuple[float, float]:
-    return (metric_sum(url, "ludic_inference_weight_pause_seconds"),
-            metric_sum(url, "ludic_inference_weight_reload_seconds"))
+    return (
+        metric_sum(url, "ludic_inference_weight_pause_seconds"),
+        metric_sum(url, "ludic_inference_weight_reload_seconds"),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         # the baseline, with vLLM up: serialise the same state dict and move the bytes
         with httpx.Client() as c:
             raw_s = timed(
-                lambda: c.post(sink_url, content=to_safetensors_bytes(weights(1))).raise_for_status(),
+                lambda: c.post(
+                    sink_url, content=to_safetensors_bytes(weights(1))
+                ).raise_for_status(),
                 max(reps, 3),
             )
         version = [0]
@@ -176,10 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"payload            {mb:.2f} MB ({len(base)} tensors, small model)")
     print(f"vLLM start-up      {startup_s:.1f} s (not part of any plane's time)")
     print(f"raw: serialise + loopback HTTP  {raw_s:.4f} s  {mb / raw_s:.0f} MB/s")
-    print(f"http plane         {http_s:.4f} s  {mb / http_s:.0f} MB/s  pause {http_pause:.4f} s"
-          f"  reload {http_reload:.4f} s")
-    print(f"gloo collective    {coll_s:.4f} s  {mb / coll_s:.0f} MB/s  pause {coll_pause:.4f} s"
-          f"  reload {coll_reload:.4f} s")
+    print(
+        f"http plane         {http_s:.4f} s  {mb / http_s:.0f} MB/s  pause {http_pause:.4f} s"
+        f"  reload {http_reload:.4f} s"
+    )
+    print(
+        f"gloo collective    {coll_s:.4f} s  {mb / coll_s:.0f} MB/s  pause {coll_pause:.4f} s"
+        f"  reload {coll_reload:.4f} s"
+    )
     print(f"wall time          {total:.1f} s (reps={reps})")
     print(
         f"RESULT weights http_s={http_s:.4f} collective_s={coll_s:.4f} pause_s={http_pause:.4f} "

@@ -41,23 +41,46 @@ def main(argv: list[str] | None = None) -> int:
     engine = RolloutEngine(*build_registries(client))
     spec = InferenceSpec(sampling=SamplingConfig(temperature=1.0, max_tokens=8))
     reqs = [
-        RolloutRequest(env=EnvSpec("arithmetic"), env_seed=g, sampling_seed=100 * g, num_episodes=a.group_size,
-                       same_env_seed=True, inference=spec, meta={"group_id": f"g{g}"})
+        RolloutRequest(
+            env=EnvSpec("arithmetic"),
+            env_seed=g,
+            sampling_seed=100 * g,
+            num_episodes=a.group_size,
+            same_env_seed=True,
+            inference=spec,
+            meta={"group_id": f"g{g}"},
+        )
         for g in range(a.groups)
     ]
     t0 = time.perf_counter()
     rollouts = asyncio.run(engine.generate_rollouts(reqs, max_steps=1, concurrency=32))
     dt = time.perf_counter() - t0
     table = Table(title=f"{len(rollouts)} arithmetic rollouts in {dt:.1f}s")
-    for col in ("group", "question", "answer", "model said", "tokens", "mean logprob", "version", "reward"):
+    for col in (
+        "group",
+        "question",
+        "answer",
+        "model said",
+        "tokens",
+        "mean logprob",
+        "version",
+        "reward",
+    ):
         table.add_column(col)
     for r in rollouts:
         s = r.steps[0]
         tr = s.trace
         lps = (tr.completion_logprobs or []) if tr else []
-        table.add_row(str(r.group_id), s.prev_obs, str(s.info.get("answer")), repr(s.action[:16]),
-                      str(len(tr.completion_token_ids) if tr else 0),
-                      f"{sum(lps) / max(1, len(lps)):.2f}", str(s.policy_version), f"{s.reward:.1f}")
+        table.add_row(
+            str(r.group_id),
+            s.prev_obs,
+            str(s.info.get("answer")),
+            repr(s.action[:16]),
+            str(len(tr.completion_token_ids) if tr else 0),
+            f"{sum(lps) / max(1, len(lps)):.2f}",
+            str(s.policy_version),
+            f"{s.reward:.1f}",
+        )
     console.print(table)
     mean = sum(r.total_reward for r in rollouts) / len(rollouts)
     console.print(f"mean reward {mean:.3f} over {len(rollouts)} rollouts")

@@ -54,12 +54,16 @@ def xml_parser(
             m = whole.fullmatch(text)
             if m is None or f"<{tag}>" in m.group(1):
                 return ParseResult(
-                    None, error_reward, f"Invalid format: reply with exactly <{tag}>...</{tag}> and nothing else."
+                    None,
+                    error_reward,
+                    f"Invalid format: reply with exactly <{tag}>...</{tag}> and nothing else.",
                 )
             return ParseResult(m.group(1).strip(), success_reward, None)
         found = elem.findall(text)
         if not found:
-            return ParseResult(None, error_reward, f"Invalid format: put your answer inside <{tag}>...</{tag}>.")
+            return ParseResult(
+                None, error_reward, f"Invalid format: put your answer inside <{tag}>...</{tag}>."
+            )
         return ParseResult(found[-1].strip(), success_reward, None)
 
     return parse
@@ -72,7 +76,9 @@ def think_prefix_parser(success_reward: float = 0.0, error_reward: float = -1.0)
     def parse(text: str) -> ParseResult:
         m = pat.fullmatch(text)
         if m is None:
-            return ParseResult(None, error_reward, "Invalid format: start with <think>...</think>, then answer.")
+            return ParseResult(
+                None, error_reward, "Invalid format: start with <think>...</think>, then answer."
+            )
         rest = m.group(2).strip()
         if not rest:
             return ParseResult(None, error_reward, "Invalid format: nothing after </think>.")
@@ -103,7 +109,9 @@ def boxed_parser(success_reward: float = 0.0, error_reward: float = -1.0) -> Par
     def parse(text: str) -> ParseResult:
         got = _last_boxed(text)
         if got is None:
-            return ParseResult(None, error_reward, "Invalid format: give the final answer as \\boxed{...}.")
+            return ParseResult(
+                None, error_reward, "Invalid format: give the final answer as \\boxed{...}."
+            )
         return ParseResult(got.strip(), success_reward, None)
 
     return parse
@@ -124,7 +132,9 @@ def regex_parser(
     def parse(text: str) -> ParseResult:
         m = rx.search(text)
         if m is None or m.group(group) is None:
-            return ParseResult(None, error_reward, f"Invalid format: the reply must match {pattern}.")
+            return ParseResult(
+                None, error_reward, f"Invalid format: the reply must match {pattern}."
+            )
         return ParseResult(m.group(group).strip(), success_reward, None)
 
     return parse

@@ -44,7 +44,9 @@ def make_context(kind: str = "full", **kwargs: Any) -> ContextStrategy:
 _PROBLEM_CACHE: dict[str, Any] = {}
 
 
-def code_exec_env(problems_path: str, config: dict[str, Any] | None = None, system_prompt: str | None = None) -> Any:
+def code_exec_env(
+    problems_path: str, config: dict[str, Any] | None = None, system_prompt: str | None = None
+) -> Any:
     """CodeExecEnv from plain data: a JSONL of problems and CodeExecConfig fields."""
     from libludic.envs.code_exec.config import CodeExecConfig
     from libludic.envs.code_exec.env import DEFAULT_SYSTEM_PROMPT, CodeExecEnv, load_problems
@@ -82,7 +84,11 @@ def dataset_qa_env(
         raise ValueError("dataset_qa needs exactly one of path=<local file> or hf={name, split}")
     key = repr((path, sorted((hf or {}).items()), format))
     if key not in _PROBLEM_CACHE:
-        src = dq.DatasetQAEnv.from_file(path, **kw) if path else dq.DatasetQAEnv.from_hf(**(hf or {}), **kw)
+        src = (
+            dq.DatasetQAEnv.from_file(path, **kw)
+            if path
+            else dq.DatasetQAEnv.from_hf(**(hf or {}), **kw)
+        )
         _PROBLEM_CACHE[key] = src.rows
     return dq.DatasetQAEnv(_PROBLEM_CACHE[key], **kw)
 
@@ -100,12 +106,20 @@ def default_env_registry() -> dict[str, EnvFactory]:
     }
 
 
-def build_registries(client: ChatClient) -> tuple[dict[str, EnvFactory], dict[str, ProtocolFactory]]:
-    def make_agent(inference: InferenceSpec | None, parser: ParserSpec, context: str, spec: AgentSpec | None) -> Agent:
+def build_registries(
+    client: ChatClient,
+) -> tuple[dict[str, EnvFactory], dict[str, ProtocolFactory]]:
+    def make_agent(
+        inference: InferenceSpec | None, parser: ParserSpec, context: str, spec: AgentSpec | None
+    ) -> Agent:
         spec = spec if spec is not None else AgentSpec()
         return build_agent(
-            spec.kind, spec.kwargs,
-            client=client, ctx=make_context(context), parser=make_parser(parser), **inference_overrides(inference),
+            spec.kind,
+            spec.kwargs,
+            client=client,
+            ctx=make_context(context),
+            parser=make_parser(parser),
+            **inference_overrides(inference),
         )
 
     def single_agent(
@@ -116,7 +130,9 @@ def build_registries(client: ChatClient) -> tuple[dict[str, EnvFactory], dict[st
         stop_on_parse_error: bool = False,
         agent: AgentSpec | None = None,
     ) -> SingleAgentSyncProtocol:
-        return SingleAgentSyncProtocol(make_agent(inference, parser, context, agent), stop_on_parse_error, system_prompt)
+        return SingleAgentSyncProtocol(
+            make_agent(inference, parser, context, agent), stop_on_parse_error, system_prompt
+        )
 
     def multi_agent(
         inference: InferenceSpec | None = None,
@@ -127,7 +143,11 @@ def build_registries(client: ChatClient) -> tuple[dict[str, EnvFactory], dict[st
         agent: AgentSpec | None = None,
     ) -> MultiAgentProtocol:
         if not roles:
-            raise ValueError("multi_agent protocol needs kwargs roles=[...] naming the env's agent ids")
-        return MultiAgentProtocol({r: make_agent(inference, parser, context, agent) for r in roles}, system_prompts)
+            raise ValueError(
+                "multi_agent protocol needs kwargs roles=[...] naming the env's agent ids"
+            )
+        return MultiAgentProtocol(
+            {r: make_agent(inference, parser, context, agent) for r in roles}, system_prompts
+        )
 
     return default_env_registry(), {"single_agent": single_agent, "multi_agent": multi_agent}

@@ -46,7 +46,9 @@ class AgentSpec:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> AgentSpec:
         if not isinstance(d, Mapping):
-            raise ValueError(f"agent must be a mapping like {{kind: tool, tools: [python]}}; got {d!r}")
+            raise ValueError(
+                f"agent must be a mapping like {{kind: tool, tools: [python]}}; got {d!r}"
+            )
         rest = {k: v for k, v in d.items() if k != "kind"}
         return cls(kind=str(d.get("kind", "plain")), kwargs=rest)
 

@@ -20,7 +20,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "learner": ("services.learner.main:main", "FSDP2 learner: SAWItems -> training -> publish"),
     "feeder": ("services.feeder.main:main", "keeps the rollout request stream topped up"),
     "eval": ("services.eval.main:main", "held-out greedy pass rate every N learner steps"),
-    "sandbox": ("libludic.envs.code_exec.docker:main", "build the DockerSandbox image: sandbox build"),
+    "sandbox": (
+        "libludic.envs.code_exec.docker:main",
+        "build the DockerSandbox image: sandbox build",
+    ),
     "status": ("services.status:main", "stream depths, pending entries, versions"),
     "up": ("services.launcher.main:main", "start the whole stack as local processes"),
 }

@@ -23,8 +23,14 @@ from libludic import transport
 from libludic.transport import accounting
 from services.common.settings import redact_url
 
-LEARNER_FIELDS = ("step", "policy_version", "publish_failures", "consecutive_publish_failures",
-                  "last_publish_error", "replicas")
+LEARNER_FIELDS = (
+    "step",
+    "policy_version",
+    "publish_failures",
+    "consecutive_publish_failures",
+    "last_publish_error",
+    "replicas",
+)
 
 
 def _s(x: Any) -> Any:
@@ -35,15 +41,22 @@ async def collect(redis_url: str, run_id: str, deadletter_sample: int = 1000) ->
     keys = transport.Keys(run_id)
     r = transport.connect(redis_url)
     try:
-        streams = {name: await transport.stream_info(r, key) for name, key in keys.streams().items()}
-        reasons = Counter(await transport.recent_fields(r, keys.deadletter, b"reason", deadletter_sample))
+        streams = {
+            name: await transport.stream_info(r, key) for name, key in keys.streams().items()
+        }
+        reasons = Counter(
+            await transport.recent_fields(r, keys.deadletter, b"reason", deadletter_sample)
+        )
         lease = await r.get(keys.lease("credit"))
         actors = await transport.alive(r, keys, "actor")
         learners = await transport.alive(r, keys, "learner")
         return {
             "run_id": run_id,
             "streams": streams,
-            "deadletter": {"count": streams["deadletter"]["length"], "recent_reasons": dict(reasons)},
+            "deadletter": {
+                "count": streams["deadletter"]["length"],
+                "recent_reasons": dict(reasons),
+            },
             "policy_version": await transport.get_int(r, keys.policy_version),
             "learner_step": await transport.get_int(r, keys.learner_step),
             "feeder_next_seed": await transport.get_int(r, keys.feeder_seed),
@@ -52,7 +65,14 @@ async def collect(redis_url: str, run_id: str, deadletter_sample: int = 1000) ->
             "actors_alive": len(actors),
             # what the live learner says of its publishes (served = the last acknowledged)
             "learner": {k: {kk: v.get(kk) for kk in LEARNER_FIELDS} for k, v in learners.items()},
-            "actors": {k: {kk: vv for kk, vv in v.items() if kk in ("pid", "host", "inflight", "episodes", "ts")} for k, v in actors.items()},
+            "actors": {
+                k: {
+                    kk: vv
+                    for kk, vv in v.items()
+                    if kk in ("pid", "host", "inflight", "episodes", "ts")
+                }
+                for k, v in actors.items()
+            },
         }
     finally:
         await r.aclose()
@@ -84,14 +104,18 @@ def render(st: dict[str, Any]) -> str:
             + (f" (last: {str(err)[:200]})" if err else "")
         )
     if st["deadletter"]["recent_reasons"]:
-        lines.append("deadletter reasons: " + ", ".join(
-            f"{k}={v}" for k, v in sorted(st["deadletter"]["recent_reasons"].items())))
+        lines.append(
+            "deadletter reasons: "
+            + ", ".join(f"{k}={v}" for k, v in sorted(st["deadletter"]["recent_reasons"].items()))
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ludic status", description=__doc__.split("\n")[0])
-    p.add_argument("--redis-url", default=os.environ.get("LUDIC_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    p.add_argument(
+        "--redis-url", default=os.environ.get("LUDIC_REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
     p.add_argument("--run-id", default=os.environ.get("LUDIC_RUN_ID", "default"))
     p.add_argument("--json", action="store_true", help="machine-readable output")
     a = p.parse_args(argv)

@@ -60,12 +60,18 @@ class RedisServer:
     def start(self) -> None:
         args = [
             redis_server_binary(),
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--dir", str(self.workdir),
-            "--save", "",
-            "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", self.fsync,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.workdir),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            self.fsync,
         ]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
@@ -127,11 +133,28 @@ class RedisContainer:
         if self.container is None:
             from testcontainers.core.container import DockerContainer
 
-            c = DockerContainer(REDIS_IMAGE).with_kwargs(network_mode="host").with_command(
-                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                 "--protected-mode", "no", "--dir", "/data", "--save", "",
-                 "--appendonly", "yes" if self.appendonly else "no",
-                 "--appendfsync", self.fsync]
+            c = (
+                DockerContainer(REDIS_IMAGE)
+                .with_kwargs(network_mode="host")
+                .with_command(
+                    [
+                        "redis-server",
+                        "--port",
+                        str(self.port),
+                        "--bind",
+                        "127.0.0.1",
+                        "--protected-mode",
+                        "no",
+                        "--dir",
+                        "/data",
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "yes" if self.appendonly else "no",
+                        "--appendfsync",
+                        self.fsync,
+                    ]
+                )
             )
             self.container = c.start()
         else:
@@ -174,7 +197,9 @@ def redis_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def make_redis(kind: str, workdir: Path, appendonly: bool = False, fsync: str = "always") -> RedisServer | RedisContainer:
+def make_redis(
+    kind: str, workdir: Path, appendonly: bool = False, fsync: str = "always"
+) -> RedisServer | RedisContainer:
     cls = RedisContainer if kind == "container" else RedisServer
     return cls(workdir, appendonly=appendonly, fsync=fsync)
 

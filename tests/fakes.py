@@ -46,6 +46,8 @@ class ScriptedClient:
     async def get_policy_version(self) -> int:
         return self.policy_version
 
-    def sync_weights(self, params: Mapping[str, Any], timeout_s: float = 600.0, version: int | None = None) -> str:
+    def sync_weights(
+        self, params: Mapping[str, Any], timeout_s: float = 600.0, version: int | None = None
+    ) -> str:
         self.policy_version = self.policy_version + 1 if version is None else version
         return "ok"

@@ -49,17 +49,23 @@ def validate_agent_config(kind: str, kwargs: Mapping[str, Any]) -> dict[str, Any
     if "tools" in valid:
         tools = out.get("tools", [])
         if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
-            raise ValueError(f"agent kind {kind!r}: tools={tools!r} must be a list of tool names; available: {sorted(TOOLS)}")
+            raise ValueError(
+                f"agent kind {kind!r}: tools={tools!r} must be a list of tool names; available: {sorted(TOOLS)}"
+            )
         bad = [t for t in tools if t not in TOOLS]
         if bad:
-            raise ValueError(f"agent kind {kind!r}: unknown tool(s) {bad}; available: {sorted(TOOLS)}")
+            raise ValueError(
+                f"agent kind {kind!r}: unknown tool(s) {bad}; available: {sorted(TOOLS)}"
+            )
         if kind == "tool" and not tools:
             raise ValueError(
                 f"agent kind 'tool' needs tools=[...] (available: {sorted(TOOLS)}); "
                 "use kind: plain for an agent without tools"
             )
     rounds = out.get("max_tool_rounds", 4)
-    if "max_tool_rounds" in out and (isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0):
+    if "max_tool_rounds" in out and (
+        isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0
+    ):
         raise ValueError(f"agent kind {kind!r}: max_tool_rounds={rounds!r} must be an integer >= 0")
     ter = out.get("think_error_reward", 0.0)
     if isinstance(ter, bool) or not isinstance(ter, (int, float)):

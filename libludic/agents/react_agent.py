@@ -22,9 +22,12 @@ REACT_SYSTEM_PROMPT = (
 class ReActAgent(ToolAgent):
     def __init__(self, *args: Any, think_error_reward: float = -1.0, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.parser = compose_parsers(think_prefix_parser(error_reward=think_error_reward), self.parser)
+        self.parser = compose_parsers(
+            think_prefix_parser(error_reward=think_error_reward), self.parser
+        )
 
     def reset(self, system_prompt: str | None = None) -> None:
         # the think-first format is what the parser enforces, so the model is always told
-        super().reset(f"{system_prompt}\n\n{REACT_SYSTEM_PROMPT}" if system_prompt else REACT_SYSTEM_PROMPT)
-
+        super().reset(
+            f"{system_prompt}\n\n{REACT_SYSTEM_PROMPT}" if system_prompt else REACT_SYSTEM_PROMPT
+        )

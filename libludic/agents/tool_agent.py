@@ -28,7 +28,14 @@ from libludic.agents.base_agent import Agent, AgentTurn, act_result
 from libludic.types import ChatResponse, Message
 
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-_JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
+_JSON_TYPES = {
+    int: "integer",
+    float: "number",
+    str: "string",
+    bool: "boolean",
+    list: "array",
+    dict: "object",
+}
 
 
 class ToolArgumentError(ValueError):
@@ -54,22 +61,35 @@ class Tool:
             props[pname] = {"type": _JSON_TYPES[t]}
             if p.default is inspect.Parameter.empty:
                 required.append(pname)
-        schema = {"type": "object", "properties": props, "required": required, "additionalProperties": False}
+        schema = {
+            "type": "object",
+            "properties": props,
+            "required": required,
+            "additionalProperties": False,
+        }
         return cls(name or fn.__name__, fn, (fn.__doc__ or "").strip(), schema)
 
     def openai_schema(self) -> dict[str, Any]:
         return {
             "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
         }
 
     def validate(self, args: Any) -> dict[str, Any]:
         if not isinstance(args, dict):
-            raise ToolArgumentError(f"{self.name}: arguments must be a JSON object, got {type(args).__name__}")
+            raise ToolArgumentError(
+                f"{self.name}: arguments must be a JSON object, got {type(args).__name__}"
+            )
         props = self.parameters["properties"]
         unknown = sorted(set(args) - set(props))
         if unknown:
-            raise ToolArgumentError(f"{self.name}: unknown argument(s) {unknown}; expected {sorted(props)}")
+            raise ToolArgumentError(
+                f"{self.name}: unknown argument(s) {unknown}; expected {sorted(props)}"
+            )
         missing = [r for r in self.parameters["required"] if r not in args]
         if missing:
             raise ToolArgumentError(f"{self.name}: missing required argument(s) {missing}")
@@ -120,7 +140,13 @@ def parse_tool_calls(response: ChatResponse) -> list[tuple[str, Any]]:
 
 
 class ToolAgent(Agent):
-    def __init__(self, *args: Any, tools: list[Callable[..., Any]] | None = None, max_tool_rounds: int = 4, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        tools: list[Callable[..., Any]] | None = None,
+        max_tool_rounds: int = 4,
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
         self.tools: dict[str, Tool] = {}
         for fn in tools or []:
@@ -147,7 +173,11 @@ class ToolAgent(Agent):
 
     def reset(self, system_prompt: str | None = None) -> None:
         if self.tools:
-            system_prompt = self.tools_prompt() if not system_prompt else f"{system_prompt}\n\n{self.tools_prompt()}"
+            system_prompt = (
+                self.tools_prompt()
+                if not system_prompt
+                else f"{system_prompt}\n\n{self.tools_prompt()}"
+            )
         super().reset(system_prompt)
 
     def run_tool(self, name: str, args: Any) -> str:
@@ -172,7 +202,10 @@ class ToolAgent(Agent):
             tool_msgs: list[Message] = []
             for name, args in calls:
                 out = args if name == "" else await asyncio.to_thread(self.run_tool, name, args)
-                msg: Message = {"role": "tool", "content": f"{name}: {out}" if name else f"error: {out}"}
+                msg: Message = {
+                    "role": "tool",
+                    "content": f"{name}: {out}" if name else f"error: {out}",
+                }
                 tool_msgs.append(msg)
                 self.ctx.add_message(msg)
             turns.append(AgentTurn(response, tool_msgs))

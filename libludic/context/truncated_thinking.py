@@ -35,7 +35,9 @@ class TruncatedThinkingContext(FullDialog):
 
     def on_before_act(self) -> list[Message]:
         msgs = super().on_before_act()
-        last_assistant = max((i for i, m in enumerate(msgs) if m["role"] == "assistant"), default=-1)
+        last_assistant = max(
+            (i for i, m in enumerate(msgs) if m["role"] == "assistant"), default=-1
+        )
         return [
             {"role": m["role"], "content": self._truncate(m["content"])}
             if m["role"] == "assistant" and i != last_assistant

@@ -63,7 +63,9 @@ def generate_problem(
     return ArithmeticProblem(question=f"{a}{op}{b}=", answer=str(value))
 
 
-def score_answer(answer: str, target: str, partial_credit: bool = False, partial_scale: float = 0.5) -> float:
+def score_answer(
+    answer: str, target: str, partial_credit: bool = False, partial_scale: float = 0.5
+) -> float:
     got = answer.strip()
     if got == target:
         return 1.0

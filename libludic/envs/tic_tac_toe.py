@@ -78,7 +78,9 @@ class TicTacToeEnv(SingleAgentEnv):
     def env_step(self, action: str) -> StepOutcome:
         cell = parse_move(action)
         if cell is None or self.board[cell] != " ":
-            return StepOutcome("illegal move", self.illegal_reward, terminated=True, info={"illegal": True})
+            return StepOutcome(
+                "illegal move", self.illegal_reward, terminated=True, info={"illegal": True}
+            )
         self.board[cell] = "X"
         if winner(self.board) == "X":
             return StepOutcome(render(self.board), 1.0, terminated=True, info={"result": "win"})
@@ -114,7 +116,9 @@ class TwoPlayerTicTacToeEnv(LudicEnv[str, str, str]):
         return SYSTEM_PROMPT
 
     def _obs(self, me: str) -> str:
-        return f"You are {me}.\n{render(self.board)}\n" + ("Your move:" if me == self.turn else "Wait.")
+        return f"You are {me}.\n{render(self.board)}\n" + (
+            "Your move:" if me == self.turn else "Wait."
+        )
 
     def reset(self, seed: int | None = None) -> dict[str, tuple[str, Info]]:
         self.board, self.turn, self.done = [" "] * 9, "X", False
@@ -131,7 +135,9 @@ class TwoPlayerTicTacToeEnv(LudicEnv[str, str, str]):
         if cell is None or self.board[cell] != " ":
             self.done = True
             return {
-                me: StepOutcome("illegal move", self.illegal_reward, terminated=True, info={"illegal": True}),
+                me: StepOutcome(
+                    "illegal move", self.illegal_reward, terminated=True, info={"illegal": True}
+                ),
                 other: StepOutcome("opponent made an illegal move", 0.0, terminated=True, info={}),
             }
         self.board[cell] = me
@@ -139,10 +145,15 @@ class TwoPlayerTicTacToeEnv(LudicEnv[str, str, str]):
             self.done = True
             return {
                 me: StepOutcome(render(self.board), 1.0, terminated=True, info={"result": "win"}),
-                other: StepOutcome(render(self.board), -1.0, terminated=True, info={"result": "loss"}),
+                other: StepOutcome(
+                    render(self.board), -1.0, terminated=True, info={"result": "loss"}
+                ),
             }
         if " " not in self.board:
             self.done = True
-            return {a: StepOutcome(render(self.board), 0.0, terminated=True, info={"result": "draw"}) for a in (me, other)}
+            return {
+                a: StepOutcome(render(self.board), 0.0, terminated=True, info={"result": "draw"})
+                for a in (me, other)
+            }
         self.turn = other
         return {a: StepOutcome(self._obs(a), 0.0, info={}) for a in (me, other)}

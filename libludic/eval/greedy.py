@@ -14,7 +14,11 @@ from libludic.envs.arithmetic import generate_problem, score_answer
 
 @torch.no_grad()
 def greedy_pass_rate(
-    model: Any, tokenizer: Any, seeds: Sequence[int], digits: int, batch_size: int = 100,
+    model: Any,
+    tokenizer: Any,
+    seeds: Sequence[int],
+    digits: int,
+    batch_size: int = 100,
     split: str = "eval",
 ) -> float:
     """Fraction of problems ``generate_problem(s, digits, split=split)`` whose greedy answer

@@ -20,7 +20,9 @@ class InferenceError(RuntimeError):
 
 @runtime_checkable
 class ChatClient(Protocol):
-    async def complete(self, request: ChatCompletionRequest) -> tuple[ChatResponse, dict[str, Any]]: ...
+    async def complete(
+        self, request: ChatCompletionRequest
+    ) -> tuple[ChatResponse, dict[str, Any]]: ...
 
     def sync_weights(
         self,

@@ -54,14 +54,23 @@ class HFChatClient:
             if model_dir is None:
                 raise ValueError("HFChatClient needs model_dir, or both model and tokenizer")
             if not Path(model_dir).exists():
-                raise FileNotFoundError(f"model dir {model_dir} does not exist; build one with `ludic model init DIR`")
-        self.tokenizer: Any = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(model_dir))
-        self.model: Any = model if model is not None else AutoModelForCausalLM.from_pretrained(str(model_dir))
+                raise FileNotFoundError(
+                    f"model dir {model_dir} does not exist; build one with `ludic model init DIR`"
+                )
+        self.tokenizer: Any = (
+            tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(model_dir))
+        )
+        self.model: Any = (
+            model if model is not None else AutoModelForCausalLM.from_pretrained(str(model_dir))
+        )
         self.model.to(device).eval()  # type: ignore[arg-type]
         self.device = device
         self.max_batch_size = max_batch_size
         self.policy_version = policy_version
-        eos = getattr(self.model.generation_config, "eos_token_id", None) or self.tokenizer.eos_token_id
+        eos = (
+            getattr(self.model.generation_config, "eos_token_id", None)
+            or self.tokenizer.eos_token_id
+        )
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self._queue: list[_Pending] = []
@@ -69,7 +78,9 @@ class HFChatClient:
         self._weights_lock = threading.Lock()
 
     def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     async def complete(self, request: ChatCompletionRequest) -> tuple[ChatResponse, dict[str, Any]]:
@@ -83,7 +94,10 @@ class HFChatClient:
     async def _drain(self) -> None:
         while self._queue:
             await asyncio.sleep(0)  # let concurrent callers enqueue before a batch forms
-            batch, self._queue = self._queue[: self.max_batch_size], self._queue[self.max_batch_size :]
+            batch, self._queue = (
+                self._queue[: self.max_batch_size],
+                self._queue[self.max_batch_size :],
+            )
             try:
                 outs = await asyncio.to_thread(self._generate, batch)
             except Exception as e:  # every waiter hears about the failure
@@ -98,7 +112,9 @@ class HFChatClient:
     async def get_policy_version(self) -> int:
         return self.policy_version
 
-    def sync_weights(self, params: Mapping[str, Any], timeout_s: float = 600.0, version: int | None = None) -> str:
+    def sync_weights(
+        self, params: Mapping[str, Any], timeout_s: float = 600.0, version: int | None = None
+    ) -> str:
         with self._weights_lock:
             missing = [k for k in params if k not in self.model.state_dict()]
             if missing:
@@ -142,10 +158,19 @@ class HFChatClient:
         step_ids, step_pos = ids, pos
         temps = torch.tensor([p.request.sampling.temperature for p in batch], dtype=torch.float32)
         greedy = temps == 0
-        nucleus = [(p.request.sampling.top_p < 1.0 or p.request.sampling.top_k is not None)
-                   and not greedy[i] for i, p in enumerate(batch)]
+        nucleus = [
+            (p.request.sampling.top_p < 1.0 or p.request.sampling.top_k is not None)
+            and not greedy[i]
+            for i, p in enumerate(batch)
+        ]
         for _t in range(max(max_new)):
-            out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=past, use_cache=True)
+            out = self.model(
+                input_ids=step_ids,
+                attention_mask=mask,
+                position_ids=step_pos,
+                past_key_values=past,
+                use_cache=True,
+            )
             past = out.past_key_values
             logits = out.logits[:, -1, :].float().cpu()  # [B, V]
             # log_softmax(logits / T) per row (T = 1 for greedy rows: untempered logprobs)
@@ -194,12 +219,18 @@ class HFChatClient:
             if all(f is not None for f in finish):
                 break
             step_ids = nxt.view(B, 1).to(self.device)
-            mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=self.device)], dim=1)
-            step_pos = (step_pos[:, -1:] + 1)
+            mask = torch.cat(
+                [mask, torch.ones((B, 1), dtype=mask.dtype, device=self.device)], dim=1
+            )
+            step_pos = step_pos[:, -1:] + 1
         results = []
         for i, p in enumerate(batch):
             cut = cut_text[i]
-            text = cut if cut is not None else str(self.tokenizer.decode(out_ids[i], skip_special_tokens=True))
+            text = (
+                cut
+                if cut is not None
+                else str(self.tokenizer.decode(out_ids[i], skip_special_tokens=True))
+            )
             rs = p.request.return_spec
             results.append(
                 ChatResponse(

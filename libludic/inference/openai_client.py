@@ -65,9 +65,7 @@ def seed_runs(calls: list[_Waiting], limit: int) -> list[list[_Waiting]]:
     for c in seeded:
         last = runs[-1] if runs else None
         if (
-            last is not None
-            and len(last) < limit
-            and c.request.seed == last[-1].request.seed + 1  # type: ignore[operator]
+            last is not None and len(last) < limit and c.request.seed == last[-1].request.seed + 1  # type: ignore[operator]
         ):
             last.append(c)
         else:
@@ -141,14 +139,20 @@ class OpenAIChatClient:
             f"(is the server up?): {last}"
         )
 
-    async def _json(self, method: str, path: str, **kw: Any) -> tuple[dict[str, Any], httpx.Response]:
+    async def _json(
+        self, method: str, path: str, **kw: Any
+    ) -> tuple[dict[str, Any], httpx.Response]:
         resp = await self._request(method, path, **kw)
         try:
             data = resp.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise InferenceError(f"{method} {self.base_url}{path} answered malformed JSON: {e}: {resp.text[:200]!r}") from e
+            raise InferenceError(
+                f"{method} {self.base_url}{path} answered malformed JSON: {e}: {resp.text[:200]!r}"
+            ) from e
         if not isinstance(data, dict):
-            raise InferenceError(f"{method} {self.base_url}{path} answered {type(data).__name__}, expected an object")
+            raise InferenceError(
+                f"{method} {self.base_url}{path} answered {type(data).__name__}, expected an object"
+            )
         return data, resp
 
     async def default_model(self) -> str:
@@ -163,11 +167,17 @@ class OpenAIChatClient:
                 try:
                     self.model = str(data["data"][0]["id"])
                 except (KeyError, IndexError, TypeError) as e:
-                    raise InferenceError(f"{self.base_url}/v1/models lists no model: {data!r:.200}") from e
+                    raise InferenceError(
+                        f"{self.base_url}/v1/models lists no model: {data!r:.200}"
+                    ) from e
         return self.model
 
     def _body(self, req: ChatCompletionRequest, model: str) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": model, "messages": list(req.messages), **req.sampling.to_openai()}
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": list(req.messages),
+            **req.sampling.to_openai(),
+        }
         if req.seed is not None:
             body["seed"] = req.seed
         rs = req.return_spec
@@ -251,7 +261,9 @@ class OpenAIChatClient:
             return False
         return resp.status_code == 200
 
-    def sync_weights(self, params: Mapping[str, Any], timeout_s: float = 600.0, version: int | None = None) -> str:
+    def sync_weights(
+        self, params: Mapping[str, Any], timeout_s: float = 600.0, version: int | None = None
+    ) -> str:
         """Push a state dict over the HTTP weight plane (POST /v1/weights)."""
         from libludic.distributed.weight_sync import push_http
 

@@ -29,9 +29,12 @@ class SamplingConfig:
             raise ValueError(f"SamplingConfig.max_tokens={self.max_tokens} must be >= 1")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"SamplingConfig.top_p={self.top_p} must be in (0, 1]")
-        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
-                                       or self.top_k < 1):
-            raise ValueError(f"SamplingConfig.top_k={self.top_k!r} must be an integer >= 1 or None (all tokens)")
+        if self.top_k is not None and (
+            isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1
+        ):
+            raise ValueError(
+                f"SamplingConfig.top_k={self.top_k!r} must be an integer >= 1 or None (all tokens)"
+            )
         if self.stop_token_ids is not None:
             ids = tuple(self.stop_token_ids)
             if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):

@@ -37,7 +37,9 @@ class InteractionProtocol(ABC):
     ) -> list[Rollout]: ...
 
 
-def tool_steps(turns: list[AgentTurn], start_index: int, obs: str, agent_id: str | None) -> list[Step]:
+def tool_steps(
+    turns: list[AgentTurn], start_index: int, obs: str, agent_id: str | None
+) -> list[Step]:
     """Steps for the tool-calling turns (all but the last) of one act()."""
     steps: list[Step] = []
     for turn in turns[:-1]:

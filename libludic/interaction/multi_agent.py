@@ -33,7 +33,9 @@ class MultiAgentProtocol(InteractionProtocol):
     ) -> list[Rollout]:
         missing = [a for a in env.agent_ids if a not in self.agents]
         if missing:
-            raise ValueError(f"no agent given for env roles {missing}; pass agents={{role: Agent}} for each")
+            raise ValueError(
+                f"no agent given for env roles {missing}; pass agents={{role: Agent}} for each"
+            )
         first = env.reset(seed=env_seed)
         obs: dict[str, str] = {}
         for aid, agent in self.agents.items():
@@ -49,7 +51,10 @@ class MultiAgentProtocol(InteractionProtocol):
             if not active:
                 ended = True
                 break
-            seeds = {a: None if sampling_seed is None else sampling_seed * 100 + k for k, a in enumerate(active)}
+            seeds = {
+                a: None if sampling_seed is None else sampling_seed * 100 + k
+                for k, a in enumerate(active)
+            }
             results = await asyncio.gather(*(self.agents[a].act(seed=seeds[a]) for a in active))
             actions: dict[str, str] = {}
             acted: dict[str, Step] = {}
@@ -59,9 +64,17 @@ class MultiAgentProtocol(InteractionProtocol):
                 steps[aid].extend(tool_steps(turns, len(steps[aid]), obs[aid], aid))
                 final = turns[-1]
                 sinfo = action_info(parsed, final)
-                step = Step(len(steps[aid]), obs[aid], final.response.text, None, parsed.reward,
-                            info=sinfo, trace=final.response.trace(),
-                            policy_version=final.response.policy_version, agent_id=aid)
+                step = Step(
+                    len(steps[aid]),
+                    obs[aid],
+                    final.response.text,
+                    None,
+                    parsed.reward,
+                    info=sinfo,
+                    trace=final.response.trace(),
+                    policy_version=final.response.policy_version,
+                    agent_id=aid,
+                )
                 steps[aid].append(step)
                 if parsed.action is None:
                     fb = parsed.obs or "Invalid format."

@@ -11,7 +11,9 @@ from libludic.types import Rollout, Step
 
 
 class SingleAgentSyncProtocol(InteractionProtocol):
-    def __init__(self, agent: Agent, stop_on_parse_error: bool = False, system_prompt: str | None = None):
+    def __init__(
+        self, agent: Agent, stop_on_parse_error: bool = False, system_prompt: str | None = None
+    ):
         self.agent = agent
         self.stop_on_parse_error = stop_on_parse_error
         self.system_prompt = system_prompt
@@ -33,7 +35,9 @@ class SingleAgentSyncProtocol(InteractionProtocol):
             )
         agent_id = env.agent_ids[0]
         obs, info = env.reset(seed=env_seed)[agent_id]
-        self.agent.reset(self.system_prompt if self.system_prompt is not None else env.suggested_system_prompt)
+        self.agent.reset(
+            self.system_prompt if self.system_prompt is not None else env.suggested_system_prompt
+        )
         self.agent.on_env_reset(obs, info)
         steps: list[Step] = []
         ended = False
@@ -49,9 +53,17 @@ class SingleAgentSyncProtocol(InteractionProtocol):
                 feedback = parsed.obs or "Invalid format."
                 sinfo["env_reward"] = 0.0
                 steps.append(
-                    Step(len(steps), prev_obs, final.response.text, feedback, parsed.reward,
-                         info=sinfo, trace=final.response.trace(),
-                         policy_version=final.response.policy_version, agent_id=agent_id)
+                    Step(
+                        len(steps),
+                        prev_obs,
+                        final.response.text,
+                        feedback,
+                        parsed.reward,
+                        info=sinfo,
+                        trace=final.response.trace(),
+                        policy_version=final.response.policy_version,
+                        agent_id=agent_id,
+                    )
                 )
                 self.agent.on_after_step(feedback, {})
                 obs = feedback
@@ -65,10 +77,19 @@ class SingleAgentSyncProtocol(InteractionProtocol):
             sinfo.update(out.info)
             sinfo["env_reward"] = out.reward
             steps.append(
-                Step(len(steps), prev_obs, final.response.text, out.obs, out.reward + parsed.reward,
-                     truncated=out.truncated, terminated=out.terminated, info=sinfo,
-                     trace=final.response.trace(), policy_version=final.response.policy_version,
-                     agent_id=agent_id)
+                Step(
+                    len(steps),
+                    prev_obs,
+                    final.response.text,
+                    out.obs,
+                    out.reward + parsed.reward,
+                    truncated=out.truncated,
+                    terminated=out.terminated,
+                    info=sinfo,
+                    trace=final.response.trace(),
+                    policy_version=final.response.policy_version,
+                    agent_id=agent_id,
+                )
             )
             if out.terminated or out.truncated:
                 ended = True

@@ -49,7 +49,9 @@ class RolloutEngine:
             )
         env = self.env_registry[req.env.kind](**req.env.kwargs)
         extra: dict[str, Any] = {} if req.protocol.agent is None else {"agent": req.protocol.agent}
-        proto = self.protocol_registry[req.protocol.kind](inference=req.inference, **req.protocol.kwargs, **extra)
+        proto = self.protocol_registry[req.protocol.kind](
+            inference=req.inference, **req.protocol.kwargs, **extra
+        )
         return env, proto
 
     async def run_episode(self, req: RolloutRequest, episode: int, max_steps: int) -> list[Rollout]:
@@ -59,7 +61,9 @@ class RolloutEngine:
         sampling_seed = None if req.sampling_seed is None else req.sampling_seed + episode
         env, proto = self._make(req)
         try:
-            rollouts = await proto.run(env, max_steps=max_steps, env_seed=env_seed, sampling_seed=sampling_seed)
+            rollouts = await proto.run(
+                env, max_steps=max_steps, env_seed=env_seed, sampling_seed=sampling_seed
+            )
         finally:
             env.close()
         for r in rollouts:
@@ -138,4 +142,8 @@ def inference_overrides(inference: InferenceSpec | None) -> dict[str, Any]:
     """Agent keyword arguments taken from a request's InferenceSpec."""
     if inference is None:
         return {}
-    return {"sampling": inference.sampling, "return_spec": inference.return_spec, "model": inference.model}
+    return {
+        "sampling": inference.sampling,
+        "return_spec": inference.return_spec,
+        "model": inference.model,
+    }

@@ -232,7 +232,9 @@ class RLAlgorithm:
         )
         out = []
         for it, w in zip(items, weights, strict=True):
-            meta = {k: v for k, v in it.meta.items() if k not in (PENDING_BATCH_STAGE, ROLLOUT_ITEMS)}
+            meta = {
+                k: v for k, v in it.meta.items() if k not in (PENDING_BATCH_STAGE, ROLLOUT_ITEMS)
+            }
             meta["group_weight"] = it.weight
             if self.mask_no_eos_with_zero and ended_without_eos(it):
                 w = 0.0
@@ -356,7 +358,10 @@ def _with_kl(loss: Any, kl_coeff: float, name: str, kl_estimator: str = "k3") ->
     if kl_coeff == 0.0:
         return loss
     return CompositeLoss(
-        terms=[LossTerm(name, loss, 1.0), LossTerm("kl", TokenKLLoss(estimator=kl_estimator), kl_coeff)]
+        terms=[
+            LossTerm(name, loss, 1.0),
+            LossTerm("kl", TokenKLLoss(estimator=kl_estimator), kl_coeff),
+        ]
     )
 
 
@@ -807,7 +812,11 @@ class AlgorithmSpec:
     def __post_init__(self) -> None:
         if self.name not in ALGORITHMS:
             raise ValueError(f"algorithm.name={self.name!r}; use one of {sorted(ALGORITHMS)}")
-        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1:
+        if (
+            isinstance(self.group_size, bool)
+            or not isinstance(self.group_size, int)
+            or self.group_size < 1
+        ):
             raise ValueError(f"algorithm.group_size={self.group_size!r} must be an integer >= 1")
         if not isinstance(self.kwargs, dict):
             raise ValueError(f"algorithm.kwargs={self.kwargs!r} must be a mapping")

@@ -124,7 +124,9 @@ def _flatten_optimizer(osd: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor],
     return tensors, {"scalars": scalars, "param_groups": groups, "key_kind": key_kind}
 
 
-def _unflatten_optimizer(tensors: Mapping[str, torch.Tensor], js: Mapping[str, Any]) -> dict[str, Any]:
+def _unflatten_optimizer(
+    tensors: Mapping[str, torch.Tensor], js: Mapping[str, Any]
+) -> dict[str, Any]:
     conv = int if js.get("key_kind") == "int" else str
     state: dict[Any, dict[str, Any]] = {}
     for key, t in tensors.items():
@@ -287,7 +289,9 @@ class CheckpointManager:
         model_state = load_file(str(path / "model.safetensors"))
         opt = None
         if m.get("optimizer") is not None and (path / "optimizer.safetensors").exists():
-            opt = _unflatten_optimizer(load_file(str(path / "optimizer.safetensors")), m["optimizer"])
+            opt = _unflatten_optimizer(
+                load_file(str(path / "optimizer.safetensors")), m["optimizer"]
+            )
         rng_t = load_file(str(path / "rng.safetensors"))
         if restore_rng:
             restore_rng_state(rng_t, m["rng"])

@@ -125,8 +125,12 @@ class TrainerConfig:
         if not self.eps > 0:
             raise bad("eps", "must be > 0")
         try:
-            check_schedule(self.lr_scheduler_type, self.total_steps, self.warmup_steps_proportion,
-                           self.min_lr_ratio)
+            check_schedule(
+                self.lr_scheduler_type,
+                self.total_steps,
+                self.warmup_steps_proportion,
+                self.min_lr_ratio,
+            )
         except ValueError as e:
             raise ValueError(f"TrainerConfig.{e}") from None
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
@@ -139,7 +143,10 @@ class TrainerConfig:
             raise bad("micro_token_budget", "must be >= 1")
         if self.sync_every_steps < 1:
             raise bad("sync_every_steps", "must be >= 1")
-        if self.mixed_precision_dtype is not None and self.mixed_precision_dtype not in MIXED_PRECISION:
+        if (
+            self.mixed_precision_dtype is not None
+            and self.mixed_precision_dtype not in MIXED_PRECISION
+        ):
             raise bad("mixed_precision_dtype", f"must be one of {sorted(MIXED_PRECISION)} or None")
         if self.max_lag is not None and self.max_lag < 0:
             raise bad("max_lag", "must be >= 0 or None (keep everything)")
@@ -159,12 +166,21 @@ class TrainerConfig:
 
     def lr_at(self, step: int) -> float:
         """The learning rate of optimizer step ``step`` (0 for the first)."""
-        return self.lr * lr_factor(step, self.lr_scheduler_type, self.total_steps,
-                                   self.warmup_steps_proportion, self.min_lr_ratio)
+        return self.lr * lr_factor(
+            step,
+            self.lr_scheduler_type,
+            self.total_steps,
+            self.warmup_steps_proportion,
+            self.min_lr_ratio,
+        )
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
-        return None if self.mixed_precision_dtype is None else MIXED_PRECISION[self.mixed_precision_dtype]
+        return (
+            None
+            if self.mixed_precision_dtype is None
+            else MIXED_PRECISION[self.mixed_precision_dtype]
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -220,8 +220,11 @@ class NormalizedReturn:
     def __post_init__(self) -> None:
         if self.group_size < 1:
             raise ValueError(f"NormalizedReturn.group_size={self.group_size} must be >= 1")
-        chain = [(n, c) for n, c in (("reward_norm", self.reward_norm), ("adv_norm", self.adv_norm))
-                 if c is not None]
+        chain = [
+            (n, c)
+            for n, c in (("reward_norm", self.reward_norm), ("adv_norm", self.adv_norm))
+            if c is not None
+        ]
         self._group_ops, self._batch_ops = split_chain(chain)
 
     @property

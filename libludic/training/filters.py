@@ -78,7 +78,5 @@ def drop_zero_variance_groups(rollouts: list[Rollout]) -> list[Rollout]:
     for r in rollouts:
         if r.group_id is not None:
             groups.setdefault(r.group_id, []).append(r)
-    zero_var = {
-        gid for gid, rs in groups.items() if len({r.total_reward for r in rs}) <= 1
-    }
+    zero_var = {gid for gid, rs in groups.items() if len({r.total_reward for r in rs}) <= 1}
     return [r for r in rollouts if r.group_id is None or r.group_id not in zero_var]

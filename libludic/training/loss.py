@@ -48,7 +48,12 @@ from libludic.training.typecheck import checked_loss
 NUM_ACTION_TOKENS_KEY = "num_action_tokens_total"
 NUM_SEQUENCES_KEY = "num_sequences_total"
 WEIGHT_MEAN_KEY = "weight_mean_total"
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+AGGREGATIONS = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
 AGGREGATION_ALIASES = {"token": "token-mean", "sequence": "seq-mean-token-mean"}
 
 Stats = dict[str, Tensor]
@@ -117,7 +122,9 @@ def aggregate(
         per_seq = per_seq / n_b.clamp(min=1.0)
     elif mode == "seq-mean-token-sum-norm":
         if max_new_tokens is None:
-            raise ValueError("aggregation='seq-mean-token-sum-norm' needs max_new_tokens (the constant C)")
+            raise ValueError(
+                "aggregation='seq-mean-token-sum-norm' needs max_new_tokens (the constant C)"
+            )
         per_seq = per_seq / float(max_new_tokens)
     n = _scalar(batch, NUM_SEQUENCES_KEY, (n_b > 0).sum().to(mask.dtype))
     return per_seq.sum() / n.clamp(min=1.0)
@@ -219,17 +226,25 @@ class OffPolicyCorrection:
     behav_imp_weight_cap: float | None = None
 
     stat_keys: ClassVar[tuple[str, ...]] = (
-        "mismatch_logprob_gap", "mismatch_kl", "mismatch_weight_mean", "mismatch_capped_frac",
+        "mismatch_logprob_gap",
+        "mismatch_kl",
+        "mismatch_weight_mean",
+        "mismatch_capped_frac",
     )
 
     def __post_init__(self) -> None:
-        if self.mismatch_correction is not None and self.mismatch_correction not in MISMATCH_CORRECTIONS:
+        if (
+            self.mismatch_correction is not None
+            and self.mismatch_correction not in MISMATCH_CORRECTIONS
+        ):
             raise ValueError(
                 f"mismatch_correction={self.mismatch_correction!r}; use one of "
                 f"{MISMATCH_CORRECTIONS} or None"
             )
         if self.mismatch_level not in MISMATCH_LEVELS:
-            raise ValueError(f"mismatch_level={self.mismatch_level!r}; use one of {MISMATCH_LEVELS}")
+            raise ValueError(
+                f"mismatch_level={self.mismatch_level!r}; use one of {MISMATCH_LEVELS}"
+            )
         if not self.mismatch_cap >= 1.0:
             raise ValueError(f"mismatch_cap={self.mismatch_cap} must be >= 1")
         if self.behav_imp_weight_cap is not None:
@@ -283,12 +298,16 @@ class OffPolicyCorrection:
             if mode == "mis":
                 w = torch.where(over, torch.zeros_like(w), w)
             capped = over.to(lr.dtype)
-        return old, w, {
-            "mismatch_logprob_gap": masked_mean(lr.abs(), m),
-            "mismatch_kl": masked_mean(torch.exp(lr) - 1.0 - lr, m),
-            "mismatch_weight_mean": masked_mean(w, m),
-            "mismatch_capped_frac": masked_mean(capped, m),
-        }
+        return (
+            old,
+            w,
+            {
+                "mismatch_logprob_gap": masked_mean(lr.abs(), m),
+                "mismatch_kl": masked_mean(torch.exp(lr) - 1.0 - lr, m),
+                "mismatch_weight_mean": masked_mean(w, m),
+                "mismatch_capped_frac": masked_mean(capped, m),
+            },
+        )
 
 
 @dataclass
@@ -372,7 +391,12 @@ class TokenClippedSurrogateLoss:
     off_policy: OffPolicyCorrection = field(default_factory=OffPolicyCorrection)
     needs_actor_logprobs: ClassVar[bool] = True
     stat_keys: ClassVar[tuple[str, ...]] = (
-        "loss", "logp_mean", "ratio_mean", "clip_frac", "dual_clip_frac", "approx_kl",
+        "loss",
+        "logp_mean",
+        "ratio_mean",
+        "clip_frac",
+        "dual_clip_frac",
+        "approx_kl",
         *OffPolicyCorrection.stat_keys,
     )
 
@@ -436,7 +460,11 @@ class CISPOLoss:
     off_policy: OffPolicyCorrection = field(default_factory=OffPolicyCorrection)
     needs_actor_logprobs: ClassVar[bool] = True
     stat_keys: ClassVar[tuple[str, ...]] = (
-        "loss", "logp_mean", "ratio_mean", "clip_frac", "approx_kl",
+        "loss",
+        "logp_mean",
+        "ratio_mean",
+        "clip_frac",
+        "approx_kl",
         *OffPolicyCorrection.stat_keys,
     )
 
@@ -495,7 +523,11 @@ class GSPOLoss:
     off_policy: OffPolicyCorrection = field(default_factory=OffPolicyCorrection)
     needs_actor_logprobs: ClassVar[bool] = True
     stat_keys: ClassVar[tuple[str, ...]] = (
-        "loss", "logp_mean", "ratio_mean", "clip_frac", "approx_kl",
+        "loss",
+        "logp_mean",
+        "ratio_mean",
+        "clip_frac",
+        "approx_kl",
         *OffPolicyCorrection.stat_keys,
     )
 

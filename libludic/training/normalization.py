@@ -148,7 +148,9 @@ def _std(n: float, sum_sq: float, unbiased: bool) -> float:
     return 1.0 if n <= 0 else math.sqrt(sum_sq / n)
 
 
-def apply_group_ops(values: Sequence[float], groups: Sequence[Sequence[int]], ops: Sequence[Op]) -> list[float]:
+def apply_group_ops(
+    values: Sequence[float], groups: Sequence[Sequence[int]], ops: Sequence[Op]
+) -> list[float]:
     """``ops`` (all group-level) on ``values``; ``groups`` partitions their indices."""
     x = [float(v) for v in values]
     for op in ops:

@@ -105,7 +105,9 @@ def apply_fsdp2(model: nn.Module, mp_dtype: torch.dtype | None = None) -> nn.Mod
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=mp_dtype, reduce_dtype=torch.float32)
     layers = decoder_layers(model)
     if not layers:
-        log.warning("no decoder layers found in %s; sharding the root module only", type(model).__name__)
+        log.warning(
+            "no decoder layers found in %s; sharding the root module only", type(model).__name__
+        )
     for layer in layers:
         fully_shard(layer, **kw)
     fully_shard(model, **kw)

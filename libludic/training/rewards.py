@@ -52,7 +52,11 @@ class RewardShaping:
                 f"overlong_reward_penalty={self.overlong_reward_penalty!r} must be true or false"
             )
         if not self.overlong_reward_penalty:
-            given = [n for n in ("overlong_tokens", "overlong_penalty_factor") if getattr(self, n) is not None]
+            given = [
+                n
+                for n in ("overlong_tokens", "overlong_penalty_factor")
+                if getattr(self, n) is not None
+            ]
             if given:
                 raise ValueError(
                     f"{' and '.join(given)} set but overlong_reward_penalty is false; set "

@@ -22,8 +22,9 @@ import math
 SCHEDULES = ("constant", "linear", "cosine")
 
 
-def check_schedule(kind: str, total_steps: int | None, warmup_steps_proportion: float,
-                   min_lr_ratio: float) -> None:
+def check_schedule(
+    kind: str, total_steps: int | None, warmup_steps_proportion: float, min_lr_ratio: float
+) -> None:
     """ValueError naming the first bad setting."""
     if kind not in SCHEDULES:
         raise ValueError(f"lr_scheduler_type={kind!r}; use one of {list(SCHEDULES)}")
@@ -40,8 +41,13 @@ def check_schedule(kind: str, total_steps: int | None, warmup_steps_proportion: 
         raise ValueError(f"min_lr_ratio={min_lr_ratio!r} must be in [0, 1]")
 
 
-def lr_factor(step: int, kind: str, total_steps: int | None, warmup_steps_proportion: float,
-              min_lr_ratio: float) -> float:
+def lr_factor(
+    step: int,
+    kind: str,
+    total_steps: int | None,
+    warmup_steps_proportion: float,
+    min_lr_ratio: float,
+) -> float:
     """The multiplier of the base learning rate at optimizer step ``step`` (0-based)."""
     if total_steps is None:
         return 1.0

@@ -28,6 +28,7 @@ Output: the trained model and tokenizer in ``--out`` (``save_pretrained``), a pr
 line every ``--log-every`` steps and, at the end, the greedy pass rate on the 200 held-out
 problems (exact match of the stripped decoded answer).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -45,7 +46,14 @@ from libludic.training.config import TrainerConfig
 from libludic.training.sft_data import CHECK_SEEDS, EVAL_SEEDS, write_train_jsonl
 from libludic.training.trainer import Trainer
 
-__all__ = ["run_sft", "greedy_pass_rate", "write_train_jsonl", "EVAL_SEEDS", "CHECK_SEEDS", "FINE_MARGIN"]
+__all__ = [
+    "run_sft",
+    "greedy_pass_rate",
+    "write_train_jsonl",
+    "EVAL_SEEDS",
+    "CHECK_SEEDS",
+    "FINE_MARGIN",
+]
 
 FINE_MARGIN = 0.1  # within this of the target, check every step
 
@@ -91,7 +99,9 @@ def run_sft(
     exclude = {generate_problem(s, digits, split="eval").question for s in eval_seeds}
     data = out / "sft_train.jsonl"
     n = write_train_jsonl(data, steps * batch_size, digits, exclude)
-    source = OfflineBatchSource(data, batch_size=batch_size, tokenizer=tok, algorithm=make_sft(), seed=seed)
+    source = OfflineBatchSource(
+        data, batch_size=batch_size, tokenizer=tok, algorithm=make_sft(), seed=seed
+    )
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     cfg = TrainerConfig(
         model_device=dev,
@@ -106,7 +116,9 @@ def run_sft(
     )
     trainer = Trainer(model=model, algo=make_sft(), batch_source=source, cfg=cfg)
     say = (lambda *_a, **_k: None) if quiet else print
-    say(f"sft: {n} training samples ({digits}-digit addition), {steps} steps x {batch_size}, lr {lr}, {dev}")
+    say(
+        f"sft: {n} training samples ({digits}-digit addition), {steps} steps x {batch_size}, lr {lr}, {dev}"
+    )
     losses: list[float] = []
     checks: list[dict[str, float]] = []
     t0 = time.perf_counter()
@@ -132,7 +144,9 @@ def run_sft(
                 rate = greedy_pass_rate(trainer.model, tok, CHECK_SEEDS, digits, split="train")
                 checks.append({"step": i, "train_pass_rate": rate})
                 if rate >= target_pass_rate:
-                    say(f"step {i}: train-split greedy pass rate {rate:.3f} >= target {target_pass_rate}; stopping")
+                    say(
+                        f"step {i}: train-split greedy pass rate {rate:.3f} >= target {target_pass_rate}; stopping"
+                    )
                     return
 
     asyncio.run(loop())
@@ -153,5 +167,11 @@ def run_sft(
         )
     else:
         say(f"training {train_s:.1f} s, model saved to {out} (no held-out evaluation: eval_n=0)")
-    return {"losses": losses, "pass_rate": pass_rate, "train_s": train_s, "num_samples": n,
-            "steps_run": len(losses), "checks": checks}
+    return {
+        "losses": losses,
+        "pass_rate": pass_rate,
+        "train_s": train_s,
+        "num_samples": n,
+        "steps_run": len(losses),
+        "checks": checks,
+    }

@@ -279,7 +279,9 @@ class Trainer:
         self.rl_wall_s = 0.0  # see train_step: the denominator of samples_per_s
         self.items_trained_total = 0
         self.tokens_trained_total = 0
-        self.time_totals: dict[str, float] = {}  # batch_wait_s, train_s, publish_wait_s, step_wall_s
+        self.time_totals: dict[
+            str, float
+        ] = {}  # batch_wait_s, train_s, publish_wait_s, step_wall_s
         self._inflight: asyncio.Task[None] | None = None  # rank 0's background send
         self._inflight_meta: tuple[int, int, float] | None = None  # (version, step, t0)
         self.last_checkpoint_step = -1
@@ -301,7 +303,9 @@ class Trainer:
         )
         return kept, len(stale)
 
-    def full_state_dict(self, to_cpu: bool = True, rank0_only: bool = False) -> dict[str, torch.Tensor]:
+    def full_state_dict(
+        self, to_cpu: bool = True, rank0_only: bool = False
+    ) -> dict[str, torch.Tensor]:
         """Full parameters under HF names (gathers FSDP2 shards; every rank must call;
         ``rank0_only``: the other ranks get {} and never hold the whole model)."""
         return parallel.full_state_dict(self.model, to_cpu=to_cpu, rank0_only=rank0_only)
@@ -399,9 +403,7 @@ class Trainer:
             if hasattr(self.model, "set_requires_gradient_sync"):
                 # FSDP2: reduce-scatter only after the last micro-batch
                 self.model.set_requires_gradient_sync(is_last)  # type: ignore[operator]
-            dev_b: dict[str, Any] = {
-                k: v.to(self.device, non_blocking=True) for k, v in b.items()
-            }
+            dev_b: dict[str, Any] = {k: v.to(self.device, non_blocking=True) for k, v in b.items()}
             dev_b.update(prepared.macro)
             if self.ref_model is not None and "ref_logprobs" not in dev_b:
                 t_ref = time.perf_counter()
@@ -528,7 +530,9 @@ class Trainer:
             self.nonfinite_skipped_total += 1
             log.warning(
                 "step %d: gradient norm is %s; update skipped (%d so far), weights unchanged",
-                self.step + 1, value, self.nonfinite_skipped_total,
+                self.step + 1,
+                value,
+                self.nonfinite_skipped_total,
             )
         self.optimizer.zero_grad(set_to_none=True)
         return value
@@ -567,7 +571,9 @@ class Trainer:
             stats.update(await asyncio.to_thread(self._update, items))
             stats["nonfinite_skipped_total"] = float(self.nonfinite_skipped_total)
         else:
-            log.warning("step %d: no items left after dropping %d stale; no update", self.step + 1, dropped)
+            log.warning(
+                "step %d: no items left after dropping %d stale; no update", self.step + 1, dropped
+            )
             stats.update(loss=0.0, grad_norm=0.0)
         t_train = time.perf_counter()
         self.step += 1
@@ -577,7 +583,9 @@ class Trainer:
             await self.hooks.on_trained(self.step, ids)
         dt = max(time.perf_counter() - t0, 1e-9)
         if self.distributed:  # each rank's loss is its share of the batch loss: sum them
-            t = torch.tensor([stats["loss"], stats["num_tokens"]], dtype=torch.float64, device=self.device)
+            t = torch.tensor(
+                [stats["loss"], stats["num_tokens"]], dtype=torch.float64, device=self.device
+            )
             dist.all_reduce(t)
             stats["loss"], stats["num_tokens"] = float(t[0]), float(t[1])
         batch_items = float(len(ids)) if ids else stats["num_items"]
@@ -607,8 +615,12 @@ class Trainer:
         # train_step from its start to its end, evaluation excluded), since this process began
         wall = time.perf_counter() - t0 - eval_s
         self.rl_wall_s += wall
-        for k, v in (("batch_wait_s", stats["batch_wait_s"]), ("train_s", stats["train_s"]),
-                     ("publish_wait_s", stats["publish_wait_s"]), ("step_wall_s", wall)):
+        for k, v in (
+            ("batch_wait_s", stats["batch_wait_s"]),
+            ("train_s", stats["train_s"]),
+            ("publish_wait_s", stats["publish_wait_s"]),
+            ("step_wall_s", wall),
+        ):
             self.time_totals[k] = self.time_totals.get(k, 0.0) + v
         self.items_trained_total += int(batch_items)
         self.tokens_trained_total += int(stats["num_tokens"])
@@ -623,10 +635,18 @@ class Trainer:
             log.info(
                 "step %d loss %.4f grad_norm %.3f items %d reward %.3f stale %d tok/s %.0f "
                 "samples/s %.1f v%d (wait %.3fs train %.3fs publish %.3fs)",
-                self.step, stats["loss"], stats["grad_norm"], int(batch_items),
-                stats["reward_mean"], int(stats["stale_dropped_total"]), stats["tokens_per_s"],
-                stats["samples_per_s"], self.policy_version, stats["batch_wait_s"],
-                stats["train_s"], stats["publish_wait_s"],
+                self.step,
+                stats["loss"],
+                stats["grad_norm"],
+                int(batch_items),
+                stats["reward_mean"],
+                int(stats["stale_dropped_total"]),
+                stats["tokens_per_s"],
+                stats["samples_per_s"],
+                self.policy_version,
+                stats["batch_wait_s"],
+                stats["train_s"],
+                stats["publish_wait_s"],
             )
         self.last_progress = time.monotonic()
         if self.hooks.on_step is not None:
@@ -747,8 +767,11 @@ class Trainer:
             (log.error if parallel.rank() == 0 else log.debug)(
                 "PUBLISH FAILED (%d in a row, limit %d); training continues on v%d weights, "
                 "v%d stays served: %s",
-                self.consecutive_publish_failures, self.cfg.max_publish_failures, version,
-                self.policy_version, error,
+                self.consecutive_publish_failures,
+                self.cfg.max_publish_failures,
+                version,
+                self.policy_version,
+                error,
             )
             if self.hooks.on_publish is not None:
                 await self.hooks.on_publish(version, error, dt)
@@ -777,7 +800,9 @@ class Trainer:
         """Save a checkpoint of this step (once; collective under FSDP2), then commit the
         items it includes. Returns its path on rank 0."""
         if self.checkpointer is None:
-            raise ValueError("Trainer has no checkpointer; pass checkpointer=CheckpointManager(...)")
+            raise ValueError(
+                "Trainer has no checkpointer; pass checkpointer=CheckpointManager(...)"
+            )
         if self.step == self.last_checkpoint_step:
             return None
         path = self.save_checkpoint(self.checkpoint_extra)
@@ -812,7 +837,9 @@ class Trainer:
     def save_checkpoint(self, extra: dict[str, Any] | None = None) -> Path | None:
         """Model + optimizer + RNG + step + policy_version (+ batch-source position)."""
         if self.checkpointer is None:
-            raise ValueError("Trainer has no checkpointer; pass checkpointer=CheckpointManager(...)")
+            raise ValueError(
+                "Trainer has no checkpointer; pass checkpointer=CheckpointManager(...)"
+            )
         msd, osd = self._state_dicts()  # collective under FSDP2
         if parallel.rank() != 0:
             return None
@@ -831,7 +858,9 @@ class Trainer:
         )
 
         if self.checkpointer is None:
-            raise ValueError("Trainer has no checkpointer; pass checkpointer=CheckpointManager(...)")
+            raise ValueError(
+                "Trainer has no checkpointer; pass checkpointer=CheckpointManager(...)"
+            )
         ck = self.checkpointer.load(path)
         if ck is None:
             return None

@@ -337,15 +337,23 @@ class AccountedConsumer(StreamConsumer):
         ks = [self.stream, self.deadletter, ak.counters, ak.open, ak.mix, ak.items, marker]
         payload, size = self.deadletter_payload(entry)
         args: list[Any] = [
-            self.group, entry.id, reason, detail, self.consumer, payload, iid, self.stage,
-            self.done_ttl_s, keys.done("learner", ""), self.deadletter_maxlen, size,
+            self.group,
+            entry.id,
+            reason,
+            detail,
+            self.consumer,
+            payload,
+            iid,
+            self.stage,
+            self.done_ttl_s,
+            keys.done("learner", ""),
+            self.deadletter_maxlen,
+            size,
         ]
         await self.redis.eval(_DEADLETTER_LUA, len(ks), *ks, *args)
 
 
-async def ack_items(
-    sc: StreamConsumer, entry_ids: Sequence[str], outcome: str
-) -> int:
+async def ack_items(sc: StreamConsumer, entry_ids: Sequence[str], outcome: str) -> int:
     """Learner: XACK + XDEL saw entries, counting each still-pending one as ``outcome``
     (``trained`` or ``stale``). Returns how many were still pending."""
     if outcome not in ("trained", "stale"):
@@ -406,8 +414,16 @@ async def snapshot(r: aioredis.Redis, keys: Keys) -> dict[str, Any]:
     """The run's accounting, read atomically (one script), with the derived and the
     observed in-flight figures and ``consistent``."""
     ak = AcctKeys(keys)
-    ks = [ak.counters, ak.rolling, ak.open, ak.items, keys.requests, keys.rollouts, keys.saw,
-          keys.deadletter]
+    ks = [
+        ak.counters,
+        ak.rolling,
+        ak.open,
+        ak.items,
+        keys.requests,
+        keys.rollouts,
+        keys.saw,
+        keys.deadletter,
+    ]
     raw = await r.eval(_SNAPSHOT_LUA, len(ks), *ks)
     flat = raw[0]
     counters = {as_str(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
@@ -423,9 +439,7 @@ async def snapshot(r: aioredis.Redis, keys: Keys) -> dict[str, Any]:
     return compute(counters, observed)
 
 
-async def admission_state(
-    r: aioredis.Redis, keys: Keys, group_size: int
-) -> dict[str, int] | None:
+async def admission_state(r: aioredis.Redis, keys: Keys, group_size: int) -> dict[str, int] | None:
     """``{served_step, batch_size, trained, outstanding}`` for
     :func:`libludic.staleness.admission_room`, read atomically; None before a learner
     announced itself (:func:`set_admission`). ``outstanding`` counts samples requested and
@@ -444,12 +458,12 @@ async def admission_state(
     }
 
 
-async def set_admission(
-    r: aioredis.Redis, keys: Keys, served_step: int, batch_size: int
-) -> None:
+async def set_admission(r: aioredis.Redis, keys: Keys, served_step: int, batch_size: int) -> None:
     """Learner: the step whose weights inference serves and the batch size admission is
     measured in; wakes the feeder (:func:`wait_admission`)."""
-    await r.hset(keys.admission, mapping={"served_step": int(served_step), "batch_size": int(batch_size)})
+    await r.hset(
+        keys.admission, mapping={"served_step": int(served_step), "batch_size": int(batch_size)}
+    )
     await wake_admission(r, keys)
 
 
@@ -470,7 +484,9 @@ def announce_served_sync(
 
     pipe = r.pipeline(transaction=True)
     pipe.eval(SET_MAX_LUA, 1, keys.policy_version, int(version))
-    pipe.hset(keys.admission, mapping={"served_step": int(served_step), "batch_size": int(batch_size)})
+    pipe.hset(
+        keys.admission, mapping={"served_step": int(served_step), "batch_size": int(batch_size)}
+    )
     pipe.lpush(keys.admission_wake, 1)
     pipe.ltrim(keys.admission_wake, 0, 0)
     pipe.execute()

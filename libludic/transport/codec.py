@@ -37,6 +37,7 @@ _STRUCT_CODE = {_I32: "i", _F32: "f"}
 def _struct_for(code: str, n: int) -> struct.Struct:
     return struct.Struct(f"<{n}{code}")
 
+
 # --------------------------------------------------------------------------------------
 # codec
 
@@ -108,7 +109,9 @@ def pack_array(values: Sequence[Any] | np.ndarray | None, dtype: np.dtype) -> by
 
 def _check_packed(raw: Any, dtype: np.dtype, what: str) -> bytes:
     if not isinstance(raw, bytes):
-        raise CodecError("bad_field", f"{what} must be packed {dtype} bytes, got {type(raw).__name__}")
+        raise CodecError(
+            "bad_field", f"{what} must be packed {dtype} bytes, got {type(raw).__name__}"
+        )
     if len(raw) % dtype.itemsize:
         raise CodecError(
             "bad_field", f"{what} has {len(raw)} bytes, not a multiple of {dtype.itemsize}"
@@ -280,8 +283,11 @@ def encode_saw_item(item: SAWItem) -> bytes:
         "action_mask": pack_array(item.action_mask, _U8),
         "weight": float(item.weight),
         "meta": dict(item.meta),
-        "attachments": {**packed, "policy_version": att.policy_version,
-                        "temperature": att.temperature},
+        "attachments": {
+            **packed,
+            "policy_version": att.policy_version,
+            "temperature": att.temperature,
+        },
     }
     return envelope(KIND_SAW, body)
 

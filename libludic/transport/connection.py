@@ -109,7 +109,11 @@ async def retry_redis(
                 on_error(e)
             if deadline_s is not None and time.monotonic() - t0 > deadline_s:
                 raise
-            if _stopping or (stop is not None and stop.is_set()) or (should_stop is not None and should_stop()):
+            if (
+                _stopping
+                or (stop is not None and stop.is_set())
+                or (should_stop is not None and should_stop())
+            ):
                 raise
             log.warning("redis unavailable (%s: %s); retrying", type(e).__name__, e)
             await backoff_sleep(attempt, stop)

@@ -311,7 +311,9 @@ class StreamConsumer:
         deleted = [i for i, (_, fields) in zip(ids, raw, strict=True) if not fields]
         if deleted:
             await self.redis.xack(self.stream, self.group, *deleted)
-        entries = [Entry(i, dict(fields)) for i, (_, fields) in zip(ids, raw, strict=True) if fields]
+        entries = [
+            Entry(i, dict(fields)) for i, (_, fields) in zip(ids, raw, strict=True) if fields
+        ]
         return entries, ids
 
     async def hand_back(self, entry_ids: Sequence[str]) -> None:
@@ -319,8 +321,13 @@ class StreamConsumer:
         idle time past ``claim_idle_ms``): a draining worker's unfinished work."""
         if entry_ids:
             await self.redis.xclaim(
-                self.stream, self.group, self.consumer, 0, list(entry_ids),
-                idle=self.claim_idle_ms + 1, justid=True,
+                self.stream,
+                self.group,
+                self.consumer,
+                0,
+                list(entry_ids),
+                idle=self.claim_idle_ms + 1,
+                justid=True,
             )
 
     async def touch(self, entries: Sequence[Entry]) -> int:
@@ -383,13 +390,15 @@ async def stream_info(r: aioredis.Redis, key: str) -> dict[str, Any]:
             for c in await r.xinfo_consumers(key, gname)
         ]
         lag = g.get("lag")
-        info["groups"].append({
-            "name": gname,
-            "pending": int(g["pending"]),
-            "lag": None if lag is None else int(lag),
-            "last_delivered_id": as_str(g.get("last-delivered-id")),
-            "consumers": consumers,
-        })
+        info["groups"].append(
+            {
+                "name": gname,
+                "pending": int(g["pending"]),
+                "lag": None if lag is None else int(lag),
+                "last_delivered_id": as_str(g.get("last-delivered-id")),
+                "consumers": consumers,
+            }
+        )
     return info
 
 

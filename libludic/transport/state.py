@@ -98,7 +98,10 @@ class AdmissionController:
                 log.info(
                     "stale admission: inference v%d is %d behind learner v%d "
                     "(max_head_offpolicyness=%d); waiting",
-                    inf, lag, learner, self.max_head_offpolicyness,
+                    inf,
+                    lag,
+                    learner,
+                    self.max_head_offpolicyness,
                 )
             if stop is None:
                 await asyncio.sleep(self.poll_s)
@@ -106,7 +109,9 @@ class AdmissionController:
                 await wait_event(stop, self.poll_s)
 
 
-async def beat(r: aioredis.Redis, keys: Keys, role: str, consumer: str, ttl_s: float, info: Mapping[str, Any]) -> None:
+async def beat(
+    r: aioredis.Redis, keys: Keys, role: str, consumer: str, ttl_s: float, info: Mapping[str, Any]
+) -> None:
     """Write the liveness key of ``consumer`` (expires after ``ttl_s`` without a beat)."""
     body = dict(info)
     body["ts"] = time.time()
@@ -125,7 +130,7 @@ async def alive(r: aioredis.Redis, keys: Keys, role: str) -> dict[str, dict[str,
             body = unpack_msg(v)
         except CodecError:
             body = {}
-        out[as_str(k)[len(prefix):]] = body if isinstance(body, dict) else {}
+        out[as_str(k)[len(prefix) :]] = body if isinstance(body, dict) else {}
     return out
 
 

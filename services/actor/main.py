@@ -47,12 +47,15 @@ async def run(
         from libludic.inference.pool import InferencePool
 
         client = InferencePool(
-            settings.inference_urls, api_key=settings.api_key, timeout_s=settings.inference_timeout_s,
+            settings.inference_urls,
+            api_key=settings.api_key,
+            timeout_s=settings.inference_timeout_s,
             on_replica_down=lambda url: ERRORS.labels(kind="replica_down").inc(),
         )
     try:
-        async with serving(settings.redis_url, settings.metrics_port,
-                           socket_timeout=settings.block_ms / 1000 + 30) as (r, endpoint):
+        async with serving(
+            settings.redis_url, settings.metrics_port, socket_timeout=settings.block_ms / 1000 + 30
+        ) as (r, endpoint):
             actor = Actor(settings, client, r, stop)
             endpoint.check = actor.health
             log.info("actor %s consuming %s", actor.name, actor.keys.requests)
@@ -63,8 +66,14 @@ async def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    return service_main("actor", ActorSettings, run, argv, description=__doc__.split("\n")[0],
-                        finished=lambda stats: log.info("actor exiting: %s", stats))
+    return service_main(
+        "actor",
+        ActorSettings,
+        run,
+        argv,
+        description=__doc__.split("\n")[0],
+        finished=lambda stats: log.info("actor exiting: %s", stats),
+    )
 
 
 if __name__ == "__main__":

@@ -27,13 +27,15 @@ log = logging.getLogger("ludic.actor")
 
 EPISODES = Counter("ludic_actor_episodes_total", "Rollouts written to the rollouts stream")
 REWARD = Histogram(
-    "ludic_actor_reward", "Total reward per rollout",
+    "ludic_actor_reward",
+    "Total reward per rollout",
     buckets=(-1.0, -0.5, 0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 2.0, 5.0),
 )
 TOKENS = Counter("ludic_actor_tokens_total", "Sampled completion tokens in written rollouts")
 ERRORS = Counter("ludic_actor_errors_total", "Actor failures by kind", ["kind"])
 CLAIM = Histogram(
-    "ludic_actor_claim_seconds", "Time from asking for work to holding a request",
+    "ludic_actor_claim_seconds",
+    "Time from asking for work to holding a request",
     buckets=(0.001, 0.005, 0.02, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0),
 )
 STALE_WAITS = Counter(
@@ -46,11 +48,13 @@ DUPLICATES = Counter(
 )
 INFLIGHT = Gauge("ludic_actor_inflight_requests", "Requests being run by this actor")
 GENERATE = Histogram(
-    "ludic_actor_generate_seconds", "Time to run every episode of a request (inference + env)",
+    "ludic_actor_generate_seconds",
+    "Time to run every episode of a request (inference + env)",
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
 )
 COMMIT = Histogram(
-    "ludic_actor_commit_seconds", "Time to commit a request's rollouts to Redis",
+    "ludic_actor_commit_seconds",
+    "Time to commit a request's rollouts to Redis",
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
 )
 
@@ -121,7 +125,11 @@ class Actor:
         self.keys = transport.Keys(settings.run_id)
         self.name = settings.consumer or transport.consumer_name("actor")
         self.consumer = accounting.AccountedConsumer(
-            r, self.keys.requests, transport.GROUP_ACTORS, self.name, self.keys.deadletter,
+            r,
+            self.keys.requests,
+            transport.GROUP_ACTORS,
+            self.name,
+            self.keys.deadletter,
             claim_idle_ms=settings.claim_idle_ms,
             max_deliveries=settings.max_deliveries,
             on_deadletter=lambda reason: ERRORS.labels(kind="deadletter").inc(),
@@ -130,7 +138,10 @@ class Actor:
         env_reg, proto_reg = build_registries(client)
         self.engine = RolloutEngine(env_reg, proto_reg)
         self.admission = transport.AdmissionController(
-            r, self.keys, settings.max_head_offpolicyness, self._inference_version,
+            r,
+            self.keys,
+            settings.max_head_offpolicyness,
+            self._inference_version,
             on_wait=STALE_WAITS.inc,
         )
         self.inflight: dict[str, transport.Entry] = {}
@@ -153,9 +164,17 @@ class Actor:
         while True:
             try:
                 await transport.beat(
-                    self.r, self.keys, "actor", self.name, self.s.heartbeat_ttl_s,
-                    {"pid": os.getpid(), "host": socket.gethostname(),
-                     "inflight": len(self.inflight), "episodes": self.stats.episodes},
+                    self.r,
+                    self.keys,
+                    "actor",
+                    self.name,
+                    self.s.heartbeat_ttl_s,
+                    {
+                        "pid": os.getpid(),
+                        "host": socket.gethostname(),
+                        "inflight": len(self.inflight),
+                        "episodes": self.stats.episodes,
+                    },
                 )
                 await self.consumer.touch(list(self.inflight.values()))
                 await update_stream_gauges(self.r, self.keys)
@@ -179,14 +198,17 @@ class Actor:
         t_gen = time.monotonic()
         try:
             rollouts = await self.engine.generate_rollouts(
-                [req], max_steps=self.s.max_steps,
+                [req],
+                max_steps=self.s.max_steps,
                 concurrency=min(self.s.episode_concurrency, req.num_episodes),
             )
         except TRANSIENT_ERRORS as e:
             # transient: leave it pending; a claimer (maybe us) retries after claim_idle_ms
             ERRORS.labels(kind="inference").inc()
             self.stats.retried += 1
-            log.warning("request %s failed (%s: %s); left pending for retry", req.id, type(e).__name__, e)
+            log.warning(
+                "request %s failed (%s: %s); left pending for retry", req.id, type(e).__name__, e
+            )
             return
         except Exception as e:  # deterministic failure (bad env kwargs, ...): dead-letter it
             ERRORS.labels(kind="episode").inc()
@@ -204,7 +226,9 @@ class Actor:
         COMMIT.observe(time.monotonic() - t_commit)
         self.stats.commit_s += time.monotonic() - t_commit
 
-    async def _commit(self, entry: transport.Entry, req: RolloutRequest, rollouts: list[Any]) -> None:
+    async def _commit(
+        self, entry: transport.Entry, req: RolloutRequest, rollouts: list[Any]
+    ) -> None:
         whole_group = req.meta.get("group_id") == req.id
         for ro in rollouts:
             ro.meta.setdefault("actor", self.name)
@@ -213,8 +237,13 @@ class Actor:
         outputs = [(ro.id, transport.encode_rollout(ro)) for ro in rollouts]
         written = await transport.retry_redis(
             lambda: accounting.commit(
-                self.consumer, [entry], outputs, self.keys.rollouts,
-                self.keys.done("actor", req.id), stage="actor", group_id=req.meta["group_id"],
+                self.consumer,
+                [entry],
+                outputs,
+                self.keys.rollouts,
+                self.keys.done("actor", req.id),
+                stage="actor",
+                group_id=req.meta["group_id"],
             ),
             on_error=lambda e: ERRORS.labels(kind="redis").inc(),
         )
@@ -238,8 +267,12 @@ class Actor:
                 await self._handle(entry)
             except Exception as e:  # e.g. Redis refusing the commit (OOM): stays pending
                 ERRORS.labels(kind="commit").inc()
-                log.error("request entry %s failed to commit (%s: %s); left pending",
-                          entry.id, type(e).__name__, e)
+                log.error(
+                    "request entry %s failed to commit (%s: %s); left pending",
+                    entry.id,
+                    type(e).__name__,
+                    e,
+                )
             finally:
                 self.inflight.pop(entry.id, None)
                 self.tasks.pop(entry.id, None)
@@ -258,8 +291,9 @@ class Actor:
                 self.last_tick = time.monotonic()
                 free = self.s.concurrency - len(self.inflight)
                 if free <= 0:
-                    await asyncio.wait(list(self.tasks.values()), timeout=1.0,
-                                       return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait(
+                        list(self.tasks.values()), timeout=1.0, return_when=asyncio.FIRST_COMPLETED
+                    )
                     continue
                 t_wait = time.monotonic()
                 try:
@@ -297,14 +331,21 @@ class Actor:
             log.info(
                 "actor profile: %d requests, %d episodes; per request: generate %.3f s, "
                 "commit %.4f s; waiting for work %.1f s in all",
-                st.requests_done, st.episodes, st.generate_s / max(st.requests_done, 1),
-                st.commit_s / max(st.requests_done, 1), st.claim_wait_s,
+                st.requests_done,
+                st.episodes,
+                st.generate_s / max(st.requests_done, 1),
+                st.commit_s / max(st.requests_done, 1),
+                st.claim_wait_s,
             )
         return self.stats
 
     async def _drain(self) -> None:
         if self.tasks:
-            log.info("draining %d in-flight request(s) (grace %.0fs)", len(self.tasks), self.s.drain_grace_s)
+            log.info(
+                "draining %d in-flight request(s) (grace %.0fs)",
+                len(self.tasks),
+                self.s.drain_grace_s,
+            )
             await asyncio.wait(list(self.tasks.values()), timeout=self.s.drain_grace_s)
         left = list(self.inflight.values())
         for t in list(self.tasks.values()):

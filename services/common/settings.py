@@ -55,7 +55,9 @@ def _base_type(tp: Any) -> tuple[Any, bool]:
 def coerce(name: str, tp: Any, value: Any) -> Any:
     """Convert a YAML/env/flag value to the field's type; errors name the field."""
     base, optional = _base_type(tp)
-    if value is None or (optional and isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+    if value is None or (
+        optional and isinstance(value, str) and value.strip().lower() in ("", "none", "null")
+    ):
         if optional:
             return None
         raise ValueError(f"setting {name!r} may not be empty")
@@ -75,7 +77,9 @@ def coerce(name: str, tp: Any, value: Any) -> Any:
             item_tp = args[0] if args else str
             if isinstance(value, str):
                 s = value.strip()
-                items: list[Any] = json.loads(s) if s.startswith("[") else [v for v in s.split(",") if v.strip()]
+                items: list[Any] = (
+                    json.loads(s) if s.startswith("[") else [v for v in s.split(",") if v.strip()]
+                )
             else:
                 items = list(value)
             return [coerce(name, item_tp, v.strip() if isinstance(v, str) else v) for v in items]
@@ -139,7 +143,10 @@ def load_settings(
         shown = f"default {_default_text(f)}; env {env_name}"
         if base is bool:
             parser.add_argument(
-                _flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                _flag(f.name),
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
                 help=f"{help_} [{shown}]",
             )
         else:
@@ -245,9 +252,10 @@ def check_algorithm_section(data: Mapping[str, Any], path: str | Path) -> None:
             continue
         for k in ALGORITHM_KEYS:
             if k in body:
-                target = {"algorithm": "algorithm.name", "algorithm_kwargs": "algorithm.kwargs"}.get(
-                    k, f"algorithm.{k}"
-                )
+                target = {
+                    "algorithm": "algorithm.name",
+                    "algorithm_kwargs": "algorithm.kwargs",
+                }.get(k, f"algorithm.{k}")
                 raise ValueError(
                     f"config file {path}: {section}.{k} is a per-service copy of the algorithm; "
                     f"move {section}.{k} to the top-level algorithm: section as {target} "
@@ -275,8 +283,18 @@ def check_staleness_keys(data: Mapping[str, Any], path: str | Path) -> None:
                 "max_head_offpolicyness (max_lag is the learner's drop bound, learner.max_lag)"
             )
     head = data.get("max_head_offpolicyness", DEFAULT_MAX_HEAD_OFFPOLICYNESS)
-    lag = (data.get("learner") or {}).get("max_lag") if isinstance(data.get("learner"), dict) else None
-    if head is not None and lag is not None and isinstance(head, int) and isinstance(lag, int) and lag < head:
+    lag = (
+        (data.get("learner") or {}).get("max_lag")
+        if isinstance(data.get("learner"), dict)
+        else None
+    )
+    if (
+        head is not None
+        and lag is not None
+        and isinstance(head, int)
+        and isinstance(lag, int)
+        and lag < head
+    ):
         raise ValueError(
             f"config file {path}: learner.max_lag={lag} < max_head_offpolicyness={head}: "
             f"samples admitted {head} versions ahead would be dropped as stale; raise "
@@ -288,7 +306,9 @@ def algorithm_group_size(algorithm: Mapping[str, Any]) -> int:
     """``algorithm.group_size`` (default 8) without building the algorithm (the feeder's
     episodes per request; credit and learner validate the whole section)."""
     if not isinstance(algorithm, Mapping):
-        raise ValueError(f"algorithm must be a mapping {{name, group_size, kwargs}}, got {algorithm!r}")
+        raise ValueError(
+            f"algorithm must be a mapping {{name, group_size, kwargs}}, got {algorithm!r}"
+        )
     g = algorithm.get("group_size", 8)
     try:
         if isinstance(g, bool):
@@ -344,7 +364,11 @@ def redacted(settings: Any) -> dict[str, Any]:
     d = dataclasses.asdict(settings)
     for k in list(d):
         words = k.lower().split("_")
-        if any(w in words or k.lower().endswith(w) for w in _SECRET_WORDS) and d[k] and not k.endswith("_budget"):
+        if (
+            any(w in words or k.lower().endswith(w) for w in _SECRET_WORDS)
+            and d[k]
+            and not k.endswith("_budget")
+        ):
             d[k] = "***"
         else:
             d[k] = _redact_values(d[k])
@@ -353,7 +377,9 @@ def redacted(settings: Any) -> dict[str, Any]:
 
 def log_settings(log: logging.Logger, service: str, settings: Any) -> None:
     """Log the whole resolved config once at start-up (secrets redacted)."""
-    log.info("ludic %s config: %s", service, json.dumps(redacted(settings), sort_keys=True, default=str))
+    log.info(
+        "ludic %s config: %s", service, json.dumps(redacted(settings), sort_keys=True, default=str)
+    )
 
 
 def setup_logging(level: str = "INFO") -> None:

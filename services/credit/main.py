@@ -52,8 +52,9 @@ log = logging.getLogger("ludic.credit")
 
 async def run(settings: CreditSettings, *, stop: asyncio.Event | None = None) -> CreditWorker:
     stop = stop or asyncio.Event()
-    async with serving(settings.redis_url, settings.metrics_port,
-                       socket_timeout=settings.block_ms / 1000 + 30) as (r, endpoint):
+    async with serving(
+        settings.redis_url, settings.metrics_port, socket_timeout=settings.block_ms / 1000 + 30
+    ) as (r, endpoint):
         worker = CreditWorker(settings, r, stop)
         endpoint.check = worker.health
         await worker.run()
@@ -62,8 +63,14 @@ async def run(settings: CreditSettings, *, stop: asyncio.Event | None = None) ->
 
 def main(argv: list[str] | None = None) -> int:
     return service_main(
-        "credit", CreditSettings, run, argv, description=__doc__.split("\n")[0],
-        finished=lambda w: log.info("credit exiting: items=%d groups=%s", w.items_written, w.outcomes),
+        "credit",
+        CreditSettings,
+        run,
+        argv,
+        description=__doc__.split("\n")[0],
+        finished=lambda w: log.info(
+            "credit exiting: items=%d groups=%s", w.items_written, w.outcomes
+        ),
     )
 
 

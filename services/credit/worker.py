@@ -31,6 +31,7 @@ def _group_size(declared: Any, default: int) -> int | None:
         return None
     return declared if 1 <= declared <= MAX_GROUP_ROLLOUTS else None
 
+
 ITEMS = Counter("ludic_credit_items_total", "SAWItems written to the saw stream")
 GROUPS = Counter(
     "ludic_credit_groups_total",
@@ -123,7 +124,11 @@ class CreditWorker:
         self.keys = transport.Keys(settings.run_id)
         self.name = settings.consumer or transport.consumer_name("credit")
         self.consumer = accounting.AccountedConsumer(
-            r, self.keys.rollouts, transport.GROUP_CREDIT, self.name, self.keys.deadletter,
+            r,
+            self.keys.rollouts,
+            transport.GROUP_CREDIT,
+            self.name,
+            self.keys.deadletter,
             claim_idle_ms=settings.claim_idle_ms,
             max_deliveries=settings.max_deliveries,
             on_deadletter=lambda reason: DEADLETTERED.inc(),
@@ -203,10 +208,15 @@ class CreditWorker:
                 await self.consumer.ack([entry])
                 self._count("late")
                 return
-            size = _group_size(ro.meta.get("group_rollouts"), self.s.spec.group_size) if ro.group_id else 1
+            size = (
+                _group_size(ro.meta.get("group_rollouts"), self.s.spec.group_size)
+                if ro.group_id
+                else 1
+            )
             if size is None:  # poison: never let it take the loop (and its group) down
                 await self.consumer.dead_letter(
-                    entry, "bad_field",
+                    entry,
+                    "bad_field",
                     f"rollout {ro.id}: meta.group_rollouts={ro.meta.get('group_rollouts')!r} is "
                     f"not an integer in [1, {MAX_GROUP_ROLLOUTS}]",
                 )
@@ -254,8 +264,13 @@ class CreditWorker:
         await transport.wait_below(self.r, self.keys.saw, self.s.saw_high_water, stop=self.stop)
         written = await transport.retry_redis(
             lambda: accounting.commit(
-                self.consumer, entries, outputs, self.keys.saw, self.keys.done("credit", g.gid),
-                stage="credit", group_id=g.gid,
+                self.consumer,
+                entries,
+                outputs,
+                self.keys.saw,
+                self.keys.done("credit", g.gid),
+                stage="credit",
+                group_id=g.gid,
             ),
             on_error=lambda e: ERRORS.labels(kind="redis").inc(),
         )
@@ -285,15 +300,28 @@ class CreditWorker:
         now = time.monotonic()
         for g in [g for g in self.groups.values() if now - g.first_seen > self.s.group_timeout_s]:
             if len(g.rollouts) >= self.s.min_partial_group:
-                log.warning("group %s timed out with %d/%d rollouts; processing as-is",
-                            g.gid, len(g.rollouts), g.size)
+                log.warning(
+                    "group %s timed out with %d/%d rollouts; processing as-is",
+                    g.gid,
+                    len(g.rollouts),
+                    g.size,
+                )
                 await self._process(g, "partial")
             else:
-                log.warning("group %s timed out with %d/%d rollouts; dropping",
-                            g.gid, len(g.rollouts), g.size)
+                log.warning(
+                    "group %s timed out with %d/%d rollouts; dropping",
+                    g.gid,
+                    len(g.rollouts),
+                    g.size,
+                )
                 await accounting.commit(
-                    self.consumer, list(g.entries.values()), [], self.keys.saw,
-                    self.keys.done("credit", g.gid), stage="credit", group_id=g.gid,
+                    self.consumer,
+                    list(g.entries.values()),
+                    [],
+                    self.keys.saw,
+                    self.keys.done("credit", g.gid),
+                    stage="credit",
+                    group_id=g.gid,
                     if_empty="groups_dropped_incomplete",
                 )
                 self.groups.pop(g.gid, None)
@@ -332,9 +360,12 @@ class CreditWorker:
         finally:
             lease_task.cancel()
             await asyncio.gather(lease_task, return_exceptions=True)
-            log.info("credit profile: %d groups, %d items; per group %.4f s (credit, encode, "
-                     "commit)", self.groups_processed, self.items_written,
-                     self.process_s / max(self.groups_processed, 1))
+            log.info(
+                "credit profile: %d groups, %d items; per group %.4f s (credit, encode, commit)",
+                self.groups_processed,
+                self.items_written,
+                self.process_s / max(self.groups_processed, 1),
+            )
             try:  # buffered groups stay pending; let the next leader claim them at once
                 await self.lease.release()
             except transport.REDIS_DOWN_ERRORS:

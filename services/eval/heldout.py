@@ -22,7 +22,13 @@ from libludic.requests import EnvSpec, RolloutRequest
 def eval_requests(env: Mapping[str, Any], n: int, max_tokens: int) -> list[RolloutRequest]:
     spec = InferenceSpec(sampling=SamplingConfig(temperature=0.0, max_tokens=max_tokens))
     return [
-        RolloutRequest(env=EnvSpec.from_dict(env), env_seed=i, sampling_seed=i, inference=spec, meta={"eval": True})
+        RolloutRequest(
+            env=EnvSpec.from_dict(env),
+            env_seed=i,
+            sampling_seed=i,
+            inference=spec,
+            meta={"eval": True},
+        )
         for i in range(n)
     ]
 
@@ -55,7 +61,11 @@ async def evaluate(
 
 
 def evaluate_snapshot(
-    model_dir: str | Path, weights: str | Path, env: Mapping[str, Any], n: int, max_tokens: int,
+    model_dir: str | Path,
+    weights: str | Path,
+    env: Mapping[str, Any],
+    n: int,
+    max_tokens: int,
     policy_version: int = 0,
 ) -> dict[str, float]:
     """The same pass in this process on a saved weight snapshot (fp32 transformers, the
@@ -76,6 +86,10 @@ def evaluate_snapshot(
             f"snapshot {weights} does not fit {model_dir}: missing {sorted(missing)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]}"
         )
-    client = HFChatClient(model=model, tokenizer=AutoTokenizer.from_pretrained(str(model_dir)),
-                          max_batch_size=64, policy_version=policy_version)
+    client = HFChatClient(
+        model=model,
+        tokenizer=AutoTokenizer.from_pretrained(str(model_dir)),
+        max_batch_size=64,
+        policy_version=policy_version,
+    )
     return asyncio.run(evaluate_client(client, env, n, max_tokens))

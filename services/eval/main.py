@@ -45,7 +45,11 @@ async def run(settings: EvalSettings, *, stop: asyncio.Event | None = None) -> E
 
 def main(argv: list[str] | None = None) -> int:
     return service_main(
-        "eval", EvalSettings, run, argv, description=__doc__.split("\n")[0],
+        "eval",
+        EvalSettings,
+        run,
+        argv,
+        description=__doc__.split("\n")[0],
         started=lambda s: log.info("evaluating %s: %s", s.inference_urls[0], s.env),
     )
 

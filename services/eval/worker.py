@@ -31,8 +31,12 @@ DURATION = Gauge("ludic_eval_duration_seconds", "Wall time of the last evaluatio
 RUNS = Counter("ludic_eval_runs_total", "Evaluations completed")
 ERRORS = Counter("ludic_eval_errors_total", "Failed evaluations / Redis errors", ["kind"])
 
-_UP_FALLBACK = {"env": "eval_env", "n": "eval_n", "every_steps": "eval_every_steps",
-                "max_tokens": "eval_max_tokens"}
+_UP_FALLBACK = {
+    "env": "eval_env",
+    "n": "eval_n",
+    "every_steps": "eval_every_steps",
+    "max_tokens": "eval_max_tokens",
+}
 
 
 @dataclass
@@ -49,7 +53,8 @@ class EvalSettings:
     )
     n: int | None = field(default=None, metadata={"help": "held-out problems (default: up.eval_n)"})
     every_steps: int | None = field(
-        default=None, metadata={"help": "learner steps between evaluations (default: up.eval_every_steps)"}
+        default=None,
+        metadata={"help": "learner steps between evaluations (default: up.eval_every_steps)"},
     )
     max_tokens: int | None = field(
         default=None, metadata={"help": "max tokens of an answer (default: up.eval_max_tokens)"}
@@ -59,9 +64,12 @@ class EvalSettings:
         default=60.0, metadata={"help": "evaluate a step the learner stayed at this long (0 off)"}
     )
     version_wait_s: float = field(
-        default=60.0, metadata={"help": "wait this long for inference to serve the learner's version"}
+        default=60.0,
+        metadata={"help": "wait this long for inference to serve the learner's version"},
     )
-    poll_s: float = field(default=2.0, metadata={"help": "seconds between looks at the learner step"})
+    poll_s: float = field(
+        default=2.0, metadata={"help": "seconds between looks at the learner step"}
+    )
     output_file: str = field(default="", metadata={"help": "append each result as JSON here"})
     metrics_port: int = field(default=9105, metadata={"help": "/metrics and /health (0 off)"})
     config_path: str | None = field(default=None, metadata={"help": "set from --config"})
@@ -75,11 +83,15 @@ class EvalSettings:
         for mine, theirs in _UP_FALLBACK.items():
             if getattr(self, mine) is None:
                 setattr(self, mine, up.get(theirs, getattr(defaults, theirs)))
-        self.n, self.every_steps, self.max_tokens = int(self.n), int(self.every_steps), int(self.max_tokens)  # type: ignore[arg-type]
+        n, every, most = self.n, self.every_steps, self.max_tokens
+        assert n is not None and every is not None and most is not None  # filled above
+        self.n, self.every_steps, self.max_tokens = int(n), int(every), int(most)
         if self.n < 1:
             raise ValueError(f"eval n={self.n} must be >= 1 (set eval.n or up.eval_n)")
         if self.every_steps < 0:
-            raise ValueError(f"eval every_steps={self.every_steps} must be >= 0 (0: start/settle only)")
+            raise ValueError(
+                f"eval every_steps={self.every_steps} must be >= 0 (0: start/settle only)"
+            )
         if not self.inference_urls:
             raise ValueError("eval needs an inference URL: set LUDIC_INFERENCE_URLS")
         if not isinstance(self.env, dict) or "kind" not in self.env:
@@ -114,8 +126,12 @@ class EvalService:
             except (InferenceError, OSError, httpx.HTTPError) as e:
                 log.info("inference %s not answering (%s); waiting", self.url, e)
             if time.monotonic() >= deadline:
-                log.warning("inference %s still behind learner v%d after %.0fs; evaluating anyway",
-                            self.url, want, self.s.version_wait_s)
+                log.warning(
+                    "inference %s still behind learner v%d after %.0fs; evaluating anyway",
+                    self.url,
+                    want,
+                    self.s.version_wait_s,
+                )
                 return
             await sleep_or_stop(self.stop, 1.0)
 
@@ -131,8 +147,12 @@ class EvalService:
                 res = await heldout.evaluate(self.url, s.env, s.n, s.max_tokens, s.api_key)
             except (InferenceError, OSError, httpx.HTTPError) as e:
                 ERRORS.labels(kind="inference").inc()
-                log.warning("evaluation of step %d failed (%s: %s); retrying at the next poll",
-                            step, type(e).__name__, e)
+                log.warning(
+                    "evaluation of step %d failed (%s: %s); retrying at the next poll",
+                    step,
+                    type(e).__name__,
+                    e,
+                )
                 return None
         finally:
             self.evaluating = False
@@ -145,8 +165,14 @@ class EvalService:
         DURATION.set(res["duration_s"])
         RUNS.inc()
         self.results.append(res)
-        log.info("eval step %d (policy v%d): pass rate %.3f over %d in %.1fs", step,
-                 int(res["eval/policy_version"]), res["eval/pass_rate"], s.n, res["duration_s"])
+        log.info(
+            "eval step %d (policy v%d): pass rate %.3f over %d in %.1fs",
+            step,
+            int(res["eval/policy_version"]),
+            res["eval/pass_rate"],
+            s.n,
+            res["duration_s"],
+        )
         if s.output_file:
             p = Path(s.output_file)
             p.parent.mkdir(parents=True, exist_ok=True)

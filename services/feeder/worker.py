@@ -2,7 +2,6 @@
 top-up of the requests stream under admission control. ``main.py`` wires it into a process
 (see its docstring for the loop)."""
 
-
 from __future__ import annotations
 
 import hashlib
@@ -48,9 +47,13 @@ class Task:
     def from_dict(cls, d: dict[str, Any], i: int) -> Task:
         unknown = sorted(set(d) - set(cls.KEYS))
         if unknown:
-            raise ValueError(f"feeder task #{i}: unknown key(s) {unknown}; valid keys: {list(cls.KEYS)}")
+            raise ValueError(
+                f"feeder task #{i}: unknown key(s) {unknown}; valid keys: {list(cls.KEYS)}"
+            )
         if "env" not in d or "kind" not in (d["env"] or {}):
-            raise ValueError(f"feeder task #{i} needs env: {{kind: ..., kwargs: {{...}}}}; got {d!r}")
+            raise ValueError(
+                f"feeder task #{i} needs env: {{kind: ..., kwargs: {{...}}}}; got {d!r}"
+            )
         w = float(d.get("weight", 1.0))
         if w <= 0:
             raise ValueError(f"feeder task #{i} weight={w} must be > 0")
@@ -61,7 +64,9 @@ class Task:
         proto = dict(d.get("protocol") or {"kind": "single_agent"})
         if d.get("agent") is not None:
             if proto.get("agent") is not None:
-                raise ValueError(f"feeder task #{i} sets agent twice (task agent: and protocol.agent:); keep one")
+                raise ValueError(
+                    f"feeder task #{i} sets agent twice (task agent: and protocol.agent:); keep one"
+                )
             proto["agent"] = d["agent"]
         try:
             protocol = ProtocolSpec.from_dict(proto)
@@ -84,7 +89,9 @@ class FeederSettings:
     run_id: str = field(default="default", metadata={"help": "run namespace of the Redis keys"})
     tasks: list[dict[str, Any]] = field(
         default_factory=lambda: [{"env": {"kind": "arithmetic", "kwargs": {}}}],
-        metadata={"help": "curriculum: list of {name, env, protocol, agent, inference, weight} (YAML)"},
+        metadata={
+            "help": "curriculum: list of {name, env, protocol, agent, inference, weight} (YAML)"
+        },
     )
     algorithm: dict[str, Any] = field(
         default_factory=dict,
@@ -154,8 +161,11 @@ async def admitted_groups(r: Any, keys: transport.Keys, settings: FeederSettings
     if st is None:
         return 0
     room = staleness.admission_room(
-        served_step=st["served_step"], batch_size=st["batch_size"], trained=st["trained"],
-        outstanding=st["outstanding"], max_head_offpolicyness=settings.max_head_offpolicyness,
+        served_step=st["served_step"],
+        batch_size=st["batch_size"],
+        trained=st["trained"],
+        outstanding=st["outstanding"],
+        max_head_offpolicyness=settings.max_head_offpolicyness,
     )
     assert room is not None
     return room // settings.group_size
@@ -186,5 +196,3 @@ async def top_up(r: Any, keys: transport.Keys, settings: FeederSettings, limit: 
     for name in tasks:
         REQUESTS.labels(task=name).inc()
     return n
-
-

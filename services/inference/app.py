@@ -272,7 +272,11 @@ def create_app(
         )
         reload_s = float(getattr(e, "last_reload_s", 0.0))
         return versioned(
-            {"policy_version": version, "pause_s": round(pause_s, 6), "reload_s": round(reload_s, 6)},
+            {
+                "policy_version": version,
+                "pause_s": round(pause_s, 6),
+                "reload_s": round(reload_s, 6),
+            },
             version,
         )
 

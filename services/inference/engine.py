@@ -148,8 +148,10 @@ def platform_default_args(vllm_args: list[str], is_cpu: bool) -> list[str]:
     hundred tokens (tic-tac-toe, tool transcripts) get chunked under load.
     """
     out = list(vllm_args)
-    chosen = any(a.split("=", 1)[0] in ("--enable-chunked-prefill", "--no-enable-chunked-prefill")
-                 for a in out)
+    chosen = any(
+        a.split("=", 1)[0] in ("--enable-chunked-prefill", "--no-enable-chunked-prefill")
+        for a in out
+    )
     if is_cpu and not chosen:
         out.append("--no-enable-chunked-prefill")
     return out
@@ -381,19 +383,33 @@ class LudicEngine:
                 await self.llm.pause_generation(mode="abort", clear_cache=True)
             raise SwapError(f"{self.broken}; the server is shutting down", 500) from e
 
-    def _done(self, version: int, forwarded: dict[str, torch.Tensor], pause_s: float,
-              reload_s: float, how: str) -> float:
+    def _done(
+        self,
+        version: int,
+        forwarded: dict[str, torch.Tensor],
+        pause_s: float,
+        reload_s: float,
+        how: str,
+    ) -> float:
         self.version = version
         self.shadow.update(forwarded)
         self.last_reload_s = reload_s
         self.metrics.weight_pause_seconds.observe(pause_s)
         self.metrics.weight_reload_seconds.observe(reload_s)
-        log.info("swap v%d (%s): generation paused %.3f s, reload in the worker %.3f s",
-                 version, how, pause_s, reload_s)
+        log.info(
+            "swap v%d (%s): generation paused %.3f s, reload in the worker %.3f s",
+            version,
+            how,
+            pause_s,
+            reload_s,
+        )
         return pause_s
 
     async def _swap_in_flight(
-        self, version: int, payload: Any, forwarded: dict[str, torch.Tensor],
+        self,
+        version: int,
+        payload: Any,
+        forwarded: dict[str, torch.Tensor],
         missing: list[str] | None,
     ) -> float:
         """update_mode=keep: reload between two steps, then drop every KV block computed by
@@ -413,7 +429,10 @@ class LudicEngine:
         return self._done(version, forwarded, pause_s, reload_s, "in flight")
 
     async def _swap_drained(
-        self, version: int, payload: Any, forwarded: dict[str, torch.Tensor],
+        self,
+        version: int,
+        payload: Any,
+        forwarded: dict[str, torch.Tensor],
         missing: list[str] | None,
     ) -> float:
         """update_mode=wait: new requests queue, running ones finish on the old weights, then

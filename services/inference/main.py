@@ -138,9 +138,14 @@ def _process_env(_: InferenceSettings) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return service_main(
-        "inference", InferenceSettings, run, argv,
+        "inference",
+        InferenceSettings,
+        run,
+        argv,
         description="vLLM inference service with versioned in-place weight updates",
-        load=load_settings, started=_process_env, fatal=(InferenceFailed,),
+        load=load_settings,
+        started=_process_env,
+        fatal=(InferenceFailed,),
     )
 
 

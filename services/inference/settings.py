@@ -160,7 +160,9 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-model-len", type=int)
     p.add_argument(
-        "--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
+        "--enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="run the model eagerly (default: compiled at start-up, vLLM's default)",
     )
     p.add_argument("--gpu-memory-utilization", type=float)
@@ -172,7 +174,8 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--drain-timeout-s", type=float)
     p.add_argument(
-        "--engine-idle-spin-s", type=float,
+        "--engine-idle-spin-s",
+        type=float,
         help="vLLM engine/worker busy-wait before sleeping (default: 0 on CPU, vLLM's on GPU)",
     )
     p.add_argument("--engine-idle-poll-ms", type=int, help="longest idle sleep (default 20)")

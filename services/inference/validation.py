@@ -132,7 +132,9 @@ def parse_safetensors_header(buf: memoryview | bytes | bytearray) -> tuple[int, 
     covered = 0
     for ent in sorted(entries, key=lambda x: (x.begin, x.end)):
         if ent.begin != covered:
-            what = "overlaps the previous tensor" if ent.begin < covered else "leaves a gap before it"
+            what = (
+                "overlaps the previous tensor" if ent.begin < covered else "leaves a gap before it"
+            )
             raise WeightValidationError(
                 f"{ent.name}: data_offsets [{ent.begin}, {ent.end}] {what} (data covered up to "
                 f"{covered}; corrupt body)",

@@ -20,35 +20,51 @@ from services.launcher.cpus import PINNING_MODES
 class UpSettings:
     name: str = field(default="run", metadata={"help": "run name: files go to <runs_dir>/<name>"})
     runs_dir: str = field(default="runs", metadata={"help": "parent directory of run directories"})
-    model: str = field(default="", metadata={"help": "starting policy dir (empty: build one with init_size)"})
-    init_size: str = field(default="small", metadata={"help": "size for `ludic model init` when model is empty"})
+    model: str = field(
+        default="", metadata={"help": "starting policy dir (empty: build one with init_size)"}
+    )
+    init_size: str = field(
+        default="small", metadata={"help": "size for `ludic model init` when model is empty"}
+    )
     init_seed: int = field(default=0, metadata={"help": "seed of the built model"})
     sft_steps: int = field(default=0, metadata={"help": "SFT warm-start steps before RL (0: none)"})
     sft_batch_size: int = field(default=64, metadata={"help": "SFT batch size"})
     sft_lr: float = field(default=1e-3, metadata={"help": "SFT learning rate"})
-    sft_lr_schedule: str = field(default="constant", metadata={"help": "SFT lr schedule: constant | linear (to 0)"})
+    sft_lr_schedule: str = field(
+        default="constant", metadata={"help": "SFT lr schedule: constant | linear (to 0)"}
+    )
     sft_seed: int = field(default=0, metadata={"help": "SFT seed (data order and torch RNG)"})
     sft_target_pass_rate: float = field(
-        default=0.0, metadata={"help": "stop SFT at this train-split greedy pass rate (0: run sft_steps)"}
+        default=0.0,
+        metadata={"help": "stop SFT at this train-split greedy pass rate (0: run sft_steps)"},
     )
-    sft_check_every: int = field(default=5, metadata={"help": "SFT steps between sft_target_pass_rate checks"})
+    sft_check_every: int = field(
+        default=5, metadata={"help": "SFT steps between sft_target_pass_rate checks"}
+    )
     actors: int = field(default=2, metadata={"help": "actor processes"})
     learner_nproc: int = field(default=1, metadata={"help": "learner ranks (>1: torchrun, FSDP2)"})
     learner_threads: int = field(
-        default=1, metadata={"help": "torch intra-op threads of each learner rank (OMP_NUM_THREADS)"}
+        default=1,
+        metadata={"help": "torch intra-op threads of each learner rank (OMP_NUM_THREADS)"},
     )
     cpu_pinning: str = field(
         default="auto",
-        metadata={"help": "auto: without a GPU, the learner gets learner_nproc x learner_threads "
-                  "cores of its own and every other service the rest (services/launcher/cpus.py); "
-                  "off: the kernel places every process"},
+        metadata={
+            "help": "auto: without a GPU, the learner gets learner_nproc x learner_threads "
+            "cores of its own and every other service the rest (services/launcher/cpus.py); "
+            "off: the kernel places every process"
+        },
     )
     eval_env: dict[str, Any] = field(
         default_factory=lambda: {"kind": "arithmetic", "kwargs": {"split": "eval"}},
         metadata={"help": "env of the held-out greedy evaluation ({kind, kwargs})"},
     )
-    eval_n: int = field(default=200, metadata={"help": "held-out problems (env seeds 0..n-1); 0: no eval"})
-    eval_every_steps: int = field(default=10, metadata={"help": "learner steps between curve evaluations"})
+    eval_n: int = field(
+        default=200, metadata={"help": "held-out problems (env seeds 0..n-1); 0: no eval"}
+    )
+    eval_every_steps: int = field(
+        default=10, metadata={"help": "learner steps between curve evaluations"}
+    )
     eval_max_tokens: int = field(default=8, metadata={"help": "max tokens of an eval answer"})
     eval_mode: str = field(
         default="live",
@@ -61,17 +77,27 @@ class UpSettings:
     )
     max_restarts: int = field(
         default=5,
-        metadata={"help": "restarts in a row of an exited actor, credit or feeder (with doubling "
-                  "back-off from 1 s) before the run gives up on it"},
+        metadata={
+            "help": "restarts in a row of an exited actor, credit or feeder (with doubling "
+            "back-off from 1 s) before the run gives up on it"
+        },
     )
     timeout_s: float = field(default=1800.0, metadata={"help": "wall-clock limit of the whole run"})
-    startup_timeout_s: float = field(default=300.0, metadata={"help": "limit for a service to become healthy"})
-    prometheus: bool = field(default=False, metadata={"help": "write <run>/prometheus.yml for the services"})
+    startup_timeout_s: float = field(
+        default=300.0, metadata={"help": "limit for a service to become healthy"}
+    )
+    prometheus: bool = field(
+        default=False, metadata={"help": "write <run>/prometheus.yml for the services"}
+    )
     prometheus_server: bool = field(
         default=False, metadata={"help": "also run Debian's prometheus on a free loopback port"}
     )
-    live: bool | None = field(default=None, metadata={"help": "rich live view (default: when stdout is a TTY)"})
-    fresh: bool = field(default=True, metadata={"help": "start from an empty Redis (the embedded one)"})
+    live: bool | None = field(
+        default=None, metadata={"help": "rich live view (default: when stdout is a TTY)"}
+    )
+    fresh: bool = field(
+        default=True, metadata={"help": "start from an empty Redis (the embedded one)"}
+    )
     config_path: str | None = field(default=None, metadata={"help": "set from --config"})
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
 
@@ -79,7 +105,9 @@ class UpSettings:
         if self.max_restarts < 0:
             raise ValueError(f"up.max_restarts={self.max_restarts} must be >= 0")
         if self.cpu_pinning not in PINNING_MODES:
-            raise ValueError(f"up.cpu_pinning={self.cpu_pinning!r}; use one of {sorted(PINNING_MODES)}")
+            raise ValueError(
+                f"up.cpu_pinning={self.cpu_pinning!r}; use one of {sorted(PINNING_MODES)}"
+            )
         if self.eval_mode not in EVAL_MODES:
             raise ValueError(f"up.eval_mode={self.eval_mode!r}; use one of {sorted(EVAL_MODES)}")
 

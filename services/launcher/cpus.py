@@ -33,7 +33,9 @@ class CpuPlan:
         return self.learner if name == "learner" else self.others
 
 
-def plan_cpus(mode: str, learner_cores: int, available: list[int], gpu: bool) -> tuple[CpuPlan | None, str]:
+def plan_cpus(
+    mode: str, learner_cores: int, available: list[int], gpu: bool
+) -> tuple[CpuPlan | None, str]:
     """The plan (None: no pinning) and one line saying why, for the launcher's log."""
     if mode not in PINNING_MODES:
         raise ValueError(f"up.cpu_pinning={mode!r}; use one of {sorted(PINNING_MODES)}")
@@ -45,11 +47,15 @@ def plan_cpus(mode: str, learner_cores: int, available: list[int], gpu: bool) ->
         return None, "cpu pinning off: a CUDA device is visible (the learner trains there)"
     cores = sorted(available)
     if len(cores) - learner_cores < 1:
-        return None, (f"cpu pinning off: the learner's {learner_cores} core(s) would leave none of "
-                      f"the {len(cores)} usable for generation")
+        return None, (
+            f"cpu pinning off: the learner's {learner_cores} core(s) would leave none of "
+            f"the {len(cores)} usable for generation"
+        )
     plan = CpuPlan(learner=tuple(cores[-learner_cores:]), others=tuple(cores[:-learner_cores]))
-    return plan, (f"cpu pinning: learner on cores {_ranges(plan.learner)}, every other service on "
-                  f"{_ranges(plan.others)} (up.cpu_pinning: off to let the kernel place them)")
+    return plan, (
+        f"cpu pinning: learner on cores {_ranges(plan.learner)}, every other service on "
+        f"{_ranges(plan.others)} (up.cpu_pinning: off to let the kernel place them)"
+    )
 
 
 def usable_cores() -> list[int]:

@@ -30,7 +30,9 @@ class LiveView:
 
     def __enter__(self) -> LiveView:
         if self.enabled:
-            self._live = Live(self.render(), console=self.console, refresh_per_second=2, transient=False)
+            self._live = Live(
+                self.render(), console=self.console, refresh_per_second=2, transient=False
+            )
             self._live.__enter__()
         return self
 
@@ -50,7 +52,11 @@ class LiveView:
 
     def inference_version(self) -> int | None:
         try:
-            return int(httpx.get(f"{self.run.inference_url}/v1/policy_version", timeout=1.0).json()["policy_version"])
+            return int(
+                httpx.get(f"{self.run.inference_url}/v1/policy_version", timeout=1.0).json()[
+                    "policy_version"
+                ]
+            )
         except (httpx.HTTPError, KeyError, ValueError):
             return None
 
@@ -84,7 +90,11 @@ class LiveView:
         for name, proc in self.run.sup.procs.items():
             alive = proc.poll() is None
             healthy = alive and self.run.sup.healthy(name)
-            state = "[green]healthy" if healthy else ("[yellow]starting" if alive else f"[red]exited {proc.returncode}")
+            state = (
+                "[green]healthy"
+                if healthy
+                else ("[yellow]starting" if alive else f"[red]exited {proc.returncode}")
+            )
             services.add_row(name, str(proc.pid), state, str(restarts.get(name, 0)))
         stats = Table(title=f"run {self.run.run_id}", expand=False)
         stats.add_column("metric")
@@ -119,6 +129,13 @@ class LiveView:
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
-    keys = ("pass_rate_before", "pass_rate_after", "steps", "samples_trained", "stale_dropped",
-            "wall_seconds", "samples_per_second")
+    keys = (
+        "pass_rate_before",
+        "pass_rate_after",
+        "steps",
+        "samples_trained",
+        "stale_dropped",
+        "wall_seconds",
+        "samples_per_second",
+    )
     return [f"{k:>20}: {summary.get(k)}" for k in keys]

@@ -37,7 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(s.log_level)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the evals' per-request lines
     if not s.config_path:
-        print("ludic up: give the run config with --config FILE (e.g. examples/arith/grpo.yaml)", file=sys.stderr)
+        print(
+            "ludic up: give the run config with --config FILE (e.g. examples/arith/grpo.yaml)",
+            file=sys.stderr,
+        )
         return 2
     cfg = yaml.safe_load(Path(s.config_path).read_text()) or {}
     from libludic.training.algorithm import AlgorithmSpec

@@ -14,7 +14,9 @@ from rich.table import Table
 from libludic.transport import accounting
 
 
-def build_summary(run: Any, before: dict[str, float] | None, after: dict[str, float] | None, ok: bool) -> dict[str, Any]:
+def build_summary(
+    run: Any, before: dict[str, float] | None, after: dict[str, float] | None, ok: bool
+) -> dict[str, Any]:
     m = run.last_learner
     wall = time.monotonic() - run.t0
     trained = int(m.get("ludic_learner_items_trained_total", 0))
@@ -73,31 +75,60 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     fig, ax1 = plt.subplots(figsize=(7, 4))
     curve = [c for c in summary["curve"] if not math.isnan(c.get("reward_mean", float("nan")))]
     if curve:
-        ax1.plot([c["step"] for c in curve], [c["reward_mean"] for c in curve], color="tab:blue", alpha=0.6, label="train reward mean")
+        ax1.plot(
+            [c["step"] for c in curve],
+            [c["reward_mean"] for c in curve],
+            color="tab:blue",
+            alpha=0.6,
+            label="train reward mean",
+        )
     ax1.set_xlabel("learner step")
     ax1.set_ylabel("train reward mean", color="tab:blue")
     ax2 = ax1.twinx()
     evals = summary["evals"]
     if evals:
-        ax2.plot([e["step"] for e in evals], [e["eval/pass_rate"] for e in evals], "o-", color="tab:red", label="held-out pass rate")
+        ax2.plot(
+            [e["step"] for e in evals],
+            [e["eval/pass_rate"] for e in evals],
+            "o-",
+            color="tab:red",
+            label="held-out pass rate",
+        )
     ax2.set_ylabel(f"held-out greedy pass rate (n={summary['eval_n']})", color="tab:red")
     ax2.set_ylim(0, 1)
-    ax1.set_title(f"{summary['run_id']}: pass rate {summary['pass_rate_before']} -> {summary['pass_rate_after']}")
+    ax1.set_title(
+        f"{summary['run_id']}: pass rate {summary['pass_rate_before']} -> {summary['pass_rate_after']}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def write_report(run: Any, before: dict[str, float] | None, after: dict[str, float] | None, ok: bool) -> dict[str, Any]:
+def write_report(
+    run: Any, before: dict[str, float] | None, after: dict[str, float] | None, ok: bool
+) -> dict[str, Any]:
     summary = build_summary(run, before, after, ok)
     (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     plot(summary, run.run_dir / "curves.png")
     t = Table(title=f"summary ({run.run_dir}/summary.json, curves.png)")
     t.add_column("metric")
     t.add_column("value")
-    for k in ("pass_rate_before", "pass_rate_after", "pass_rate_delta", "steps", "samples_trained",
-              "stale_dropped", "policy_version", "publish_failures", "final_policy_served",
-              "wall_seconds", "rl_wall_seconds", "samples_per_second", "eval_seconds", "restarts"):
+    for k in (
+        "pass_rate_before",
+        "pass_rate_after",
+        "pass_rate_delta",
+        "steps",
+        "samples_trained",
+        "stale_dropped",
+        "policy_version",
+        "publish_failures",
+        "final_policy_served",
+        "wall_seconds",
+        "rl_wall_seconds",
+        "samples_per_second",
+        "eval_seconds",
+        "restarts",
+    ):
         v = summary[k]
         if k == "restarts":
             v = ", ".join(f"{n} {c}" for n, c in sorted(v.items())) or "none"

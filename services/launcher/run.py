@@ -41,7 +41,9 @@ def prepare_model(s: UpSettings, run_dir: Path) -> Path:
     if s.model:
         base = Path(s.model)
         if not (base / "config.json").exists():
-            raise FileNotFoundError(f"up.model={s.model} has no config.json; leave it empty to build one")
+            raise FileNotFoundError(
+                f"up.model={s.model} has no config.json; leave it empty to build one"
+            )
     else:
         base = run_dir / "model"
         if not (base / "config.json").exists():
@@ -51,23 +53,50 @@ def prepare_model(s: UpSettings, run_dir: Path) -> Path:
         return base
     out = run_dir / "sft"
     marker = out / "sft_done.json"
-    want = {"base": str(base), "steps": s.sft_steps, "batch_size": s.sft_batch_size, "lr": s.sft_lr,
-            "lr_schedule": s.sft_lr_schedule, "seed": s.sft_seed, "target_pass_rate": s.sft_target_pass_rate,
-            "check_every": s.sft_check_every}
+    want = {
+        "base": str(base),
+        "steps": s.sft_steps,
+        "batch_size": s.sft_batch_size,
+        "lr": s.sft_lr,
+        "lr_schedule": s.sft_lr_schedule,
+        "seed": s.sft_seed,
+        "target_pass_rate": s.sft_target_pass_rate,
+        "check_every": s.sft_check_every,
+    }
     if marker.exists() and json.loads(marker.read_text()).get("args") == want:
         log.info("reusing SFT warm start in %s", out)
         return out
-    stop = f", stop at train pass rate {s.sft_target_pass_rate}" if s.sft_target_pass_rate > 0 else ""
-    log.info("SFT warm start: %d steps x %d (lr %g %s, seed %d%s) -> %s", s.sft_steps, s.sft_batch_size, s.sft_lr,
-             s.sft_lr_schedule, s.sft_seed, stop, out)
+    stop = (
+        f", stop at train pass rate {s.sft_target_pass_rate}" if s.sft_target_pass_rate > 0 else ""
+    )
+    log.info(
+        "SFT warm start: %d steps x %d (lr %g %s, seed %d%s) -> %s",
+        s.sft_steps,
+        s.sft_batch_size,
+        s.sft_lr,
+        s.sft_lr_schedule,
+        s.sft_seed,
+        stop,
+        out,
+    )
     from libludic.training.sft import run_sft
 
     res = run_sft(
-        model_dir=str(base), out_dir=str(out), steps=s.sft_steps, batch_size=s.sft_batch_size, lr=s.sft_lr,
-        log_every=max(1, s.sft_steps // 6), eval_n=0, lr_schedule=s.sft_lr_schedule, seed=s.sft_seed,
-        target_pass_rate=s.sft_target_pass_rate, check_every=s.sft_check_every,
+        model_dir=str(base),
+        out_dir=str(out),
+        steps=s.sft_steps,
+        batch_size=s.sft_batch_size,
+        lr=s.sft_lr,
+        log_every=max(1, s.sft_steps // 6),
+        eval_n=0,
+        lr_schedule=s.sft_lr_schedule,
+        seed=s.sft_seed,
+        target_pass_rate=s.sft_target_pass_rate,
+        check_every=s.sft_check_every,
     )
-    marker.write_text(json.dumps({"args": want, "train_s": res["train_s"], "steps_run": res["steps_run"]}))
+    marker.write_text(
+        json.dumps({"args": want, "train_s": res["train_s"], "steps_run": res["steps_run"]})
+    )
     return out
 
 
@@ -99,7 +128,9 @@ class Run:
     def plan_cpus(self) -> None:
         learner_cores = self.s.learner_nproc * self.s.learner_threads
         gpu = self.s.cpu_pinning == "auto" and cpus.cuda_visible()
-        self.cpu_plan, why = cpus.plan_cpus(self.s.cpu_pinning, learner_cores, cpus.usable_cores(), gpu)
+        self.cpu_plan, why = cpus.plan_cpus(
+            self.s.cpu_pinning, learner_cores, cpus.usable_cores(), gpu
+        )
         log.info("%s", why)
 
     def env(self, **extra: Any) -> dict[str, str]:
@@ -131,20 +162,34 @@ class Run:
         ip = stack.free_port()
         self.inference_url = f"http://127.0.0.1:{ip}"
         self.metrics["inference"] = f"{self.inference_url}/metrics"
-        self.start(ServiceSpec(
-            "inference", LUDIC + ["inference", "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(ip)],
-            env=self.env(LUDIC_AUTH_TOKEN=self.token, **self.inference_config()),
-            health_url=f"{self.inference_url}/health",
-            # a restarted server serves the starting weights as version 0: actors' admission
-            # holds generation until the learner, idle for items, republishes its version
-            restart=True,
-        ))
+        self.start(
+            ServiceSpec(
+                "inference",
+                LUDIC
+                + [
+                    "inference",
+                    "--model",
+                    str(model_dir),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(ip),
+                ],
+                env=self.env(LUDIC_AUTH_TOKEN=self.token, **self.inference_config()),
+                health_url=f"{self.inference_url}/health",
+                # a restarted server serves the starting weights as version 0: actors' admission
+                # holds generation until the learner, idle for items, republishes its version
+                restart=True,
+            )
+        )
         self.sup.wait_healthy("inference", self.s.startup_timeout_s)
 
     def inference_config(self) -> dict[str, str]:
         """`ludic inference` reads its YAML from LUDIC_INFERENCE_CONFIG, not LUDIC_CONFIG (and
         a file without an ``inference:`` section as a whole), so pass it only with one."""
-        return {"LUDIC_INFERENCE_CONFIG": str(self.s.config_path)} if "inference" in self.cfg else {}
+        return (
+            {"LUDIC_INFERENCE_CONFIG": str(self.s.config_path)} if "inference" in self.cfg else {}
+        )
 
     def eval_snapshots(self, model_dir: Path) -> None:
         """Deferred curve: evaluate every snapshot the learner saved, in this process, after
@@ -157,53 +202,104 @@ class Run:
         for line in index.read_text().splitlines():
             snap = json.loads(line)
             t = time.monotonic()
-            res = evaluate_snapshot(model_dir, index.parent / snap["path"], self.s.eval_env,
-                                    self.s.eval_n, self.s.eval_max_tokens, snap["policy_version"])
-            res.update(step=float(snap["step"]), wall_s=snap["time"] - self.rl_t0_wall,
-                       eval_s=time.monotonic() - t)
+            res = evaluate_snapshot(
+                model_dir,
+                index.parent / snap["path"],
+                self.s.eval_env,
+                self.s.eval_n,
+                self.s.eval_max_tokens,
+                snap["policy_version"],
+            )
+            res.update(
+                step=float(snap["step"]),
+                wall_s=snap["time"] - self.rl_t0_wall,
+                eval_s=time.monotonic() - t,
+            )
             self.evals.append(res)
             self.curve_eval_s += res["eval_s"]
-            log.info("eval curve (step %d, deferred): pass rate %.3f", snap["step"],
-                     res["eval/pass_rate"])
+            log.info(
+                "eval curve (step %d, deferred): pass rate %.3f",
+                snap["step"],
+                res["eval/pass_rate"],
+            )
 
     def eval_now(self, label: str, step: int) -> dict[str, float] | None:
         if self.s.eval_n <= 0:
             return None
         t = time.monotonic()
-        res = stack.evaluate(self.inference_url, self.s.eval_env, self.s.eval_n, self.s.eval_max_tokens)
+        res = stack.evaluate(
+            self.inference_url, self.s.eval_env, self.s.eval_n, self.s.eval_max_tokens
+        )
         rl_t0 = getattr(self, "rl_t0", None)
-        res.update(step=float(step), wall_s=0.0 if rl_t0 is None else time.monotonic() - rl_t0,
-                   eval_s=time.monotonic() - t)
+        res.update(
+            step=float(step),
+            wall_s=0.0 if rl_t0 is None else time.monotonic() - rl_t0,
+            eval_s=time.monotonic() - t,
+        )
         if label == "curve":
             self.curve_eval_s += res["eval_s"]
         self.evals.append(res)
-        log.info("eval %s (step %d, version %d): pass rate %.3f", label, step,
-                 int(res["eval/policy_version"]), res["eval/pass_rate"])
+        log.info(
+            "eval %s (step %d, version %d): pass rate %.3f",
+            label,
+            step,
+            int(res["eval/policy_version"]),
+            res["eval/pass_rate"],
+        )
         return res
 
     def start_workers(self, model_dir: Path) -> None:
-        def add(name: str, argv: list[str], critical: bool = True, may_finish: bool = False,
-                restart: bool = False, restart_env: dict[str, str] | None = None, **env: Any) -> None:
+        def add(
+            name: str,
+            argv: list[str],
+            critical: bool = True,
+            may_finish: bool = False,
+            restart: bool = False,
+            restart_env: dict[str, str] | None = None,
+            **env: Any,
+        ) -> None:
             mp = stack.free_port()
             self.metrics[name] = f"http://127.0.0.1:{mp}/metrics"
             # one torch thread per worker: with vLLM on the same cores, spinning OpenMP threads
             # make small models ~50x slower (DEVELOPERS.md)
             threads = self.s.learner_threads if name == "learner" else 1
-            self.start(ServiceSpec(name, argv, env=self.env(LUDIC_METRICS_PORT=mp, OMP_NUM_THREADS=threads, **env),
-                                       health_url=self.metrics[name], critical=critical,
-                                       may_finish=may_finish, restart=restart,
-                                       restart_env=restart_env or {}))
+            self.start(
+                ServiceSpec(
+                    name,
+                    argv,
+                    env=self.env(LUDIC_METRICS_PORT=mp, OMP_NUM_THREADS=threads, **env),
+                    health_url=self.metrics[name],
+                    critical=critical,
+                    may_finish=may_finish,
+                    restart=restart,
+                    restart_env=restart_env or {},
+                )
+            )
 
         # stateless workers over consumer groups: a restarted one takes over its pending entries
         add("feeder", LUDIC + ["feeder"], restart=True)
         add("credit", LUDIC + ["credit"], restart=True)
         for i in range(self.s.actors):
-            add(f"actor-{i}", LUDIC + ["actor"], critical=False, restart=True,
-                LUDIC_INFERENCE_URLS=self.inference_url, LUDIC_CONSUMER=f"actor-{i}")
+            add(
+                f"actor-{i}",
+                LUDIC + ["actor"],
+                critical=False,
+                restart=True,
+                LUDIC_INFERENCE_URLS=self.inference_url,
+                LUDIC_CONSUMER=f"actor-{i}",
+            )
         learner = LUDIC + ["learner"]
         if self.s.learner_nproc > 1:
-            learner = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                       f"--nproc_per_node={self.s.learner_nproc}", "-m", "services.cli", "learner"]
+            learner = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={self.s.learner_nproc}",
+                "-m",
+                "services.cli",
+                "learner",
+            ]
         snapshots: dict[str, Any] = {}
         if self.s.eval_mode == "deferred" and self.s.eval_n > 0 and self.s.eval_every_steps > 0:
             snapshots["LUDIC_SNAPSHOT_EVERY"] = self.s.eval_every_steps
@@ -211,9 +307,18 @@ class Run:
         # with checkpoints a crashed learner resumes from its newest one and replays the items
         # it had not committed; without, its weights since the start would be lost: fatal
         checkpoints = int((self.cfg.get("learner") or {}).get("checkpoint_every") or 0) > 0
-        add("learner", learner, may_finish=True, restart=checkpoints, restart_env={"LUDIC_RESUME": "true"},
-            LUDIC_INFERENCE_URLS=self.inference_url, LUDIC_AUTH_TOKEN=self.token,
-            LUDIC_MODEL_DIR=str(model_dir), LUDIC_OUTPUT_DIR=str(self.run_dir / "learner"), **snapshots)
+        add(
+            "learner",
+            learner,
+            may_finish=True,
+            restart=checkpoints,
+            restart_env={"LUDIC_RESUME": "true"},
+            LUDIC_INFERENCE_URLS=self.inference_url,
+            LUDIC_AUTH_TOKEN=self.token,
+            LUDIC_MODEL_DIR=str(model_dir),
+            LUDIC_OUTPUT_DIR=str(self.run_dir / "learner"),
+            **snapshots,
+        )
         for name in self.metrics:
             if name not in ("inference",):
                 self.sup.wait_healthy(name, self.s.startup_timeout_s)
@@ -231,18 +336,32 @@ class Run:
         if self.s.prometheus_server:
             exe = shutil.which("prometheus")
             if exe is None:
-                raise FileNotFoundError("up.prometheus_server needs Debian's `prometheus` (make system-deps)")
+                raise FileNotFoundError(
+                    "up.prometheus_server needs Debian's `prometheus` (make system-deps)"
+                )
             port = stack.free_port()
             self.prometheus_url = f"http://127.0.0.1:{port}"
-            self.start(ServiceSpec("prometheus", [
-                exe, f"--config.file={path}", f"--storage.tsdb.path={self.run_dir / 'prometheus-data'}",
-                f"--web.listen-address=127.0.0.1:{port}"], health_url=f"{self.prometheus_url}/-/ready", critical=False))
+            self.start(
+                ServiceSpec(
+                    "prometheus",
+                    [
+                        exe,
+                        f"--config.file={path}",
+                        f"--storage.tsdb.path={self.run_dir / 'prometheus-data'}",
+                        f"--web.listen-address=127.0.0.1:{port}",
+                    ],
+                    health_url=f"{self.prometheus_url}/-/ready",
+                    critical=False,
+                )
+            )
             self.sup.wait_healthy("prometheus", 60)
             (self.run_dir / "prometheus_url").write_text(self.prometheus_url)
         return path
 
     def monitor(self) -> int:
-        live = LiveView(self, enabled=self.s.live if self.s.live is not None else sys.stdout.isatty())
+        live = LiveView(
+            self, enabled=self.s.live if self.s.live is not None else sys.stdout.isatty()
+        )
         next_eval = self.s.eval_every_steps
         with live:
             while True:
@@ -253,26 +372,41 @@ class Run:
                 if "learner" in dead:
                     code = dead["learner"]
                     if code != 0:
-                        log.error("learner exited with code %s:\n%s", code, self.sup.log_tail("learner", 30))
+                        log.error(
+                            "learner exited with code %s:\n%s",
+                            code,
+                            self.sup.log_tail("learner", 30),
+                        )
                     return 0 if code == 0 else 1
                 for name, code in dead.items():
                     if self.sup.specs[name].critical:
-                        raise ServiceError(f"{name} exited with code {code}:\n{self.sup.log_tail(name, 30)}")
+                        raise ServiceError(
+                            f"{name} exited with code {code}:\n{self.sup.log_tail(name, 30)}"
+                        )
                 actors = [n for n in self.sup.procs if n.startswith("actor-")]
                 if actors and all(n in dead for n in actors):
-                    raise ServiceError(f"every actor exited for good (up.max_restarts={self.s.max_restarts}); "
-                                       f"last lines of {actors[-1]}:\n{self.sup.log_tail(actors[-1], 30)}")
+                    raise ServiceError(
+                        f"every actor exited for good (up.max_restarts={self.s.max_restarts}); "
+                        f"last lines of {actors[-1]}:\n{self.sup.log_tail(actors[-1], 30)}"
+                    )
                 m = stack.scrape(self.metrics["learner"])
                 if m:
                     self.last_learner = m
                     step = int(m.get("ludic_learner_step", 0))
                     if not self.curve or self.curve[-1]["step"] != step:
-                        self.curve.append({
-                            "step": float(step), "wall_s": time.monotonic() - self.rl_t0,
-                            "reward_mean": m.get("ludic_learner_reward_mean", float("nan")),
-                            "loss": m.get("ludic_learner_loss", float("nan")),
-                        })
-                    if self.s.eval_mode == "live" and self.s.eval_every_steps > 0 and step >= next_eval:
+                        self.curve.append(
+                            {
+                                "step": float(step),
+                                "wall_s": time.monotonic() - self.rl_t0,
+                                "reward_mean": m.get("ludic_learner_reward_mean", float("nan")),
+                                "loss": m.get("ludic_learner_loss", float("nan")),
+                            }
+                        )
+                    if (
+                        self.s.eval_mode == "live"
+                        and self.s.eval_every_steps > 0
+                        and step >= next_eval
+                    ):
                         self.eval_now("curve", step)
                         next_eval = step + self.s.eval_every_steps
                 live.update()
@@ -284,12 +418,14 @@ class Run:
         if not p.exists():
             return
         f = json.loads(p.read_text())
-        self.last_learner.update({
-            "ludic_learner_step": float(f["step"]),
-            "ludic_learner_policy_version": float(f["policy_version"]),
-            "ludic_learner_items_trained_total": float(f["items_trained"]),
-            "ludic_learner_stale_dropped_total": float(f["stale_dropped"]),
-        })
+        self.last_learner.update(
+            {
+                "ludic_learner_step": float(f["step"]),
+                "ludic_learner_policy_version": float(f["policy_version"]),
+                "ludic_learner_items_trained_total": float(f["items_trained"]),
+                "ludic_learner_stale_dropped_total": float(f["stale_dropped"]),
+            }
+        )
         self.learner_rl = {
             "rl_wall_seconds": f.get("rl_wall_seconds"),
             "samples_per_second": f.get("samples_per_second"),
@@ -305,7 +441,9 @@ class Run:
         evaluated on: the learner saves them after its last publish) to ``<run>/final``."""
         src, dst = self.run_dir / "learner" / "final", self.run_dir / "final"
         if not (src / "config.json").exists():
-            raise ServiceError(f"the learner exited 0 but wrote no final policy to {src}; see {self.run_dir}/logs/learner.log")
+            raise ServiceError(
+                f"the learner exited 0 but wrote no final policy to {src}; see {self.run_dir}/logs/learner.log"
+            )
         src.replace(dst)
         log.info("final policy saved to %s (AutoModelForCausalLM.from_pretrained)", dst)
         return dst
@@ -322,7 +460,9 @@ class Run:
                 final.unlink()
             for stale in (self.run_dir / "final", self.run_dir / "learner" / "final"):
                 shutil.rmtree(stale, ignore_errors=True)
-            if self.s.fresh:  # an earlier run's checkpoints: a restarted learner must not resume them
+            if (
+                self.s.fresh
+            ):  # an earlier run's checkpoints: a restarted learner must not resume them
                 for ck in (self.run_dir / "learner").glob("step_*"):
                     shutil.rmtree(ck, ignore_errors=True)
             self.plan_cpus()
@@ -337,7 +477,11 @@ class Run:
             self.accounting = accounting.snapshot_sync(self.redis_url, self.run_id)
             if code == 0 and self.s.eval_mode == "deferred":
                 self.eval_snapshots(model_dir)
-            after = self.eval_now("after", int(self.last_learner.get("ludic_learner_step", 0))) if code == 0 else None
+            after = (
+                self.eval_now("after", int(self.last_learner.get("ludic_learner_step", 0)))
+                if code == 0
+                else None
+            )
             write_report(self, before, after, ok=code == 0)
             if code == 0:
                 self.keep_final_policy()

@@ -51,9 +51,25 @@ def redis_spec(data_dir: Path, port: int) -> ServiceSpec:
     return ServiceSpec(
         name="redis",
         argv=[
-            redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir),
-            "--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--protected-mode", "yes",
-            "--maxmemory", "2gb", "--maxmemory-policy", "noeviction",
+            redis_server_binary(),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(data_dir),
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+            "--protected-mode",
+            "yes",
+            "--maxmemory",
+            "2gb",
+            "--maxmemory-policy",
+            "noeviction",
         ],
         restart=True,
     )
@@ -81,7 +97,11 @@ def scrape(url: str, timeout_s: float = 2.0) -> dict[str, float]:
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            key = s.name if not s.labels else s.name + "{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}"
+            key = (
+                s.name
+                if not s.labels
+                else s.name + "{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}"
+            )
             out[key] = float(s.value)
     return out
 
@@ -98,9 +118,18 @@ def evaluate(url: str, env: Mapping[str, Any], n: int, max_tokens: int) -> dict[
 
 def prometheus_config(targets: Mapping[str, list[str]], interval_s: int = 5) -> str:
     """A scrape config with one job per service (static loopback targets)."""
-    lines = ["global:", f"  scrape_interval: {interval_s}s", f"  evaluation_interval: {interval_s}s", "scrape_configs:"]
+    lines = [
+        "global:",
+        f"  scrape_interval: {interval_s}s",
+        f"  evaluation_interval: {interval_s}s",
+        "scrape_configs:",
+    ]
     for job, tgts in targets.items():
-        lines += [f"  - job_name: {job}", "    static_configs:", "      - targets: [" + ", ".join(f"'{t}'" for t in tgts) + "]"]
+        lines += [
+            f"  - job_name: {job}",
+            "    static_configs:",
+            "      - targets: [" + ", ".join(f"'{t}'" for t in tgts) + "]",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -105,8 +105,13 @@ class Supervisor:
         env = {**os.environ, **spec.env, **(spec.restart_env if restarted else {})}
         parent = os.getpid()
         proc = subprocess.Popen(
-            spec.argv, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, preexec_fn=lambda: _in_child(parent, spec.cpus),
+            spec.argv,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=lambda: _in_child(parent, spec.cpus),
         )
         log_file.close()
         self.procs[spec.name] = proc
@@ -131,15 +136,26 @@ class Supervisor:
                     self._streak[name] = 0
                 streak = self._streak.get(name, 0)
                 if streak >= self.max_restarts:
-                    log.error("%s exited with code %s after %d restarts in a row; giving up",
-                              name, code, streak)
+                    log.error(
+                        "%s exited with code %s after %d restarts in a row; giving up",
+                        name,
+                        code,
+                        streak,
+                    )
                     self._given_up.add(name)
                     final[name] = code
                     continue
                 delay = self.restart_backoff_s * 2**streak
                 self._due[name] = now + delay
-                log.warning("%s exited with code %s; restart %d/%d in %.0f s (log: %s)", name, code,
-                            streak + 1, self.max_restarts, delay, self.log_dir / f"{name}.log")
+                log.warning(
+                    "%s exited with code %s; restart %d/%d in %.0f s (log: %s)",
+                    name,
+                    code,
+                    streak + 1,
+                    self.max_restarts,
+                    delay,
+                    self.log_dir / f"{name}.log",
+                )
                 continue
             if now < due:
                 continue
@@ -175,7 +191,9 @@ class Supervisor:
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        raise ServiceError(f"{name} not healthy at {spec.health_url} after {timeout_s:.0f}s; see {self.log_dir}/{name}.log")
+        raise ServiceError(
+            f"{name} not healthy at {spec.health_url} after {timeout_s:.0f}s; see {self.log_dir}/{name}.log"
+        )
 
     def dead(self) -> dict[str, int]:
         """Services that have exited, with their exit codes."""

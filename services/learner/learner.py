@@ -134,7 +134,10 @@ class Learner:
             inner: Any
             if s.publish_plane == "http":
                 inner = HttpPolicyPublisher(
-                    replicas, s.token(), retry, on_result=M.on_replica_result,
+                    replicas,
+                    s.token(),
+                    retry,
+                    on_result=M.on_replica_result,
                     wire_dtype=s.publish_dtype,
                 )
             else:
@@ -165,8 +168,11 @@ class Learner:
             cfg=cfg,
             checkpointer=CheckpointManager(self.ckcfg) if self.ckcfg is not None else None,
             hooks=TrainerHooks(
-                on_trained=self._on_trained, on_step=self._on_step, on_publish=self._on_publish,
-                on_checkpoint=self._on_checkpoint, on_served=self._on_served,
+                on_trained=self._on_trained,
+                on_step=self._on_step,
+                on_publish=self._on_publish,
+                on_checkpoint=self._on_checkpoint,
+                on_served=self._on_served,
             ),
         )
         self.trainer.checkpoint_extra = {"run_id": s.run_id}
@@ -225,7 +231,9 @@ class Learner:
         floor = 0
         if self.rank == 0:
             floor = await transport.retry_redis(
-                lambda: transport.get_policy_version(self.r, self.keys), deadline_s=60, stop=self.stop
+                lambda: transport.get_policy_version(self.r, self.keys),
+                deadline_s=60,
+                stop=self.stop,
             )
             if self.inner_publisher is not None:
                 vs = replica_versions(self.inner_publisher.replicas.resolve())
@@ -268,7 +276,8 @@ class Learner:
             return
         await transport.retry_redis(
             lambda: accounting.set_admission(self.r, self.keys, served_step, self.s.batch_size),
-            deadline_s=60, stop=self.stop,
+            deadline_s=60,
+            stop=self.stop,
         )
 
     # ------------------------------------------------------------------ publish / commit
@@ -282,7 +291,8 @@ class Learner:
         M.POLICY_VERSION.set(version)
         if self.rank == 0:  # actors' admission control reads it
             await transport.retry_redis(
-                lambda: transport.set_policy_version(self.r, self.keys, version), deadline_s=60,
+                lambda: transport.set_policy_version(self.r, self.keys, version),
+                deadline_s=60,
                 stop=self.stop,
             )
             assert self.trainer is not None
@@ -374,8 +384,17 @@ class Learner:
         path = out / f"step_{step:06d}.safetensors"
         path.write_bytes(to_safetensors_bytes(sd))
         with open(out / "snapshots.jsonl", "a") as f:
-            f.write(json.dumps({"step": step, "time": time.time(), "path": path.name,
-                                "policy_version": tr.policy_version}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "time": time.time(),
+                        "path": path.name,
+                        "policy_version": tr.policy_version,
+                    }
+                )
+                + "\n"
+            )
 
     async def health(self) -> bool:
         """Healthy while the learner makes progress: a step started or finished, or it
@@ -402,8 +421,12 @@ class Learner:
                         await accounting.wake_admission(self.r, self.keys)
                 except transport.REDIS_DOWN_ERRORS as e:  # the feeder polls anyway
                     log.warning("cannot wake the feeder: %s", e)
-            M.export_step(stats, tuple(getattr(self.trainer.algo.loss, "stat_keys", ()) or ())
-                          if self.trainer is not None else ())
+            M.export_step(
+                stats,
+                tuple(getattr(self.trainer.algo.loss, "stat_keys", ()) or ())
+                if self.trainer is not None
+                else (),
+            )
             M.UNCOMMITTED.set(self.source.uncommitted)
             if self.logger is not None:
                 self.logger.step(stats)
@@ -526,7 +549,8 @@ class Learner:
             # mean seconds per step: waiting for items, training, publishing, all of it
             "step_profile": {k: round(v / max(tr.step, 1), 4) for k, v in tr.time_totals.items()},
             "samples_per_second": round(tr.items_trained_total / tr.rl_wall_s, 2)
-            if tr.rl_wall_s > 0 else None,
+            if tr.rl_wall_s > 0
+            else None,
             "publish_failures": tr.publish_failures,
             "last_publish_error": tr.last_publish_error,
             "final_policy_served": self.final_policy_served(),

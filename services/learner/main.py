@@ -88,10 +88,14 @@ def _leave_process_group() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return service_main(
-        "learner", LearnerSettings, run, argv,
+        "learner",
+        LearnerSettings,
+        run,
+        argv,
         description="FSDP2 learner: saw stream -> Trainer -> publish to inference",
         log_config=int(os.environ.get("RANK", "0")) == 0,
-        fatal=(LearnerFatal,), cleanup=_leave_process_group,
+        fatal=(LearnerFatal,),
+        cleanup=_leave_process_group,
     )
 
 

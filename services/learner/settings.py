@@ -37,7 +37,9 @@ def check_ack_window(checkpoint_every: int, batch_size: int, run_config: dict[st
     from services.credit.main import CreditSettings
 
     credit = run_config.get("credit") or {}
-    default = next(f.default for f in dataclasses.fields(CreditSettings) if f.name == "saw_high_water")
+    default = next(
+        f.default for f in dataclasses.fields(CreditSettings) if f.name == "saw_high_water"
+    )
     hw = int(credit.get("saw_high_water", default))
     held = checkpoint_every * batch_size
     if hw > 0 and held > hw:
@@ -54,15 +56,23 @@ class LearnerSettings:
     # mapping field -> {its key: the flat field naming the same setting}
     NESTED: ClassVar[dict[str, dict[str, str]]] = {
         "trainer": {
-            "lr": "lr", "learning_rate": "lr", "weight_decay": "weight_decay",
-            "max_grad_norm": "max_grad_norm", "micro_token_budget": "micro_token_budget",
-            "max_seq_len": "max_seq_len", "sync_every_steps": "sync_every_steps",
-            "mixed_precision_dtype": "mixed_precision", "lora_rank": "lora_rank",
-            "log_every": "log_every", "max_lag": "max_lag",
-            "max_publish_failures": "max_publish_failures", "model_device": "device",
+            "lr": "lr",
+            "learning_rate": "lr",
+            "weight_decay": "weight_decay",
+            "max_grad_norm": "max_grad_norm",
+            "micro_token_budget": "micro_token_budget",
+            "max_seq_len": "max_seq_len",
+            "sync_every_steps": "sync_every_steps",
+            "mixed_precision_dtype": "mixed_precision",
+            "lora_rank": "lora_rank",
+            "log_every": "log_every",
+            "max_lag": "max_lag",
+            "max_publish_failures": "max_publish_failures",
+            "model_device": "device",
         },
         "checkpoint": {
-            "output_dir": "output_dir", "every_n_steps": "checkpoint_every",
+            "output_dir": "output_dir",
+            "every_n_steps": "checkpoint_every",
             "max_to_keep": "max_to_keep",
         },
     }
@@ -79,12 +89,8 @@ class LearnerSettings:
             "(empty: publishing off)"
         },
     )
-    auth_token: str | None = field(
-        default=None, metadata={"help": "bearer token for /v1/weights"}
-    )
-    auth_token_file: str | None = field(
-        default=None, metadata={"help": "file holding the token"}
-    )
+    auth_token: str | None = field(default=None, metadata={"help": "bearer token for /v1/weights"})
+    auth_token_file: str | None = field(default=None, metadata={"help": "file holding the token"})
     publish_plane: str = field(default="http", metadata={"help": "http | collective"})
     publish_dtype: str = field(
         default="auto",
@@ -129,7 +135,8 @@ class LearnerSettings:
     mixed_precision: str = field(default="bf16", metadata={"help": "bf16 | fp32 (CUDA autocast)"})
     lora_rank: int = field(default=0, metadata={"help": "LoRA rank (0 = full fine-tuning)"})
     trainer: dict[str, Any] = field(
-        default_factory=dict, metadata={"help": "any TrainerConfig field (a flat one from a higher source wins)"}
+        default_factory=dict,
+        metadata={"help": "any TrainerConfig field (a flat one from a higher source wins)"},
     )
     checkpoint_every: int = field(default=0, metadata={"help": "checkpoint every N steps (0 off)"})
     snapshot_every: int = field(
@@ -141,7 +148,8 @@ class LearnerSettings:
     )
     max_to_keep: int = field(default=2, metadata={"help": "checkpoints kept"})
     checkpoint: dict[str, Any] = field(
-        default_factory=dict, metadata={"help": "CheckpointConfig mapping (a flat one from a higher source wins)"}
+        default_factory=dict,
+        metadata={"help": "CheckpointConfig mapping (a flat one from a higher source wins)"},
     )
     resume: bool = field(default=False, metadata={"help": "continue from the newest checkpoint"})
     trained_log: bool = field(
@@ -167,8 +175,10 @@ class LearnerSettings:
     )
     health_stall_s: float = field(
         default=1800.0,
-        metadata={"help": "/health fails when no step started or finished and no read for items "
-                  "happened for this long (a hung step or collective)"},
+        metadata={
+            "help": "/health fails when no step started or finished and no read for items "
+            "happened for this long (a hung step or collective)"
+        },
     )
     metrics_port: int = field(
         default=9103, metadata={"help": "/metrics and /health, rank 0 (0 off)"}
@@ -237,7 +247,8 @@ class LearnerSettings:
             over["lr"] = over.pop("learning_rate")
         # the flat settings under their TrainerConfig names (NESTED is the one map of both)
         kw: dict[str, Any] = {
-            key: getattr(self, name) for key, name in self.NESTED["trainer"].items()
+            key: getattr(self, name)
+            for key, name in self.NESTED["trainer"].items()
             if key != "learning_rate"
         }
         # the flat forms write "off" as 0 / "", TrainerConfig as None
@@ -249,7 +260,9 @@ class LearnerSettings:
         return TrainerConfig(**kw)
 
     def checkpoint_config(self) -> CheckpointConfig | None:
-        d: dict[str, Any] = {key: getattr(self, name) for key, name in self.NESTED["checkpoint"].items()}
+        d: dict[str, Any] = {
+            key: getattr(self, name) for key, name in self.NESTED["checkpoint"].items()
+        }
         d.update(self.checkpoint)
         # every_n_steps == 0 means checkpointing is off (CheckpointConfig's convention): items
         # then commit after each step. Returning a config here would make the learner hold
@@ -258,7 +271,6 @@ class LearnerSettings:
         if not d.get("output_dir") or not d.get("every_n_steps"):
             return None
         return CheckpointConfig(**d)
-
 
 
 def load(argv: Sequence[str] | None = None) -> LearnerSettings:

@@ -44,7 +44,9 @@ REPORT: dict[str, Any] = {"faults": []}
 def sh(*argv: str, check: bool = True, timeout: float = 900) -> str:
     p = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     if check and p.returncode != 0:
-        raise AssertionError(f"{' '.join(argv)} exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+        raise AssertionError(
+            f"{' '.join(argv)} exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+        )
     return p.stdout
 
 
@@ -93,9 +95,13 @@ def wait(pred: Any, timeout_s: float, what: str, every: float = 2.0) -> float:
 @pytest.fixture(scope="module")
 def stack():
     if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
-        pytest.fail("no Docker engine answers `docker info`: run `sudo scripts/docker-host.sh` (make test-containers does)")
+        pytest.fail(
+            "no Docker engine answers `docker info`: run `sudo scripts/docker-host.sh` (make test-containers does)"
+        )
     if not (ROOT / ".env").exists():
-        pytest.fail(".env is missing: `make compose-env` (or cp deploy/compose/env.example .env and fill the secrets)")
+        pytest.fail(
+            ".env is missing: `make compose-env` (or cp deploy/compose/env.example .env and fill the secrets)"
+        )
     os.environ["NUM_STEPS"] = str(NUM_STEPS)
     # a fresh run, but the models volume (the SFT warm start, reused when its arguments match)
     # is kept between runs on the same machine
@@ -105,25 +111,39 @@ def stack():
     t0 = time.monotonic()
     compose("up", "-d", "--wait", timeout=1800)
     REPORT["up_wait_s"] = round(time.monotonic() - t0, 1)
-    REPORT["first_step_s"] = round(time.monotonic() - t0 + wait(lambda: learner_step() >= 1, 600, "first learner step"), 1)
+    REPORT["first_step_s"] = round(
+        time.monotonic() - t0 + wait(lambda: learner_step() >= 1, 600, "first learner step"), 1
+    )
     yield
     REPORT["logs_tail"] = compose("logs", "--tail", "5", check=False)[-4000:]
-    Path(os.environ.get("LUDIC_CONTAINERS_REPORT", "/tmp/ludic-containers-report.json")).write_text(json.dumps(REPORT, indent=1))
+    Path(os.environ.get("LUDIC_CONTAINERS_REPORT", "/tmp/ludic-containers-report.json")).write_text(
+        json.dumps(REPORT, indent=1)
+    )
     if os.environ.get("LUDIC_CONTAINERS_KEEP") != "1":
         compose("down", "--remove-orphans", check=False)
 
 
 def test_prometheus_scrapes_every_service(stack):
     def all_up() -> bool:
-        for job, n in (("inference", 1), ("actor", 2), ("credit", 1), ("learner", 1), ("feeder", 1),
-                       ("eval", 1)):
+        for job, n in (
+            ("inference", 1),
+            ("actor", 2),
+            ("credit", 1),
+            ("learner", 1),
+            ("feeder", 1),
+            ("eval", 1),
+        ):
             ts = targets(job)
             if len(ts) != n or any(t["health"] != "up" for t in ts):
                 return False
-        return all(float(r["value"][1]) == 1
-                   for r in prom('up{job=~"inference|actor|credit|learner|feeder|eval"}'))
+        return all(
+            float(r["value"][1]) == 1
+            for r in prom('up{job=~"inference|actor|credit|learner|feeder|eval"}')
+        )
+
     REPORT["all_targets_up_s"] = round(
-        wait(all_up, 90, "up==1 for inference, 2 actors, credit, learner, feeder, eval"), 1)
+        wait(all_up, 90, "up==1 for inference, 2 actors, credit, learner, feeder, eval"), 1
+    )
 
 
 def gauge(query: str) -> float:
@@ -141,16 +161,22 @@ def test_eval_service_exports_the_held_out_pass_rate(stack):
     REPORT["eval_first"] = {"pass_rate": rate, "step": step}
     # a later evaluation belongs to a later learner step
     wait(lambda: gauge("ludic_eval_step") > step, 900, "an evaluation of a later learner step")
-    REPORT["eval_later"] = {"pass_rate": gauge("ludic_eval_pass_rate"), "step": gauge("ludic_eval_step")}
+    REPORT["eval_later"] = {
+        "pass_rate": gauge("ludic_eval_pass_rate"),
+        "step": gauge("ludic_eval_step"),
+    }
 
 
 ACCOUNTING = {
-    "requested": "ludic_run_groups_requested_total", "trained": "ludic_run_groups_trained_total",
+    "requested": "ludic_run_groups_requested_total",
+    "trained": "ludic_run_groups_trained_total",
     "dropped_stale": "ludic_run_groups_dropped_stale_total",
     "dropped_incomplete": "ludic_run_groups_dropped_incomplete_total",
     "dropped_empty": "ludic_run_groups_dropped_empty_total",
-    "deadlettered": "ludic_run_groups_deadlettered_total", "in_flight": "ludic_run_groups_in_flight",
-    "consistent": "ludic_run_accounting_consistent", "items_trained_twice": "ludic_learner_items_trained_twice_total",
+    "deadlettered": "ludic_run_groups_deadlettered_total",
+    "in_flight": "ludic_run_groups_in_flight",
+    "consistent": "ludic_run_accounting_consistent",
+    "items_trained_twice": "ludic_learner_items_trained_twice_total",
 }
 
 
@@ -162,7 +188,11 @@ def test_scaling_actors_mid_run_adds_targets_that_take_work(stack):
     before = {r["metric"]["instance"] for r in prom("ludic_actor_episodes_total")}
     assert learner_step() < NUM_STEPS, "the run ended before the scale step: raise NUM_STEPS"
     compose("up", "-d", "--scale", "actor=4", "--no-recreate", timeout=300)
-    took = wait(lambda: len([t for t in targets("actor") if t["health"] == "up"]) == 4, 60, "4 healthy actor targets")
+    took = wait(
+        lambda: len([t for t in targets("actor") if t["health"] == "up"]) == 4,
+        60,
+        "4 healthy actor targets",
+    )
     REPORT["actor_targets_after_scale"] = len(targets("actor"))
     REPORT["scale_to_4_targets_s"] = round(took, 1)
 
@@ -170,7 +200,10 @@ def test_scaling_actors_mid_run_adds_targets_that_take_work(stack):
         res = prom("ludic_actor_episodes_total")
         new = [r for r in res if r["metric"]["instance"] not in before]
         return len(new) >= 2 and all(float(r["value"][1]) > 0 for r in new)
-    REPORT["new_actors_took_work_s"] = round(wait(new_actors_work, 240, "episodes on the 2 new actors"), 1)
+
+    REPORT["new_actors_took_work_s"] = round(
+        wait(new_actors_work, 240, "episodes on the 2 new actors"), 1
+    )
 
 
 @pytest.mark.parametrize("service", ["learner", "credit", "actor", "redis", "inference"])
@@ -178,7 +211,9 @@ def test_a_crashed_service_comes_back_by_restart_policy(stack, service):
     (learner,) = containers("learner")
     assert state(learner)["Running"], "the learner has finished already: raise NUM_STEPS"
     step0 = learner_step()
-    assert step0 < NUM_STEPS, f"the run ended (step {step0}) before the {service} fault: raise NUM_STEPS"
+    assert step0 < NUM_STEPS, (
+        f"the run ended (step {step0}) before the {service} fault: raise NUM_STEPS"
+    )
     cid = containers(service)[0]
     st = state(cid)
     restarts = int(sh("docker", "inspect", "-f", "{{.RestartCount}}", cid))
@@ -189,31 +224,59 @@ def test_a_crashed_service_comes_back_by_restart_policy(stack, service):
         n = int(sh("docker", "inspect", "-f", "{{.RestartCount}}", cid))
         health = (s.get("Health") or {}).get("Status", "healthy")
         return n > restarts and s["Running"] and health == "healthy"
+
     healthy_s = wait(back, 600, f"{service} restarted by its policy and healthy")
     # the run goes on. Items already queued when the fault hit can carry the learner a few steps
     # (saw_high_water 128 + rollouts_high_water 64 + 8 request groups x 8 = 256 items = 4
     # steps of 64), so demand 5 steps beyond the step at recovery: that needs fresh rollouts.
     step1 = max(learner_step(), step0, 0)
-    progress_s = wait(lambda: learner_step() >= step1 + 5, 300, f"5 learner steps after the {service} fault")
+    progress_s = wait(
+        lambda: learner_step() >= step1 + 5, 300, f"5 learner steps after the {service} fault"
+    )
     acct = accounting_now()
-    REPORT["faults"].append({"service": service, "step_at_kill": step0, "healthy_again_s": round(healthy_s, 1),
-                             "step_at_healthy": step1, "plus_5_steps_s": round(progress_s, 1),
-                             "accounting": acct})
+    REPORT["faults"].append(
+        {
+            "service": service,
+            "step_at_kill": step0,
+            "healthy_again_s": round(healthy_s, 1),
+            "step_at_healthy": step1,
+            "plus_5_steps_s": round(progress_s, 1),
+            "accounting": acct,
+        }
+    )
     assert acct["items_trained_twice"] == 0, acct
 
 
 def test_run_reaches_its_step_count_and_keeps_the_policy(stack):
     (cid,) = containers("learner")
-    wait(lambda: learner_step() >= NUM_STEPS or not state(cid)["Running"], 1800, f"learner step {NUM_STEPS}")
+    wait(
+        lambda: learner_step() >= NUM_STEPS or not state(cid)["Running"],
+        1800,
+        f"learner step {NUM_STEPS}",
+    )
     wait(lambda: not state(cid)["Running"], 300, "learner exit after num_steps")
     assert state(cid)["ExitCode"] == 0, compose("logs", "--tail", "40", "learner", check=False)
-    final = json.loads(sh("docker", "run", "--rm", "-v", "ludic_checkpoints:/c:ro", "--entrypoint", "cat",
-                          "ludic:cpu", "/c/learner_final.json"))
+    final = json.loads(
+        sh(
+            "docker",
+            "run",
+            "--rm",
+            "-v",
+            "ludic_checkpoints:/c:ro",
+            "--entrypoint",
+            "cat",
+            "ludic:cpu",
+            "/c/learner_final.json",
+        )
+    )
     REPORT["learner_final"] = final
     assert final.get("step", final.get("steps", 0)) >= NUM_STEPS, final
     # the held-out pass rate of the trained policy: eval's evaluation of a last step
     wait(lambda: gauge("ludic_eval_step") >= NUM_STEPS - 10, 300, "an evaluation of the last steps")
-    REPORT["eval_final"] = {"pass_rate": gauge("ludic_eval_pass_rate"), "step": gauge("ludic_eval_step")}
+    REPORT["eval_final"] = {
+        "pass_rate": gauge("ludic_eval_pass_rate"),
+        "step": gauge("ludic_eval_step"),
+    }
     acct = final["accounting"]
     assert acct["items_trained_twice"] == 0, acct
     # in flight is derived (requested - trained - dropped - dead-lettered); it must equal what

@@ -43,7 +43,10 @@ def test_make_venv_torch_line_resolves_the_cpu_build_from_the_extra_index(tmp_pa
     index = f"http://127.0.0.1:{port}/simple"
     dry = subprocess.run(
         ["make", "-n", "-B", "venv", "VENV=/v", "PYTHON=python3", f"TORCH_INDEX={index}"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     (line,) = [ln for ln in dry.splitlines() if "--extra-index-url" in ln and "torch==" in ln]
     line = line.split(" 2>&1")[0]  # drop the Makefile's noise filter
@@ -56,15 +59,31 @@ def test_make_venv_torch_line_resolves_the_cpu_build_from_the_extra_index(tmp_pa
     except OSError:
         shutil.copy(wheel, tmp_path / "simple" / "torch" / wheel.name)
     href = wheel.name.replace("+", "%2B")
-    (tmp_path / "simple" / "torch" / "index.html").write_text(f'<a href="{href}">{wheel.name}</a>\n')
+    (tmp_path / "simple" / "torch" / "index.html").write_text(
+        f'<a href="{href}">{wheel.name}</a>\n'
+    )
     script = (
         f"cd /idx && (python3 -m http.server {port} --bind 127.0.0.1 >/dev/null 2>&1 &) && sleep 1 && "
         "python3 -m venv /v && test ! -e /etc/pip.conf && /v/bin/pip config list | grep -c . | grep -qx 0 && "
         f"{line} --retries 0 --timeout 5 && /v/bin/pip show torch | grep '^Version:'"
     )
     p = subprocess.run(
-        ["docker", "run", "--rm", "--network", "host", "-v", f"{tmp_path}:/idx:ro", IMAGE, "sh", "-c", script],
-        capture_output=True, text=True, timeout=600,
+        [
+            "docker",
+            "run",
+            "--rm",
+            "--network",
+            "host",
+            "-v",
+            f"{tmp_path}:/idx:ro",
+            IMAGE,
+            "sh",
+            "-c",
+            script,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert p.stdout.strip().splitlines()[-1] == "Version: 2.13.0+cpu", p.stdout

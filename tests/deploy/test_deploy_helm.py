@@ -156,17 +156,23 @@ def crd_problems(docs: list[Doc]) -> list[str]:
                 )
             # demand, never a stream the feeder holds at its admission limit
             if "ludic_learner_batch_wait_fraction" not in meta.get("query", ""):
-                problems.append(f"ScaledObject {name}: query {meta.get('query')!r} is not the "
-                                "learner's wait for items")
+                problems.append(
+                    f"ScaledObject {name}: query {meta.get('query')!r} is not the "
+                    "learner's wait for items"
+                )
             if trig.get("metricType") != "Value":
-                problems.append(f"ScaledObject {name}: metricType {trig.get('metricType')}: use "
-                                "Value (aim the wait share at the target)")
+                problems.append(
+                    f"ScaledObject {name}: metricType {trig.get('metricType')}: use "
+                    "Value (aim the wait share at the target)"
+                )
             try:
                 if not 0 < float(meta.get("threshold", "x")) <= 1:
                     raise ValueError
             except ValueError:
-                problems.append(f"ScaledObject {name}: threshold {meta.get('threshold')!r} is "
-                                "not a wait share in (0, 1]")
+                problems.append(
+                    f"ScaledObject {name}: threshold {meta.get('threshold')!r} is "
+                    "not a wait share in (0, 1]"
+                )
     for ta in by_kind(docs, "TriggerAuthentication"):
         for ref in ta.get("spec", {}).get("secretTargetRef") or []:
             if not {"parameter", "name", "key"} <= set(ref):

@@ -55,19 +55,30 @@ def main() -> int:
     model_dir, out_dir = sys.argv[1], Path(sys.argv[2])
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    cfg = TrainerConfig(model_device="cpu", mixed_precision_dtype=None, lr=1e-2, pad_token_id=PAD_ID)
+    cfg = TrainerConfig(
+        model_device="cpu", mixed_precision_dtype=None, lr=1e-2, pad_token_id=PAD_ID
+    )
     algo = make_scalerl(group_size=4, filter_zvp=False)
     gid, rewards = [("a", [0, 0, 0, 1]), ("b", [0, 0, 0, 5])][rank]
-    items = algo.to_saw_items([rollout(gid, i, r) for i, r in enumerate(rewards)], defer_batch_stage=True)
+    items = algo.to_saw_items(
+        [rollout(gid, i, r) for i, r in enumerate(rewards)], defer_batch_stage=True
+    )
     seen: list = []
     algo.loss = Recording(algo.loss, seen)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tr = Trainer(model=model, algo=algo, batch_source=Fixed(items), cfg=cfg)
     asyncio.run(tr.train_step())
 
-    kl_items = make_grpo(group_size=4).to_saw_items([rollout(gid, i, r) for i, r in enumerate(rewards)])
+    kl_items = make_grpo(group_size=4).to_saw_items(
+        [rollout(gid, i, r) for i, r in enumerate(rewards)]
+    )
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    tk = Trainer(model=model, algo=make_grpo(group_size=4, kl_coeff=0.1), batch_source=Fixed(kl_items), cfg=cfg)
+    tk = Trainer(
+        model=model,
+        algo=make_grpo(group_size=4, kl_coeff=0.1),
+        batch_source=Fixed(kl_items),
+        cfg=cfg,
+    )
     kl = [asyncio.run(tk.train_step())["loss/kl/kl"] for _ in range(2)]
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"rank{rank}.json").write_text(json.dumps({"weights": seen, "kl": kl}))

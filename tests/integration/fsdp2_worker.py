@@ -46,7 +46,10 @@ def fixed_items(n: int = 8) -> list[SAWItem]:
 
 def config() -> TrainerConfig:
     return TrainerConfig(
-        model_device="cpu", mixed_precision_dtype=None, lr=1e-2, pad_token_id=PAD_ID,
+        model_device="cpu",
+        mixed_precision_dtype=None,
+        lr=1e-2,
+        pad_token_id=PAD_ID,
         micro_token_budget=24,  # several micro-batches per rank
     )
 
@@ -74,9 +77,15 @@ def main() -> int:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     pub = Recorder()
-    tr = Trainer(model=model, algo=make_sft(), batch_source=Fixed(fixed_items()[rank::world]),
-                 publisher=pub, cfg=config())
+    tr = Trainer(
+        model=model,
+        algo=make_sft(),
+        batch_source=Fixed(fixed_items()[rank::world]),
+        publisher=pub,
+        cfg=config(),
+    )
     sharded = sum(1 for p in tr.model.parameters() if type(p).__name__ == "DTensor")
+
     async def step_and_publish() -> dict[str, float]:
         stats = await tr.train_step()
         await tr.finish_publish()  # the step's publish was sent in the background by rank 0
@@ -85,8 +94,10 @@ def main() -> int:
     stats = asyncio.run(step_and_publish())
     sd = tr.full_state_dict()
     only0 = tr.full_state_dict(rank0_only=True)  # the publish path: only rank 0 holds it all
-    rank0_only_ok = (only0 == {}) if rank != 0 else (
-        only0.keys() == sd.keys() and all(torch.equal(only0[k], sd[k]) for k in sd)
+    rank0_only_ok = (
+        (only0 == {})
+        if rank != 0
+        else (only0.keys() == sd.keys() and all(torch.equal(only0[k], sd[k]) for k in sd))
     )
     seen: set[int] = set()
     flat = {}
@@ -98,11 +109,20 @@ def main() -> int:
         flat[k] = v
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(flat, str(out_dir / f"rank{rank}.safetensors"))
-    (out_dir / f"rank{rank}.json").write_text(json.dumps({
-        "loss": stats["loss"], "grad_norm": stats["grad_norm"], "num_items": stats["num_items"],
-        "policy_version": tr.policy_version, "publish_calls": pub.calls, "dtensor_params": sharded,
-        "world": world, "rank0_only_ok": rank0_only_ok,
-    }))
+    (out_dir / f"rank{rank}.json").write_text(
+        json.dumps(
+            {
+                "loss": stats["loss"],
+                "grad_norm": stats["grad_norm"],
+                "num_items": stats["num_items"],
+                "policy_version": tr.policy_version,
+                "publish_calls": pub.calls,
+                "dtensor_params": sharded,
+                "world": world,
+                "rank0_only_ok": rank0_only_ok,
+            }
+        )
+    )
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -47,10 +47,22 @@ def rollouts_for(req: Any, pv: int) -> list[Rollout]:
     out = []
     for i in range(req.num_episodes):  # rewards 0, 1: a GRPO group with non-zero advantages
         tr = TokenTrace([257, 49, 43, 50], [51, 258], [-0.25, -0.5])
-        step = Step(0, "1+2=", "3", None, float(i % 2), terminated=True, trace=tr,
-                    policy_version=pv, info={"finish_reason": "stop"})
-        out.append(Rollout(id=f"{req.id}-r{i}", steps=[step],
-                           meta={"group_id": req.id, "request_id": req.id}))
+        step = Step(
+            0,
+            "1+2=",
+            "3",
+            None,
+            float(i % 2),
+            terminated=True,
+            trace=tr,
+            policy_version=pv,
+            info={"finish_reason": "stop"},
+        )
+        out.append(
+            Rollout(
+                id=f"{req.id}-r{i}", steps=[step], meta={"group_id": req.id, "request_id": req.id}
+            )
+        )
     return out
 
 
@@ -111,24 +123,63 @@ def test_identity_holds_through_kill9_of_credit_and_learner(
         procs.append((p, logf))
         return p
 
-    credit_args = ["credit", "--redis-url", url, "--run-id", run,
-                   "--algorithm", json.dumps({"name": "grpo", "group_size": group}),
-                   "--metrics-port", "0", "--block-ms", "100", "--claim-idle-ms", "600",
-                   "--lease-ttl-ms", "600", "--group-timeout-s", "30"]
+    credit_args = [
+        "credit",
+        "--redis-url",
+        url,
+        "--run-id",
+        run,
+        "--algorithm",
+        json.dumps({"name": "grpo", "group_size": group}),
+        "--metrics-port",
+        "0",
+        "--block-ms",
+        "100",
+        "--claim-idle-ms",
+        "600",
+        "--lease-ttl-ms",
+        "600",
+        "--group-timeout-s",
+        "30",
+    ]
     out = tmp_path / "learner"
-    learner_args = ["learner", "--redis-url", url, "--run-id", run, "--model-dir",
-                    str(tiny_model_dir), "--device", "cpu", "--metrics-port", "0",
-                    "--block-ms", "200", "--trained-log", "--output-dir", str(out),
-                    "--batch-size", "2", "--num-steps", "11", "--checkpoint-every", "2",
-                    "--max-lag", "0", "--lr", "1e-3",
-                    "--algorithm", json.dumps({"name": "grpo", "group_size": group})]
+    learner_args = [
+        "learner",
+        "--redis-url",
+        url,
+        "--run-id",
+        run,
+        "--model-dir",
+        str(tiny_model_dir),
+        "--device",
+        "cpu",
+        "--metrics-port",
+        "0",
+        "--block-ms",
+        "200",
+        "--trained-log",
+        "--output-dir",
+        str(out),
+        "--batch-size",
+        "2",
+        "--num-steps",
+        "11",
+        "--checkpoint-every",
+        "2",
+        "--max-lag",
+        "0",
+        "--lr",
+        "1e-3",
+        "--algorithm",
+        json.dumps({"name": "grpo", "group_size": group}),
+    ]
     step = lambda: int(asyncio.run(_get(url, keys.learner_step)) or 0)  # noqa: E731
 
     async def actor_stage(first: int, last: int) -> None:
         r = t.connect(url)
         sc = accounting.AccountedConsumer(
-            r, keys.requests, t.GROUP_ACTORS, "test-actor", keys.deadletter,
-            stage="requests")
+            r, keys.requests, t.GROUP_ACTORS, "test-actor", keys.deadletter, stage="requests"
+        )
         await sc.ensure_group()
         done = first
         try:
@@ -143,8 +194,12 @@ def test_identity_holds_through_kill9_of_credit_and_learner(
                         for ro in ros:  # as services/actor/main.py stamps them
                             ro.meta["group_rollouts"] = len(ros)
                         await accounting.commit(
-                            sc, [e], [(ro.id, t.encode_rollout(ro)) for ro in ros],
-                            keys.rollouts, keys.done("actor", req.id), stage="actor",
+                            sc,
+                            [e],
+                            [(ro.id, t.encode_rollout(ro)) for ro in ros],
+                            keys.rollouts,
+                            keys.done("actor", req.id),
+                            stage="actor",
                             group_id=req.id,
                         )
                     done += 1
@@ -154,10 +209,14 @@ def test_identity_holds_through_kill9_of_credit_and_learner(
 
     try:
         # feeder: the real top-up (requests + groups_requested in one script)
-        fs = feeder_worker.FeederSettings(redis_url=url, run_id=run,
-                                        algorithm={"name": "grpo", "group_size": group},
-                                        high_water=n_req, metrics_port=0,
-                                        max_head_offpolicyness=None)
+        fs = feeder_worker.FeederSettings(
+            redis_url=url,
+            run_id=run,
+            algorithm={"name": "grpo", "group_size": group},
+            high_water=n_req,
+            metrics_port=0,
+            max_head_offpolicyness=None,
+        )
 
         async def feed() -> int:
             r0 = t.connect(url)
@@ -200,11 +259,24 @@ def test_identity_holds_through_kill9_of_credit_and_learner(
                 p.wait(10)
 
     final = asyncio.run(snap(url, run))
-    assert {k: final[k] for k in ("groups_requested", "groups_trained", "groups_dropped_stale",
-                                  "groups_dropped_incomplete", "groups_dropped_empty",
-                                  "groups_deadlettered", "groups_in_flight")} == {
-        "groups_requested": 16, "groups_trained": 11, "groups_dropped_stale": 2,
-        "groups_dropped_incomplete": 0, "groups_dropped_empty": 1, "groups_deadlettered": 2,
+    assert {
+        k: final[k]
+        for k in (
+            "groups_requested",
+            "groups_trained",
+            "groups_dropped_stale",
+            "groups_dropped_incomplete",
+            "groups_dropped_empty",
+            "groups_deadlettered",
+            "groups_in_flight",
+        )
+    } == {
+        "groups_requested": 16,
+        "groups_trained": 11,
+        "groups_dropped_stale": 2,
+        "groups_dropped_incomplete": 0,
+        "groups_dropped_empty": 1,
+        "groups_deadlettered": 2,
         "groups_in_flight": 0,
     }
     assert final["items_written"] == 26 and final["items_trained"] == 22  # 13 groups x 2
@@ -239,8 +311,8 @@ async def test_trained_twice_is_counted(redis_url: str) -> None:
     keys = t.Keys("acct2")
     try:
         sc = accounting.AccountedConsumer(
-            r, keys.saw, t.GROUP_LEARNER, "learner-0", keys.deadletter,
-            stage="saw")
+            r, keys.saw, t.GROUP_LEARNER, "learner-0", keys.deadletter, stage="saw"
+        )
         await sc.ensure_group()
         for _ in range(2):
             await t.xadd(r, keys.saw, "g1:0", b"x")
@@ -262,15 +334,19 @@ async def test_status_shows_the_accounting(redis_url: str) -> None:
     keys = t.Keys("acct3")
     r = t.connect(redis_url)
     try:
-        fs = feeder_worker.FeederSettings(redis_url=redis_url, run_id="acct3",
-                                        algorithm={"name": "grpo", "group_size": 2},
-                                        high_water=3, metrics_port=0,
-                                        max_head_offpolicyness=None)
+        fs = feeder_worker.FeederSettings(
+            redis_url=redis_url,
+            run_id="acct3",
+            algorithm={"name": "grpo", "group_size": 2},
+            high_water=3,
+            metrics_port=0,
+            max_head_offpolicyness=None,
+        )
         assert await feeder_worker.top_up(r, keys, fs, 3) == 3
         assert await feeder_worker.top_up(r, keys, fs, 3) == 0  # at the high-water mark
         sc = accounting.AccountedConsumer(
-            r, keys.requests, t.GROUP_ACTORS, "a", keys.deadletter,
-            stage="requests")
+            r, keys.requests, t.GROUP_ACTORS, "a", keys.deadletter, stage="requests"
+        )
         await sc.ensure_group()
         e = (await sc.read(1, block_ms=100))[0]
         await sc.dead_letter(e, "episode_error", "test")
@@ -281,5 +357,7 @@ async def test_status_shows_the_accounting(redis_url: str) -> None:
     a = st["accounting"]
     assert (a["groups_requested"], a["groups_deadlettered"], a["groups_in_flight"]) == (3, 1, 2)
     assert a["groups_in_flight_observed"] == 2 and a["consistent"]
-    assert ("groups requested=3 = trained 0 + dropped stale 0 + dropped incomplete 0 + dropped "
-            "empty 0 + dead-lettered 1 + in flight 2 (observed 2)") in status.render(st)
+    assert (
+        "groups requested=3 = trained 0 + dropped stale 0 + dropped incomplete 0 + dropped "
+        "empty 0 + dead-lettered 1 + in flight 2 (observed 2)"
+    ) in status.render(st)

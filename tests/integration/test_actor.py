@@ -72,16 +72,24 @@ class FakeOpenAI:
                 time.sleep(fake.delay_s)
                 prompt = body["messages"][-1]["content"].encode()[:200]
                 ids = [52, 50, 258]
-                self._send({
-                    "choices": [{
-                        "message": {"role": "assistant", "content": "42"},
-                        "finish_reason": "stop",
-                        "token_ids": ids,
-                        "logprobs": {"content": [{"logprob": -0.1 * (i + 1)} for i in range(len(ids))]},
-                    }],
-                    "prompt_token_ids": list(prompt),
-                    "policy_version": fake.version,
-                })
+                self._send(
+                    {
+                        "choices": [
+                            {
+                                "message": {"role": "assistant", "content": "42"},
+                                "finish_reason": "stop",
+                                "token_ids": ids,
+                                "logprobs": {
+                                    "content": [
+                                        {"logprob": -0.1 * (i + 1)} for i in range(len(ids))
+                                    ]
+                                },
+                            }
+                        ],
+                        "prompt_token_ids": list(prompt),
+                        "policy_version": fake.version,
+                    }
+                )
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
         self.httpd.daemon_threads = True
@@ -104,8 +112,10 @@ def fake_openai() -> Iterator[FakeOpenAI]:
 def request(i: int, **kw: Any) -> RolloutRequest:
     kw.setdefault("env", EnvSpec("arithmetic", {"digits": 2}))
     return RolloutRequest(
-        id=f"req-{i}", env_seed=i,
-        inference=InferenceSpec(sampling=SamplingConfig(max_tokens=4)), **kw,
+        id=f"req-{i}",
+        env_seed=i,
+        inference=InferenceSpec(sampling=SamplingConfig(max_tokens=4)),
+        **kw,
     )
 
 
@@ -121,13 +131,37 @@ async def rollouts(r: Any, keys: t.Keys) -> list[Any]:
 
 def spawn_actor(redis_url: str, run_id: str, inference_url: str, *extra: str) -> subprocess.Popen:
     args = [
-        sys.executable, "-m", "services.cli", "actor", "--redis-url", redis_url, "--run-id", run_id,
-        "--inference-urls", inference_url, "--concurrency", "3", "--claim-idle-ms", "1000",
-        "--metrics-port", "0", "--max-head-offpolicyness", "null", "--heartbeat-ttl-s", "2", "--block-ms", "200",
+        sys.executable,
+        "-m",
+        "services.cli",
+        "actor",
+        "--redis-url",
+        redis_url,
+        "--run-id",
+        run_id,
+        "--inference-urls",
+        inference_url,
+        "--concurrency",
+        "3",
+        "--claim-idle-ms",
+        "1000",
+        "--metrics-port",
+        "0",
+        "--max-head-offpolicyness",
+        "null",
+        "--heartbeat-ttl-s",
+        "2",
+        "--block-ms",
+        "200",
         *extra,
     ]
-    return subprocess.Popen(args, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        args,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 async def wait_for(cond: Any, timeout: float, what: str) -> None:
@@ -172,7 +206,9 @@ async def test_kill9_actor_then_peer_finishes_all_and_sigterm_drains(
         await wait_for(all_done, 90, "actor B to finish every request")
         ros = await rollouts(r, keys)
         assert sorted(ro.meta["request_id"] for ro in ros) == [f"req-{i}" for i in range(6)]
-        assert all(ro.steps[0].trace.completion_logprobs == pytest.approx([-0.1, -0.2, -0.3]) for ro in ros)
+        assert all(
+            ro.steps[0].trace.completion_logprobs == pytest.approx([-0.1, -0.2, -0.3]) for ro in ros
+        )
         # SIGTERM mid-work: B stops claiming, finishes within the grace period, exits 0
         await feed(r, keys, [request(i) for i in range(6, 8)])
         await wait_for(a_holds_work, 30, "actor B to claim the new requests")
@@ -200,8 +236,13 @@ class FlakyClient:
         self.calls += 1
         if self.calls <= self.fail:
             raise InferenceError("replica restarting")
-        return ChatResponse(text="42", prompt_token_ids=[1, 2], completion_token_ids=[52, 50, 258],
-                            completion_logprobs=[-0.1, -0.2, -0.3], policy_version=0), {}
+        return ChatResponse(
+            text="42",
+            prompt_token_ids=[1, 2],
+            completion_token_ids=[52, 50, 258],
+            completion_logprobs=[-0.1, -0.2, -0.3],
+            policy_version=0,
+        ), {}
 
     async def get_policy_version(self) -> int:
         return 0
@@ -216,8 +257,13 @@ async def test_actor_deadletters_bad_requests_and_retries_inference_errors(redis
     await feed(r, keys, [request(0), request(1, env=EnvSpec("no_such_env"))])
     await t.xadd(r, keys.requests, "junk", b"\x00not msgpack")
     settings = actor_main.ActorSettings(
-        redis_url=redis_url, run_id="act2", metrics_port=0, claim_idle_ms=300, max_head_offpolicyness=None,
-        block_ms=100, concurrency=2,
+        redis_url=redis_url,
+        run_id="act2",
+        metrics_port=0,
+        claim_idle_ms=300,
+        max_head_offpolicyness=None,
+        block_ms=100,
+        concurrency=2,
     )
     stop = asyncio.Event()
     task = asyncio.create_task(actor_main.run(settings, client=FlakyClient(fail=1), stop=stop))
@@ -242,7 +288,11 @@ async def test_actor_waits_while_inference_is_stale(redis_url: str) -> None:
     await feed(r, keys, [request(0)])
     await t.set_policy_version(r, keys, 5)  # learner at 5, inference (FlakyClient) at 0
     settings = actor_main.ActorSettings(
-        redis_url=redis_url, run_id="act3", metrics_port=0, max_head_offpolicyness=2, block_ms=100,
+        redis_url=redis_url,
+        run_id="act3",
+        metrics_port=0,
+        max_head_offpolicyness=2,
+        block_ms=100,
     )
     before = stale_waits()
     stop = asyncio.Event()
@@ -283,7 +333,11 @@ async def test_metrics_and_health_endpoints(redis_url: str) -> None:
     await feed(r, keys, [request(0)])
     port = free_port()
     settings = actor_main.ActorSettings(
-        redis_url=redis_url, run_id="act4", metrics_port=port, max_head_offpolicyness=None, block_ms=100,
+        redis_url=redis_url,
+        run_id="act4",
+        metrics_port=port,
+        max_head_offpolicyness=None,
+        block_ms=100,
         heartbeat_ttl_s=1.0,
     )
     stop = asyncio.Event()
@@ -294,9 +348,14 @@ async def test_metrics_and_health_endpoints(redis_url: str) -> None:
         body = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
         health = await http.get(f"http://127.0.0.1:{port}/health")
     assert health.status_code == 200
-    for name in ("ludic_actor_episodes_total", "ludic_actor_reward_bucket",
-                 "ludic_actor_tokens_total", "ludic_actor_claim_seconds_bucket",
-                 "ludic_actor_stale_admission_waits_total", 'ludic_stream_length{stream="rollouts"}'):
+    for name in (
+        "ludic_actor_episodes_total",
+        "ludic_actor_reward_bucket",
+        "ludic_actor_tokens_total",
+        "ludic_actor_claim_seconds_bucket",
+        "ludic_actor_stale_admission_waits_total",
+        'ludic_stream_length{stream="rollouts"}',
+    ):
         assert name in body, name
     assert len(await t.alive(r, keys, "actor")) == 1
     stop.set()

@@ -34,13 +34,23 @@ WANT = [c / STD for c in CENTRED]
 
 def rollout(gid: str, i: int, reward: float) -> Rollout:
     tr = TokenTrace([257, 49, 43, 50], [51, 258], [-0.25, -0.5])
-    step = Step(0, "1+2=", "3", None, reward, terminated=True, trace=tr, policy_version=0,
-                info={"finish_reason": "stop"})
+    step = Step(
+        0,
+        "1+2=",
+        "3",
+        None,
+        reward,
+        terminated=True,
+        trace=tr,
+        policy_version=0,
+        info={"finish_reason": "stop"},
+    )
     return Rollout(id=f"{gid}-r{i}", steps=[step], meta={"group_id": gid, "request_id": gid})
 
 
-def run_config(tmp_path: Path, redis_url: str, run_id: str, model: Path, algorithm: str,
-               batch_size: int = 8) -> Path:
+def run_config(
+    tmp_path: Path, redis_url: str, run_id: str, model: Path, algorithm: str, batch_size: int = 8
+) -> Path:
     p = tmp_path / "run.yaml"
     p.write_text(
         f"redis_url: {redis_url}\nrun_id: {run_id}\n"
@@ -53,22 +63,35 @@ def run_config(tmp_path: Path, redis_url: str, run_id: str, model: Path, algorit
 
 
 def two_groups() -> list[Rollout]:
-    return [rollout(gid, i, float(x)) for gid, rewards in (("a", [0, 0, 0, 1]), ("b", [0, 0, 0, 5]))
-            for i, x in enumerate(rewards)]
+    return [
+        rollout(gid, i, float(x))
+        for gid, rewards in (("a", [0, 0, 0, 1]), ("b", [0, 0, 0, 5]))
+        for i, x in enumerate(rewards)
+    ]
 
 
-async def credit_then_learner(cfg: Path, run_id: str, redis_url: str, monkeypatch: Any,
-                              rollouts: list[Rollout] | None = None, n_items: int = 8) -> tuple:
+async def credit_then_learner(
+    cfg: Path,
+    run_id: str,
+    redis_url: str,
+    monkeypatch: Any,
+    rollouts: list[Rollout] | None = None,
+    n_items: int = 8,
+) -> tuple:
     keys = t.Keys(run_id)
     r = t.connect(redis_url)
     for ro in two_groups() if rollouts is None else rollouts:
         await t.xadd(r, keys.rollouts, ro.id, t.encode_rollout(ro))
-    cs = load_settings(credit_main.CreditSettings, ["--config", str(cfg)], service="credit", environ={})
+    cs = load_settings(
+        credit_main.CreditSettings, ["--config", str(cfg)], service="credit", environ={}
+    )
     stop = asyncio.Event()
     task = asyncio.create_task(credit_main.run(cs, stop=stop))
     deadline = asyncio.get_running_loop().time() + 60
     while await r.xlen(keys.saw) < n_items:
-        assert asyncio.get_running_loop().time() < deadline, f"credit did not write {n_items} SAWItems"
+        assert asyncio.get_running_loop().time() < deadline, (
+            f"credit did not write {n_items} SAWItems"
+        )
         await asyncio.sleep(0.05)
     stop.set()
     await asyncio.wait_for(task, 30)
@@ -91,8 +114,13 @@ async def credit_then_learner(cfg: Path, run_id: str, redis_url: str, monkeypatc
 async def test_scalerl_batch_std_is_over_the_learners_batch(
     redis_url: str, tiny_model_dir: Path, tmp_path: Path, monkeypatch: Any
 ) -> None:
-    cfg = run_config(tmp_path, redis_url, "alg1", tiny_model_dir,
-                     "{name: scalerl, group_size: 4, kwargs: {filter_zvp: false}}")
+    cfg = run_config(
+        tmp_path,
+        redis_url,
+        "alg1",
+        tiny_model_dir,
+        "{name: scalerl, group_size: 4, kwargs: {filter_zvp: false}}",
+    )
     saw, trained, learner = await credit_then_learner(cfg, "alg1", redis_url, monkeypatch)
     by_id = {it.meta["item_id"]: it for it in saw}
     ids = [f"{g}-r{i}:0" for g in "ab" for i in range(4)]
@@ -103,14 +131,24 @@ async def test_scalerl_batch_std_is_over_the_learners_batch(
     assert learner.trainer.step == 1 and len(trained) == 8
     got = {it.meta["item_id"]: it.weight for it in trained}
     assert [got[i] for i in ids] == pytest.approx(WANT, rel=1e-6)
-    assert [round(got[i], 2) for i in ("a-r2:0", "a-r3:0", "b-r2:0", "b-r3:0")] == [-0.16, 0.48, -0.8, 2.4]
+    assert [round(got[i], 2) for i in ("a-r2:0", "a-r3:0", "b-r2:0", "b-r3:0")] == [
+        -0.16,
+        0.48,
+        -0.8,
+        2.4,
+    ]
 
 
 async def test_grpo_with_kl_trains_through_credit_and_learner(
     redis_url: str, tiny_model_dir: Path, tmp_path: Path, monkeypatch: Any
 ) -> None:
-    cfg = run_config(tmp_path, redis_url, "alg2", tiny_model_dir,
-                     "{name: grpo, group_size: 4, kwargs: {kl_coeff: 0.1}}")
+    cfg = run_config(
+        tmp_path,
+        redis_url,
+        "alg2",
+        tiny_model_dir,
+        "{name: grpo, group_size: 4, kwargs: {kl_coeff: 0.1}}",
+    )
     saw, trained, learner = await credit_then_learner(cfg, "alg2", redis_url, monkeypatch)
     assert learner.trainer.step == 1 and len(trained) == 8
     assert learner.trainer.ref_model is not None
@@ -118,9 +156,20 @@ async def test_grpo_with_kl_trains_through_credit_and_learner(
 
 
 def multi_step_rollout(gid: str, name: str, rewards: list[float]) -> Rollout:
-    steps = [Step(i, "1+2=", "3", None, x, terminated=i == len(rewards) - 1, policy_version=0,
-                  trace=TokenTrace([257, 49, 43, 50], [51, 258], [-0.25, -0.5]),
-                  info={"finish_reason": "stop"}) for i, x in enumerate(rewards)]
+    steps = [
+        Step(
+            i,
+            "1+2=",
+            "3",
+            None,
+            x,
+            terminated=i == len(rewards) - 1,
+            policy_version=0,
+            trace=TokenTrace([257, 49, 43, 50], [51, 258], [-0.25, -0.5]),
+            info={"finish_reason": "stop"},
+        )
+        for i, x in enumerate(rewards)
+    ]
     return Rollout(id=f"{gid}-{name}", steps=steps, meta={"group_id": gid, "request_id": gid})
 
 
@@ -133,15 +182,28 @@ async def test_scalerl_batch_std_counts_each_multi_step_rollout_once(
     # sqrt(4 / 7): a 0.661). The learner's batch of 7 items matches the library's result.
     from libludic.training.algorithm import make_scalerl
 
-    rs = [multi_step_rollout("g", "a", [1.0]), multi_step_rollout("g", "b", [0.0, 0.0, 0.0]),
-          multi_step_rollout("h", "c", [1.0, 2.0]), multi_step_rollout("h", "d", [1.0])]
-    cfg = run_config(tmp_path, redis_url, "alg3", tiny_model_dir,
-                     "{name: scalerl, group_size: 2, kwargs: {dynamic_sampling: false}}", batch_size=7)
+    rs = [
+        multi_step_rollout("g", "a", [1.0]),
+        multi_step_rollout("g", "b", [0.0, 0.0, 0.0]),
+        multi_step_rollout("h", "c", [1.0, 2.0]),
+        multi_step_rollout("h", "d", [1.0]),
+    ]
+    cfg = run_config(
+        tmp_path,
+        redis_url,
+        "alg3",
+        tiny_model_dir,
+        "{name: scalerl, group_size: 2, kwargs: {dynamic_sampling: false}}",
+        batch_size=7,
+    )
     saw, trained, learner = await credit_then_learner(cfg, "alg3", redis_url, monkeypatch, rs, 7)
     assert sorted(it.meta["rollout_items"] for it in saw) == [1, 1, 2, 2, 3, 3, 3]
     assert learner.trainer.step == 1 and len(trained) == 7
     got = {it.meta["item_id"]: it.weight for it in trained}
-    library = {it.item_id: it.weight for it in make_scalerl(group_size=2, dynamic_sampling=False).to_saw_items(rs)}
+    library = {
+        it.item_id: it.weight
+        for it in make_scalerl(group_size=2, dynamic_sampling=False).to_saw_items(rs)
+    }
     assert got.keys() == library.keys()
     for k, w in library.items():
         assert got[k] == pytest.approx(w, rel=1e-6)

@@ -27,15 +27,31 @@ def test_batch_stage_all_reduces_over_ranks_and_kl_runs_sharded(tiny_model_dir, 
     out = tmp_path / "out"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parents[1]))
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(HERE / "batch_stage_worker.py"), str(tiny_model_dir), str(out)],
-        env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(HERE / "batch_stage_worker.py"),
+            str(tiny_model_dir),
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     r0 = json.loads((out / "rank0.json").read_text())
     r1 = json.loads((out / "rank1.json").read_text())
-    assert sorted(r0["weights"]) == pytest.approx(sorted([-0.25 / STD] * 3 + [0.75 / STD]), rel=1e-6)
-    assert sorted(r1["weights"]) == pytest.approx(sorted([-1.25 / STD] * 3 + [3.75 / STD]), rel=1e-6)
+    assert sorted(r0["weights"]) == pytest.approx(
+        sorted([-0.25 / STD] * 3 + [0.75 / STD]), rel=1e-6
+    )
+    assert sorted(r1["weights"]) == pytest.approx(
+        sorted([-1.25 / STD] * 3 + [3.75 / STD]), rel=1e-6
+    )
     for r in (r0, r1):
         assert r["kl"][0] == pytest.approx(0.0, abs=1e-6)  # step 1: policy == reference
         assert r["kl"][1] > 1e-6  # step 2: the sharded policy moved, the reference did not

@@ -25,8 +25,17 @@ REPO = Path(__file__).resolve().parents[2]
 
 def rollout(gid: str, i: int, reward: float) -> Rollout:
     tr = TokenTrace([257, 49, 43, 50], [51, 258], [-0.25, -0.5])
-    step = Step(0, "1+2=", "3", None, reward, terminated=True, trace=tr, policy_version=1,
-                info={"finish_reason": "stop"})
+    step = Step(
+        0,
+        "1+2=",
+        "3",
+        None,
+        reward,
+        terminated=True,
+        trace=tr,
+        policy_version=1,
+        info={"finish_reason": "stop"},
+    )
     return Rollout(id=f"{gid}-r{i}", steps=[step], meta={"group_id": gid, "request_id": gid})
 
 
@@ -41,8 +50,14 @@ async def saw_items(r: Any, keys: t.Keys) -> list[Any]:
 
 def settings(redis_url: str, run_id: str, **kw: Any) -> credit_main.CreditSettings:
     base: dict[str, Any] = dict(
-        redis_url=redis_url, run_id=run_id, algorithm={"name": "grpo", "group_size": 4}, group_timeout_s=1.0,
-        metrics_port=0, block_ms=100, claim_idle_ms=600, lease_ttl_ms=600,
+        redis_url=redis_url,
+        run_id=run_id,
+        algorithm={"name": "grpo", "group_size": 4},
+        group_timeout_s=1.0,
+        metrics_port=0,
+        block_ms=100,
+        claim_idle_ms=600,
+        lease_ttl_ms=600,
     )
     base.update(kw)
     return credit_main.CreditSettings(**base)
@@ -88,10 +103,14 @@ async def test_groups_complete_partial_dropped_late_and_deadlettered(redis_url: 
     assert sorted(it.weight for it in by_group["B"]) == pytest.approx([-1 / 3, -1 / 3, 2 / 3])
     assert "C" not in by_group  # dropped: 1 < min_partial_group
     assert worker.outcomes == {
-        "complete": 1, "partial": 1, "dropped": 1, "late": 1, "duplicate_rollout": 1
+        "complete": 1,
+        "partial": 1,
+        "dropped": 1,
+        "late": 1,
+        "duplicate_rollout": 1,
     }
     assert worker.items_written == 7
-    (_, dl), = await r.xrange(keys.deadletter)
+    ((_, dl),) = await r.xrange(keys.deadletter)
     assert dl[b"reason"] == b"bad_msgpack"
     # the trace's logprobs sit on the action tokens, zeros on the state
     it = by_group["A"][0]
@@ -107,11 +126,22 @@ async def test_standby_takes_over_when_the_leader_is_killed(redis_url: str) -> N
     await t.ensure_group(r, keys.rollouts, t.GROUP_CREDIT)
     d = [rollout("D", i, float(i)) for i in range(4)]
     await add(r, keys, d[:2])
-    leader = spawn_credit(redis_url, "cr2", "--consumer", "leader", "--group-timeout-s", "60",
-                          "--lease-ttl-ms", "600", "--claim-idle-ms", "600")
+    leader = spawn_credit(
+        redis_url,
+        "cr2",
+        "--consumer",
+        "leader",
+        "--group-timeout-s",
+        "60",
+        "--lease-ttl-ms",
+        "600",
+        "--claim-idle-ms",
+        "600",
+    )
     stop2 = asyncio.Event()
     t2 = None
     try:
+
         async def leader_holds_two() -> bool:
             return int((await r.xpending(keys.rollouts, t.GROUP_CREDIT))["pending"]) == 2
 
@@ -148,11 +178,25 @@ async def test_standby_takes_over_when_the_leader_is_killed(redis_url: str) -> N
 
 def spawn_credit(redis_url: str, run_id: str, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "credit", "--metrics-port", "0",
-         "--block-ms", "200", *extra],
-        cwd=REPO, stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(REPO), "LUDIC_REDIS_URL": redis_url,
-             "LUDIC_RUN_ID": run_id},
+        [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "credit",
+            "--metrics-port",
+            "0",
+            "--block-ms",
+            "200",
+            *extra,
+        ],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "LUDIC_REDIS_URL": redis_url,
+            "LUDIC_RUN_ID": run_id,
+        },
     )
 
 
@@ -162,6 +206,7 @@ async def test_credit_cli_processes_a_group_and_exits_on_sigterm(redis_url: str)
     await add(r, keys, [rollout("E", i, float(i % 2)) for i in range(2)])
     proc = spawn_credit(redis_url, "cr3", "--algorithm", '{"name": "grpo", "group_size": 2}')
     try:
+
         async def done() -> bool:
             return await r.xlen(keys.saw) == 2
 
@@ -223,8 +268,14 @@ async def test_dynamic_sampling_drops_zero_variance_groups_and_frees_their_admis
     keys = t.Keys(run)
     r = t.connect(redis_url)
     alg = {"name": "grpo", "group_size": 2, "kwargs": {"dynamic_sampling": True}}
-    fs = feeder_worker.FeederSettings(redis_url=redis_url, run_id=run, algorithm=alg,
-                                      high_water=16, metrics_port=0, max_head_offpolicyness=0)
+    fs = feeder_worker.FeederSettings(
+        redis_url=redis_url,
+        run_id=run,
+        algorithm=alg,
+        high_water=16,
+        metrics_port=0,
+        max_head_offpolicyness=0,
+    )
     # the learner's batch is 4 items, served step 0: room = (0 + 0 + 1) * 4 = 4 samples
     await accounting.set_admission(r, keys, served_step=0, batch_size=4)
     assert await feeder_worker.top_up(r, keys, fs, 100) == 2  # 4 samples = 2 groups of 2
@@ -244,9 +295,15 @@ async def test_dynamic_sampling_drops_zero_variance_groups_and_frees_their_admis
         ros = [rollout(req.id, i, x) for i, x in enumerate(rewards)]
         for ro in ros:
             ro.meta["group_rollouts"] = len(ros)
-        await accounting.commit(actor, [e], [(ro.id, t.encode_rollout(ro)) for ro in ros],
-                                keys.rollouts, keys.done("actor", req.id), stage="actor",
-                                group_id=req.id)
+        await accounting.commit(
+            actor,
+            [e],
+            [(ro.id, t.encode_rollout(ro)) for ro in ros],
+            keys.rollouts,
+            keys.done("actor", req.id),
+            stage="actor",
+            group_id=req.id,
+        )
     flat, varied = gids
 
     def zero_variance_total() -> float:
@@ -255,8 +312,9 @@ async def test_dynamic_sampling_drops_zero_variance_groups_and_frees_their_admis
 
     before = zero_variance_total()
     stop = asyncio.Event()
-    task = asyncio.create_task(credit_main.run(
-        settings(redis_url, run, algorithm=alg, group_timeout_s=60), stop=stop))
+    task = asyncio.create_task(
+        credit_main.run(settings(redis_url, run, algorithm=alg, group_timeout_s=60), stop=stop)
+    )
 
     async def settled() -> bool:
         return await r.xlen(keys.rollouts) == 0

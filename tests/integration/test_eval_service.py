@@ -63,19 +63,49 @@ def test_eval_service_exports_the_pass_rate_of_each_evaluated_step(
         r.set(keys.learner_step, 0)
         r.set(keys.policy_version, 0)
         cfg = tmp_path / "run.yaml"
-        cfg.write_text(yaml.safe_dump({"run_id": run, "up": {
-            "eval_env": ENV, "eval_n": 12, "eval_every_steps": 2, "eval_max_tokens": 8}}))
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "run_id": run,
+                    "up": {
+                        "eval_env": ENV,
+                        "eval_n": 12,
+                        "eval_every_steps": 2,
+                        "eval_max_tokens": 8,
+                    },
+                }
+            )
+        )
         port = free_port()
         out = tmp_path / "evals.jsonl"
-        env = dict(os.environ, LUDIC_CONFIG=str(cfg), LUDIC_REDIS_URL=redis_server.url,
-                   LUDIC_INFERENCE_URLS=srv.url, LUDIC_METRICS_PORT=str(port),
-                   OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        env = dict(
+            os.environ,
+            LUDIC_CONFIG=str(cfg),
+            LUDIC_REDIS_URL=redis_server.url,
+            LUDIC_INFERENCE_URLS=srv.url,
+            LUDIC_METRICS_PORT=str(port),
+            OMP_NUM_THREADS="1",
+            PYTHONUNBUFFERED="1",
+        )
         log = tmp_path / "eval.log"
         with open(log, "wb") as f:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "services.cli", "eval", "--poll-s", "0.2",
-                 "--settle-s", "0", "--output-file", str(out)],
-                cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT,
+                [
+                    sys.executable,
+                    "-m",
+                    "services.cli",
+                    "eval",
+                    "--poll-s",
+                    "0.2",
+                    "--settle-s",
+                    "0",
+                    "--output-file",
+                    str(out),
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=f,
+                stderr=subprocess.STDOUT,
             )
         murl = f"http://127.0.0.1:{port}/metrics"
         m = wait_metrics(murl, lambda m: m.get("ludic_eval_runs_total", 0) >= 1, 180, proc, log)

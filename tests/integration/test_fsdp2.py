@@ -22,9 +22,21 @@ def test_fsdp2_two_ranks_match_single_process(tiny_model_dir, tmp_path) -> None:
     out = tmp_path / "out"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parents[1]))
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(HERE / "fsdp2_worker.py"), str(tiny_model_dir), str(out)],
-        env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(HERE / "fsdp2_worker.py"),
+            str(tiny_model_dir),
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     r0, r1 = load_file(str(out / "rank0.safetensors")), load_file(str(out / "rank1.safetensors"))
@@ -55,7 +67,9 @@ def test_fsdp2_two_ranks_match_single_process(tiny_model_dir, tmp_path) -> None:
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     init = {k: v.clone() for k, v in model.state_dict().items()}
-    ref = Trainer(model=model, algo=make_sft(), batch_source=w.Fixed(w.fixed_items()), cfg=w.config())
+    ref = Trainer(
+        model=model, algo=make_sft(), batch_source=w.Fixed(w.fixed_items()), cfg=w.config()
+    )
     stats = asyncio.run(ref.train_step())
     # the global normaliser (all-reduced) makes each rank's loss its share of the full-batch
     # loss; the Trainer sums the shares over ranks, so every rank reports the full-batch loss
@@ -69,4 +83,6 @@ def test_fsdp2_two_ranks_match_single_process(tiny_model_dir, tmp_path) -> None:
     # so compare at 1e-4 (the step itself is lr = 1e-2)
     for k in sd:
         torch.testing.assert_close(r0[k], sd[k], rtol=1e-3, atol=1e-4, msg=k)
-    assert not torch.equal(sd["model.layers.0.mlp.up_proj.weight"], init["model.layers.0.mlp.up_proj.weight"])
+    assert not torch.equal(
+        sd["model.layers.0.mlp.up_proj.weight"], init["model.layers.0.mlp.up_proj.weight"]
+    )

@@ -211,7 +211,8 @@ def test_models_health_and_version(server: InferenceServer) -> None:
     h = httpx.get(server.url + "/health")
     assert h.status_code == 200 and h.json()["status"] == "ok"
     assert httpx.get(server.url + "/v1/policy_version").json() == {
-        "policy_version": 0, "dtype": "float32"
+        "policy_version": 0,
+        "dtype": "float32",
     }
 
 
@@ -301,8 +302,14 @@ def _stream_during_update(
     decoding = threading.Event()
 
     def long_generation() -> None:
-        body = {"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "ignore_eos": True,
-                "stream": True, "stream_options": {"include_usage": True}}
+        body = {
+            "prompt": PROMPT,
+            "max_tokens": 400,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as r:
             for line in r.iter_lines():
                 if line.startswith("data: {"):
@@ -344,8 +351,9 @@ def test_update_mode_wait_lets_in_flight_requests_finish_on_old_weights(
 ) -> None:
     """update_mode=wait: the update waits for the running request (drain), so all 400 of its
     tokens come from the old weights; had it not waited, later chunks would carry v + 1."""
-    srv = InferenceServer(tiny_model_dir, free_port(), TOKEN, tmp_path / "server.log",
-                          ["--update-mode", "wait"])
+    srv = InferenceServer(
+        tiny_model_dir, free_port(), TOKEN, tmp_path / "server.log", ["--update-mode", "wait"]
+    )
     srv.start()
     try:
         chunks, still_running, pushed = _stream_during_update(
@@ -506,7 +514,9 @@ def children(pid: int) -> list[int]:
 
 def cmdline(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
     except OSError:
         return ""
 

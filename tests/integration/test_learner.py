@@ -319,8 +319,14 @@ def test_items_the_model_cannot_train_are_dead_lettered_not_fatal(
     out = tmp_path / "out"
     learner = asyncio.run(
         run_learner_inprocess(
-            redis_url=redis_server.url, run_id="rp", model_dir=str(tiny_model_dir),
-            output_dir=str(out), batch_size=2, num_steps=2, lr=1e-3, algorithm={"name": "sft"},
+            redis_url=redis_server.url,
+            run_id="rp",
+            model_dir=str(tiny_model_dir),
+            output_dir=str(out),
+            batch_size=2,
+            num_steps=2,
+            lr=1e-3,
+            algorithm={"name": "sft"},
             trainer={"max_seq_len": 32},
         )
     )
@@ -332,8 +338,10 @@ def test_items_the_model_cannot_train_are_dead_lettered_not_fatal(
 
         r = aioredis.Redis.from_url(redis_server.url)
         try:
-            return [(f[b"reason"].decode(), f[b"detail"].decode())
-                    for _, f in await r.xrange("ludic:{rp}:deadletter")]
+            return [
+                (f[b"reason"].decode(), f[b"detail"].decode())
+                for _, f in await r.xrange("ludic:{rp}:deadletter")
+            ]
         finally:
             await r.aclose()
 
@@ -553,6 +561,7 @@ def test_replica_restarted_on_old_weights_gets_republished_while_the_learner_wai
     push_sync(redis_server.url, "rr", random_items(2))
     before = REGISTRY.get_sample_value("ludic_learner_republishes_total") or 0.0
     with FakeReplica() as fake:
+
         def restart_then_feed() -> None:
             deadline = time.monotonic() + 120
             while fake.updates != [1] and time.monotonic() < deadline:
@@ -563,8 +572,14 @@ def test_replica_restarted_on_old_weights_gets_republished_while_the_learner_wai
             while len(fake.updates) < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
             # the actors resume once the replica is current; their items carry its version
-            push_sync(redis_server.url, "rr",
-                      [make_item(f"n{i}:0", b"abc", b"12", policy_version=fake.version) for i in range(2)])
+            push_sync(
+                redis_server.url,
+                "rr",
+                [
+                    make_item(f"n{i}:0", b"abc", b"12", policy_version=fake.version)
+                    for i in range(2)
+                ],
+            )
 
         th = threading.Thread(target=restart_then_feed, daemon=True)
         th.start()

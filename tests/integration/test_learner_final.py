@@ -22,16 +22,34 @@ from learner_items import make_item, push_sync  # noqa: E402
 pytestmark = pytest.mark.integration
 
 
-def test_final_dir_holds_the_last_published_weights(redis_server: Any, tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_final_dir_holds_the_last_published_weights(
+    redis_server: Any, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     from services.learner import main as learner_main
     from services.learner.settings import LearnerSettings
 
-    push_sync(redis_server.url, "fin", [make_item(f"i{k}:0", b"abc", b"12", policy_version=0) for k in range(4)])
+    push_sync(
+        redis_server.url,
+        "fin",
+        [make_item(f"i{k}:0", b"abc", b"12", policy_version=0) for k in range(4)],
+    )
     out = tmp_path / "out"
     with FakeReplica() as fake:
-        s = LearnerSettings(device="cpu", metrics_port=0, block_ms=200, redis_url=redis_server.url, run_id="fin",
-                            model_dir=str(tiny_model_dir), output_dir=str(out), inference_urls=[fake.url],
-                            batch_size=2, num_steps=2, max_lag=4, lr=1e-2, algorithm={"name": "sft", "group_size": 1})
+        s = LearnerSettings(
+            device="cpu",
+            metrics_port=0,
+            block_ms=200,
+            redis_url=redis_server.url,
+            run_id="fin",
+            model_dir=str(tiny_model_dir),
+            output_dir=str(out),
+            inference_urls=[fake.url],
+            batch_size=2,
+            num_steps=2,
+            max_lag=4,
+            lr=1e-2,
+            algorithm={"name": "sft", "group_size": 1},
+        )
         asyncio.run(learner_main.run(s))
         assert fake.updates == [1, 2]
         sent = {k: v.clone() for k, v in fake.last_tensors.items()}
@@ -46,5 +64,8 @@ def test_final_dir_holds_the_last_published_weights(redis_server: Any, tiny_mode
     assert any(not torch.equal(saved[k], start[k]) for k in saved)  # trained, not the start
     m = AutoModelForCausalLM.from_pretrained(final)
     tok = AutoTokenizer.from_pretrained(final)
-    assert tok("12+34=")["input_ids"] and m.config.vocab_size == AutoModelForCausalLM.from_pretrained(
-        tiny_model_dir).config.vocab_size
+    assert (
+        tok("12+34=")["input_ids"]
+        and m.config.vocab_size
+        == AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
+    )

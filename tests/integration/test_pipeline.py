@@ -34,12 +34,14 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 GROUPS, GROUP_SIZE = 2, 3
 
-TASKS = [{
-    "name": "add",
-    "env": {"kind": "arithmetic", "kwargs": {"digits": 1}},
-    "protocol": {"kind": "single_agent"},
-    "inference": {"sampling": {"temperature": 1.0, "max_tokens": 6}},
-}]
+TASKS = [
+    {
+        "name": "add",
+        "env": {"kind": "arithmetic", "kwargs": {"digits": 1}},
+        "protocol": {"kind": "single_agent"},
+        "inference": {"sampling": {"temperature": 1.0, "max_tokens": 6}},
+    }
+]
 
 
 def recompute_logprobs(model_dir: Path, input_ids: Any) -> list[float]:
@@ -55,21 +57,37 @@ def recompute_logprobs(model_dir: Path, input_ids: Any) -> list[float]:
     return [0.0] + lp.tolist()
 
 
-async def run_pipeline(redis_url: str, run_id: str, client: Any = None, urls: Any = None) -> list[Any]:
+async def run_pipeline(
+    redis_url: str, run_id: str, client: Any = None, urls: Any = None
+) -> list[Any]:
     keys = t.Keys(run_id)
     r = t.connect(redis_url)
     fs = feeder_worker.FeederSettings(
-        redis_url=redis_url, run_id=run_id, tasks=TASKS, algorithm={"group_size": GROUP_SIZE},
-        high_water=GROUPS, max_requests=GROUPS, metrics_port=0, poll_s=0.1,
+        redis_url=redis_url,
+        run_id=run_id,
+        tasks=TASKS,
+        algorithm={"group_size": GROUP_SIZE},
+        high_water=GROUPS,
+        max_requests=GROUPS,
+        metrics_port=0,
+        poll_s=0.1,
         max_head_offpolicyness=None,  # no learner here to admit generation
     )
     a_s = actor_main.ActorSettings(
-        redis_url=redis_url, run_id=run_id, metrics_port=0, max_head_offpolicyness=1, block_ms=200,
-        concurrency=2, inference_urls=urls or ["http://unused"],
+        redis_url=redis_url,
+        run_id=run_id,
+        metrics_port=0,
+        max_head_offpolicyness=1,
+        block_ms=200,
+        concurrency=2,
+        inference_urls=urls or ["http://unused"],
     )
     c_s = credit_main.CreditSettings(
-        redis_url=redis_url, run_id=run_id, algorithm={"name": "grpo", "group_size": GROUP_SIZE},
-        metrics_port=0, block_ms=200,
+        redis_url=redis_url,
+        run_id=run_id,
+        algorithm={"name": "grpo", "group_size": GROUP_SIZE},
+        metrics_port=0,
+        block_ms=200,
     )
     stop = asyncio.Event()
     tasks = [
@@ -98,12 +116,16 @@ def check_items(items: list[Any], model_dir: Path, atol: float) -> None:
     groups = {it.meta["group_id"] for it in items}
     assert len(groups) == GROUPS
     for g in groups:  # GRPO: weights are R_i - mean(R) within the group -> sum to 0
-        assert sum(it.weight for it in items if it.meta["group_id"] == g) == pytest.approx(0, abs=1e-6)
+        assert sum(it.weight for it in items if it.meta["group_id"] == g) == pytest.approx(
+            0, abs=1e-6
+        )
     for it in items:
         ref = recompute_logprobs(model_dir, it.input_ids)
         act = [i for i, m in enumerate(it.action_mask) if m]
         assert act and act[-1] == len(it.input_ids) - 1
-        assert all(it.attachments.actor_logprobs[i] == 0.0 for i, m in enumerate(it.action_mask) if not m)
+        assert all(
+            it.attachments.actor_logprobs[i] == 0.0 for i, m in enumerate(it.action_mask) if not m
+        )
         got = [it.attachments.actor_logprobs[i] for i in act]
         want = [ref[i] for i in act]
         assert got == pytest.approx(want, abs=atol), (it.meta, got, want)
@@ -123,12 +145,29 @@ async def test_pipeline_hf_in_process(redis_url: str, tiny_model_dir: Path) -> N
 async def test_pipeline_real_vllm(redis_url: str, tiny_model_dir: Path, tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_CPU_KVCACHE_SPACE": "1",
-           "LUDIC_AUTH_TOKEN": "test-token"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "LUDIC_AUTH_TOKEN": "test-token",
+    }
     log = open(tmp_path / "inference.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "inference", "--model", str(tiny_model_dir),
-         "--port", str(port), "--enforce-eager"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "inference",
+            "--model",
+            str(tiny_model_dir),
+            "--port",
+            str(port),
+            "--enforce-eager",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         deadline = time.monotonic() + 600
@@ -170,8 +209,14 @@ def test_feeder_cli_restart_never_repeats_seeds_and_status_reports(
     )
     env = {**os.environ, "PYTHONPATH": str(REPO), "LUDIC_CONFIG": str(cfg)}
     for _ in range(2):  # a restart continues from the persisted seed counter
-        subprocess.run([sys.executable, "-m", "services.cli", "feeder"], cwd=REPO, env=env,
-                       check=True, timeout=60, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "services.cli", "feeder"],
+            cwd=REPO,
+            env=env,
+            check=True,
+            timeout=60,
+            capture_output=True,
+        )
 
     async def read() -> list[Any]:
         r = t.connect(redis_url)
@@ -184,8 +229,22 @@ def test_feeder_cli_restart_never_repeats_seeds_and_status_reports(
     assert all(q.num_episodes == 4 and q.same_env_seed and q.meta["group_id"] == q.id for q in reqs)
     assert all(q.inference is None or q.inference.return_spec.return_chosen_logprobs for q in reqs)
     out = subprocess.run(
-        [sys.executable, "-m", "services.cli", "status", "--json", "--redis-url", redis_url,
-         "--run-id", "cli"], cwd=REPO, env=env, check=True, timeout=60, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "status",
+            "--json",
+            "--redis-url",
+            redis_url,
+            "--run-id",
+            "cli",
+        ],
+        cwd=REPO,
+        env=env,
+        check=True,
+        timeout=60,
+        capture_output=True,
     )
     import json
 
@@ -193,7 +252,21 @@ def test_feeder_cli_restart_never_repeats_seeds_and_status_reports(
     assert st["streams"]["requests"]["length"] == 6
     assert st["feeder_next_seed"] == 6 and st["actors_alive"] == 0 and st["policy_version"] == 0
     text = subprocess.run(
-        [sys.executable, "-m", "services.cli", "status", "--redis-url", redis_url, "--run-id", "cli"],
-        cwd=REPO, env=env, check=True, timeout=60, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "status",
+            "--redis-url",
+            redis_url,
+            "--run-id",
+            "cli",
+        ],
+        cwd=REPO,
+        env=env,
+        check=True,
+        timeout=60,
+        capture_output=True,
+        text=True,
     ).stdout
     assert "requests" in text and "policy_version=0" in text

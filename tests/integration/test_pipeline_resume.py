@@ -38,7 +38,9 @@ async def test_entries_of_a_lost_read_reply_are_trained_on_resume_not_acked(redi
     assert [it.item_id for it in (await first.next_batch()).items] == ["i0:0", "i1:0"]
     first.mark_trained()
     await first.commit()
-    eids = await push(redis_url, "resume-lost", [make_item(f"i{n}:0", b"ab", b"1") for n in range(2, 6)])
+    eids = await push(
+        redis_url, "resume-lost", [make_item(f"i{n}:0", b"ab", b"1") for n in range(2, 6)]
+    )
     # the lost reply: i2, i3 delivered to this consumer, the client never saw them
     await r.xreadgroup(t.GROUP_LEARNER, "learner-0", {keys.saw: ">"}, count=2)
     batch = await first.next_batch()
@@ -82,8 +84,9 @@ async def test_a_stop_request_ends_the_wait_for_items_while_redis_is_down() -> N
         port = s.getsockname()[1]
     r = t.connect(f"redis://127.0.0.1:{port}/0", socket_timeout=1.0)
     stop = False
-    src = PipelineBatchSource(redis=r, keys=t.Keys("down"), batch_size=2, block_ms=100,
-                              stop_fn=lambda: stop)
+    src = PipelineBatchSource(
+        redis=r, keys=t.Keys("down"), batch_size=2, block_ms=100, stop_fn=lambda: stop
+    )
     src._replay_cursor = None  # past start(): reading new entries
 
     async def request_stop() -> None:

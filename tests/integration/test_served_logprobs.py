@@ -53,7 +53,9 @@ def served(
 ) -> Iterator[tuple[InferenceServer, str]]:
     dtype = request.param
     log = tmp_path_factory.mktemp(f"served-{dtype}") / "server.log"
-    srv = InferenceServer(tiny_model_dir, free_port(), TOKEN, log, ["--dtype", dtype], compiled=True)
+    srv = InferenceServer(
+        tiny_model_dir, free_port(), TOKEN, log, ["--dtype", dtype], compiled=True
+    )
     srv.start()
     yield srv, dtype
     srv.stop()
@@ -246,12 +248,21 @@ async def test_onpolicy_importance_ratio_is_one_at_the_sampling_temperature(
             )
             resp, _ = await client.complete(req)
             assert resp.policy_version == v and resp.temperature == temp
-            step = Step(index=0, prev_obs="", action=resp.text, next_obs=None,
-                        reward=float(k), trace=resp.trace(), policy_version=v)
+            step = Step(
+                index=0,
+                prev_obs="",
+                action=resp.text,
+                next_obs=None,
+                reward=float(k),
+                trace=resp.trace(),
+                policy_version=v,
+            )
             rollouts.append(Rollout(steps=[step], meta={"group_id": "g"}))
     finally:
         await client.aclose()
-    items = rollouts_to_saw_items(rollouts, {(r.id, 0): 1.0 - 0.5 * i for i, r in enumerate(rollouts)})
+    items = rollouts_to_saw_items(
+        rollouts, {(r.id, 0): 1.0 - 0.5 * i for i, r in enumerate(rollouts)}
+    )
     items = [decode_saw_item(encode_saw_item(it)) for it in items]
     assert all(it.attachments.temperature == temp for it in items)
 
@@ -265,8 +276,10 @@ async def test_onpolicy_importance_ratio_is_one_at_the_sampling_temperature(
     tr = Trainer(model=model, algo=algo, batch_source=None, cfg=cfg)  # type: ignore[arg-type]
     stats = tr.accumulate_gradients(items)
     worst = max(rec.seen)
-    print(f"\n[{dtype}] T={temp}: max |trainer logp - served logp| = {worst:.3g}, "
-          f"ratio_mean={stats['loss/ratio_mean']:.8f}")
+    print(
+        f"\n[{dtype}] T={temp}: max |trainer logp - served logp| = {worst:.3g}, "
+        f"ratio_mean={stats['loss/ratio_mean']:.8f}"
+    )
     assert worst < TOL[dtype], worst
     assert stats["loss/ratio_mean"] == pytest.approx(1.0, abs=TOL[dtype])
 
@@ -295,8 +308,14 @@ def test_bf16_checkpoint_served_in_bf16_takes_the_fp32_learners_publish(
     on_disk = load_file(str(bf16_dir / "model.safetensors"))
     assert {t.dtype for t in on_disk.values()} == {torch.bfloat16}
 
-    srv = InferenceServer(bf16_dir, free_port(), TOKEN, tmp_path / "server.log",
-                          ["--dtype", "bfloat16"], compiled=True)
+    srv = InferenceServer(
+        bf16_dir,
+        free_port(),
+        TOKEN,
+        tmp_path / "server.log",
+        ["--dtype", "bfloat16"],
+        compiled=True,
+    )
     srv.start()
     try:
         trained = perturbed({k: v.float() for k, v in on_disk.items()}, seed=4)  # fp32 master

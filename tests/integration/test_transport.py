@@ -86,7 +86,9 @@ async def test_kill9_consumer_entries_are_claimed_and_finished_once(redis_url: s
     await t.ensure_group(r, STREAM, GROUP)
     ids = await add_requests(r, 10)
     proc = subprocess.Popen(
-        [sys.executable, "-c", VICTIM, redis_url], stdout=subprocess.PIPE, cwd=REPO,
+        [sys.executable, "-c", VICTIM, redis_url],
+        stdout=subprocess.PIPE,
+        cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     try:
@@ -134,8 +136,12 @@ async def test_malformed_entries_are_deadlettered_counted_and_acked(redis_url: s
     await t.ensure_group(r, STREAM, GROUP)
     bad = {
         "bad_msgpack": b"\xc1garbage",
-        "unknown_schema_version": t.pack_msg({"schema_version": 99, "kind": "rollout_request", "body": {}}),
-        "missing_field": t.pack_msg({"schema_version": 1, "kind": "rollout_request", "body": {"id": "x"}}),
+        "unknown_schema_version": t.pack_msg(
+            {"schema_version": 99, "kind": "rollout_request", "body": {}}
+        ),
+        "missing_field": t.pack_msg(
+            {"schema_version": 1, "kind": "rollout_request", "body": {"id": "x"}}
+        ),
     }
     src = {}
     for reason, payload in bad.items():
@@ -166,8 +172,16 @@ async def test_the_deadletter_stream_is_capped_and_keeps_large_payloads_as_sizes
     await t.ensure_group(r, STREAM, GROUP)
     c = consumer(r, "w", deadletter_maxlen=100, deadletter_payload_bytes=1000)
     # the same consumer, dead-lettering through the accounting script (the services' path)
-    ac = accounting.AccountedConsumer(r, STREAM, GROUP, "w", DL, deadletter_maxlen=100,
-                                      deadletter_payload_bytes=1000, stage="rollouts")
+    ac = accounting.AccountedConsumer(
+        r,
+        STREAM,
+        GROUP,
+        "w",
+        DL,
+        deadletter_maxlen=100,
+        deadletter_payload_bytes=1000,
+        stage="rollouts",
+    )
     for i in range(400):
         await t.xadd(r, STREAM, f"junk-{i}", b"\xc1" * (10 if i % 2 else 5000))
     got: list[t.Entry] = []
@@ -197,7 +211,7 @@ async def test_poison_entry_deadlettered_after_max_deliveries(redis_url: str) ->
         seen += len(await c.read(1, block_ms=50))  # never acks: a worker that keeps dying
         await asyncio.sleep(0.12)
     assert seen == 3  # delivered max_deliveries times, then dead-lettered
-    (_, f), = await r.xrange(DL)
+    ((_, f),) = await r.xrange(DL)
     assert f[b"reason"] == b"max_deliveries"
     assert await pending(r) == 0
     await r.aclose()
@@ -255,8 +269,14 @@ async def test_admission_control_waits_for_inference_to_catch_up(redis_url: str)
     async def inf_version() -> int:
         return inference["v"]
 
-    adm = t.AdmissionController(r, keys, max_head_offpolicyness=2, inference_version=inf_version, poll_s=0.02,
-                                on_wait=lambda: waits.append(1))
+    adm = t.AdmissionController(
+        r,
+        keys,
+        max_head_offpolicyness=2,
+        inference_version=inf_version,
+        poll_s=0.02,
+        on_wait=lambda: waits.append(1),
+    )
     task = asyncio.create_task(adm.admit())
     await asyncio.sleep(0.2)
     assert not task.done() and waits == [1]  # 5 - 2 = 3 > max_head_offpolicyness: one counted wait
@@ -295,9 +315,11 @@ async def test_a_full_redis_refuses_writes_and_the_writer_waits_instead_of_crash
     try:
         await r.config_set("maxmemory-policy", "noeviction")
         await r.config_set("maxmemory", "1")  # below what is already used: full
-        write = asyncio.create_task(t.retry_redis(
-            lambda: r.xadd("ludic:{oom}:s", {"d": b"x"}), deadline_s=30, on_error=errors.append
-        ))
+        write = asyncio.create_task(
+            t.retry_redis(
+                lambda: r.xadd("ludic:{oom}:s", {"d": b"x"}), deadline_s=30, on_error=errors.append
+            )
+        )
         await asyncio.sleep(1.0)
         assert not write.done() and errors and isinstance(errors[0], t.REDIS_DOWN_ERRORS)
         await r.config_set("maxmemory", "0")  # drained

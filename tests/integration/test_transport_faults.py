@@ -62,8 +62,9 @@ async def _run(srv: RedisServer | RedisContainer) -> None:
         while not stop.is_set():
             try:
                 for e in await c.read(20, block_ms=200):
-                    await c.commit([e], [(e.item_id, e.payload)], OUT,
-                                   f"ludic:{{f}}:done:{e.item_id}")
+                    await c.commit(
+                        [e], [(e.item_id, e.payload)], OUT, f"ludic:{{f}}:done:{e.item_id}"
+                    )
                     processed.add(e.item_id)
                 attempt = 0
             except t.REDIS_DOWN_ERRORS:

@@ -22,21 +22,41 @@ import yaml
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def config(tmp_path: Path, model: Path, run_id: str, num_steps: int, kwargs: dict | None = None,
-           **up: object) -> Path:
+def config(
+    tmp_path: Path,
+    model: Path,
+    run_id: str,
+    num_steps: int,
+    kwargs: dict | None = None,
+    **up: object,
+) -> Path:
     cfg = {
         "run_id": run_id,
-        "up": {"name": run_id, "runs_dir": str(tmp_path / "runs"), "model": str(model), "actors": 1,
-               "eval_n": 16, "eval_every_steps": 2, "timeout_s": 400, "startup_timeout_s": 240, **up},
+        "up": {
+            "name": run_id,
+            "runs_dir": str(tmp_path / "runs"),
+            "model": str(model),
+            "actors": 1,
+            "eval_n": 16,
+            "eval_every_steps": 2,
+            "timeout_s": 400,
+            "startup_timeout_s": 240,
+            **up,
+        },
         "inference": {"max_model_len": 256},
         "algorithm": {"name": "grpo", "group_size": 4, "kwargs": kwargs or {}},
-        "feeder": {"high_water": 4,
-                   "tasks": [{"env": {"kind": "arithmetic", "kwargs": {"split": "train"}},
-                              "inference": {"sampling": {"temperature": 1.0, "max_tokens": 4}}}]},
+        "feeder": {
+            "high_water": 4,
+            "tasks": [
+                {
+                    "env": {"kind": "arithmetic", "kwargs": {"split": "train"}},
+                    "inference": {"sampling": {"temperature": 1.0, "max_tokens": 4}},
+                }
+            ],
+        },
         "max_head_offpolicyness": 1,
         "actor": {"concurrency": 2, "max_steps": 1},
-        "learner": {"batch_size": 8,
-                    "num_steps": num_steps, "max_lag": 2, "lr": 1e-4},
+        "learner": {"batch_size": 8, "num_steps": num_steps, "max_lag": 2, "lr": 1e-4},
     }
     p = tmp_path / f"{run_id}.yaml"
     p.write_text(yaml.safe_dump(cfg))
@@ -60,8 +80,12 @@ def procs_of_run(run_id: str) -> list[int]:
 def ludic_up(cfg: Path, log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("LUDIC_REDIS_URL", None)
-    return subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--config", str(cfg), "--no-live"],
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "up", "--config", str(cfg), "--no-live"],
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
 
 
 def test_up_completes_writes_summary_and_leaves_nothing_running(tmp_path, tiny_model_dir):
@@ -77,25 +101,43 @@ def test_up_completes_writes_summary_and_leaves_nothing_running(tmp_path, tiny_m
     assert code == 0, log[-4000:]
     run_dir = tmp_path / "runs" / run_id
     s = json.loads((run_dir / "summary.json").read_text())
-    for k in ("pass_rate_before", "pass_rate_after", "steps", "samples_trained", "stale_dropped",
-              "wall_seconds", "samples_per_second"):
+    for k in (
+        "pass_rate_before",
+        "pass_rate_after",
+        "steps",
+        "samples_trained",
+        "stale_dropped",
+        "wall_seconds",
+        "samples_per_second",
+    ):
         assert k in s, k
     assert 0.0 <= s["pass_rate_before"] <= 1.0 and 0.0 <= s["pass_rate_after"] <= 1.0
     assert s["steps"] >= 3 and s["samples_trained"] >= 3 * 8
     # the learner published: the final eval ran on a newer policy than the first
     assert s["evals"][-1]["eval/policy_version"] > s["evals"][0]["eval/policy_version"]
     assert (run_dir / "curves.png").stat().st_size > 1000
-    assert (run_dir / "logs" / "learner.log").exists() and (run_dir / "prometheus.yml").exists() is False
+    assert (run_dir / "logs" / "learner.log").exists() and (
+        run_dir / "prometheus.yml"
+    ).exists() is False
     time.sleep(1)
     assert procs_of_run(run_id) == [], "services left running after ludic up exited"
 
 
-@pytest.mark.skipif(shutil.which("prometheus") is None,
-                    reason="Debian's prometheus is not installed (make system-deps installs it)")
+@pytest.mark.skipif(
+    shutil.which("prometheus") is None,
+    reason="Debian's prometheus is not installed (make system-deps installs it)",
+)
 def test_prometheus_scrapes_the_stack_and_sigterm_stops_everything(tmp_path, tiny_model_dir):
     run_id = f"prom-{os.getpid()}"
-    cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=100000, prometheus=True, prometheus_server=True,
-                 eval_n=0)
+    cfg = config(
+        tmp_path,
+        tiny_model_dir,
+        run_id,
+        num_steps=100000,
+        prometheus=True,
+        prometheus_server=True,
+        eval_n=0,
+    )
     proc = ludic_up(cfg, tmp_path / "up.log")
     run_dir = tmp_path / "runs" / run_id
     try:
@@ -110,7 +152,9 @@ def test_prometheus_scrapes_the_stack_and_sigterm_stops_everything(tmp_path, tin
         assert {"inference", "learner", "actor", "credit", "feeder"} <= jobs
         value = None
         while time.monotonic() < deadline:
-            r = httpx.get(f"{prom}/api/v1/query", params={"query": "ludic_learner_step"}, timeout=5).json()
+            r = httpx.get(
+                f"{prom}/api/v1/query", params={"query": "ludic_learner_step"}, timeout=5
+            ).json()
             if r["status"] == "success" and r["data"]["result"]:
                 value = float(r["data"]["result"][0]["value"][1])
                 if value >= 1:
@@ -124,9 +168,19 @@ def test_prometheus_scrapes_the_stack_and_sigterm_stops_everything(tmp_path, tin
             if targets and all(t["health"] == "up" for t in targets):
                 break
             time.sleep(2)
-        bad = {t["labels"]["job"]: (t["health"], t["lastError"]) for t in targets if t["health"] != "up"}
+        bad = {
+            t["labels"]["job"]: (t["health"], t["lastError"])
+            for t in targets
+            if t["health"] != "up"
+        }
         assert not bad, bad
-        assert {t["labels"]["job"] for t in targets} >= {"inference", "learner", "actor", "credit", "feeder"}
+        assert {t["labels"]["job"] for t in targets} >= {
+            "inference",
+            "learner",
+            "actor",
+            "credit",
+            "feeder",
+        }
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(120)

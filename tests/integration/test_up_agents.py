@@ -64,22 +64,53 @@ def text(item: object) -> str:
     return bytes(i for i in item.input_ids if i < 256).decode("utf-8", "replace")  # type: ignore[attr-defined]
 
 
-def run_example(example: str, tmp_path: Path, model: Path, redis_url: str) -> tuple[dict, list[object], int]:
+def run_example(
+    example: str, tmp_path: Path, model: Path, redis_url: str
+) -> tuple[dict, list[object], int]:
     cfg = REPO / "examples" / example / "grpo.yaml"
     import yaml
 
     run_id = yaml.safe_load(cfg.read_text())["run_id"]
     watcher = SawWatcher(redis_url, run_id)
     watcher.start()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "LUDIC_REDIS_URL": redis_url,
-           # no LUDIC_VLLM_ARGS: on CPU `ludic inference` turns chunked prefill off itself
-           # (vLLM 0.32's CPU sampler dies on a chunked seeded prefill; these prompts chunk)
-           "LUDIC_NUM_STEPS": str(STEPS), "LUDIC_BATCH_SIZE": "16"}
-    argv = [sys.executable, "-m", "services.cli", "up", "--config", str(cfg), "--model", str(model),
-            "--name", example, "--runs-dir", str(tmp_path / "runs"), "--actors", "1", "--eval-n", "4",
-            "--eval-every-steps", "2", "--timeout-s", "540", "--startup-timeout-s", "240", "--no-live"]
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "LUDIC_REDIS_URL": redis_url,
+        # no LUDIC_VLLM_ARGS: on CPU `ludic inference` turns chunked prefill off itself
+        # (vLLM 0.32's CPU sampler dies on a chunked seeded prefill; these prompts chunk)
+        "LUDIC_NUM_STEPS": str(STEPS),
+        "LUDIC_BATCH_SIZE": "16",
+    }
+    argv = [
+        sys.executable,
+        "-m",
+        "services.cli",
+        "up",
+        "--config",
+        str(cfg),
+        "--model",
+        str(model),
+        "--name",
+        example,
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--actors",
+        "1",
+        "--eval-n",
+        "4",
+        "--eval-every-steps",
+        "2",
+        "--timeout-s",
+        "540",
+        "--startup-timeout-s",
+        "240",
+        "--no-live",
+    ]
     log = tmp_path / "up.log"
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT
+    )
     try:
         code = proc.wait(600)
     finally:

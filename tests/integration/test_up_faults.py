@@ -55,7 +55,9 @@ def trained_steps(run_dir: Path) -> int:
 def wait(cond, proc, log: Path, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not cond():
-        assert proc.poll() is None, f"ludic up exited while waiting for {what}:\n" + log.read_text(errors="replace")[-4000:]
+        assert proc.poll() is None, (
+            f"ludic up exited while waiting for {what}:\n" + log.read_text(errors="replace")[-4000:]
+        )
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.5)
 
@@ -74,8 +76,11 @@ def test_crashed_workers_and_learner_are_restarted_and_the_run_completes(tmp_pat
     killed: dict[str, int] = {}
     try:
         wait(lambda: trained_steps(run_dir) >= 2, proc, log, 420, "the learner's step 2")
-        for svc, consumer, name in (("actor", "actor-0", "actor-0"), ("credit", None, "credit"),
-                                    ("feeder", None, "feeder")):
+        for svc, consumer, name in (
+            ("actor", "actor-0", "actor-0"),
+            ("credit", None, "credit"),
+            ("feeder", None, "feeder"),
+        ):
             pid = service_pid(proc.pid, svc, consumer)
             assert pid is not None, name
             os.kill(pid, signal.SIGKILL)
@@ -84,8 +89,13 @@ def test_crashed_workers_and_learner_are_restarted_and_the_run_completes(tmp_pat
         # (between two checkpoints or just after one), Redis, the inference API server
         for svc in ("learner", "redis-server", "inference"):
             start = trained_steps(run_dir)
-            wait(lambda s=start: trained_steps(run_dir) >= s + 2, proc, log, 240,
-                 f"progress before killing {svc}")
+            wait(
+                lambda s=start: trained_steps(run_dir) >= s + 2,
+                proc,
+                log,
+                240,
+                f"progress before killing {svc}",
+            )
             pid = service_pid(proc.pid, svc)
             assert pid is not None, svc
             os.kill(pid, signal.SIGKILL)
@@ -121,7 +131,9 @@ def test_a_killed_ludic_up_leaves_no_service_running(tmp_path, tiny_model_dir):
     run_dir = tmp_path / "runs" / run_id
     try:
         wait(lambda: trained_steps(run_dir) >= 1, proc, log, 420, "the learner's first step")
-        assert len(procs_of_run(run_id)) >= 5  # redis, inference (+ engine), feeder, credit, actor, learner
+        assert (
+            len(procs_of_run(run_id)) >= 5
+        )  # redis, inference (+ engine), feeder, credit, actor, learner
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
@@ -132,7 +144,9 @@ def test_a_killed_ludic_up_leaves_no_service_running(tmp_path, tiny_model_dir):
     what = {}
     for pid in left:
         try:
-            what[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+            what[pid] = (
+                Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+            )
         except OSError:
             pass
     for pid in left:  # do not leak them into the rest of the suite

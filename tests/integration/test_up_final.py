@@ -32,7 +32,9 @@ def hf_eval(model_dir: Path, n: int) -> dict[str, float]:
     s = UpSettings()
     client = HFChatClient(model_dir)
     engine = RolloutEngine(*build_registries(client))
-    ev = Evaluator(engine=engine, requests=eval_requests(s.eval_env, n, s.eval_max_tokens), concurrency=64)
+    ev = Evaluator(
+        engine=engine, requests=eval_requests(s.eval_env, n, s.eval_max_tokens), concurrency=64
+    )
     return asyncio.run(ev.evaluate())
 
 
@@ -42,8 +44,16 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     run_id = f"final-{os.getpid()}"
     # a built `small` model after 300 SFT steps (lr 1e-3) answers roughly 5-15% of the held-out
     # problems (measured 0.13 here), so equal pass rates compare real answers
-    cfg = config(tmp_path, tmp_path, run_id, num_steps=3, eval_n=200, eval_every_steps=0, init_size="small",
-                 sft_steps=300)
+    cfg = config(
+        tmp_path,
+        tmp_path,
+        run_id,
+        num_steps=3,
+        eval_n=200,
+        eval_every_steps=0,
+        init_size="small",
+        sft_steps=300,
+    )
     doc = yaml.safe_load(cfg.read_text())
     doc["up"]["model"] = ""  # build the model in the run dir (then SFT it)
     # fp32 serving (the default; bf16 answers differ: fp32 0.13 vs bf16 0.125 on one warm
@@ -68,7 +78,10 @@ def test_final_policy_is_saved_and_is_the_trained_one(run) -> None:
     assert (final / "config.json").exists() and (final / "tokenizer.json").exists()
     assert not (run_dir / "learner" / "final").exists()  # moved, not copied
     # RL moved the weights: final/ is the trained policy, not the warm start it began from
-    w0, w1 = load_file(str(run_dir / "sft" / "model.safetensors")), load_file(str(final / "model.safetensors"))
+    w0, w1 = (
+        load_file(str(run_dir / "sft" / "model.safetensors")),
+        load_file(str(final / "model.safetensors")),
+    )
     assert w0.keys() == w1.keys() and any(not torch.equal(w0[k], w1[k]) for k in w0)
     got = hf_eval(final, run["summary"]["eval_n"])
     assert got["eval/num_episodes"] == 200 and got["eval/pass_rate"] > 0
@@ -80,6 +93,8 @@ def test_final_policy_is_saved_and_is_the_trained_one(run) -> None:
 # answers (and the pass rate) agree exactly.
 def test_final_policy_scores_the_summarys_pass_rate_after(run) -> None:
     s = run["summary"]
-    assert s["pass_rate_after"] > 0, "the warm start answers nothing: the comparison would be vacuous"
+    assert s["pass_rate_after"] > 0, (
+        "the warm start answers nothing: the comparison would be vacuous"
+    )
     got = hf_eval(run["dir"] / "final", s["eval_n"])
     assert got["eval/pass_rate"] == pytest.approx(s["pass_rate_after"]), (got, s["evals"][-1])

@@ -11,9 +11,18 @@ OBS = {"requests_backlog": 3, "rolling": 2, "open": 1, "saw_backlog": 4}
 
 
 def counters(**kw: int) -> dict:
-    base = dict(groups_requested=20, groups_trained=9, groups_dropped_stale=2,
-                groups_dropped_incomplete=1, groups_dropped_empty=1, groups_deadlettered=1,
-                items_written=30, items_trained=20, items_stale=4, items_deadlettered=2)
+    base = dict(
+        groups_requested=20,
+        groups_trained=9,
+        groups_dropped_stale=2,
+        groups_dropped_incomplete=1,
+        groups_dropped_empty=1,
+        groups_deadlettered=1,
+        items_written=30,
+        items_trained=20,
+        items_stale=4,
+        items_deadlettered=2,
+    )
     base.update(kw)
     return base
 

@@ -45,21 +45,35 @@ def write(tmp_path: Path, text: str) -> Path:
         ("feeder:\n  group_size: 4\n", "feeder.group_size", "algorithm.group_size"),
         ("credit:\n  algorithm: grpo\n", "credit.algorithm", "algorithm.name"),
         ("learner:\n  algorithm: grpo\n", "learner.algorithm", "algorithm.name"),
-        ("learner:\n  algorithm_kwargs: {kl_coeff: 0.1}\n", "learner.algorithm_kwargs", "algorithm.kwargs"),
+        (
+            "learner:\n  algorithm_kwargs: {kl_coeff: 0.1}\n",
+            "learner.algorithm_kwargs",
+            "algorithm.kwargs",
+        ),
     ],
 )
-@pytest.mark.parametrize("cls,service", [(FeederSettings, "feeder"), (CreditSettings, "credit"),
-                                         (LearnerSettings, "learner")])
-def test_a_per_service_copy_is_an_error_naming_the_fix(tmp_path, text, copy, target, cls, service) -> None:
+@pytest.mark.parametrize(
+    "cls,service",
+    [(FeederSettings, "feeder"), (CreditSettings, "credit"), (LearnerSettings, "learner")],
+)
+def test_a_per_service_copy_is_an_error_naming_the_fix(
+    tmp_path, text, copy, target, cls, service
+) -> None:
     p = write(tmp_path, "algorithm: {name: grpo, group_size: 4}\n" + text)
-    with pytest.raises(ValueError, match=rf"move {copy} to the top-level algorithm: section as {target}"):
+    with pytest.raises(
+        ValueError, match=rf"move {copy} to the top-level algorithm: section as {target}"
+    ):
         load(cls, p, service)
 
 
 def test_top_level_leftovers_and_retired_env_are_errors(tmp_path) -> None:
-    with pytest.raises(ValueError, match="move it to the top-level algorithm: section as algorithm.group_size"):
+    with pytest.raises(
+        ValueError, match="move it to the top-level algorithm: section as algorithm.group_size"
+    ):
         load(CreditSettings, write(tmp_path, "group_size: 4\n"), "credit")
-    with pytest.raises(ValueError, match="LUDIC_GROUP_SIZE='4' is no longer read.*algorithm.group_size"):
+    with pytest.raises(
+        ValueError, match="LUDIC_GROUP_SIZE='4' is no longer read.*algorithm.group_size"
+    ):
         load(CreditSettings, write(tmp_path, "run_id: x\n"), "credit", {"LUDIC_GROUP_SIZE": "4"})
 
 
@@ -69,18 +83,33 @@ def test_algorithm_section_values_are_checked_with_the_key_named(tmp_path) -> No
             load(CreditSettings, write(tmp_path, text), "credit")
 
     bad("algorithm: grpo\n", "algorithm: must be a mapping")
-    bad("algorithm: {name: ppo}\n", r"algorithm.name='ppo'; use one of \['cispo', 'dr_grpo', 'grpo', 'gspo'")
+    bad(
+        "algorithm: {name: ppo}\n",
+        r"algorithm.name='ppo'; use one of \['cispo', 'dr_grpo', 'grpo', 'gspo'",
+    )
     bad("algorithm: {name: grpo, kwargs: {group_size: 4}}\n", "move it to algorithm.group_size")
-    bad("algorithm: {name: grpo, kwargs: {kl_coef: 0.1}}\n", r"\['kl_coef'\] are not arguments of make_grpo")
+    bad(
+        "algorithm: {name: grpo, kwargs: {kl_coef: 0.1}}\n",
+        r"\['kl_coef'\] are not arguments of make_grpo",
+    )
     bad("algorithm: {name: grpo, kwargs: {kl_coeff: -1}}\n", "kl_coeff=-1 must be >= 0")
-    bad("algorithm: {name: grpo, group_size: 0}\n", "algorithm.group_size=0 must be an integer >= 1")
-    bad("algorithm: {name: grpo, kl_coeff: 0.1}\n", "preset arguments such as kl_coeff go under kwargs")
+    bad(
+        "algorithm: {name: grpo, group_size: 0}\n", "algorithm.group_size=0 must be an integer >= 1"
+    )
+    bad(
+        "algorithm: {name: grpo, kl_coeff: 0.1}\n",
+        "preset arguments such as kl_coeff go under kwargs",
+    )
 
 
 def test_spec_builds_the_preset_with_the_group_size_once() -> None:
-    spec = AlgorithmSpec.from_mapping({"name": "scalerl", "group_size": 4, "kwargs": {"filter_zvp": False}})
+    spec = AlgorithmSpec.from_mapping(
+        {"name": "scalerl", "group_size": 4, "kwargs": {"filter_zvp": False}}
+    )
     algo = spec.build()
-    assert algo.name == "scalerl" and algo.credit_assigner.group_size == 4 and algo.preprocess is None
+    assert (
+        algo.name == "scalerl" and algo.credit_assigner.group_size == 4 and algo.preprocess is None
+    )
     assert spec.build(group_size=3).credit_assigner.group_size == 3  # a partial group
     assert AlgorithmSpec.from_mapping({"name": "sft"}).build().name == "sft"  # no group_size arg
     assert AlgorithmSpec.from_mapping(None) == AlgorithmSpec("grpo", 8, {})
@@ -89,10 +118,16 @@ def test_spec_builds_the_preset_with_the_group_size_once() -> None:
 
 
 def test_env_and_flag_carry_the_section_as_json(tmp_path) -> None:
-    c = load_settings(CreditSettings, ["--algorithm", '{"name": "cispo", "group_size": 2}'],
-                      service="credit", environ={})
+    c = load_settings(
+        CreditSettings,
+        ["--algorithm", '{"name": "cispo", "group_size": 2}'],
+        service="credit",
+        environ={},
+    )
     assert (c.spec.name, c.spec.group_size) == ("cispo", 2)
-    f = load_settings(FeederSettings, [], service="feeder", environ={"LUDIC_ALGORITHM": '{"group_size": 3}'})
+    f = load_settings(
+        FeederSettings, [], service="feeder", environ={"LUDIC_ALGORITHM": '{"group_size": 3}'}
+    )
     assert f.group_size == 3
 
 
@@ -103,27 +138,40 @@ def test_ludic_up_refuses_a_bad_algorithm_before_starting_anything(tmp_path, cap
     assert up_main(["--config", str(p)]) == 2
     assert "['kl_coef'] are not arguments of make_grpo" in capsys.readouterr().err
     p = write(tmp_path, "learner:\n  algorithm_kwargs: {group_size: 8}\n")
-    with pytest.raises(ValueError, match="move learner.algorithm_kwargs to the top-level algorithm: section"):
+    with pytest.raises(
+        ValueError, match="move learner.algorithm_kwargs to the top-level algorithm: section"
+    ):
         up_main(["--config", str(p)])
 
 
 def test_algorithm_options_reach_credit_and_learner_from_the_run_config(tmp_path) -> None:
-    p = write(tmp_path, "algorithm:\n  name: grpo\n  group_size: 4\n  kwargs:\n"
-                        "    dynamic_sampling: true\n")
+    p = write(
+        tmp_path,
+        "algorithm:\n  name: grpo\n  group_size: 4\n  kwargs:\n    dynamic_sampling: true\n",
+    )
     c = load(CreditSettings, p, "credit")
     lr = load(LearnerSettings, p, "learner")
     assert c.spec == lr.spec and c.spec.kwargs == {"dynamic_sampling": True}
     assert c.spec.build().dynamic_sampling and c.spec.build(group_size=3).dynamic_sampling
-    env = load_settings(CreditSettings, [], service="credit", environ={
-        "LUDIC_ALGORITHM": '{"name": "cispo", "group_size": 2, "kwargs": {"dynamic_sampling": true}}'})
+    env = load_settings(
+        CreditSettings,
+        [],
+        service="credit",
+        environ={
+            "LUDIC_ALGORITHM": '{"name": "cispo", "group_size": 2, "kwargs": {"dynamic_sampling": true}}'
+        },
+    )
     assert env.spec.build().dynamic_sampling
 
 
 def test_reward_options_reach_credit_and_learner_from_the_run_config(tmp_path) -> None:
-    p = write(tmp_path, "algorithm:\n  name: dr_grpo\n  group_size: 4\n  kwargs:\n"
-                        "    overlong_reward_penalty: true\n    overlong_tokens: 256\n"
-                        "    overlong_penalty_factor: 1.0\n    reward_scaling: 0.5\n"
-                        "    reward_bias: 1.0\n    reward_clip: 10.0\n    mask_no_eos_with_zero: true\n")
+    p = write(
+        tmp_path,
+        "algorithm:\n  name: dr_grpo\n  group_size: 4\n  kwargs:\n"
+        "    overlong_reward_penalty: true\n    overlong_tokens: 256\n"
+        "    overlong_penalty_factor: 1.0\n    reward_scaling: 0.5\n"
+        "    reward_bias: 1.0\n    reward_clip: 10.0\n    mask_no_eos_with_zero: true\n",
+    )
     c = load(CreditSettings, p, "credit")
     assert c.spec == load(LearnerSettings, p, "learner").spec
     algo = c.spec.build()
@@ -132,18 +180,28 @@ def test_reward_options_reach_credit_and_learner_from_the_run_config(tmp_path) -
     assert (sh.reward_scaling, sh.reward_bias, sh.reward_clip) == (0.5, 1.0, 10.0)
     assert algo.mask_no_eos_with_zero
     with pytest.raises(ValueError, match="overlong_reward_penalty needs max_new_tokens"):
-        load(CreditSettings, write(tmp_path, "algorithm: {name: grpo, kwargs: "
-                                             "{overlong_reward_penalty: true, overlong_tokens: 4, "
-                                             "overlong_penalty_factor: 1.0}}\n"), "credit")
+        load(
+            CreditSettings,
+            write(
+                tmp_path,
+                "algorithm: {name: grpo, kwargs: "
+                "{overlong_reward_penalty: true, overlong_tokens: 4, "
+                "overlong_penalty_factor: 1.0}}\n",
+            ),
+            "credit",
+        )
 
 
 def test_normalisation_options_reach_credit_and_learner_from_the_run_config(tmp_path) -> None:
     from libludic.training.credit_assignment import NormalizedReturn
     from libludic.training.normalization import NormConfig
 
-    p = write(tmp_path, "algorithm:\n  name: grpo\n  group_size: 4\n  kwargs:\n"
-                        "    reward_norm: {mean_level: group, mean_leave1out: true, std_level: null}\n"
-                        "    adv_norm: {mean_level: batch, std_level: batch, std_unbiased: false, eps: 1.0e-6}\n")
+    p = write(
+        tmp_path,
+        "algorithm:\n  name: grpo\n  group_size: 4\n  kwargs:\n"
+        "    reward_norm: {mean_level: group, mean_leave1out: true, std_level: null}\n"
+        "    adv_norm: {mean_level: batch, std_level: batch, std_unbiased: false, eps: 1.0e-6}\n",
+    )
     c = load(CreditSettings, p, "credit")
     assert c.spec == load(LearnerSettings, p, "learner").spec
     ca = c.spec.build().credit_assigner
@@ -152,5 +210,12 @@ def test_normalisation_options_reach_credit_and_learner_from_the_run_config(tmp_
     assert ca.adv_norm == NormConfig("batch", False, "batch", False, 1e-6)
     assert c.spec.build().has_batch_stage  # credit defers it, the learner finishes it
     with pytest.raises(ValueError, match="reward_norm.group_size=4"):
-        load(CreditSettings, write(tmp_path, "algorithm: {name: grpo, kwargs: "
-                                             "{reward_norm: {mean_level: group, group_size: 4}}}\n"), "credit")
+        load(
+            CreditSettings,
+            write(
+                tmp_path,
+                "algorithm: {name: grpo, kwargs: "
+                "{reward_norm: {mean_level: group, group_size: 4}}}\n",
+            ),
+            "credit",
+        )

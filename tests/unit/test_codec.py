@@ -38,8 +38,17 @@ def make_rollout(n_prompt: int = 12, n_completion: int = 5) -> Rollout:
         temperature=0.6,
     )
     steps = [
-        Step(0, "12+34=", "46", None, 1.0, terminated=True,
-             info={"parse_error": False, "finish_reason": "stop"}, trace=tr, policy_version=3),
+        Step(
+            0,
+            "12+34=",
+            "46",
+            None,
+            1.0,
+            terminated=True,
+            info={"parse_error": False, "finish_reason": "stop"},
+            trace=tr,
+            policy_version=3,
+        ),
         Step(1, "x", "y", "z", -0.5, trace=None, policy_version=None, agent_id="b"),
     ]
     return Rollout(steps=steps, meta={"group_id": "g7", "request_id": "r1", "env_seed": 7})
@@ -77,7 +86,10 @@ def test_rollout_round_trip_with_packed_traces() -> None:
     raw = msgpack.unpackb(data, raw=False)
     trace = raw["body"]["steps"][0]["trace"]
     assert isinstance(trace["prompt_token_ids"], bytes) and len(trace["prompt_token_ids"]) == 12 * 4
-    assert isinstance(trace["completion_logprobs"], bytes) and len(trace["completion_logprobs"]) == 5 * 4
+    assert (
+        isinstance(trace["completion_logprobs"], bytes)
+        and len(trace["completion_logprobs"]) == 5 * 4
+    )
     assert raw["schema_version"] == t.SCHEMA_VERSION and raw["kind"] == "rollout"
 
 
@@ -86,7 +98,9 @@ def test_float64_logprobs_round_to_float32() -> None:
     ro.steps[0].trace.completion_logprobs = [-0.1234567891234] * 5  # type: ignore[union-attr]
     back = t.decode_rollout(t.encode_rollout(ro))
     # float32 keeps ~7 significant digits: |err| <= 2^-24 * 0.123 ~ 7e-9
-    assert back.steps[0].trace.completion_logprobs == pytest.approx([-0.1234567891234] * 5, abs=1e-8)  # type: ignore[union-attr]
+    assert back.steps[0].trace.completion_logprobs == pytest.approx(
+        [-0.1234567891234] * 5, abs=1e-8
+    )  # type: ignore[union-attr]
 
 
 def test_saw_item_round_trip_and_size() -> None:

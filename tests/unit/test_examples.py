@@ -24,14 +24,18 @@ async def test_example_tasks_run_an_episode(path, monkeypatch):
     monkeypatch.chdir(ROOT)
     cfg = yaml.safe_load(path.read_text())
     assert {"run_id", "up", "algorithm", "feeder", "actor", "learner"} <= set(cfg)
-    eng = RolloutEngine(*build_registries(ScriptedClient(["<move>5</move> \\boxed{3} ```python\nprint(1)\n```"])))
+    eng = RolloutEngine(
+        *build_registries(ScriptedClient(["<move>5</move> \\boxed{3} ```python\nprint(1)\n```"]))
+    )
     # tasks parsed as the feeder parses them (protocol, agent: ...)
     tasks = [Task.from_dict(t, i) for i, t in enumerate(cfg["feeder"]["tasks"])]
     reqs = [RolloutRequest(env=t.env, protocol=t.protocol, env_seed=1) for t in tasks]
     reqs.append(RolloutRequest(env=EnvSpec.from_dict(cfg["up"]["eval_env"]), env_seed=0))
     rollouts = await eng.generate_rollouts(reqs, max_steps=cfg["actor"].get("max_steps", 1))
     # one rollout per agent that acted (multi_agent: up to one per role), each with steps
-    assert {r.meta["request_id"] for r in rollouts} == {q.id for q in reqs} and all(r.steps for r in rollouts)
+    assert {r.meta["request_id"] for r in rollouts} == {q.id for q in reqs} and all(
+        r.steps for r in rollouts
+    )
 
 
 def test_dataset_qa_spec_validation():

@@ -58,7 +58,9 @@ def body(tensors: dict[str, torch.Tensor]) -> bytearray:
 
 def test_spec_reads_checkpoint_headers_and_tied_alias(spec: ParamSpec) -> None:
     assert spec.shapes["model.norm.weight"] == (4,)
-    assert spec.dtypes["model.norm.weight"] == frozenset({torch.float32, torch.bfloat16, torch.float16})
+    assert spec.dtypes["model.norm.weight"] == frozenset(
+        {torch.float32, torch.bfloat16, torch.float16}
+    )
     assert spec.aliases == {"lm_head.weight": "model.embed_tokens.weight"}
 
 
@@ -112,7 +114,9 @@ def test_bad_tensors_are_422(spec: ParamSpec, tensors: dict[str, torch.Tensor], 
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_finite_values_whose_sum_overflows_are_accepted(spec: ParamSpec, dtype: torch.dtype) -> None:
+def test_finite_values_whose_sum_overflows_are_accepted(
+    spec: ParamSpec, dtype: torch.dtype
+) -> None:
     """The finiteness check sums first; a sum that overflows to inf is not a non-finite value."""
     big = torch.finfo(dtype).max
     sent = torch.tensor([big, big, -1.0, 1.0], dtype=dtype)
@@ -291,9 +295,15 @@ def test_chunked_prefill_is_off_by_default_on_cpu_only() -> None:
     assert platform_default_args([], is_cpu=True) == ["--no-enable-chunked-prefill"]
     assert platform_default_args([], is_cpu=False) == []
     # the user's choice, either way, wins
-    for flag in ("--enable-chunked-prefill", "--no-enable-chunked-prefill",
-                 "--enable-chunked-prefill=true"):
-        assert platform_default_args(["--max-num-seqs=8", flag], is_cpu=True) == ["--max-num-seqs=8", flag]
+    for flag in (
+        "--enable-chunked-prefill",
+        "--no-enable-chunked-prefill",
+        "--enable-chunked-prefill=true",
+    ):
+        assert platform_default_args(["--max-num-seqs=8", flag], is_cpu=True) == [
+            "--max-num-seqs=8",
+            flag,
+        ]
 
 
 @pytest.mark.parametrize("failure", ["engine core died", "rollback failed"])
@@ -387,8 +397,9 @@ async def test_a_failed_reload_rolls_back_or_stops_the_server(
 
     staging = tmp_path / "staging"
     staging.mkdir()
-    settings = InferenceSettings(model=str(model_dir), update_mode=mode,
-                                 weight_staging_dir=str(staging))
+    settings = InferenceSettings(
+        model=str(model_dir), update_mode=mode, weight_staging_dir=str(staging)
+    )
     llm = FlakyLlm(fail)
     e = LudicEngine(settings, llm, None, spec, InferenceMetrics())
     async with e.lock:
@@ -416,16 +427,33 @@ def _header_body(header: dict[str, Any], data_len: int) -> bytes:
     [
         (  # the same tensor twice: json.loads would silently keep the last one
             '{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, '
-            '"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}', 8, "named twice"),
-        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-          "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, 8, "overlaps"),
-        ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
-          "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}}, 12, "gap"),
+            '"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}',
+            8,
+            "named twice",
+        ),
+        (
+            {
+                "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]},
+            },
+            8,
+            "overlaps",
+        ),
+        (
+            {
+                "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]},
+            },
+            12,
+            "gap",
+        ),
         ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, 8, "gap"),
     ],
     ids=["duplicate", "overlap", "gap", "leading-gap"],
 )
-def test_header_validator_refuses_what_the_loader_would(header: Any, data_len: int, match: str) -> None:
+def test_header_validator_refuses_what_the_loader_would(
+    header: Any, data_len: int, match: str
+) -> None:
     if isinstance(header, str):
         raw = header.encode()
         buf = struct.pack("<Q", len(raw)) + raw + b"\0" * data_len
@@ -448,8 +476,11 @@ def test_mutating_routes_check_the_token_before_reading_the_body(
     model_dir: Path, spec: ParamSpec
 ) -> None:
     c, _ = client(model_dir, spec, auth_token="s3cret")
-    for route in ("/v1/weights/collective/init", "/v1/weights/collective/update?version=1",
-                  "/v1/weights?version=1"):
+    for route in (
+        "/v1/weights/collective/init",
+        "/v1/weights/collective/update?version=1",
+        "/v1/weights?version=1",
+    ):
         r = c.post(route, content=b"{not json", headers={"Content-Type": "application/json"})
         assert r.status_code == 401, route
     h = {"Authorization": "Bearer s3cret", "Content-Type": "application/json"}

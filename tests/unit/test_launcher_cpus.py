@@ -20,12 +20,15 @@ def test_auto_gives_the_learner_the_last_cores_and_the_others_the_rest() -> None
     assert "cores 8-9, every other service on 2-4,7" in why
 
 
-@pytest.mark.parametrize(("mode", "learner", "cores", "gpu", "reason"), [
-    ("off", 1, [0, 1], False, "up.cpu_pinning: off"),
-    ("auto", 1, [0, 1], True, "a CUDA device is visible"),
-    ("auto", 2, [0, 1], False, "would leave none of the 2 usable"),
-    ("auto", 1, [0], False, "would leave none of the 1 usable"),
-])
+@pytest.mark.parametrize(
+    ("mode", "learner", "cores", "gpu", "reason"),
+    [
+        ("off", 1, [0, 1], False, "up.cpu_pinning: off"),
+        ("auto", 1, [0, 1], True, "a CUDA device is visible"),
+        ("auto", 2, [0, 1], False, "would leave none of the 2 usable"),
+        ("auto", 1, [0], False, "would leave none of the 1 usable"),
+    ],
+)
 def test_no_plan_where_pinning_cannot_help(mode, learner, cores, gpu, reason) -> None:
     plan, why = plan_cpus(mode, learner, cores, gpu)
     assert plan is None

@@ -32,5 +32,6 @@ def test_inference_gets_the_inference_section_of_the_run_config(tmp_path) -> Non
     # `ludic inference` reads LUDIC_INFERENCE_CONFIG (its `inference:` section, or the whole
     # file when there is none, which would then fail on the other sections' keys)
     assert Run(s, {"inference": {"dtype": "float32"}}).inference_config() == {
-        "LUDIC_INFERENCE_CONFIG": str(tmp_path / "run.yaml")}
+        "LUDIC_INFERENCE_CONFIG": str(tmp_path / "run.yaml")
+    }
     assert Run(s, {"learner": {}}).inference_config() == {}

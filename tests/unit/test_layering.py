@@ -48,11 +48,15 @@ def test_the_check_sees_each_kind_of_reference(tmp_path: Path) -> None:
     saved, LIB = LIB, tmp_path
     try:
         p = tmp_path / "m.py"
-        p.write_text("import services.actor\nfrom services.common import x\n"
-                     "T = 'services.learner.main:main'\nfrom .services import y\nS = 'the services'\n")
+        p.write_text(
+            "import services.actor\nfrom services.common import x\n"
+            "T = 'services.learner.main:main'\nfrom .services import y\nS = 'the services'\n"
+        )
         assert [r.split(":", 1)[1] for r in service_references(p)] == [
-            "import services.actor", "from services.common import ...",
-            "module name 'services.learner.main:main'"]
+            "import services.actor",
+            "from services.common import ...",
+            "module name 'services.learner.main:main'",
+        ]
     finally:
         LIB = saved
 
@@ -89,12 +93,16 @@ def library_imports(path: Path, modules: set[str]) -> set[str]:
             if node.level:
                 up = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(up + ([node.module] if node.module else []))
-            out |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
+            out |= {
+                f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names
+            }
         elif isinstance(node, ast.Dict) or (
             isinstance(node, ast.Call) and ast.unparse(node.func).endswith("import_module")
         ):
             values = node.values if isinstance(node, ast.Dict) else node.args
-            out |= {v.value for v in values if isinstance(v, ast.Constant) and isinstance(v.value, str)}
+            out |= {
+                v.value for v in values if isinstance(v, ast.Constant) and isinstance(v.value, str)
+            }
     return {m for m in out if m in modules and m != me}
 
 
@@ -120,7 +128,8 @@ def test_imports_run_down_the_layers_only() -> None:
     assert len(graph) > 50
     wrong = [
         f"{m} -> {d} (layer {layer_of(m)} -> {layer_of(d)})"
-        for m, deps in sorted(graph.items()) for d in sorted(deps)
+        for m, deps in sorted(graph.items())
+        for d in sorted(deps)
         if part_of(m) != part_of(d) and layer_of(d) >= layer_of(m)
     ]
     assert not wrong, wrong
@@ -169,7 +178,9 @@ def test_the_checks_see_lazy_imports_cycles_and_layers(tmp_path: Path) -> None:
         (LIB / "training").mkdir(parents=True)
         (LIB / "types.py").write_text("def f():\n    from libludic.training import trainer\n")
         (LIB / "training" / "__init__.py").write_text("E = {'T': 'libludic.training.trainer'}\n")
-        (LIB / "training" / "trainer.py").write_text("from ..types import f\nfrom libludic import types\n")
+        (LIB / "training" / "trainer.py").write_text(
+            "from ..types import f\nfrom libludic import types\n"
+        )
         graph = import_graph()
         assert graph == {
             "libludic.types": {"libludic.training.trainer"},
@@ -183,20 +194,42 @@ def test_the_checks_see_lazy_imports_cycles_and_layers(tmp_path: Path) -> None:
 
 
 STREAM_COMMANDS = {
-    "xadd", "xreadgroup", "xread", "xack", "xdel", "xclaim", "xautoclaim", "xlen", "xrange",
-    "xrevrange", "xinfo_groups", "xinfo_consumers", "xinfo_stream", "xpending", "xpending_range",
-    "xgroup_create", "xgroup_delconsumer", "xgroup_destroy", "xtrim", "eval", "evalsha",
+    "xadd",
+    "xreadgroup",
+    "xread",
+    "xack",
+    "xdel",
+    "xclaim",
+    "xautoclaim",
+    "xlen",
+    "xrange",
+    "xrevrange",
+    "xinfo_groups",
+    "xinfo_consumers",
+    "xinfo_stream",
+    "xpending",
+    "xpending_range",
+    "xgroup_create",
+    "xgroup_delconsumer",
+    "xgroup_destroy",
+    "xtrim",
+    "eval",
+    "evalsha",
     "register_script",
 }
 
 
 def stream_calls(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
-    return [f"{path.name}:{n.lineno}: .{n.func.attr}(" for n in ast.walk(tree)
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-            and n.func.attr in STREAM_COMMANDS
-            # torch's nn.Module.eval() takes no argument; redis' eval always has a script
-            and not (n.func.attr == "eval" and not n.args)]
+    return [
+        f"{path.name}:{n.lineno}: .{n.func.attr}("
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr in STREAM_COMMANDS
+        # torch's nn.Module.eval() takes no argument; redis' eval always has a script
+        and not (n.func.attr == "eval" and not n.args)
+    ]
 
 
 def test_only_the_transport_package_talks_to_redis_streams() -> None:
@@ -204,12 +237,18 @@ def test_only_the_transport_package_talks_to_redis_streams() -> None:
     stream inspection live in libludic/transport/; every service and library module goes
     through its API."""
     root = LIB.parent
-    files = [f for d in ("libludic", "services") for f in sorted((root / d).rglob("*.py"))
-             if "transport" not in f.relative_to(root).parts]
+    files = [
+        f
+        for d in ("libludic", "services")
+        for f in sorted((root / d).rglob("*.py"))
+        if "transport" not in f.relative_to(root).parts
+    ]
     assert len(files) > 80
     calls = [c for f in files for c in stream_calls(f)]
     assert not calls, calls
-    inside = [c for f in sorted((root / "libludic" / "transport").glob("*.py")) for c in stream_calls(f)]
+    inside = [
+        c for f in sorted((root / "libludic" / "transport").glob("*.py")) for c in stream_calls(f)
+    ]
     assert len(inside) > 10  # the scan sees the calls where they are
 
 
@@ -250,7 +289,11 @@ def transport_private_names() -> set[str]:
     names: set[str] = set()
     for f in (LIB / "transport").glob("*.py"):
         for n in ast.walk(ast.parse(f.read_text())):
-            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self":
+            if (
+                isinstance(n, ast.Attribute)
+                and isinstance(n.value, ast.Name)
+                and n.value.id == "self"
+            ):
                 if n.attr.startswith("_") and not n.attr.startswith("__"):
                     names.add(n.attr)
             elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
@@ -272,7 +315,10 @@ def test_nothing_outside_the_transport_package_reaches_into_its_objects() -> Non
             if "transport" in f.relative_to(root).parts:
                 continue
             for n in ast.walk(ast.parse(f.read_text())):
-                if (isinstance(n, ast.Attribute) and n.attr in private
-                        and not (isinstance(n.value, ast.Name) and n.value.id == "self")):
+                if (
+                    isinstance(n, ast.Attribute)
+                    and n.attr in private
+                    and not (isinstance(n.value, ast.Name) and n.value.id == "self")
+                ):
                     found.append(f"{f.relative_to(root)}:{n.lineno}: {ast.unparse(n)}")
     assert not found, found

@@ -47,11 +47,23 @@ def test_the_exported_gauge_moves_in_both_directions() -> None:
 def test_the_losss_statistics_are_exported_as_training_signals() -> None:
     from libludic.training.algorithm import AlgorithmSpec
 
-    loss = AlgorithmSpec.from_mapping(
-        {"name": "grpo", "group_size": 4, "kwargs": {"mismatch_correction": "tis"}}
-    ).build().loss
-    stats = {"step": 2.0, "loss": 0.1, "batch_items": 0.0, "batch_wait_s": 0.0, "step_wall_s": 1.0,
-             "loss/clip_frac": 0.125, "loss/mismatch_logprob_gap": 0.03, "loss/other": 9.0}
+    loss = (
+        AlgorithmSpec.from_mapping(
+            {"name": "grpo", "group_size": 4, "kwargs": {"mismatch_correction": "tis"}}
+        )
+        .build()
+        .loss
+    )
+    stats = {
+        "step": 2.0,
+        "loss": 0.1,
+        "batch_items": 0.0,
+        "batch_wait_s": 0.0,
+        "step_wall_s": 1.0,
+        "loss/clip_frac": 0.125,
+        "loss/mismatch_logprob_gap": 0.03,
+        "loss/other": 9.0,
+    }
     M.export_step(stats, tuple(loss.stat_keys))
 
     def signal(name: str) -> float | None:

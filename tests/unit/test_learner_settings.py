@@ -10,7 +10,9 @@ def test_checkpoint_every_zero_means_no_checkpointing_even_with_output_dir(tmp_p
     # those never come and the credit worker's backpressure would stall the run for good
     s = LearnerSettings(output_dir=str(tmp_path), checkpoint_every=0, device="cpu")
     assert s.checkpoint_config() is None
-    on = LearnerSettings(output_dir=str(tmp_path), checkpoint_every=5, device="cpu").checkpoint_config()
+    on = LearnerSettings(
+        output_dir=str(tmp_path), checkpoint_every=5, device="cpu"
+    ).checkpoint_config()
     assert on is not None and on.every_n_steps == 5
 
 
@@ -30,8 +32,11 @@ def test_trainer_section_accepts_the_specs_learning_rate_alias():
 
 
 def test_the_lr_schedule_spans_the_learners_num_steps():
-    s = LearnerSettings(device="cpu", num_steps=40, trainer={"lr_scheduler_type": "cosine",
-                                                              "warmup_steps_proportion": 0.1})
+    s = LearnerSettings(
+        device="cpu",
+        num_steps=40,
+        trainer={"lr_scheduler_type": "cosine", "warmup_steps_proportion": 0.1},
+    )
     cfg = s.trainer_config()
     assert cfg.total_steps == 40
     # W = int(0.1 * 40) = 4 warmup steps at 1/4 .. 4/4 of lr, then the cosine from lr to 0
@@ -43,19 +48,36 @@ def test_the_lr_schedule_spans_the_learners_num_steps():
 def test_ack_window_larger_than_credits_high_water_is_refused(tmp_path):
     cfg = tmp_path / "run.yaml"
     cfg.write_text("credit: {saw_high_water: 128}\n")
-    ok = LearnerSettings(output_dir=str(tmp_path), checkpoint_every=2, batch_size=64, device="cpu",
-                         config_path=str(cfg))
+    ok = LearnerSettings(
+        output_dir=str(tmp_path),
+        checkpoint_every=2,
+        batch_size=64,
+        device="cpu",
+        config_path=str(cfg),
+    )
     assert ok.checkpoint_config().every_n_steps == 2  # 128 held <= 128
-    with pytest.raises(ValueError, match=r"checkpoint_every=3 x batch_size=64 = 192 items.*saw_high_water=128"):
-        LearnerSettings(output_dir=str(tmp_path), checkpoint_every=3, batch_size=64, device="cpu",
-                        config_path=str(cfg))
+    with pytest.raises(
+        ValueError, match=r"checkpoint_every=3 x batch_size=64 = 192 items.*saw_high_water=128"
+    ):
+        LearnerSettings(
+            output_dir=str(tmp_path),
+            checkpoint_every=3,
+            batch_size=64,
+            device="cpu",
+            config_path=str(cfg),
+        )
     # without checkpoints items are acked after every step: no window
     LearnerSettings(checkpoint_every=3, batch_size=64, device="cpu", config_path=str(cfg))
     # credit's default high water (4096) applies when the config has no credit section
     cfg.write_text("learner: {}\n")
     with pytest.raises(ValueError, match="saw_high_water=4096"):
-        LearnerSettings(output_dir=str(tmp_path), checkpoint_every=65, batch_size=64, device="cpu",
-                        config_path=str(cfg))
+        LearnerSettings(
+            output_dir=str(tmp_path),
+            checkpoint_every=65,
+            batch_size=64,
+            device="cpu",
+            config_path=str(cfg),
+        )
 
 
 def test_a_flag_beats_the_yaml_trainer_map_and_one_source_may_not_say_it_twice(tmp_path):
@@ -100,8 +122,10 @@ async def test_learner_health_follows_progress_not_the_event_loop() -> None:
 
     now = time.monotonic()
     fake = SimpleNamespace(
-        started_at=now - 100, s=SimpleNamespace(health_stall_s=30.0),
-        trainer=SimpleNamespace(last_progress=now - 50), source=SimpleNamespace(last_read=now - 5),
+        started_at=now - 100,
+        s=SimpleNamespace(health_stall_s=30.0),
+        trainer=SimpleNamespace(last_progress=now - 50),
+        source=SimpleNamespace(last_read=now - 5),
     )
     assert await Learner.health(fake)  # waiting for items: read 5 s ago
     fake.source.last_read = now - 40

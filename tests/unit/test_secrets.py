@@ -30,15 +30,24 @@ print(subprocess.run([sys.executable, "-c", agent], capture_output=True, text=Tr
 def run_host(mode: str) -> str:
     py = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
     out = subprocess.run(
-        [py, "-c", HOST, mode], capture_output=True, text=True, timeout=60, user=65534, group=65534,
-        extra_groups=[], cwd="/", env={"PYTHONPATH": str(REPO), "LUDIC_AUTH_TOKEN": SECRET, "PATH": "/usr/bin:/bin"},
+        [py, "-c", HOST, mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        user=65534,
+        group=65534,
+        extra_groups=[],
+        cwd="/",
+        env={"PYTHONPATH": str(REPO), "LUDIC_AUTH_TOKEN": SECRET, "PATH": "/usr/bin:/bin"},
     )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"),
-                    reason="runs the service as an unprivileged uid: needs root (CI and this machine run as root)")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not sys.platform.startswith("linux"),
+    reason="runs the service as an unprivileged uid: needs root (CI and this machine run as root)",
+)
 def test_code_of_the_same_uid_cannot_read_a_hardened_services_environment() -> None:
     assert SECRET in run_host("plain")  # the hole: same uid, dumpable service
     got = run_host("harden")

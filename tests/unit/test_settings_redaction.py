@@ -51,8 +51,13 @@ def test_redact_url_masks_only_the_password() -> None:
 
 @pytest.mark.parametrize(
     "cls, service",
-    [(ActorSettings, "actor"), (CreditSettings, "credit"), (EvalSettings, "eval"),
-     (FeederSettings, "feeder"), (LearnerSettings, "learner")],
+    [
+        (ActorSettings, "actor"),
+        (CreditSettings, "credit"),
+        (EvalSettings, "eval"),
+        (FeederSettings, "feeder"),
+        (LearnerSettings, "learner"),
+    ],
 )
 def test_help_shows_every_keys_default_and_masks_secrets(cls, service, capsys) -> None:
     from services.common.settings import load_settings

@@ -39,8 +39,12 @@ def test_exit_codes_and_cleanup(monkeypatch: pytest.MonkeyPatch) -> None:
     for k in ("LUDIC_MODE", "LUDIC_CONFIG"):
         monkeypatch.delenv(k, raising=False)
     calls: list[str] = []
-    kw = dict(description="t", fatal=(Fatal,), cleanup=lambda: calls.append("cleanup"),
-              finished=calls.append)
+    kw = dict(
+        description="t",
+        fatal=(Fatal,),
+        cleanup=lambda: calls.append("cleanup"),
+        finished=calls.append,
+    )
     assert service_main("t", Settings, run, ["--mode", "ok"], **kw) == 0  # type: ignore[arg-type]
     assert calls == ["done", "cleanup"]
     assert service_main("t", Settings, run, ["--mode", "fatal"], **kw) == 1  # type: ignore[arg-type]
@@ -64,13 +68,16 @@ async def report(s: Checked, *, stop: asyncio.Event) -> int:
     return s.workers
 
 
-def test_bad_settings_exit_2_with_one_line(monkeypatch: pytest.MonkeyPatch,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_settings_exit_2_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     for k in ("LUDIC_WORKERS", "LUDIC_CONFIG"):
         monkeypatch.delenv(k, raising=False)
-    for argv, needle in [(["--workers", "0"], "workers=0 must be >= 1"),
-                         (["--workers", "two"], "cannot read 'two'"),
-                         (["--config", "/no/such.yaml"], "/no/such.yaml does not exist")]:
+    for argv, needle in [
+        (["--workers", "0"], "workers=0 must be >= 1"),
+        (["--workers", "two"], "cannot read 'two'"),
+        (["--config", "/no/such.yaml"], "/no/such.yaml does not exist"),
+    ]:
         assert service_main("t", Checked, report, argv, description="t") == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("ludic t: ") and needle in err[0], err
@@ -119,8 +126,13 @@ sys.exit(service_main("t", S, run, [], description="t"))
 def test_a_stop_signal_aborts_a_start_up_that_blocks_the_event_loop() -> None:
     """Without the abort, SIGTERM would only be seen after the 60 s block ("started" printed);
     a KeyboardInterrupt-based abort would be swallowed by the block (as vLLM's would)."""
-    p = subprocess.Popen([sys.executable, "-c", BLOCKING_START], cwd=REPO,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", BLOCKING_START],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert p.stdout is not None and p.stdout.readline().strip() == "starting"
         p.send_signal(signal.SIGTERM)

@@ -50,7 +50,9 @@ async def test_agent_act_returns_action_and_info():
 
 
 async def test_tool_agent_act_returns_action_and_info():
-    client = ScriptedClient(['<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call>', "2"])
+    client = ScriptedClient(
+        ['<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call>', "2"]
+    )
     from libludic.agents.tools import calculator
 
     agent = ToolAgent(client, tools=[calculator])
@@ -84,7 +86,10 @@ def test_trainer_config_lr_and_learning_rate_disagreeing_is_an_error():
 def test_runtime_device_other_than_model_device_is_rejected_with_the_reason():
     assert TrainerConfig(model_device="cpu", runtime_device="cpu").runtime_device == "cpu"
     assert TrainerConfig(model_device="cpu").runtime_device is None
-    with pytest.raises(ValueError, match=r"runtime_device='cuda:1' differs from model_device='cpu'.*inference service"):
+    with pytest.raises(
+        ValueError,
+        match=r"runtime_device='cuda:1' differs from model_device='cpu'.*inference service",
+    ):
         TrainerConfig(model_device="cpu", runtime_device="cuda:1")
 
 

@@ -22,15 +22,26 @@ def test_a_finished_job_is_not_a_failed_start(tmp_path) -> None:
     non-job service exiting, is a failed start."""
     sup = Supervisor(tmp_path)
     closed = "http://127.0.0.1:9/metrics"  # nothing listens: the poll never passes
-    for name, code, may_finish, ok in [("job", 0, True, True), ("crash", 3, True, False),
-                                       ("svc", 0, False, False)]:
-        sup.start(ServiceSpec(name, [sys.executable, "-c", f"raise SystemExit({code})"],
-                              health_url=closed, may_finish=may_finish))
+    for name, code, may_finish, ok in [
+        ("job", 0, True, True),
+        ("crash", 3, True, False),
+        ("svc", 0, False, False),
+    ]:
+        sup.start(
+            ServiceSpec(
+                name,
+                [sys.executable, "-c", f"raise SystemExit({code})"],
+                health_url=closed,
+                may_finish=may_finish,
+            )
+        )
         sup.procs[name].wait(30)
         if ok:
             sup.wait_healthy(name, 10)
         else:
-            with pytest.raises(ServiceError, match=f"{name} exited with code {code} before becoming healthy"):
+            with pytest.raises(
+                ServiceError, match=f"{name} exited with code {code} before becoming healthy"
+            ):
                 sup.wait_healthy(name, 10)
 
 
@@ -58,8 +69,10 @@ def test_a_crashing_service_is_restarted_with_back_off_up_to_the_limit(tmp_path)
 
 def test_a_restarted_service_that_comes_up_keeps_running(tmp_path) -> None:
     marker = tmp_path / "crashed-once"
-    code = f"import pathlib, sys, time\np = pathlib.Path({str(marker)!r})\n" \
-           "if not p.exists():\n    p.touch(); sys.exit(1)\ntime.sleep(60)"
+    code = (
+        f"import pathlib, sys, time\np = pathlib.Path({str(marker)!r})\n"
+        "if not p.exists():\n    p.touch(); sys.exit(1)\ntime.sleep(60)"
+    )
     sup = Supervisor(tmp_path, max_restarts=1, restart_backoff_s=0.05)
     sup.start(ServiceSpec("w", [sys.executable, "-c", code], restart=True))
     try:
@@ -82,8 +95,12 @@ def test_services_die_with_a_killed_supervisor(tmp_path: Path) -> None:
         print(p.pid, flush=True)
         time.sleep(120)
     """)
-    up = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                          cwd=Path(__file__).resolve().parents[2])
+    up = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     svc = int(up.stdout.readline())
     os.kill(svc, 0)  # running
     up.send_signal(signal.SIGKILL)
@@ -108,7 +125,9 @@ def test_a_service_and_its_children_run_on_the_cores_of_its_spec(tmp_path: Path)
     core = max(os.sched_getaffinity(0))
     out = tmp_path / "affinity"
     child = f"import os; open({str(out)!r}, 'w').write(repr(sorted(os.sched_getaffinity(0))))"
-    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}], check=True)"
+    parent = (
+        f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}], check=True)"
+    )
     sup = Supervisor(tmp_path)
     sup.start(ServiceSpec("pinned", [sys.executable, "-c", parent], cpus=(core,)))
     assert sup.procs["pinned"].wait(30) == 0

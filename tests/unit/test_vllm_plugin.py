@@ -82,10 +82,12 @@ def test_inference_sets_no_spin_on_cpu_and_leaves_gpus_alone(tmp_path: object) -
     model = init_model(tmp_path / "m", size="tiny")  # type: ignore[operator]
     s = InferenceSettings(model=str(model))
     assert idle_wait_env(s, is_cpu=True) == {
-        vllm_plugin.SPIN_ENV: "0.0", vllm_plugin.POLL_ENV: "20"
+        vllm_plugin.SPIN_ENV: "0.0",
+        vllm_plugin.POLL_ENV: "20",
     }
     assert idle_wait_env(s, is_cpu=False) == {}
     s = InferenceSettings(model=str(model), engine_idle_spin_s=0.5, engine_idle_poll_ms=5)
     assert idle_wait_env(s, is_cpu=False) == {
-        vllm_plugin.SPIN_ENV: "0.5", vllm_plugin.POLL_ENV: "5"
+        vllm_plugin.SPIN_ENV: "0.5",
+        vllm_plugin.POLL_ENV: "5",
     }

@@ -59,7 +59,11 @@ def sandbox_image(config: DockerSandboxConfig) -> str:
 
 
 def build_command_for_image(
-    tag: str, base: str, python_version: str, docker_bin: str = "docker", context: Path = SANDBOX_DIR
+    tag: str,
+    base: str,
+    python_version: str,
+    docker_bin: str = "docker",
+    context: Path = SANDBOX_DIR,
 ) -> list[str]:
     """``docker build`` argv of the sandbox image ``tag`` FROM ``base``."""
     return [
@@ -95,7 +99,9 @@ def ensure_image(image: str, python_version: str, docker_bin: str = "docker") ->
         return
     r = subprocess.run(
         [docker_bin, "image", "inspect", "--format", "{{.Id}}", image],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=30,
     )
     if r.returncode != 0:
         raise RuntimeError(

@@ -48,7 +48,9 @@ def chat_sample_to_rollout(record: Mapping[str, Any], tokenizer: Any, rollout_id
         raise ValueError(
             f"chat sample {rollout_id} needs a tokenizer: OfflineBatchSource(tokenizer=...)"
         )
-    prompt = _ids(tokenizer.apply_chat_template(msgs[:-1], add_generation_prompt=True, tokenize=True))
+    prompt = _ids(
+        tokenizer.apply_chat_template(msgs[:-1], add_generation_prompt=True, tokenize=True)
+    )
     target = str(msgs[-1]["content"])
     eos = getattr(tokenizer, "eos_token", None)
     if eos and not target.endswith(eos):

@@ -80,8 +80,6 @@ DEFAULT_CONSUMER = "learner-0"
 _MSG_BATCH, _MSG_WAIT, _MSG_IDLE = "batch", "wait", "idle"
 
 
-
-
 def stream_id_key(eid: str) -> tuple[int, int]:
     """``"1700000000000-3"`` -> (1700000000000, 3), for comparing stream ids."""
     ms, _, seq = eid.partition("-")
@@ -476,7 +474,8 @@ class PipelineBatchSource:
         for i in range(0, n, 1000):
             chunk = ids[i : i + 1000]
             await transport.retry_redis(
-                functools.partial(accounting.ack_items, sc, chunk, "trained"), deadline_s=60,
+                functools.partial(accounting.ack_items, sc, chunk, "trained"),
+                deadline_s=60,
                 should_stop=self.stop_fn,
             )
         self._uncommitted = []

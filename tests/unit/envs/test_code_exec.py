@@ -279,8 +279,17 @@ def test_docker_image_build_command():
     assert docker_mod.sandbox_image(cfg) == "ludic-sandbox:3.12"
     assert docker_mod.sandbox_image(DockerSandboxConfig(base_image="my/py:1")) == "my/py:1"
     argv = docker_mod.build_command_for_image("ludic-sandbox:3.12", "local/py:x", "3.12")
-    assert argv == ["docker", "build", "-t", "ludic-sandbox:3.12", "--build-arg", "BASE=local/py:x",
-                    "--build-arg", "PYTHON_VERSION=3.12", str(REPO / "deploy" / "sandbox")]
+    assert argv == [
+        "docker",
+        "build",
+        "-t",
+        "ludic-sandbox:3.12",
+        "--build-arg",
+        "BASE=local/py:x",
+        "--build-arg",
+        "PYTHON_VERSION=3.12",
+        str(REPO / "deploy" / "sandbox"),
+    ]
     assert (REPO / "deploy" / "sandbox" / "Dockerfile").is_file()
 
 
@@ -290,7 +299,9 @@ needs_engine = pytest.mark.skipif(
     not docker_available() and os.environ.get("LUDIC_REQUIRE_DOCKER") != "1",
     reason="no reachable Docker engine (`docker info` fails here)",
 )
-LOCAL_BASE = "ludic-local/python:bookworm"  # built by scripts/docker-host.sh where Hub is unreachable
+LOCAL_BASE = (
+    "ludic-local/python:bookworm"  # built by scripts/docker-host.sh where Hub is unreachable
+)
 
 
 @pytest.fixture(scope="module")
@@ -304,8 +315,13 @@ def sandbox_image() -> str:
     if subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0:
         return tag
     base = os.environ.get("LUDIC_SANDBOX_BASE")
-    if base is None and subprocess.run(["docker", "image", "inspect", LOCAL_BASE],
-                                       capture_output=True).returncode == 0:
+    if (
+        base is None
+        and subprocess.run(
+            ["docker", "image", "inspect", LOCAL_BASE], capture_output=True
+        ).returncode
+        == 0
+    ):
         base = LOCAL_BASE
     with open("/tmp/ludic-docker.lock", "a") as lock:
         deadline = time.monotonic() + 300
@@ -315,8 +331,10 @@ def sandbox_image() -> str:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    pytest.fail("/tmp/ludic-docker.lock held for 300 s (a dockerd started under "
-                                "flock inherits it); build the image: `ludic sandbox build`")
+                    pytest.fail(
+                        "/tmp/ludic-docker.lock held for 300 s (a dockerd started under "
+                        "flock inherits it); build the image: `ludic sandbox build`"
+                    )
                 time.sleep(1)
         return docker_mod.build_image(DockerSandboxConfig(), base)
 

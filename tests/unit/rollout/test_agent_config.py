@@ -35,7 +35,11 @@ def built_agents(task: dict) -> list:
 
 @pytest.mark.parametrize("kind,cls", [("plain", Agent), ("tool", ToolAgent), ("react", ReActAgent)])
 def test_task_agent_kind_reaches_the_protocol_through_the_request(kind, cls):
-    agent = {"kind": kind} if kind == "plain" else {"kind": kind, "tools": ["calculator"], "max_tool_rounds": 2}
+    agent = (
+        {"kind": kind}
+        if kind == "plain"
+        else {"kind": kind, "tools": ["calculator"], "max_tool_rounds": 2}
+    )
     (a,) = built_agents({"env": {"kind": "arithmetic"}, "agent": agent})
     assert type(a) is cls
     if kind != "plain":
@@ -50,25 +54,41 @@ def test_no_agent_key_builds_a_plain_agent_and_keeps_the_wire_unchanged():
 
 
 def test_multi_agent_builds_one_agent_of_the_kind_per_role():
-    agents = built_agents({
-        "env": {"kind": "tic_tac_toe_2p"},
-        "protocol": {"kind": "multi_agent", "kwargs": {"roles": ["X", "O"]}},
-        "agent": {"kind": "react"},
-    })
+    agents = built_agents(
+        {
+            "env": {"kind": "tic_tac_toe_2p"},
+            "protocol": {"kind": "multi_agent", "kwargs": {"roles": ["X", "O"]}},
+            "agent": {"kind": "react"},
+        }
+    )
     assert [type(a) for a in agents] == [ReActAgent, ReActAgent] and agents[0] is not agents[1]
 
 
-@pytest.mark.parametrize("agent,match", [
-    ({"kind": "planner"}, r"agent kind 'planner' is unknown; valid kinds: \['plain', 'react', 'tool'\]"),
-    ({"kind": "plain", "tools": ["python"]}, r"unknown kwarg\(s\) \['tools'\]; valid kwargs for 'plain': none"),
-    ({"kind": "tool", "tools": ["python"], "rounds": 2},
-     r"unknown kwarg\(s\) \['rounds'\]; valid kwargs for 'tool': \['tools', 'max_tool_rounds'\]"),
-    ({"kind": "tool", "tools": ["bash"]}, r"unknown tool\(s\) \['bash'\]; available: \['calculator', 'python'\]"),
-    ({"kind": "tool"}, r"needs tools=\[...\]"),
-    ({"kind": "tool", "tools": "python"}, r"must be a list of tool names"),
-    ({"kind": "react", "max_tool_rounds": -1}, r"max_tool_rounds=-1 must be an integer >= 0"),
-    ({"kind": "react", "think_error_reward": "x"}, r"think_error_reward='x' must be a number"),
-])
+@pytest.mark.parametrize(
+    "agent,match",
+    [
+        (
+            {"kind": "planner"},
+            r"agent kind 'planner' is unknown; valid kinds: \['plain', 'react', 'tool'\]",
+        ),
+        (
+            {"kind": "plain", "tools": ["python"]},
+            r"unknown kwarg\(s\) \['tools'\]; valid kwargs for 'plain': none",
+        ),
+        (
+            {"kind": "tool", "tools": ["python"], "rounds": 2},
+            r"unknown kwarg\(s\) \['rounds'\]; valid kwargs for 'tool': \['tools', 'max_tool_rounds'\]",
+        ),
+        (
+            {"kind": "tool", "tools": ["bash"]},
+            r"unknown tool\(s\) \['bash'\]; available: \['calculator', 'python'\]",
+        ),
+        ({"kind": "tool"}, r"needs tools=\[...\]"),
+        ({"kind": "tool", "tools": "python"}, r"must be a list of tool names"),
+        ({"kind": "react", "max_tool_rounds": -1}, r"max_tool_rounds=-1 must be an integer >= 0"),
+        ({"kind": "react", "think_error_reward": "x"}, r"think_error_reward='x' must be a number"),
+    ],
+)
 def test_bad_agent_config_fails_at_feeder_startup_naming_value_and_choices(agent, match):
     with pytest.raises(ValueError, match=r"feeder task #0 \(arithmetic\): .*" + match):
         FeederSettings(tasks=[{"env": {"kind": "arithmetic"}, "agent": agent}], metrics_port=0)
@@ -78,8 +98,14 @@ def test_feeder_task_rejects_unknown_keys_and_a_doubled_agent():
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['agnet'\]; valid keys: .*'agent'"):
         Task.from_dict({"env": {"kind": "arithmetic"}, "agnet": {"kind": "tool"}}, 0)
     with pytest.raises(ValueError, match="sets agent twice"):
-        Task.from_dict({"env": {"kind": "arithmetic"}, "agent": {"kind": "plain"},
-                        "protocol": {"kind": "single_agent", "agent": {"kind": "plain"}}}, 0)
+        Task.from_dict(
+            {
+                "env": {"kind": "arithmetic"},
+                "agent": {"kind": "plain"},
+                "protocol": {"kind": "single_agent", "agent": {"kind": "plain"}},
+            },
+            0,
+        )
 
 
 def test_bad_agent_on_the_wire_is_a_codec_error():
@@ -111,8 +137,11 @@ async def test_tool_agent_from_config_calls_its_tool_in_an_episode():
 
     client = ScriptedClient([reply])
     eng = RolloutEngine(*build_registries(client))
-    req = RolloutRequest(env=EnvSpec("arithmetic"), env_seed=4,
-                         protocol=ProtocolSpec(agent=AgentSpec("tool", {"tools": ["calculator"]})))
+    req = RolloutRequest(
+        env=EnvSpec("arithmetic"),
+        env_seed=4,
+        protocol=ProtocolSpec(agent=AgentSpec("tool", {"tools": ["calculator"]})),
+    )
     (ro,) = await eng.generate_rollouts([req], max_steps=2)
     tool_step, answer = ro.steps
     assert tool_step.info["kind"] == "tool_call" and tool_step.next_obs == f"calculator: {q.answer}"
@@ -128,7 +157,9 @@ def test_builtin_tools():
         calculator("__import__('os')")
     with pytest.raises(ValueError, match="too large"):
         calculator("2 ** 1000")
-    schema = ToolAgent(ScriptedClient(["x"]), tools=[calculator]).tools["calculator"].openai_schema()
+    schema = (
+        ToolAgent(ScriptedClient(["x"]), tools=[calculator]).tools["calculator"].openai_schema()
+    )
     assert json.loads(json.dumps(schema))["function"]["parameters"]["required"] == ["expression"]
 
 
@@ -154,5 +185,7 @@ async def test_protocol_steps_an_async_env_without_blocking_the_loop():
             return ArithmeticEnv.step(self, actions)
 
     ans = generate_problem(1).answer
-    (ro,) = await SingleAgentSyncProtocol(Agent(ScriptedClient([ans]))).run(AsyncOnlyEnv(), max_steps=1, env_seed=1)
+    (ro,) = await SingleAgentSyncProtocol(Agent(ScriptedClient([ans]))).run(
+        AsyncOnlyEnv(), max_steps=1, env_seed=1
+    )
     assert ro.steps[0].reward == 1.0

@@ -32,10 +32,14 @@ async def test_parse_failure_gives_penalty_feedback_and_does_not_step_env():
     env = ArithmeticEnv()
     ans = generate_problem(1).answer
     client = ScriptedClient(["no tags", f"<answer>{ans}</answer>"])
-    proto = SingleAgentSyncProtocol(Agent(client, parser=xml_parser("answer", success_reward=0.1, error_reward=-0.5)))
+    proto = SingleAgentSyncProtocol(
+        Agent(client, parser=xml_parser("answer", success_reward=0.1, error_reward=-0.5))
+    )
     (r,) = await proto.run(env, max_steps=3, env_seed=1)
     first, second = r.steps
-    assert first.reward == -0.5 and first.info["parse_error"] and "<answer>" in (first.next_obs or "")
+    assert (
+        first.reward == -0.5 and first.info["parse_error"] and "<answer>" in (first.next_obs or "")
+    )
     # the feedback went back to the model as the next user message
     assert client.requests[1].messages[-1]["content"] == first.next_obs
     # 1.0 env reward + 0.1 format reward
@@ -51,7 +55,9 @@ async def test_max_steps_marks_truncation():
 
 
 async def test_stop_on_parse_error():
-    proto = SingleAgentSyncProtocol(Agent(ScriptedClient(["bad"]), parser=xml_parser("a")), stop_on_parse_error=True)
+    proto = SingleAgentSyncProtocol(
+        Agent(ScriptedClient(["bad"]), parser=xml_parser("a")), stop_on_parse_error=True
+    )
     (r,) = await proto.run(ArithmeticEnv(), max_steps=5, env_seed=0)
     assert len(r.steps) == 1 and r.steps[0].info["truncation_reason"] == "parse_error"
 
@@ -64,20 +70,29 @@ async def test_single_agent_protocol_rejects_multi_agent_env():
 
 def test_tool_schema_and_argument_validation():
     t = Tool.from_function(add)
-    assert t.parameters["required"] == ["a", "b"] and t.parameters["properties"]["a"] == {"type": "integer"}
+    assert t.parameters["required"] == ["a", "b"] and t.parameters["properties"]["a"] == {
+        "type": "integer"
+    }
     assert t.validate({"a": 1, "b": 2}) == {"a": 1, "b": 2}
-    for bad, msg in [({"a": 1}, "missing"), ({"a": 1, "b": "2"}, "must be integer"), ({"a": 1, "b": 2, "c": 3}, "unknown"), ([1], "JSON object")]:
+    for bad, msg in [
+        ({"a": 1}, "missing"),
+        ({"a": 1, "b": "2"}, "must be integer"),
+        ({"a": 1, "b": 2, "c": 3}, "unknown"),
+        ([1], "JSON object"),
+    ]:
         with pytest.raises(ValueError, match=msg):
             t.validate(bad)
 
 
 async def test_tool_agent_runs_tools_then_answers_and_each_call_is_a_step():
     ans = generate_problem(2).answer
-    client = ScriptedClient([
-        '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>',
-        '<tool_call>{"name": "add", "arguments": {"a": "x", "b": 3}}</tool_call>',
-        ans,
-    ])
+    client = ScriptedClient(
+        [
+            '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>',
+            '<tool_call>{"name": "add", "arguments": {"a": "x", "b": 3}}</tool_call>',
+            ans,
+        ]
+    )
     agent = ToolAgent(client, tools=[add])
     (r,) = await SingleAgentSyncProtocol(agent).run(ArithmeticEnv(), max_steps=1, env_seed=2)
     assert [s.info["kind"] for s in r.steps] == ["tool_call", "tool_call", "action"]
@@ -89,7 +104,9 @@ async def test_tool_agent_runs_tools_then_answers_and_each_call_is_a_step():
 
 
 async def test_tool_agent_caps_tool_rounds():
-    client = ScriptedClient(['<tool_call>{"name": "add", "arguments": {"a": 1, "b": 1}}</tool_call>'])
+    client = ScriptedClient(
+        ['<tool_call>{"name": "add", "arguments": {"a": 1, "b": 1}}</tool_call>']
+    )
     agent = ToolAgent(client, tools=[add], max_tool_rounds=2)
     (r,) = await SingleAgentSyncProtocol(agent).run(ArithmeticEnv(), max_steps=1, env_seed=0)
     assert len(client.requests) == 3 and len(r.steps) == 3
@@ -117,4 +134,6 @@ async def test_multi_agent_protocol_zero_sum_rollouts():
 
 async def test_multi_agent_protocol_needs_agent_per_role():
     with pytest.raises(ValueError, match="no agent given"):
-        await MultiAgentProtocol({"X": Agent(ScriptedClient(["1"]))}).run(TwoPlayerTicTacToeEnv(), max_steps=1)
+        await MultiAgentProtocol({"X": Agent(ScriptedClient(["1"]))}).run(
+            TwoPlayerTicTacToeEnv(), max_steps=1
+        )

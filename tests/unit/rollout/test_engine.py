@@ -20,8 +20,14 @@ async def test_generate_rollouts_seeds_groups_and_meta():
     client = ScriptedClient([answer_if_even_seed], policy_version=2)
     eng = RolloutEngine(*build_registries(client))
     reqs = [
-        RolloutRequest(env=EnvSpec("arithmetic"), env_seed=10, sampling_seed=0, num_episodes=4,
-                       same_env_seed=True, meta={"group_id": "g"}),
+        RolloutRequest(
+            env=EnvSpec("arithmetic"),
+            env_seed=10,
+            sampling_seed=0,
+            num_episodes=4,
+            same_env_seed=True,
+            meta={"group_id": "g"},
+        ),
         RolloutRequest(env=EnvSpec("arithmetic"), env_seed=20, sampling_seed=100, num_episodes=2),
     ]
     rs = await eng.generate_rollouts(reqs, max_steps=1, concurrency=3)
@@ -44,8 +50,13 @@ async def test_inference_spec_reaches_the_request():
     client = ScriptedClient(["1"])
     eng = RolloutEngine(*build_registries(client))
     spec = InferenceSpec(sampling=SamplingConfig(temperature=1.0, max_tokens=5))
-    await eng.generate_rollouts([RolloutRequest(env=EnvSpec("arithmetic"), env_seed=1, inference=spec)], max_steps=1)
-    assert client.requests[0].sampling.max_tokens == 5 and client.requests[0].sampling.temperature == 1.0
+    await eng.generate_rollouts(
+        [RolloutRequest(env=EnvSpec("arithmetic"), env_seed=1, inference=spec)], max_steps=1
+    )
+    assert (
+        client.requests[0].sampling.max_tokens == 5
+        and client.requests[0].sampling.temperature == 1.0
+    )
 
 
 async def test_unknown_kinds_name_the_registered_ones():
@@ -53,7 +64,9 @@ async def test_unknown_kinds_name_the_registered_ones():
     with pytest.raises(KeyError, match="unknown env kind 'nope'.*arithmetic"):
         await eng.generate_rollouts([RolloutRequest(env=EnvSpec("nope"))], max_steps=1)
     with pytest.raises(KeyError, match="unknown protocol kind"):
-        await eng.generate_rollouts([RolloutRequest(env=EnvSpec("arithmetic"), protocol=ProtocolSpec("x"))], max_steps=1)
+        await eng.generate_rollouts(
+            [RolloutRequest(env=EnvSpec("arithmetic"), protocol=ProtocolSpec("x"))], max_steps=1
+        )
 
 
 async def test_episode_failure_propagates():
@@ -63,13 +76,17 @@ async def test_episode_failure_propagates():
 
     eng = RolloutEngine(*build_registries(Boom(["x"])))
     with pytest.raises(RuntimeError, match="exploded"):
-        await eng.generate_rollouts([RolloutRequest(env=EnvSpec("arithmetic"), num_episodes=3)], max_steps=1)
+        await eng.generate_rollouts(
+            [RolloutRequest(env=EnvSpec("arithmetic"), num_episodes=3)], max_steps=1
+        )
 
 
 async def test_multi_agent_through_registry():
     client = ScriptedClient(["1", "4", "2", "5", "3"])
     eng = RolloutEngine(*build_registries(client))
-    req = RolloutRequest(env=EnvSpec("tic_tac_toe_2p"), protocol=ProtocolSpec("multi_agent", {"roles": ["X", "O"]}))
+    req = RolloutRequest(
+        env=EnvSpec("tic_tac_toe_2p"), protocol=ProtocolSpec("multi_agent", {"roles": ["X", "O"]})
+    )
     rs = await eng.generate_rollouts([req], max_steps=9)
     assert sorted(r.meta["agent_id"] for r in rs) == ["O", "X"]
     assert sum(r.total_reward for r in rs) == 0.0
@@ -78,6 +95,11 @@ async def test_multi_agent_through_registry():
 def test_request_validation_and_roundtrip():
     with pytest.raises(ValueError, match="num_episodes"):
         RolloutRequest(env=EnvSpec("arithmetic"), num_episodes=0)
-    r = RolloutRequest(env=EnvSpec("arithmetic", {"digits": 3}), env_seed=1, inference=InferenceSpec(), meta={"group_id": "x"})
+    r = RolloutRequest(
+        env=EnvSpec("arithmetic", {"digits": 3}),
+        env_seed=1,
+        inference=InferenceSpec(),
+        meta={"group_id": "x"},
+    )
     assert RolloutRequest.from_dict(r.to_dict()) == r
     assert generate_problem(1, 3) is not None

@@ -39,7 +39,10 @@ def test_splits_partition_the_problem_space():
     frac = sum(in_eval_split(*operands(generate_problem(s))) for s in range(2000)) / 2000
     assert 0.07 < frac < 0.13
     # unrelated to the digits: eval problems have every units-digit pair, not a structured slice
-    pairs = {(a % 10, b % 10) for a, b in (operands(generate_problem(s, split="eval")) for s in range(3000))}
+    pairs = {
+        (a % 10, b % 10)
+        for a, b in (operands(generate_problem(s, split="eval")) for s in range(3000))
+    }
     assert len(pairs) > 90
     with pytest.raises(ValueError, match="split"):
         generate_problem(1, split="test")
@@ -55,7 +58,7 @@ def test_score_answer_exact_and_partial():
 
 def test_arithmetic_env_episode():
     env = ArithmeticEnv()
-    (obs, info), = env.reset(seed=11).values()
+    ((obs, info),) = env.reset(seed=11).values()
     assert obs == generate_problem(11).question and info["answer"] == generate_problem(11).answer
     out = env.step({"agent": info["answer"]})["agent"]
     assert out.reward == 1.0 and out.terminated

@@ -17,7 +17,9 @@ def client(tiny_model_dir):
 
 def req(seed=1, **kw):
     return ChatCompletionRequest(
-        messages=[{"role": "user", "content": "12+34="}], sampling=SamplingConfig(**{"temperature": 1.0, "max_tokens": 12, **kw}), seed=seed
+        messages=[{"role": "user", "content": "12+34="}],
+        sampling=SamplingConfig(**{"temperature": 1.0, "max_tokens": 12, **kw}),
+        seed=seed,
     )
 
 
@@ -32,7 +34,9 @@ async def test_logprobs_are_those_of_the_sampled_distribution(client, temp):
     n = len(r.prompt_token_ids)
     # logits at position n-1+j predict completion token j
     ref = [float(lp[n - 1 + j, t]) for j, t in enumerate(r.completion_token_ids)]
-    torch.testing.assert_close(torch.tensor(r.completion_logprobs), torch.tensor(ref), atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor(r.completion_logprobs), torch.tensor(ref), atol=1e-4, rtol=0
+    )
     assert r.prompt_token_ids == client.prompt_ids([{"role": "user", "content": "12+34="}])
     assert r.policy_version == 0
 
@@ -47,7 +51,11 @@ async def test_finish_reasons_and_return_spec(client):
     r, _ = await client.complete(req(max_tokens=3, temperature=0.0))
     assert r.finish_reason in ("length", "stop") and len(r.completion_token_ids) <= 3
     r2, _ = await client.complete(
-        ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], sampling=SamplingConfig(max_tokens=2), return_spec=ReturnSpec.for_eval())
+        ChatCompletionRequest(
+            messages=[{"role": "user", "content": "x"}],
+            sampling=SamplingConfig(max_tokens=2),
+            return_spec=ReturnSpec.for_eval(),
+        )
     )
     assert r2.completion_token_ids is not None and r2.completion_logprobs is None
 
@@ -69,7 +77,9 @@ def test_missing_model_dir_is_clear(tmp_path):
 
 
 @pytest.mark.parametrize("kw", [{"top_k": 3}, {"top_k": 5, "top_p": 0.5}])
-async def test_top_k_samples_among_the_k_likeliest_and_reports_their_renormalised_logprob(client, kw):
+async def test_top_k_samples_among_the_k_likeliest_and_reports_their_renormalised_logprob(
+    client, kw
+):
     """vLLM's order: top-k, renormalise, then top-p over what is left; the logprob is the
     sampled token's under that final renormalised distribution."""
     r, _ = await client.complete(req(seed=7, temperature=1.0, max_tokens=6, **kw))
@@ -98,8 +108,14 @@ async def test_a_stop_token_id_ends_generation_and_is_kept(client):
     assert r.finish_reason == "stop"
 
 
-@pytest.mark.parametrize("kw, match", [({"top_k": 0}, "top_k=0"), ({"top_k": 2.5}, "top_k=2.5"),
-                                       ({"stop_token_ids": [-1]}, "stop_token_ids=")])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"top_k": 0}, "top_k=0"),
+        ({"top_k": 2.5}, "top_k=2.5"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids="),
+    ],
+)
 def test_bad_top_k_and_stop_token_ids_are_refused(kw, match):
     with pytest.raises(ValueError, match=match):
         SamplingConfig(**kw)
@@ -109,4 +125,6 @@ def test_top_k_and_stop_token_ids_go_into_the_openai_body():
     body = SamplingConfig(top_k=20, stop_token_ids=[7, 9]).to_openai()
     assert body["top_k"] == 20 and body["stop_token_ids"] == [7, 9]
     assert "top_k" not in SamplingConfig().to_openai()
-    assert SamplingConfig.from_dict(SamplingConfig(stop_token_ids=[7]).to_dict()).stop_token_ids == (7,)
+    assert SamplingConfig.from_dict(
+        SamplingConfig(stop_token_ids=[7]).to_dict()
+    ).stop_token_ids == (7,)

@@ -44,24 +44,28 @@ class FakeServer:
             if self.mode == "malformed":
                 return PlainTextResponse("{not json", media_type="application/json")
             if self.mode == "no_ids":
-                return JSONResponse({"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}]})
+                return JSONResponse(
+                    {"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}]}
+                )
             n = int(body.get("n", 1))
             if n > 1:  # choice i carries token id 100 + seed + i (vLLM: seed + i per choice)
                 base = 100 + int(body.get("seed", 0))
-                return JSONResponse({
-                    "policy_version": 4,
-                    "prompt_token_ids": [257, 49],
-                    "choices": [
-                        {
-                            "index": i,
-                            "message": {"role": "assistant", "content": chr(base + i)},
-                            "finish_reason": "stop",
-                            "token_ids": [base + i],
-                            "logprobs": {"content": [{"token": "x", "logprob": -0.5 - i}]},
-                        }
-                        for i in reversed(range(n))  # order on the wire must not matter
-                    ],
-                })
+                return JSONResponse(
+                    {
+                        "policy_version": 4,
+                        "prompt_token_ids": [257, 49],
+                        "choices": [
+                            {
+                                "index": i,
+                                "message": {"role": "assistant", "content": chr(base + i)},
+                                "finish_reason": "stop",
+                                "token_ids": [base + i],
+                                "logprobs": {"content": [{"token": "x", "logprob": -0.5 - i}]},
+                            }
+                            for i in reversed(range(n))  # order on the wire must not matter
+                        ],
+                    }
+                )
             return JSONResponse(
                 {
                     "policy_version": 4,
@@ -71,7 +75,12 @@ class FakeServer:
                             "message": {"role": "assistant", "content": "hi"},
                             "finish_reason": "length",
                             "token_ids": [104, 105],
-                            "logprobs": {"content": [{"token": "h", "logprob": -0.25}, {"token": "i", "logprob": -1.5}]},
+                            "logprobs": {
+                                "content": [
+                                    {"token": "h", "logprob": -0.25},
+                                    {"token": "i", "logprob": -1.5},
+                                ]
+                            },
                         }
                     ],
                 },
@@ -79,7 +88,9 @@ class FakeServer:
             )
 
         self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error")
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> "FakeServer":
@@ -121,7 +132,9 @@ async def test_parses_token_ids_logprobs_version_and_sends_rl_fields(server):
     assert resp.completion_logprobs == [-0.25, -1.5] and resp.policy_version == 4
     body = server.bodies[-1]
     assert body["model"] == "tiny" and body["seed"] == 9
-    assert body["return_token_ids"] is True and body["logprobs"] is True and body["top_logprobs"] == 1
+    assert (
+        body["return_token_ids"] is True and body["logprobs"] is True and body["top_logprobs"] == 1
+    )
     assert body["temperature"] == 0.7 and body["max_tokens"] == 256
     assert await c.get_policy_version() == 7 and await c.health() is False  # no /health on the fake
     await c.aclose()
@@ -185,7 +198,9 @@ async def test_missing_token_ids_is_an_error_when_asked(server):
 
 
 async def test_server_down_is_a_clear_error():
-    c = OpenAIChatClient(f"http://127.0.0.1:{free_port()}", max_retries=1, backoff_s=0.01, model="m")
+    c = OpenAIChatClient(
+        f"http://127.0.0.1:{free_port()}", max_retries=1, backoff_s=0.01, model="m"
+    )
     with pytest.raises(InferenceError, match="is the server up"):
         await c.complete(req())
     await c.aclose()
@@ -220,7 +235,10 @@ async def test_only_identical_requests_with_consecutive_seeds_share_a_request(se
     calls = [seeded(s) for s in (1, 2, 3, 4, 7)] + [seeded(5, "other"), seeded(None), seeded(None)]
     got = await asyncio.gather(*[c.complete(r) for r in calls])
     sent = sorted(
-        ((b["messages"][0]["content"], b.get("seed"), b.get("n", 1)) for b in server.bodies[before:]),
+        (
+            (b["messages"][0]["content"], b.get("seed"), b.get("n", 1))
+            for b in server.bodies[before:]
+        ),
         key=str,
     )
     # seeds 1-3 (cut at max_coalesce), 4 alone, 7 alone (not consecutive), the other prompt

@@ -48,7 +48,9 @@ def test_boxed_parser_handles_nested_braces_and_last_box():
 
 
 def test_compose_parsers_sums_rewards_and_stops_at_first_failure():
-    p = compose_parsers(think_prefix_parser(success_reward=0.1), xml_parser("answer", success_reward=0.2))
+    p = compose_parsers(
+        think_prefix_parser(success_reward=0.1), xml_parser("answer", success_reward=0.2)
+    )
     ok = p("<think>a</think><answer>9</answer>")
     assert ok.action == "9" and ok.reward == pytest.approx(0.3)
     bad = p("<think>a</think> 9")

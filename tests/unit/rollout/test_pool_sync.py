@@ -14,7 +14,9 @@ class Client:
     def __init__(self, url: str, fail: bool = False) -> None:
         self.url, self.fail, self.got = url, fail, []
 
-    def sync_weights(self, params: Any, timeout_s: float = 600.0, version: int | None = None) -> str:
+    def sync_weights(
+        self, params: Any, timeout_s: float = 600.0, version: int | None = None
+    ) -> str:
         if self.fail:
             raise InferenceError(f"{self.url}: 503")
         self.got.append((dict(params), version))

@@ -29,14 +29,18 @@ def make_step(
         truncated=truncated,
         terminated=not truncated,
         info=dict(info or {}),
-        trace=TokenTrace(list(prompt), list(completion), None if logprobs is None else list(logprobs))
+        trace=TokenTrace(
+            list(prompt), list(completion), None if logprobs is None else list(logprobs)
+        )
         if trace
         else None,
         policy_version=policy_version,
     )
 
 
-def make_rollout(rid: str, rewards: Sequence[float], group_id: str | None = None, **kw: Any) -> Rollout:
+def make_rollout(
+    rid: str, rewards: Sequence[float], group_id: str | None = None, **kw: Any
+) -> Rollout:
     meta = {} if group_id is None else {"group_id": group_id}
     return Rollout(id=rid, steps=[make_step(i, r, **kw) for i, r in enumerate(rewards)], meta=meta)
 
@@ -58,7 +62,9 @@ def make_item(
         action_mask=[0] * n_state + [1] * n_action,
         weight=weight,
         meta={"item_id": f"it{seed}", "reward": weight},
-        attachments=SampleAttachments(actor_logprobs=lp if logprobs else None, policy_version=policy_version),
+        attachments=SampleAttachments(
+            actor_logprobs=lp if logprobs else None, policy_version=policy_version
+        ),
     )
 
 
@@ -88,9 +94,13 @@ class FakeEngine:
         self.rewards_per_call = rewards_per_call
         self.calls: list[dict[str, Any]] = []
 
-    async def generate_rollouts(self, requests, max_steps: int, concurrency: int = 8) -> list[Rollout]:
+    async def generate_rollouts(
+        self, requests, max_steps: int, concurrency: int = 8
+    ) -> list[Rollout]:
         rewards = self.rewards_per_call[len(self.calls) % len(self.rewards_per_call)]
-        self.calls.append({"requests": list(requests), "max_steps": max_steps, "concurrency": concurrency})
+        self.calls.append(
+            {"requests": list(requests), "max_steps": max_steps, "concurrency": concurrency}
+        )
         out = []
         k = 0
         for req in requests:

@@ -59,12 +59,17 @@ def test_preset_defaults() -> None:
     assert isinstance(s.loss, MaskedCausalLMCrossEntropyLoss) and not s.needs_actor_logprobs
 
     sc = make_scalerl()
-    assert isinstance(sc.credit_assigner, HybridNormalizedReturn) and sc.credit_assigner.group_size == 8
+    assert (
+        isinstance(sc.credit_assigner, HybridNormalizedReturn)
+        and sc.credit_assigner.group_size == 8
+    )
     assert isinstance(sc.loss, CISPOLoss) and sc.preprocess is drop_zero_variance_groups
     assert make_scalerl(filter_zvp=False).preprocess is None
 
     c = make_cispo()
-    assert isinstance(c.credit_assigner, GroupNormalizedReturn) and c.credit_assigner.group_size == 8
+    assert (
+        isinstance(c.credit_assigner, GroupNormalizedReturn) and c.credit_assigner.group_size == 8
+    )
     assert isinstance(c.loss, CISPOLoss)
     ck = make_cispo(kl_coeff=0.05)
     assert isinstance(ck.loss, CompositeLoss)
@@ -94,8 +99,11 @@ def test_to_saw_items_credits_then_filters() -> None:
 
 
 def test_scalerl_drops_zero_variance_groups() -> None:
-    rs = [make_rollout(f"{g}{i}", [r], g) for g, rewards in (("x", [1.0, 1.0]), ("y", [1.0, 0.0]))
-          for i, r in enumerate(rewards)]
+    rs = [
+        make_rollout(f"{g}{i}", [r], g)
+        for g, rewards in (("x", [1.0, 1.0]), ("y", [1.0, 0.0]))
+        for i, r in enumerate(rewards)
+    ]
     items = make_scalerl(group_size=2).to_saw_items(rs)
     assert sorted(i.meta["group_id"] for i in items) == ["y", "y"]
     assert make_scalerl(group_size=2).to_saw_items(rs[:2]) == []
@@ -130,18 +138,31 @@ def spec(section: dict) -> RLAlgorithm:
 
 @pytest.mark.parametrize("name", ["grpo", "cispo", "scalerl"])
 def test_mismatch_correction_from_the_algorithm_section(name) -> None:
-    algo = spec({"name": name, "group_size": 4, "kwargs": {
-        "mismatch_correction": "mis", "mismatch_level": "sequence", "mismatch_cap": 3.0}})
+    algo = spec(
+        {
+            "name": name,
+            "group_size": 4,
+            "kwargs": {
+                "mismatch_correction": "mis",
+                "mismatch_level": "sequence",
+                "mismatch_cap": 3.0,
+            },
+        }
+    )
     assert algo.loss.off_policy == OffPolicyCorrection("mis", "sequence", 3.0)
     assert spec({"name": name}).loss.off_policy == OffPolicyCorrection(None, "token", 2.0)
-    with pytest.raises(ValueError, match=rf"algorithm '{name}' with kwargs .*mismatch_correction='ois'"):
+    with pytest.raises(
+        ValueError, match=rf"algorithm '{name}' with kwargs .*mismatch_correction='ois'"
+    ):
         spec({"name": name, "kwargs": {"mismatch_correction": "ois"}})
 
 
 @pytest.mark.parametrize("name", ["grpo", "cispo", "scalerl"])
 def test_decoupled_ppo_from_the_algorithm_section(name) -> None:
     algo = spec({"name": name, "kwargs": {"use_decoupled_loss": True, "behav_imp_weight_cap": 5.0}})
-    assert algo.loss.off_policy == OffPolicyCorrection(use_decoupled_loss=True, behav_imp_weight_cap=5.0)
+    assert algo.loss.off_policy == OffPolicyCorrection(
+        use_decoupled_loss=True, behav_imp_weight_cap=5.0
+    )
     assert algo.needs_prox_logprobs
     assert spec({"name": name, "kwargs": {"recompute_logprob": True}}).needs_prox_logprobs
     assert not spec({"name": name}).needs_prox_logprobs
@@ -158,34 +179,75 @@ def test_decoupled_ppo_with_kl_still_asks_for_prox_logprobs() -> None:
 def test_gspo_and_dr_grpo_presets() -> None:
     g = make_gspo()
     assert isinstance(g.loss, GSPOLoss) and g.needs_actor_logprobs
-    assert (g.loss.eps_clip, g.loss.eps_clip_higher, g.loss.aggregation) == (3e-4, 4e-4, "seq-mean-token-mean")
+    assert (g.loss.eps_clip, g.loss.eps_clip_higher, g.loss.aggregation) == (
+        3e-4,
+        4e-4,
+        "seq-mean-token-mean",
+    )
     assert isinstance(g.credit_assigner, GroupNormalizedReturn) and g.credit_assigner.normalize_adv
     d = make_dr_grpo()
     assert isinstance(d.loss, TokenClippedSurrogateLoss) and d.loss.eps_clip == 0.2
     assert (d.loss.aggregation, d.loss.max_new_tokens) == ("seq-mean-token-sum-norm", 1024)
-    assert isinstance(d.credit_assigner, GroupNormalizedReturn) and not d.credit_assigner.normalize_adv
+    assert (
+        isinstance(d.credit_assigner, GroupNormalizedReturn) and not d.credit_assigner.normalize_adv
+    )
     assert isinstance(make_dr_grpo(kl_coeff=0.1).loss, CompositeLoss)
 
 
 def test_dr_grpo_credit_is_mean_centred_and_gspo_divides_by_the_std() -> None:
-    rs = [make_rollout(f"r{i}", [r], "g", logprobs=[-0.1, -0.2]) for i, r in enumerate([1.0, 0.0, 0.0, 0.0])]
+    rs = [
+        make_rollout(f"r{i}", [r], "g", logprobs=[-0.1, -0.2])
+        for i, r in enumerate([1.0, 0.0, 0.0, 0.0])
+    ]
     # mean 0.25: Dr. GRPO A = R - mean = 0.75, -0.25 x3
-    assert [i.weight for i in make_dr_grpo(group_size=4).to_saw_items(rs)] == pytest.approx([0.75] + [-0.25] * 3)
+    assert [i.weight for i in make_dr_grpo(group_size=4).to_saw_items(rs)] == pytest.approx(
+        [0.75] + [-0.25] * 3
+    )
     # GSPO (the paper's GRPO advantage): std = sqrt((0.5625 + 3 * 0.0625) / 4) = sqrt(0.1875)
-    std = 0.1875 ** 0.5
+    std = 0.1875**0.5
     want = [0.75 / std] + [-0.25 / std] * 3
-    assert [i.weight for i in make_gspo(group_size=4).to_saw_items(rs)] == pytest.approx(want, rel=1e-6)
+    assert [i.weight for i in make_gspo(group_size=4).to_saw_items(rs)] == pytest.approx(
+        want, rel=1e-6
+    )
 
 
 def test_gspo_and_dr_grpo_from_the_algorithm_section() -> None:
-    g = spec({"name": "gspo", "group_size": 4, "kwargs": {
-        "eps_clip": 1e-3, "eps_clip_higher": 2e-3, "aggregation": "token-mean", "normalize_adv": False,
-        "mismatch_correction": "tis", "mismatch_level": "sequence"}})
-    assert g.name == "gspo" and g.credit_assigner.group_size == 4 and not g.credit_assigner.normalize_adv
-    assert (g.loss.eps_clip, g.loss.eps_clip_higher, g.loss.aggregation) == (1e-3, 2e-3, "token-mean")
+    g = spec(
+        {
+            "name": "gspo",
+            "group_size": 4,
+            "kwargs": {
+                "eps_clip": 1e-3,
+                "eps_clip_higher": 2e-3,
+                "aggregation": "token-mean",
+                "normalize_adv": False,
+                "mismatch_correction": "tis",
+                "mismatch_level": "sequence",
+            },
+        }
+    )
+    assert (
+        g.name == "gspo"
+        and g.credit_assigner.group_size == 4
+        and not g.credit_assigner.normalize_adv
+    )
+    assert (g.loss.eps_clip, g.loss.eps_clip_higher, g.loss.aggregation) == (
+        1e-3,
+        2e-3,
+        "token-mean",
+    )
     assert g.loss.off_policy == OffPolicyCorrection("tis", "sequence")
-    d = spec({"name": "dr_grpo", "group_size": 4, "kwargs": {"max_new_tokens": 4096, "use_decoupled_loss": True}})
-    assert d.name == "dr_grpo" and (d.loss.aggregation, d.loss.max_new_tokens) == ("seq-mean-token-sum-norm", 4096)
+    d = spec(
+        {
+            "name": "dr_grpo",
+            "group_size": 4,
+            "kwargs": {"max_new_tokens": 4096, "use_decoupled_loss": True},
+        }
+    )
+    assert d.name == "dr_grpo" and (d.loss.aggregation, d.loss.max_new_tokens) == (
+        "seq-mean-token-sum-norm",
+        4096,
+    )
     assert d.needs_prox_logprobs
     with pytest.raises(ValueError, match=r"\['normalize_adv'\] are not arguments of make_dr_grpo"):
         spec({"name": "dr_grpo", "kwargs": {"normalize_adv": True}})
@@ -195,11 +257,18 @@ def test_gspo_and_dr_grpo_from_the_algorithm_section() -> None:
 
 @pytest.mark.parametrize("name", ["reinforce", "grpo", "cispo", "scalerl", "gspo", "dr_grpo"])
 def test_aggregation_from_the_algorithm_section(name) -> None:
-    algo = spec({"name": name, "kwargs": {"aggregation": "seq-mean-token-sum-norm", "max_new_tokens": 512}})
+    algo = spec(
+        {"name": name, "kwargs": {"aggregation": "seq-mean-token-sum-norm", "max_new_tokens": 512}}
+    )
     loss = algo.loss
     assert (loss.aggregation, loss.max_new_tokens) == ("seq-mean-token-sum-norm", 512)
-    assert spec({"name": name, "kwargs": {"aggregation": "seq-mean-token-sum"}}).loss.aggregation == "seq-mean-token-sum"
-    assert spec({"name": name, "kwargs": {"aggregation": "token"}}).loss.aggregation == "token"  # old name
+    assert (
+        spec({"name": name, "kwargs": {"aggregation": "seq-mean-token-sum"}}).loss.aggregation
+        == "seq-mean-token-sum"
+    )
+    assert (
+        spec({"name": name, "kwargs": {"aggregation": "token"}}).loss.aggregation == "token"
+    )  # old name
     with pytest.raises(ValueError, match=rf"algorithm '{name}'.*aggregation='mean'"):
         spec({"name": name, "kwargs": {"aggregation": "mean"}})
 
@@ -207,15 +276,24 @@ def test_aggregation_from_the_algorithm_section(name) -> None:
 def zero_variance_rollouts() -> list:
     """Groups of 2: x (1, 1) and z (0.5, 0.5) have equal rewards, y (1, 0) does not."""
     rewards = {"x": [1.0, 1.0], "y": [1.0, 0.0], "z": [0.5, 0.5]}
-    return [make_rollout(f"{g}{i}", [r], g, logprobs=[-0.1, -0.2])
-            for g, rs in rewards.items() for i, r in enumerate(rs)]
+    return [
+        make_rollout(f"{g}{i}", [r], g, logprobs=[-0.1, -0.2])
+        for g, rs in rewards.items()
+        for i, r in enumerate(rs)
+    ]
 
 
 # The kept group y, rewards (1, 0): reinforce G = R -> (1, 0); grpo, cispo, dr_grpo
 # R - mean = (+0.5, -0.5); gspo / (population std 0.5) -> (+1, -1); scalerl c = (+0.5, -0.5)
 # over a batch std of sqrt((0.25 + 0.25) / 2) = 0.5 -> (+1, -1).
-KEPT_Y = {"reinforce": [1.0, 0.0], "grpo": [0.5, -0.5], "cispo": [0.5, -0.5],
-          "dr_grpo": [0.5, -0.5], "gspo": [1.0, -1.0], "scalerl": [1.0, -1.0]}
+KEPT_Y = {
+    "reinforce": [1.0, 0.0],
+    "grpo": [0.5, -0.5],
+    "cispo": [0.5, -0.5],
+    "dr_grpo": [0.5, -0.5],
+    "gspo": [1.0, -1.0],
+    "scalerl": [1.0, -1.0],
+}
 
 
 @pytest.mark.parametrize("name", sorted(KEPT_Y))
@@ -248,4 +326,6 @@ def test_dynamic_sampling_defaults_and_scalerls_filter_zvp() -> None:
         spec({"name": "grpo", "group_size": 1, "kwargs": {"dynamic_sampling": True}})
     with pytest.raises(ValueError, match="kwargs.dynamic_sampling: false"):
         spec({"name": "scalerl", "group_size": 1})
-    assert not spec({"name": "scalerl", "group_size": 1, "kwargs": {"dynamic_sampling": False}}).dynamic_sampling
+    assert not spec(
+        {"name": "scalerl", "group_size": 1, "kwargs": {"dynamic_sampling": False}}
+    ).dynamic_sampling

@@ -36,8 +36,14 @@ PER_GROUP = [-0.25 / math.sqrt(0.1875)] * 3 + [0.75 / math.sqrt(0.1875)]
 
 
 def groups() -> tuple[list[Any], list[Any]]:
-    a = [make_rollout(f"a{i}", [r], group_id="a", logprobs=[-1.0, -1.0]) for i, r in enumerate([0, 0, 0, 1])]
-    b = [make_rollout(f"b{i}", [r], group_id="b", logprobs=[-1.0, -1.0]) for i, r in enumerate([0, 0, 0, 5])]
+    a = [
+        make_rollout(f"a{i}", [r], group_id="a", logprobs=[-1.0, -1.0])
+        for i, r in enumerate([0, 0, 0, 1])
+    ]
+    b = [
+        make_rollout(f"b{i}", [r], group_id="b", logprobs=[-1.0, -1.0])
+        for i, r in enumerate([0, 0, 0, 5])
+    ]
     return a, b
 
 
@@ -58,7 +64,9 @@ def test_credit_worker_items_one_group_at_a_time_get_the_batch_std_from_apply_ba
     algo = make_scalerl(group_size=4, filter_zvp=False)
     a, b = groups()
     # the credit worker's calls: one group each, batch stage deferred
-    items = algo.to_saw_items(a, defer_batch_stage=True) + algo.to_saw_items(b, defer_batch_stage=True)
+    items = algo.to_saw_items(a, defer_batch_stage=True) + algo.to_saw_items(
+        b, defer_batch_stage=True
+    )
     assert [it.weight for it in items] == pytest.approx([-0.25] * 3 + [0.75] + [-1.25] * 3 + [3.75])
     assert all(it.meta[PENDING_BATCH_STAGE] == "scalerl" for it in items)
     done = algo.apply_batch_stage(items)
@@ -68,7 +76,9 @@ def test_credit_worker_items_one_group_at_a_time_get_the_batch_std_from_apply_ba
     # positive_only clips after scaling by the std of the *unclipped* c
     pos = make_scalerl(group_size=4, filter_zvp=False, positive_only=True)
     got = pos.apply_batch_stage(items)
-    assert [it.weight for it in got] == pytest.approx([max(x, 0.0) for x in WANT_A + WANT_B], rel=1e-6)
+    assert [it.weight for it in got] == pytest.approx(
+        [max(x, 0.0) for x in WANT_A + WANT_B], rel=1e-6
+    )
 
 
 def test_batch_stage_errors_name_the_fix() -> None:
@@ -100,7 +110,9 @@ class Recording:
     def needs_actor_logprobs(self) -> bool:
         return bool(self.inner.needs_actor_logprobs)
 
-    def compute(self, logits: torch.Tensor, batch: Mapping[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
+    def compute(
+        self, logits: torch.Tensor, batch: Mapping[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
         self.seen.extend(float(x) for x in batch["weight"])
         return self.inner.compute(logits, batch)
 
@@ -110,7 +122,9 @@ async def test_trainer_applies_the_batch_stage_to_exactly_its_batch(tiny_model_d
 
     algo = make_scalerl(group_size=4, filter_zvp=False)
     a, b = groups()
-    items = algo.to_saw_items(a, defer_batch_stage=True) + algo.to_saw_items(b, defer_batch_stage=True)
+    items = algo.to_saw_items(a, defer_batch_stage=True) + algo.to_saw_items(
+        b, defer_batch_stage=True
+    )
     seen: list[float] = []
     algo.loss = Recording(algo.loss, seen)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
@@ -156,8 +170,13 @@ async def test_kl_term_with_the_trainers_reference_policy_by_hand() -> None:
     assert algo.needs_ref_logprobs
     policy = ConstLogits([0.0, 0.0])
     ref = ConstLogits([0.0, math.log(3.0)], trainable=False)
-    tr = Trainer(model=policy, algo=algo, batch_source=ListBatchSource([[kl_item()]]),
-                 cfg=cpu_cfg(max_grad_norm=None), reference_model=ref)
+    tr = Trainer(
+        model=policy,
+        algo=algo,
+        batch_source=ListBatchSource([[kl_item()]]),
+        cfg=cpu_cfg(max_grad_norm=None),
+        reference_model=ref,
+    )
     stats = await tr.train_step()
     assert stats["loss/kl/kl"] == pytest.approx(want_kl, rel=1e-5)
     assert stats["loss"] == pytest.approx(0.5 * want_kl, rel=1e-5)
@@ -171,23 +190,30 @@ async def test_kl_term_with_the_trainers_reference_policy_by_hand() -> None:
     assert ref.bias.tolist() == pytest.approx([0.0, math.log(3.0)])  # frozen
 
 
-@pytest.mark.parametrize("estimator, want, moves", [
-    # same policy/reference as above: lr = log 1.5 (token 1) and log 0.5 (token 2)
-    # k1 = -lr: (-log 1.5 - log 0.5) / 2 = log(4/3) / 2 = 0.1438410 (k3's value here too,
-    #   since e^lr - 1 sums to 0 over the two tokens); but d k1 / d logp = -1 per token and
-    #   d logp(y) / d bias = onehot(y) - p: (-1/2, 1/2) + (1/2, -1/2) = 0: the policy stays
-    ("k1", math.log(4.0 / 3.0) / 2, False),
-    # k2 = lr^2 / 2: (log(1.5)^2 + log(0.5)^2) / 4 = (0.1644 + 0.4805) / 4 = 0.1612219;
-    #   d k2 / d logp = -lr: token 1 -log 1.5 x (-1/2, 1/2), token 2 -log 0.5 x (1/2, -1/2)
-    #   = (0.2027 + 0.3466, ...) != 0: it moves toward the reference as k3 does
-    ("k2", (math.log(1.5) ** 2 + math.log(0.5) ** 2) / 4, True),
-])
+@pytest.mark.parametrize(
+    "estimator, want, moves",
+    [
+        # same policy/reference as above: lr = log 1.5 (token 1) and log 0.5 (token 2)
+        # k1 = -lr: (-log 1.5 - log 0.5) / 2 = log(4/3) / 2 = 0.1438410 (k3's value here too,
+        #   since e^lr - 1 sums to 0 over the two tokens); but d k1 / d logp = -1 per token and
+        #   d logp(y) / d bias = onehot(y) - p: (-1/2, 1/2) + (1/2, -1/2) = 0: the policy stays
+        ("k1", math.log(4.0 / 3.0) / 2, False),
+        # k2 = lr^2 / 2: (log(1.5)^2 + log(0.5)^2) / 4 = (0.1644 + 0.4805) / 4 = 0.1612219;
+        #   d k2 / d logp = -lr: token 1 -log 1.5 x (-1/2, 1/2), token 2 -log 0.5 x (1/2, -1/2)
+        #   = (0.2027 + 0.3466, ...) != 0: it moves toward the reference as k3 does
+        ("k2", (math.log(1.5) ** 2 + math.log(0.5) ** 2) / 4, True),
+    ],
+)
 async def test_kl_estimator_is_a_preset_kwarg(estimator, want, moves) -> None:
     algo = make_grpo(group_size=1, kl_coeff=0.5, kl_estimator=estimator)
     policy = ConstLogits([0.0, 0.0])
-    tr = Trainer(model=policy, algo=algo, batch_source=ListBatchSource([[kl_item()]]),
-                 cfg=cpu_cfg(max_grad_norm=None),
-                 reference_model=ConstLogits([0.0, math.log(3.0)], trainable=False))
+    tr = Trainer(
+        model=policy,
+        algo=algo,
+        batch_source=ListBatchSource([[kl_item()]]),
+        cfg=cpu_cfg(max_grad_norm=None),
+        reference_model=ConstLogits([0.0, math.log(3.0)], trainable=False),
+    )
     stats = await tr.train_step()
     assert stats["loss/kl/kl"] == pytest.approx(want, rel=1e-5)
     assert stats["loss"] == pytest.approx(0.5 * want, rel=1e-5)
@@ -206,8 +232,13 @@ def test_a_bad_kl_estimator_names_the_choices() -> None:
 def test_kl_gradient_by_hand() -> None:
     algo = make_grpo(group_size=1, kl_coeff=0.5)
     policy = ConstLogits([0.0, 0.0])
-    tr = Trainer(model=policy, algo=algo, batch_source=ListBatchSource([[kl_item()]]),
-                 cfg=cpu_cfg(max_grad_norm=None), reference_model=ConstLogits([0.0, math.log(3.0)], False))
+    tr = Trainer(
+        model=policy,
+        algo=algo,
+        batch_source=ListBatchSource([[kl_item()]]),
+        cfg=cpu_cfg(max_grad_norm=None),
+        reference_model=ConstLogits([0.0, math.log(3.0)], False),
+    )
     tr.accumulate_gradients([kl_item()])
     assert policy.bias.grad.tolist() == pytest.approx([0.125, -0.125], rel=1e-5)
 
@@ -219,8 +250,12 @@ async def test_default_reference_is_a_frozen_copy_of_the_initial_policy(tiny_mod
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     items = [make_item(5, 3, weight=w, seed=i) for i, w in enumerate([1.0, -1.0, 0.5, -0.5])]
-    tr = Trainer(model=model, algo=make_grpo(group_size=4, kl_coeff=0.1),
-                 batch_source=ListBatchSource([items]), cfg=cpu_cfg(lr=1e-2))
+    tr = Trainer(
+        model=model,
+        algo=make_grpo(group_size=4, kl_coeff=0.1),
+        batch_source=ListBatchSource([items]),
+        cfg=cpu_cfg(lr=1e-2),
+    )
     assert tr.ref_model is not None and tr.ref_model is not tr.model
     before = {k: v.clone() for k, v in tr.ref_model.state_dict().items()}
     s1 = await tr.train_step()

@@ -30,12 +30,18 @@ def batches():
 
 
 def trainer(model, ckpt_dir=None, every=0):
-    mgr = CheckpointManager(CheckpointConfig(str(ckpt_dir), every_n_steps=every)) if ckpt_dir else None
+    mgr = (
+        CheckpointManager(CheckpointConfig(str(ckpt_dir), every_n_steps=every))
+        if ckpt_dir
+        else None
+    )
     return Trainer(
         model=copy.deepcopy(model),
         algo=make_sft(),
         batch_source=ListBatchSource(batches()),
-        cfg=TrainerConfig(model_device="cpu", mixed_precision_dtype=None, lr=1e-2, pad_token_id=PAD_ID),
+        cfg=TrainerConfig(
+            model_device="cpu", mixed_precision_dtype=None, lr=1e-2, pad_token_id=PAD_ID
+        ),
         checkpointer=mgr,
     )
 
@@ -54,7 +60,9 @@ async def test_resume_is_bit_identical(base_model, tmp_path) -> None:
     assert resumed.step == 2 and resumed.batch_source.pos == 2
     await resumed.train(num_steps=2)
 
-    for (n, p), q in zip(straight.model.named_parameters(), resumed.model.parameters(), strict=True):
+    for (n, p), q in zip(
+        straight.model.named_parameters(), resumed.model.parameters(), strict=True
+    ):
         assert torch.equal(p, q), n
     sa, sb = straight.optimizer.state_dict(), resumed.optimizer.state_dict()
     for pid in sa["state"]:

@@ -18,7 +18,12 @@ from .fakes import make_rollout
 
 
 def test_all_are_credit_assigners() -> None:
-    for a in (MonteCarloReturn(), GroupNormalizedReturn(2), HybridNormalizedReturn(2), ConstantCredit()):
+    for a in (
+        MonteCarloReturn(),
+        GroupNormalizedReturn(2),
+        HybridNormalizedReturn(2),
+        ConstantCredit(),
+    ):
         assert isinstance(a, CreditAssigner)
 
 
@@ -26,7 +31,11 @@ def test_monte_carlo_discounted_return() -> None:
     r = make_rollout("r", [1.0, 0.0, 2.0])
     w = MonteCarloReturn(gamma=0.5).compute([r])
     # G_2 = 2;  G_1 = 0 + 0.5*2 = 1;  G_0 = 1 + 0.5*1 = 1.5
-    assert w == {("r", 0): pytest.approx(1.5), ("r", 1): pytest.approx(1.0), ("r", 2): pytest.approx(2.0)}
+    assert w == {
+        ("r", 0): pytest.approx(1.5),
+        ("r", 1): pytest.approx(1.0),
+        ("r", 2): pytest.approx(2.0),
+    }
 
 
 def test_monte_carlo_gamma_one_is_reward_to_go() -> None:

@@ -92,8 +92,13 @@ async def test_versions_start_above_the_floor_and_a_failed_publish_number_is_nev
         seen.append((version, error))
 
     pub = Publisher(fail={2})
-    tr = trainer(base_model, CommittingSource(), publisher=pub, cfg=cfg(),
-                 hooks=TrainerHooks(on_publish=on_publish))
+    tr = trainer(
+        base_model,
+        CommittingSource(),
+        publisher=pub,
+        cfg=cfg(),
+        hooks=TrainerHooks(on_publish=on_publish),
+    )
     tr.version_floor = 7  # Redis or a replica already serves v7
     await tr.train(num_steps=3)
     # step 1 -> v8; step 2's v9 fails (v8 stays served); step 3 publishes v10: a replica that
@@ -111,8 +116,12 @@ async def test_max_publish_failures_in_a_row_raise(
     base_model, async_publish: bool, failed_at_step: int
 ) -> None:
     # in the background, a publish's failure is known when the next one starts: one step later
-    tr = trainer(base_model, CommittingSource(), publisher=Publisher(fail={1, 2, 3}),
-                 cfg=cfg(max_publish_failures=3, async_publish=async_publish))
+    tr = trainer(
+        base_model,
+        CommittingSource(),
+        publisher=Publisher(fail={1, 2, 3}),
+        cfg=cfg(max_publish_failures=3, async_publish=async_publish),
+    )
     with pytest.raises(PublishFailed, match="3 consecutive publishes failed"):
         await tr.train(num_steps=5)
     assert tr.step == failed_at_step and tr.policy_version == 0
@@ -168,7 +177,9 @@ async def test_without_checkpoints_each_step_commits_its_items(base_model) -> No
         assert not set(ids) & set(src.committed)
         recorded.extend(ids)
 
-    tr = trainer(base_model, src, cfg=cfg(), hooks=TrainerHooks(on_step=on_step, on_trained=on_trained))
+    tr = trainer(
+        base_model, src, cfg=cfg(), hooks=TrainerHooks(on_step=on_step, on_trained=on_trained)
+    )
     hist = await tr.train(num_steps=2)
     assert recorded == src.committed
     assert src.committed == ["b1-0", "b1-1", "b2-0", "b2-1"]
@@ -184,8 +195,13 @@ async def test_with_checkpoints_items_commit_only_inside_a_checkpoint(base_model
         saved.append(committed)
 
     mgr = CheckpointManager(CheckpointConfig(str(tmp_path), every_n_steps=2))
-    tr = trainer(base_model, src, cfg=cfg(), checkpointer=mgr,
-                 hooks=TrainerHooks(on_checkpoint=on_checkpoint))
+    tr = trainer(
+        base_model,
+        src,
+        cfg=cfg(),
+        checkpointer=mgr,
+        hooks=TrainerHooks(on_checkpoint=on_checkpoint),
+    )
     await tr.train(num_steps=1)
     assert src.trained == ["b1-0", "b1-1"] and src.committed == []  # no checkpoint yet
     await tr.train(num_steps=2)  # the checkpoint at step 2 commits steps 1-2; step 3 waits

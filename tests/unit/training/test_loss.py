@@ -212,18 +212,27 @@ def test_composite_sums_terms_with_prefixed_stats() -> None:
     loss, stats = comp.compute(logits, batch)
     a, _ = L.ReinforceLoss().compute(logits, batch)
     b, _ = L.TokenKLLoss().compute(logits, batch)
-    assert float(loss.detach()) == pytest.approx(float(a.detach()) + 0.1 * float(b.detach()), rel=1e-6)
+    assert float(loss.detach()) == pytest.approx(
+        float(a.detach()) + 0.1 * float(b.detach()), rel=1e-6
+    )
     assert set(stats) == set(comp.stat_keys)
     assert {"loss", "pg/loss", "kl/kl"} <= set(stats)
     assert not comp.needs_actor_logprobs
     with pytest.raises(ValueError, match="unique"):
-        L.CompositeLoss(terms=[L.LossTerm("x", L.ReinforceLoss()), L.LossTerm("x", L.ReinforceLoss())])
+        L.CompositeLoss(
+            terms=[L.LossTerm("x", L.ReinforceLoss()), L.LossTerm("x", L.ReinforceLoss())]
+        )
 
 
 @pytest.mark.parametrize(
     "loss_obj",
-    [L.ReinforceLoss(), L.ReinforceBaselineLoss(), L.TokenClippedSurrogateLoss(), L.CISPOLoss(),
-     L.GSPOLoss()],
+    [
+        L.ReinforceLoss(),
+        L.ReinforceBaselineLoss(),
+        L.TokenClippedSurrogateLoss(),
+        L.CISPOLoss(),
+        L.GSPOLoss(),
+    ],
 )
 def test_stat_keys_fixed(loss_obj) -> None:
     logits, batch = uniform_batch(ratio=(1.0, 1.0))
@@ -263,8 +272,12 @@ def test_mismatch_stats_without_correction() -> None:
     # (min(0.5, 0.8) = 0.5): L = -(1.2 + 1.2 + 0.5) / 3
     assert float(loss.detach()) == pytest.approx(-2.9 / 3, rel=1e-5)
     # |t - b| = ln 3, ln 3, ln 2;  k3 = rho - 1 - ln rho = 2 - ln 3 (x2), 0.5 - 1 + ln 2
-    assert float(stats["mismatch_logprob_gap"]) == pytest.approx((2 * math.log(3) + math.log(2)) / 3, rel=1e-5)
-    assert float(stats["mismatch_kl"]) == pytest.approx((2 * (2 - math.log(3)) + math.log(2) - 0.5) / 3, rel=1e-5)
+    assert float(stats["mismatch_logprob_gap"]) == pytest.approx(
+        (2 * math.log(3) + math.log(2)) / 3, rel=1e-5
+    )
+    assert float(stats["mismatch_kl"]) == pytest.approx(
+        (2 * (2 - math.log(3)) + math.log(2) - 0.5) / 3, rel=1e-5
+    )
     assert float(stats["mismatch_weight_mean"]) == 1.0
     assert float(stats["mismatch_capped_frac"]) == 0.0
 
@@ -276,7 +289,9 @@ def test_mismatch_stats_without_correction() -> None:
         ("mis", (0.0, 0.0, 0.5), 2 / 3),  # 3 > 2: both seq0 tokens dropped; 0.5 kept as is
     ],
 )
-def test_token_level_mismatch_correction_on_the_clipped_surrogate(correction, want_w, want_capped) -> None:
+def test_token_level_mismatch_correction_on_the_clipped_surrogate(
+    correction, want_w, want_capped
+) -> None:
     logits, batch = uniform_batch(weights=(1.0, 1.0), action_lens=(2, 1), ratio=(3.0, 0.5))
     loss_obj = L.TokenClippedSurrogateLoss(eps_clip=0.2, off_policy=off(correction))
     loss, stats = loss_obj.compute(logits, batch)
@@ -305,9 +320,13 @@ def test_token_level_mismatch_correction_on_the_clipped_surrogate(correction, wa
         ("sequence", "mis", (0.0, 0.0, 0.5), 2 / 3),
     ],
 )
-def test_sequence_level_ratio_is_the_product_over_the_sequence(level, correction, want_w, want_capped) -> None:
+def test_sequence_level_ratio_is_the_product_over_the_sequence(
+    level, correction, want_w, want_capped
+) -> None:
     logits, batch = uniform_batch(weights=(1.0, 1.0), action_lens=(2, 1), ratio=(1.5, 0.5))
-    loss, stats = L.TokenClippedSurrogateLoss(off_policy=off(correction, level)).compute(logits, batch)
+    loss, stats = L.TokenClippedSurrogateLoss(off_policy=off(correction, level)).compute(
+        logits, batch
+    )
     assert float(loss.detach()) == pytest.approx(-sum(want_w) / 3, rel=1e-5)
     assert float(stats["mismatch_capped_frac"]) == pytest.approx(want_capped)
 
@@ -366,7 +385,9 @@ def test_decoupled_ppo_clips_against_prox_and_filters_behaviour_weights_above_th
     assert float(stats["mismatch_weight_mean"]) == pytest.approx(0.5 / 3, rel=1e-5)
     assert float(stats["mismatch_capped_frac"]) == pytest.approx(2 / 3)
     # |prox - behav| = ln 3, ln 3, ln 2
-    assert float(stats["mismatch_logprob_gap"]) == pytest.approx((2 * math.log(3) + math.log(2)) / 3, rel=1e-5)
+    assert float(stats["mismatch_logprob_gap"]) == pytest.approx(
+        (2 * math.log(3) + math.log(2)) / 3, rel=1e-5
+    )
     loss.backward()
     # only seq1 passes gradient: d(-w r A)/dlogits = -0.5 * r * grad logp = -0.25 grad logp,
     # over 3 tokens: REINFORCE with weights (0, 0.25)
@@ -455,11 +476,15 @@ def test_sequence_sum_aggregations_use_the_macro_sequence_count() -> None:
 def test_aggregation_is_validated() -> None:
     with pytest.raises(ValueError, match="needs max_new_tokens"):
         L.TokenClippedSurrogateLoss(aggregation="seq-mean-token-sum-norm")
-    with pytest.raises(ValueError, match="TokenKLLoss does not take aggregation='seq-mean-token-sum-norm'"):
+    with pytest.raises(
+        ValueError, match="TokenKLLoss does not take aggregation='seq-mean-token-sum-norm'"
+    ):
         L.TokenKLLoss(aggregation="seq-mean-token-sum-norm")
     with pytest.raises(ValueError, match="max_new_tokens=0 must be an integer >= 1"):
         L.CISPOLoss(max_new_tokens=0)
-    with pytest.raises(ValueError, match=r"aggregation='seq-mean'; use one of .*'seq-mean-token-sum'"):
+    with pytest.raises(
+        ValueError, match=r"aggregation='seq-mean'; use one of .*'seq-mean-token-sum'"
+    ):
         L.GSPOLoss(aggregation="seq-mean")
 
 

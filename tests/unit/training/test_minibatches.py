@@ -27,8 +27,9 @@ def base_model(tiny_model_dir):
 
 
 def cfg(**kw) -> TrainerConfig:
-    return TrainerConfig(model_device="cpu", mixed_precision_dtype=None, pad_token_id=PAD_ID,
-                         lr=1e-2, **kw)
+    return TrainerConfig(
+        model_device="cpu", mixed_precision_dtype=None, pad_token_id=PAD_ID, lr=1e-2, **kw
+    )
 
 
 def items6():
@@ -53,10 +54,18 @@ async def test_n_minibatches_are_n_steps_on_the_parts(base_model) -> None:
     half (same constant lr, same AdamW state carried over): the same weights afterwards."""
     algo = RLAlgorithm("t", ConstantCredit(), ReinforceLoss())
     items = items6()
-    mini = Trainer(model=copy.deepcopy(base_model), algo=algo, cfg=cfg(ppo_n_minibatches=2),
-                   batch_source=ListBatchSource([items]))
-    plain = Trainer(model=copy.deepcopy(base_model), algo=algo, cfg=cfg(),
-                    batch_source=ListBatchSource([items[:3], items[3:]]))
+    mini = Trainer(
+        model=copy.deepcopy(base_model),
+        algo=algo,
+        cfg=cfg(ppo_n_minibatches=2),
+        batch_source=ListBatchSource([items]),
+    )
+    plain = Trainer(
+        model=copy.deepcopy(base_model),
+        algo=algo,
+        cfg=cfg(),
+        batch_source=ListBatchSource([items[:3], items[3:]]),
+    )
     (st,) = await mini.train(num_steps=1)
     h = await plain.train(num_steps=2)
     assert mini.step == 1 and plain.step == 2
@@ -65,8 +74,12 @@ async def test_n_minibatches_are_n_steps_on_the_parts(base_model) -> None:
     assert st["grad_norm"] == pytest.approx((h[0]["grad_norm"] + h[1]["grad_norm"]) / 2, rel=1e-5)
     assert st["num_action_tokens"] == h[0]["num_action_tokens"] + h[1]["num_action_tokens"]
     moved = False
-    for (n, p), q, b in zip(mini.model.named_parameters(), plain.model.parameters(),
-                            base_model.parameters(), strict=True):
+    for (n, p), q, b in zip(
+        mini.model.named_parameters(),
+        plain.model.parameters(),
+        base_model.parameters(),
+        strict=True,
+    ):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=n)
         moved |= not torch.equal(p, b)
     assert moved  # the steps did change the weights: the comparison above is not vacuous
@@ -74,8 +87,12 @@ async def test_n_minibatches_are_n_steps_on_the_parts(base_model) -> None:
 
 async def test_more_minibatches_than_items_is_one_per_item(base_model) -> None:
     algo = RLAlgorithm("t", ConstantCredit(), ReinforceLoss())
-    tr = Trainer(model=copy.deepcopy(base_model), algo=algo, cfg=cfg(ppo_n_minibatches=8),
-                 batch_source=ListBatchSource([items6()[:3]]))
+    tr = Trainer(
+        model=copy.deepcopy(base_model),
+        algo=algo,
+        cfg=cfg(ppo_n_minibatches=8),
+        batch_source=ListBatchSource([items6()[:3]]),
+    )
     (st,) = await tr.train(num_steps=1)
     assert st["num_minibatches"] == 3
 
@@ -83,11 +100,19 @@ async def test_more_minibatches_than_items_is_one_per_item(base_model) -> None:
 def test_the_proximal_policy_is_the_one_the_step_starts_from(base_model) -> None:
     """Decoupled loss, two minibatches: the second minibatch's prox logprobs are the weights
     before the first update, although the first update has changed the weights."""
-    items = [sampled_at(base_model, make_item(s, a, weight=w, seed=i), 1.0)
-             for i, (s, a, w) in enumerate([(5, 3, 1.0), (9, 6, -0.5), (3, 4, 0.5), (6, 2, 1.5)])]
-    spy = SpyLoss(TokenClippedSurrogateLoss(off_policy=OffPolicyCorrection(use_decoupled_loss=True)))
-    tr = Trainer(model=copy.deepcopy(base_model), algo=RLAlgorithm("t", ConstantCredit(), spy),
-                 batch_source=ListBatchSource([]), cfg=cfg(ppo_n_minibatches=2))
+    items = [
+        sampled_at(base_model, make_item(s, a, weight=w, seed=i), 1.0)
+        for i, (s, a, w) in enumerate([(5, 3, 1.0), (9, 6, -0.5), (3, 4, 0.5), (6, 2, 1.5)])
+    ]
+    spy = SpyLoss(
+        TokenClippedSurrogateLoss(off_policy=OffPolicyCorrection(use_decoupled_loss=True))
+    )
+    tr = Trainer(
+        model=copy.deepcopy(base_model),
+        algo=RLAlgorithm("t", ConstantCredit(), spy),
+        batch_source=ListBatchSource([]),
+        cfg=cfg(ppo_n_minibatches=2),
+    )
     st = tr._update(items)
     assert st["num_minibatches"] == 2 and st["prox_time_s"] > 0
     assert len(spy.batches) == 2  # one micro-batch per minibatch here
@@ -106,24 +131,48 @@ def test_the_proximal_policy_is_the_one_the_step_starts_from(base_model) -> None
 
 def test_stats_of_minibatches_combine_by_their_kind() -> None:
     parts = [
-        {"loss": 1.0, "grad_norm": 2.0, "num_action_tokens": 10.0, "loss/clip_frac": 0.5, "prox_time_s": 0.1},
-        {"loss": 3.0, "grad_norm": 4.0, "num_action_tokens": 30.0, "loss/clip_frac": 0.1, "prox_time_s": 0.2},
+        {
+            "loss": 1.0,
+            "grad_norm": 2.0,
+            "num_action_tokens": 10.0,
+            "loss/clip_frac": 0.5,
+            "prox_time_s": 0.1,
+        },
+        {
+            "loss": 3.0,
+            "grad_norm": 4.0,
+            "num_action_tokens": 30.0,
+            "loss/clip_frac": 0.1,
+            "prox_time_s": 0.2,
+        },
     ]
     out = combine_minibatch_stats(parts)
     # means for loss and grad_norm; clip_frac token-weighted (10*0.5 + 30*0.1) / 40 = 0.2; sums
-    assert out == pytest.approx({"num_minibatches": 2.0, "loss": 2.0, "grad_norm": 3.0,
-                                 "num_action_tokens": 40.0, "loss/clip_frac": 0.2,
-                                 "prox_time_s": 0.3})
+    assert out == pytest.approx(
+        {
+            "num_minibatches": 2.0,
+            "loss": 2.0,
+            "grad_norm": 3.0,
+            "num_action_tokens": 40.0,
+            "loss/clip_frac": 0.2,
+            "prox_time_s": 0.3,
+        }
+    )
 
 
 def test_gradient_checkpointing_gives_the_same_gradient(base_model) -> None:
     """Recomputing activations in the backward changes memory, not numbers."""
     algo = RLAlgorithm("t", ConstantCredit(), ReinforceLoss())
     items = items6()
-    plain = Trainer(model=copy.deepcopy(base_model), algo=algo, cfg=cfg(),
-                    batch_source=ListBatchSource([]))
-    ckpt = Trainer(model=copy.deepcopy(base_model), algo=algo, cfg=cfg(gradient_checkpointing=True),
-                   batch_source=ListBatchSource([]))
+    plain = Trainer(
+        model=copy.deepcopy(base_model), algo=algo, cfg=cfg(), batch_source=ListBatchSource([])
+    )
+    ckpt = Trainer(
+        model=copy.deepcopy(base_model),
+        algo=algo,
+        cfg=cfg(gradient_checkpointing=True),
+        batch_source=ListBatchSource([]),
+    )
     assert ckpt.model.is_gradient_checkpointing and not plain.model.is_gradient_checkpointing
     plain.model.train()
     ckpt.model.train()
@@ -135,6 +184,12 @@ def test_gradient_checkpointing_gives_the_same_gradient(base_model) -> None:
 
 
 def test_gradient_checkpointing_on_a_model_without_it_is_refused() -> None:
-    with pytest.raises(ValueError, match="gradient_checkpointing=True but Linear does not support it"):
-        Trainer(model=torch.nn.Linear(2, 2), algo=RLAlgorithm("t", ConstantCredit(), ReinforceLoss()),
-                cfg=cfg(gradient_checkpointing=True), batch_source=ListBatchSource([]))
+    with pytest.raises(
+        ValueError, match="gradient_checkpointing=True but Linear does not support it"
+    ):
+        Trainer(
+            model=torch.nn.Linear(2, 2),
+            algo=RLAlgorithm("t", ConstantCredit(), ReinforceLoss()),
+            cfg=cfg(gradient_checkpointing=True),
+            batch_source=ListBatchSource([]),
+        )

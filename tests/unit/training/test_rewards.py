@@ -31,20 +31,37 @@ def completion(n: int) -> tuple[int, ...]:
 
 
 def test_overlong_penalty_is_linear_over_the_last_overlong_tokens() -> None:
-    sh = RewardShaping(overlong_reward_penalty=True, overlong_tokens=4, overlong_penalty_factor=1.0,
-                       max_new_tokens=10)
+    sh = RewardShaping(
+        overlong_reward_penalty=True,
+        overlong_tokens=4,
+        overlong_penalty_factor=1.0,
+        max_new_tokens=10,
+    )
     # expected length 10 - 4 = 6; p(L) = min(-(L - 6) / 4 * 1.0, 0)
     # L=5 -> min(+0.25, 0) = 0;  L=6 -> 0;  L=8 -> -0.5;  L=10 -> -1.0
-    assert [sh.overlong_penalty(n) for n in (0, 5, 6, 8, 10)] == pytest.approx([0, 0, 0, -0.5, -1.0])
-    half = RewardShaping(overlong_reward_penalty=True, overlong_tokens=4, overlong_penalty_factor=0.5,
-                         max_new_tokens=10)
+    assert [sh.overlong_penalty(n) for n in (0, 5, 6, 8, 10)] == pytest.approx(
+        [0, 0, 0, -0.5, -1.0]
+    )
+    half = RewardShaping(
+        overlong_reward_penalty=True,
+        overlong_tokens=4,
+        overlong_penalty_factor=0.5,
+        max_new_tokens=10,
+    )
     assert half.overlong_penalty(8) == pytest.approx(-0.25)  # -(2 / 4) * 0.5
     assert RewardShaping().overlong_penalty(10) == 0.0  # off by default (AReaL)
 
 
 def test_penalty_then_bias_then_scaling_then_clip() -> None:
-    sh = RewardShaping(reward_scaling=2.0, reward_bias=0.5, reward_clip=5.0, overlong_reward_penalty=True,
-                       overlong_tokens=4, overlong_penalty_factor=1.0, max_new_tokens=10)
+    sh = RewardShaping(
+        reward_scaling=2.0,
+        reward_bias=0.5,
+        reward_clip=5.0,
+        overlong_reward_penalty=True,
+        overlong_tokens=4,
+        overlong_penalty_factor=1.0,
+        max_new_tokens=10,
+    )
     (r,) = sh.apply([make_rollout("a", [1.0], completion=completion(8))])
     # (1 + p(8) + 0.5) * 2 = (1 - 0.5 + 0.5) * 2 = 2.0
     assert r.steps[0].reward == pytest.approx(2.0)
@@ -66,10 +83,16 @@ def test_shaping_leaves_the_input_rollouts_alone() -> None:
 
 def test_overlong_penalty_through_grpo_and_dynamic_sampling() -> None:
     # both answers right (reward 1); b used the whole budget of 10 tokens: p(10) = -1
-    rs = [make_rollout("a", [1.0], "g", completion=completion(4)),
-          make_rollout("b", [1.0], "g", completion=completion(10))]
-    kw = {"overlong_reward_penalty": True, "overlong_tokens": 4, "overlong_penalty_factor": 1.0,
-          "max_new_tokens": 10}
+    rs = [
+        make_rollout("a", [1.0], "g", completion=completion(4)),
+        make_rollout("b", [1.0], "g", completion=completion(10)),
+    ]
+    kw = {
+        "overlong_reward_penalty": True,
+        "overlong_tokens": 4,
+        "overlong_penalty_factor": 1.0,
+        "max_new_tokens": 10,
+    }
     items = make_grpo(group_size=2, **kw).to_saw_items(rs)
     # shaped totals (1, 0), mean 0.5 -> A = +0.5, -0.5
     assert [it.weight for it in items] == pytest.approx([0.5, -0.5])
@@ -93,7 +116,9 @@ def test_reward_bias_counts_once_per_step() -> None:
 def test_reward_scaling_and_clip_through_grpo() -> None:
     rs = [make_rollout("a", [30.0], "g"), make_rollout("b", [0.0], "g")]
     # default clip 20: (20, 0), mean 10 -> +10, -10
-    assert [it.weight for it in make_grpo(group_size=2).to_saw_items(rs)] == pytest.approx([10.0, -10.0])
+    assert [it.weight for it in make_grpo(group_size=2).to_saw_items(rs)] == pytest.approx(
+        [10.0, -10.0]
+    )
     # scaling 0.1 first: (3, 0) -> +1.5, -1.5
     items = make_grpo(group_size=2, reward_scaling=0.1).to_saw_items(rs)
     assert [it.weight for it in items] == pytest.approx([1.5, -1.5])
@@ -101,14 +126,19 @@ def test_reward_scaling_and_clip_through_grpo() -> None:
 
 def no_eos_group() -> list:
     # rewards (1, 0, 0); c stopped at the token budget (finish_reason "length")
-    return [make_rollout("a", [1.0], "g"), make_rollout("b", [0.0], "g"),
-            make_rollout("c", [0.0], "g", info={"finish_reason": "length"})]
+    return [
+        make_rollout("a", [1.0], "g"),
+        make_rollout("b", [0.0], "g"),
+        make_rollout("c", [0.0], "g", info={"finish_reason": "length"}),
+    ]
 
 
 def test_mask_no_eos_with_zero_after_the_group_statistics() -> None:
     # mean 1/3 over all three (c included) -> a 2/3, b -1/3; c masked to 0
     stats = CreditStats()
-    items = make_grpo(group_size=3, mask_no_eos_with_zero=True).to_saw_items(no_eos_group(), stats=stats)
+    items = make_grpo(group_size=3, mask_no_eos_with_zero=True).to_saw_items(
+        no_eos_group(), stats=stats
+    )
     assert [it.weight for it in items] == pytest.approx([2 / 3, -1 / 3, 0.0])
     assert stats.items_masked_no_eos == 1
     plain = make_grpo(group_size=3).to_saw_items(no_eos_group())
@@ -131,11 +161,20 @@ def test_mask_no_eos_with_zero_waits_for_the_batch_stage() -> None:
 def test_reward_options_errors_name_the_fix() -> None:
     with pytest.raises(ValueError, match="overlong_reward_penalty needs max_new_tokens"):
         make_grpo(overlong_reward_penalty=True, overlong_tokens=4, overlong_penalty_factor=1.0)
-    with pytest.raises(ValueError, match=r"overlong_tokens=20 must be an integer in \[1, max_new_tokens=10\]"):
-        make_grpo(overlong_reward_penalty=True, overlong_tokens=20, overlong_penalty_factor=1.0, max_new_tokens=10)
+    with pytest.raises(
+        ValueError, match=r"overlong_tokens=20 must be an integer in \[1, max_new_tokens=10\]"
+    ):
+        make_grpo(
+            overlong_reward_penalty=True,
+            overlong_tokens=20,
+            overlong_penalty_factor=1.0,
+            max_new_tokens=10,
+        )
     with pytest.raises(ValueError, match="overlong_penalty_factor=None must be a number >= 0"):
         make_grpo(overlong_reward_penalty=True, overlong_tokens=4, max_new_tokens=10)
-    with pytest.raises(ValueError, match="overlong_tokens set but overlong_reward_penalty is false"):
+    with pytest.raises(
+        ValueError, match="overlong_tokens set but overlong_reward_penalty is false"
+    ):
         make_grpo(overlong_tokens=4)
     with pytest.raises(ValueError, match="reward_clip=0.0 must be > 0"):
         make_grpo(reward_clip=0.0)
@@ -144,19 +183,41 @@ def test_reward_options_errors_name_the_fix() -> None:
     with pytest.raises(ValueError, match="rollout n step 0 has a non-finite reward nan"):
         make_grpo(group_size=1).to_saw_items([make_rollout("n", [float("nan")])])
     with pytest.raises(ValueError, match="no TokenTrace: the overlong penalty needs"):
-        RewardShaping(overlong_reward_penalty=True, overlong_tokens=4, overlong_penalty_factor=1.0,
-                      max_new_tokens=10).apply([make_rollout("t", [1.0], trace=False)])
+        RewardShaping(
+            overlong_reward_penalty=True,
+            overlong_tokens=4,
+            overlong_penalty_factor=1.0,
+            max_new_tokens=10,
+        ).apply([make_rollout("t", [1.0], trace=False)])
 
 
 @pytest.mark.parametrize("name", RL_PRESETS)
 def test_reward_options_from_the_algorithm_section(name) -> None:
-    algo = spec({"name": name, "group_size": 4, "kwargs": {
-        "overlong_reward_penalty": True, "overlong_tokens": 128, "overlong_penalty_factor": 0.5,
-        "max_new_tokens": 512, "reward_scaling": 2.0, "reward_bias": -0.5, "reward_clip": 4.0,
-        "mask_no_eos_with_zero": True}})
+    algo = spec(
+        {
+            "name": name,
+            "group_size": 4,
+            "kwargs": {
+                "overlong_reward_penalty": True,
+                "overlong_tokens": 128,
+                "overlong_penalty_factor": 0.5,
+                "max_new_tokens": 512,
+                "reward_scaling": 2.0,
+                "reward_bias": -0.5,
+                "reward_clip": 4.0,
+                "mask_no_eos_with_zero": True,
+            },
+        }
+    )
     assert algo.reward_shaping == RewardShaping(
-        reward_scaling=2.0, reward_bias=-0.5, reward_clip=4.0, overlong_reward_penalty=True,
-        overlong_tokens=128, overlong_penalty_factor=0.5, max_new_tokens=512)
+        reward_scaling=2.0,
+        reward_bias=-0.5,
+        reward_clip=4.0,
+        overlong_reward_penalty=True,
+        overlong_tokens=128,
+        overlong_penalty_factor=0.5,
+        max_new_tokens=512,
+    )
     assert algo.mask_no_eos_with_zero
     default = spec({"name": name})
     budget = 1024 if name == "dr_grpo" else None  # the preset's max_new_tokens
@@ -167,8 +228,16 @@ def test_reward_options_from_the_algorithm_section(name) -> None:
 
 
 def test_dr_grpos_budget_is_the_overlong_penaltys_max_length() -> None:
-    algo = spec({"name": "dr_grpo", "kwargs": {"overlong_reward_penalty": True, "overlong_tokens": 256,
-                                               "overlong_penalty_factor": 1.0}})
+    algo = spec(
+        {
+            "name": "dr_grpo",
+            "kwargs": {
+                "overlong_reward_penalty": True,
+                "overlong_tokens": 256,
+                "overlong_penalty_factor": 1.0,
+            },
+        }
+    )
     assert algo.reward_shaping is not None and algo.reward_shaping.max_new_tokens == 1024
     assert algo.loss.max_new_tokens == 1024  # one budget for the loss and the penalty
     assert spec({"name": "sft"}).reward_shaping is None  # SFT ignores rewards

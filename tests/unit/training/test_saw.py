@@ -57,7 +57,9 @@ def test_multi_step_rollout_gives_item_per_step_with_total_reward() -> None:
 
 def test_step_without_trace_names_rollout_and_fix() -> None:
     r = make_rollout("r9", [1.0], trace=False)
-    with pytest.raises(ValueError, match=r"Rollout r9 step 0 has no TokenTrace.*ReturnSpec.for_rl\(\)"):
+    with pytest.raises(
+        ValueError, match=r"Rollout r9 step 0 has no TokenTrace.*ReturnSpec.for_rl\(\)"
+    ):
         rollouts_to_saw_items([r], {("r9", 0): 1.0})
 
 
@@ -74,7 +76,9 @@ def test_collate_pads_right_and_aligns() -> None:
     assert out["attention_mask"].tolist() == [[1] * 5, [1, 1, 1, 0, 0]]
     assert out["action_mask"].tolist() == [[0, 0, 0, 1, 1], [0, 0, 1, 0, 0]]
     torch.testing.assert_close(out["weight"], torch.tensor([1.5, -1.0]))
-    torch.testing.assert_close(out["actor_logprobs"][1], torch.tensor(b.attachments.actor_logprobs + [0.0, 0.0]))
+    torch.testing.assert_close(
+        out["actor_logprobs"][1], torch.tensor(b.attachments.actor_logprobs + [0.0, 0.0])
+    )
     assert "ref_logprobs" not in out
 
 

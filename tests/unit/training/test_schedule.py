@@ -39,7 +39,8 @@ def test_linear_decay_and_constant() -> None:
     assert lr_factor(4, "linear", 10, 0.0, 0.5) == pytest.approx(0.8)
     # constant after a warmup of int(0.3 * 10) = 3 steps: 1/3, 2/3, 1, 1
     assert [lr_factor(s, "constant", 10, 0.3, 0.0) for s in range(4)] == pytest.approx(
-        [1 / 3, 2 / 3, 1.0, 1.0])
+        [1 / 3, 2 / 3, 1.0, 1.0]
+    )
     assert lr_factor(7, "constant", None, 0.5, 0.0) == 1.0  # no horizon: no warmup
 
 
@@ -47,7 +48,10 @@ def test_linear_decay_and_constant() -> None:
     "kw, match",
     [
         ({"lr_scheduler_type": "step"}, r"lr_scheduler_type='step'; use one of \['constant'"),
-        ({"lr_scheduler_type": "cosine"}, "lr_scheduler_type=.cosine. decays over a horizon: set total_steps"),
+        (
+            {"lr_scheduler_type": "cosine"},
+            "lr_scheduler_type=.cosine. decays over a horizon: set total_steps",
+        ),
         ({"warmup_steps_proportion": 1.0, "total_steps": 5}, r"warmup_steps_proportion=1.0 must"),
         ({"min_lr_ratio": -0.1}, r"min_lr_ratio=-0.1 must be in \[0, 1\]"),
         ({"total_steps": 0}, "total_steps=0 must be >= 1"),
@@ -60,11 +64,21 @@ def test_bad_schedule_settings_name_the_field(kw, match) -> None:
 
 async def test_the_trainer_steps_at_the_scheduled_rate(tiny_model_dir) -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    cfg = TrainerConfig(model_device="cpu", mixed_precision_dtype=None, pad_token_id=PAD_ID,
-                        lr=1e-3, lr_scheduler_type="linear", warmup_steps_proportion=0.25,
-                        total_steps=4)
-    tr = Trainer(model=copy.deepcopy(model), algo=make_sft(), cfg=cfg,
-                 batch_source=ListBatchSource([[make_item(4, 3, seed=i)] for i in range(4)]))
+    cfg = TrainerConfig(
+        model_device="cpu",
+        mixed_precision_dtype=None,
+        pad_token_id=PAD_ID,
+        lr=1e-3,
+        lr_scheduler_type="linear",
+        warmup_steps_proportion=0.25,
+        total_steps=4,
+    )
+    tr = Trainer(
+        model=copy.deepcopy(model),
+        algo=make_sft(),
+        cfg=cfg,
+        batch_source=ListBatchSource([[make_item(4, 3, seed=i)] for i in range(4)]),
+    )
     hist = await tr.train(num_steps=4)
     # W = int(0.25 * 4) = 1: s=0 warmup 1/1; then linear over T - W = 3: 1 - (s - 1) / 3
     expected = [1e-3, 1e-3, 1e-3 * 2 / 3, 1e-3 / 3]

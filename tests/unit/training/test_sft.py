@@ -17,10 +17,28 @@ from libludic.training.sft_cli import main
 
 def test_sft_cli_lowers_loss_and_saves(tiny_model_dir, tmp_path, capsys) -> None:
     out = tmp_path / "sft"
-    rc = main([
-        "--model", str(tiny_model_dir), "--out", str(out), "--steps", "12", "--batch-size", "16",
-        "--lr", "1e-2", "--digits", "2", "--seed", "1", "--log-every", "4", "--eval-n", "8",
-    ])
+    rc = main(
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--out",
+            str(out),
+            "--steps",
+            "12",
+            "--batch-size",
+            "16",
+            "--lr",
+            "1e-2",
+            "--digits",
+            "2",
+            "--seed",
+            "1",
+            "--log-every",
+            "4",
+            "--eval-n",
+            "8",
+        ]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     losses = [float(x) for x in re.findall(r"step \d+/12 loss ([0-9.]+)", text)]
@@ -60,7 +78,9 @@ def test_seed_changes_the_result_and_the_same_seed_reproduces_it(tiny_model_dir,
     assert any(not torch.equal(wa[k], wc[k]) for k in wa)
 
 
-def test_target_pass_rate_stops_at_the_first_check_that_reaches_it(tiny_model_dir, tmp_path, monkeypatch) -> None:
+def test_target_pass_rate_stops_at_the_first_check_that_reaches_it(
+    tiny_model_dir, tmp_path, monkeypatch
+) -> None:
     seen = []
     rates = iter([0.1, 0.52, 0.55, 0.58, 0.61, 0.9])
 
@@ -69,8 +89,16 @@ def test_target_pass_rate_stops_at_the_first_check_that_reaches_it(tiny_model_di
         return next(rates)
 
     monkeypatch.setattr(sft, "greedy_pass_rate", fake)
-    res = sft.run_sft(tiny_model_dir, tmp_path / "o", steps=50, batch_size=4, eval_n=0, quiet=True,
-                      target_pass_rate=0.6, check_every=4)
+    res = sft.run_sft(
+        tiny_model_dir,
+        tmp_path / "o",
+        steps=50,
+        batch_size=4,
+        eval_n=0,
+        quiet=True,
+        target_pass_rate=0.6,
+        check_every=4,
+    )
     # checks every 4 steps (4: 0.1, 8: 0.52); 0.52 is within FINE_MARGIN 0.1 of 0.6, so then
     # every step (9: 0.55, 10: 0.58, 11: 0.61 >= 0.6): 11 steps ran
     assert [c["step"] for c in res["checks"]] == [4, 8, 9, 10, 11]
@@ -83,5 +111,13 @@ def test_target_pass_rate_stops_at_the_first_check_that_reaches_it(tiny_model_di
 def test_target_pass_rate_not_reached_is_an_error(tiny_model_dir, tmp_path) -> None:
     # the untrained tiny model answers no problem in 2 steps: 0.0 < 1.0
     with pytest.raises(ValueError, match="target_pass_rate=1.0 within steps=2"):
-        run_sft(tiny_model_dir, tmp_path / "o", steps=2, batch_size=4, eval_n=0, quiet=True,
-                target_pass_rate=1.0, check_every=1)
+        run_sft(
+            tiny_model_dir,
+            tmp_path / "o",
+            steps=2,
+            batch_size=4,
+            eval_n=0,
+            quiet=True,
+            target_pass_rate=1.0,
+            check_every=1,
+        )

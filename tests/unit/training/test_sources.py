@@ -22,16 +22,26 @@ from .fakes import FakeEngine, make_rollout
 
 def requests(n_groups=2, group_size=2):
     return [
-        RolloutRequest(env=EnvSpec("arithmetic"), env_seed=i, num_episodes=group_size,
-                       same_env_seed=True, meta={"group_id": f"g{i}"})
+        RolloutRequest(
+            env=EnvSpec("arithmetic"),
+            env_seed=i,
+            num_episodes=group_size,
+            same_env_seed=True,
+            meta={"group_id": f"g{i}"},
+        )
         for i in range(n_groups)
     ]
 
 
 async def test_rollout_batch_source_runs_engine_and_credits() -> None:
     eng = FakeEngine([[1.0, 0.0, 1.0, 1.0]])
-    src = RolloutBatchSource(engine=eng, request_fn=requests, algorithm=make_grpo(group_size=2),
-                             max_steps=3, concurrency=5)
+    src = RolloutBatchSource(
+        engine=eng,
+        request_fn=requests,
+        algorithm=make_grpo(group_size=2),
+        max_steps=3,
+        concurrency=5,
+    )
     assert isinstance(src, BatchSource)
     batch = await src.next_batch()
     assert eng.calls[0]["max_steps"] == 3 and eng.calls[0]["concurrency"] == 5
@@ -48,8 +58,12 @@ async def test_rollout_batch_source_retries_empty_batches() -> None:
     src = RolloutBatchSource(engine=eng, request_fn=requests, algorithm=make_scalerl(group_size=2))
     batch = await src.next_batch()
     assert len(eng.calls) == 2 and [i.meta["group_id"] for i in batch.items] == ["g0", "g0"]
-    src2 = RolloutBatchSource(engine=FakeEngine([[1.0]]), request_fn=requests,
-                              algorithm=make_scalerl(group_size=2), max_empty_batches=2)
+    src2 = RolloutBatchSource(
+        engine=FakeEngine([[1.0]]),
+        request_fn=requests,
+        algorithm=make_scalerl(group_size=2),
+        max_empty_batches=2,
+    )
     with pytest.raises(RuntimeError, match="filtered to nothing"):
         await src2.next_batch()
 
@@ -68,12 +82,21 @@ async def test_offline_rollout_jsonl(tmp_path) -> None:
 
 async def test_offline_chat_samples_use_chat_template(tmp_path, tiny_model_dir) -> None:
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    recs = [{"messages": [{"role": "user", "content": "12+34="}, {"role": "assistant", "content": "46"}]}]
+    recs = [
+        {
+            "messages": [
+                {"role": "user", "content": "12+34="},
+                {"role": "assistant", "content": "46"},
+            ]
+        }
+    ]
     path = tmp_path / "chat.jsonl"
     path.write_text(json.dumps(recs[0]) + "\n")
     src = OfflineBatchSource(path, batch_size=1, tokenizer=tok, algorithm=make_sft())
     (it,) = (await src.next_batch()).items
-    enc = tok.apply_chat_template([recs[0]["messages"][0]], add_generation_prompt=True, tokenize=True)
+    enc = tok.apply_chat_template(
+        [recs[0]["messages"][0]], add_generation_prompt=True, tokenize=True
+    )
     prompt = list(enc["input_ids"] if hasattr(enc, "keys") else enc)
     q = encode_bytes("12+34=")
     assert prompt[0] == 257 and any(prompt[i : i + len(q)] == q for i in range(len(prompt)))
@@ -99,15 +122,21 @@ def test_offline_rejects_bad_records(tmp_path) -> None:
     with pytest.raises(ValueError, match="neither a rollout"):
         OfflineBatchSource([{"text": "hi"}], batch_size=1)
     with pytest.raises(ValueError, match="must end with an assistant message"):
-        src = OfflineBatchSource([{"messages": [{"role": "user", "content": "x"}]}], batch_size=1,
-                                 tokenizer=object())
+        src = OfflineBatchSource(
+            [{"messages": [{"role": "user", "content": "x"}]}], batch_size=1, tokenizer=object()
+        )
         src._items_of(0)
 
 
 async def test_offline_filter(tmp_path) -> None:
     rs = [make_rollout("ok", [1.0]), make_rollout("bad", [0.0], info={"parse_error": "x"})]
-    src = OfflineBatchSource([r.to_dict() for r in rs], batch_size=2, shuffle=False,
-                             algorithm=make_reinforce(), sample_filter=drop_parse_errors())
+    src = OfflineBatchSource(
+        [r.to_dict() for r in rs],
+        batch_size=2,
+        shuffle=False,
+        algorithm=make_reinforce(),
+        sample_filter=drop_parse_errors(),
+    )
     assert {i.item_id for i in (await src.next_batch()).items} == {"ok:0"}
 
 
@@ -116,8 +145,11 @@ async def test_evaluator_reports_mean_and_pass_rate() -> None:
     ev = Evaluator(engine=eng, requests=lambda: requests(n_groups=4, group_size=1), concurrency=7)
     res = await ev.evaluate()
     # rewards (1, 0, 0.5, 1): mean 0.625, pass (>= 1) 2 of 4
-    assert res == {"eval/reward_mean": pytest.approx(0.625), "eval/pass_rate": 0.5,
-                   "eval/num_episodes": 4.0}
+    assert res == {
+        "eval/reward_mean": pytest.approx(0.625),
+        "eval/pass_rate": 0.5,
+        "eval/num_episodes": 4.0,
+    }
     sent = eng.calls[0]["requests"]
     assert all(r.inference.return_spec == ReturnSpec.for_eval() for r in sent)
     assert eng.calls[0]["concurrency"] == 7

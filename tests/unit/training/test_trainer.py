@@ -60,35 +60,84 @@ def off_policy_items():
         (ReinforceBaselineLoss(), varied_items),
         (TokenClippedSurrogateLoss(eps_clip=0.2), varied_items),
         (CISPOLoss(), varied_items),
-        (TokenClippedSurrogateLoss(off_policy=OffPolicyCorrection("tis", "token", 2.0)), off_policy_items),
-        (TokenClippedSurrogateLoss(off_policy=OffPolicyCorrection("mis", "sequence", 2.0)), off_policy_items),
+        (
+            TokenClippedSurrogateLoss(off_policy=OffPolicyCorrection("tis", "token", 2.0)),
+            off_policy_items,
+        ),
+        (
+            TokenClippedSurrogateLoss(off_policy=OffPolicyCorrection("mis", "sequence", 2.0)),
+            off_policy_items,
+        ),
         (CISPOLoss(off_policy=OffPolicyCorrection("mis", "token", 2.0)), off_policy_items),
         (CISPOLoss(off_policy=OffPolicyCorrection("tis", "sequence", 1.5)), off_policy_items),
-        (TokenClippedSurrogateLoss(off_policy=OffPolicyCorrection(
-            use_decoupled_loss=True, behav_imp_weight_cap=5.0)), off_policy_items),
-        (TokenClippedSurrogateLoss(off_policy=OffPolicyCorrection(recompute_logprob=True)), off_policy_items),
+        (
+            TokenClippedSurrogateLoss(
+                off_policy=OffPolicyCorrection(use_decoupled_loss=True, behav_imp_weight_cap=5.0)
+            ),
+            off_policy_items,
+        ),
+        (
+            TokenClippedSurrogateLoss(off_policy=OffPolicyCorrection(recompute_logprob=True)),
+            off_policy_items,
+        ),
         (CISPOLoss(off_policy=OffPolicyCorrection(use_decoupled_loss=True)), off_policy_items),
         (ReinforceLoss(aggregation="seq-mean-token-sum"), varied_items),
-        (ReinforceBaselineLoss(aggregation="seq-mean-token-sum-norm", max_new_tokens=16), varied_items),
-        (TokenClippedSurrogateLoss(aggregation="seq-mean-token-sum-norm", max_new_tokens=16), varied_items),
+        (
+            ReinforceBaselineLoss(aggregation="seq-mean-token-sum-norm", max_new_tokens=16),
+            varied_items,
+        ),
+        (
+            TokenClippedSurrogateLoss(aggregation="seq-mean-token-sum-norm", max_new_tokens=16),
+            varied_items,
+        ),
         (CISPOLoss(aggregation="seq-mean-token-sum"), varied_items),
         (GSPOLoss(eps_clip=0.2, eps_clip_higher=0.2), varied_items),
-        (GSPOLoss(aggregation="token-mean", off_policy=OffPolicyCorrection(
-            use_decoupled_loss=True, behav_imp_weight_cap=5.0)), off_policy_items),
+        (
+            GSPOLoss(
+                aggregation="token-mean",
+                off_policy=OffPolicyCorrection(use_decoupled_loss=True, behav_imp_weight_cap=5.0),
+            ),
+            off_policy_items,
+        ),
         (GSPOLoss(off_policy=OffPolicyCorrection("mis", "sequence", 2.0)), off_policy_items),
     ],
-    ids=["reinforce", "reinforce-seq", "baseline", "clipped", "cispo", "clipped-tis-token",
-         "clipped-mis-seq", "cispo-mis-token", "cispo-tis-seq", "decoupled-cap", "recompute",
-         "cispo-decoupled", "reinforce-seq-sum", "baseline-seq-sum-norm", "dr-grpo", "cispo-seq-sum",
-         "gspo", "gspo-decoupled-token-mean", "gspo-mis-seq"],
+    ids=[
+        "reinforce",
+        "reinforce-seq",
+        "baseline",
+        "clipped",
+        "cispo",
+        "clipped-tis-token",
+        "clipped-mis-seq",
+        "cispo-mis-token",
+        "cispo-tis-seq",
+        "decoupled-cap",
+        "recompute",
+        "cispo-decoupled",
+        "reinforce-seq-sum",
+        "baseline-seq-sum-norm",
+        "dr-grpo",
+        "cispo-seq-sum",
+        "gspo",
+        "gspo-decoupled-token-mean",
+        "gspo-mis-seq",
+    ],
 )
 def test_micro_batched_gradient_equals_full_batch(base_model, loss, items_fn) -> None:
     algo = RLAlgorithm("t", ConstantCredit(), loss)
     items = items_fn()
-    full = Trainer(model=copy.deepcopy(base_model), algo=algo, batch_source=ListBatchSource([items]),
-                   cfg=cpu_cfg(micro_token_budget=10_000))
-    micro = Trainer(model=copy.deepcopy(base_model), algo=algo, batch_source=ListBatchSource([items]),
-                    cfg=cpu_cfg(micro_token_budget=24))
+    full = Trainer(
+        model=copy.deepcopy(base_model),
+        algo=algo,
+        batch_source=ListBatchSource([items]),
+        cfg=cpu_cfg(micro_token_budget=10_000),
+    )
+    micro = Trainer(
+        model=copy.deepcopy(base_model),
+        algo=algo,
+        batch_source=ListBatchSource([items]),
+        cfg=cpu_cfg(micro_token_budget=24),
+    )
     s_full = full.accumulate_gradients(items)
     s_micro = micro.accumulate_gradients(items)
     assert s_full["num_micro_batches"] == 1 and s_micro["num_micro_batches"] >= 4
@@ -133,11 +182,17 @@ class SpyLoss:
 def test_prox_logprobs_are_a_no_grad_forward_of_the_current_weights_only_when_asked(
     base_model, flags, wanted
 ) -> None:
-    items = [sampled_at(base_model, make_item(s, a, weight=w, seed=i), 0.7)
-             for i, (s, a, w) in enumerate([(5, 3, 1.0), (9, 6, -0.5), (3, 4, 0.5), (6, 2, 1.5)])]
+    items = [
+        sampled_at(base_model, make_item(s, a, weight=w, seed=i), 0.7)
+        for i, (s, a, w) in enumerate([(5, 3, 1.0), (9, 6, -0.5), (3, 4, 0.5), (6, 2, 1.5)])
+    ]
     spy = SpyLoss(TokenClippedSurrogateLoss(off_policy=OffPolicyCorrection(**flags)))
-    tr = Trainer(model=copy.deepcopy(base_model), algo=RLAlgorithm("t", ConstantCredit(), spy),
-                 batch_source=ListBatchSource([]), cfg=cpu_cfg(micro_token_budget=24))
+    tr = Trainer(
+        model=copy.deepcopy(base_model),
+        algo=RLAlgorithm("t", ConstantCredit(), spy),
+        batch_source=ListBatchSource([]),
+        cfg=cpu_cfg(micro_token_budget=24),
+    )
     assert tr.algo.needs_prox_logprobs == wanted
     tr.model.train()
     st = tr.accumulate_gradients(items)
@@ -171,9 +226,13 @@ async def test_max_lag_drops_and_counts_stale_items(base_model) -> None:
     fresh = [make_item(4, 2, seed=i, policy_version=0) for i in range(2)]
     mixed = [make_item(4, 2, seed=10 + v, policy_version=v) for v in (0, 1, 2)]
     pub = RecordingPublisher()
-    tr = Trainer(model=copy.deepcopy(base_model), algo=make_sft(),
-                 batch_source=ListBatchSource([fresh, fresh, mixed]), publisher=pub,
-                 cfg=cpu_cfg(max_lag=1, lr=1e-3, async_publish=False))
+    tr = Trainer(
+        model=copy.deepcopy(base_model),
+        algo=make_sft(),
+        batch_source=ListBatchSource([fresh, fresh, mixed]),
+        publisher=pub,
+        cfg=cpu_cfg(max_lag=1, lr=1e-3, async_publish=False),
+    )
     await tr.train(num_steps=2)
     assert tr.policy_version == 2 and pub.versions == [1, 2]
     assert "model.embed_tokens.weight" in pub.keys and "lm_head.weight" in pub.keys
@@ -182,15 +241,27 @@ async def test_max_lag_drops_and_counts_stale_items(base_model) -> None:
     assert stats["stale_dropped"] == 1 and stats["num_items"] == 2
     assert stats["stale_dropped_total"] == 1
     assert pub.versions == [1, 2, 3]
-    for k in ("loss", "grad_norm", "lr", "num_items", "num_tokens", "reward_mean",
-              "stale_dropped", "samples_per_s", "tokens_per_s"):
+    for k in (
+        "loss",
+        "grad_norm",
+        "lr",
+        "num_items",
+        "num_tokens",
+        "reward_mean",
+        "stale_dropped",
+        "samples_per_s",
+        "tokens_per_s",
+    ):
         assert k in stats
 
 
 async def test_all_stale_batch_makes_no_update(base_model) -> None:
-    tr = Trainer(model=copy.deepcopy(base_model), algo=make_sft(),
-                 batch_source=ListBatchSource([[make_item(4, 2, policy_version=0)]]),
-                 cfg=cpu_cfg(max_lag=0))
+    tr = Trainer(
+        model=copy.deepcopy(base_model),
+        algo=make_sft(),
+        batch_source=ListBatchSource([[make_item(4, 2, policy_version=0)]]),
+        cfg=cpu_cfg(max_lag=0),
+    )
     tr.policy_version = 5
     before = [p.detach().clone() for p in tr.model.parameters()]
     stats = await tr.train_step()
@@ -201,8 +272,12 @@ async def test_all_stale_batch_makes_no_update(base_model) -> None:
 async def test_a_non_finite_gradient_skips_the_update_and_training_goes_on(base_model) -> None:
     poisoned = varied_items()
     poisoned[2].weight = float("inf")  # inf * logprob gradient: inf/NaN gradients everywhere
-    tr = Trainer(model=copy.deepcopy(base_model), algo=RLAlgorithm("t", ConstantCredit(), ReinforceLoss()),
-                 batch_source=ListBatchSource([poisoned, varied_items()]), cfg=cpu_cfg(lr=1e-2))
+    tr = Trainer(
+        model=copy.deepcopy(base_model),
+        algo=RLAlgorithm("t", ConstantCredit(), ReinforceLoss()),
+        batch_source=ListBatchSource([poisoned, varied_items()]),
+        cfg=cpu_cfg(lr=1e-2),
+    )
     before = [p.detach().clone() for p in tr.model.parameters()]
     stats = await tr.train_step()
     assert not torch.isfinite(torch.tensor(stats["grad_norm"]))
@@ -227,8 +302,12 @@ async def test_a_step_runs_off_the_event_loop(base_model) -> None:
             time.sleep(0.4)
             return super().compute(logits, batch)
 
-    tr = Trainer(model=copy.deepcopy(base_model), algo=RLAlgorithm("t", ConstantCredit(), SlowLoss()),
-                 batch_source=ListBatchSource([varied_items()]), cfg=cpu_cfg(micro_token_budget=10_000))
+    tr = Trainer(
+        model=copy.deepcopy(base_model),
+        algo=RLAlgorithm("t", ConstantCredit(), SlowLoss()),
+        batch_source=ListBatchSource([varied_items()]),
+        cfg=cpu_cfg(micro_token_budget=10_000),
+    )
     ticks = 0
 
     async def ticker() -> None:
@@ -247,8 +326,12 @@ async def test_a_step_runs_off_the_event_loop(base_model) -> None:
 
 async def test_a_few_steps_lower_the_loss(base_model) -> None:
     items = [make_item(6, 4, seed=i) for i in range(8)]
-    tr = Trainer(model=copy.deepcopy(base_model), algo=make_sft(),
-                 batch_source=ListBatchSource([items]), cfg=cpu_cfg(lr=3e-3, micro_token_budget=40))
+    tr = Trainer(
+        model=copy.deepcopy(base_model),
+        algo=make_sft(),
+        batch_source=ListBatchSource([items]),
+        cfg=cpu_cfg(lr=3e-3, micro_token_budget=40),
+    )
     hist = await tr.train(num_steps=8)
     # initial NLL ~ log(259) = 5.56; memorising 8 fixed sequences must go well below it
     assert hist[-1]["loss"] < hist[0]["loss"] - 0.5
@@ -257,8 +340,12 @@ async def test_a_few_steps_lower_the_loss(base_model) -> None:
 
 async def test_grpo_requires_actor_logprobs(base_model) -> None:
     items = [make_item(4, 2, logprobs=False)]
-    tr = Trainer(model=copy.deepcopy(base_model), algo=make_grpo(group_size=1),
-                 batch_source=ListBatchSource([items]), cfg=cpu_cfg())
+    tr = Trainer(
+        model=copy.deepcopy(base_model),
+        algo=make_grpo(group_size=1),
+        batch_source=ListBatchSource([items]),
+        cfg=cpu_cfg(),
+    )
     with pytest.raises(ValueError, match=r"needs actor logprobs.*ReturnSpec.for_rl"):
         await tr.train_step()
 
@@ -281,10 +368,16 @@ def test_onpolicy_ratio_is_one_at_the_items_temperature(base_model, temp) -> Non
     """Items sampled at T carry T; the trainer divides their logits by T, so the PPO ratio of
     an on-policy step is exactly 1 (approx_kl 0). The same items read at T=1 (temperature
     dropped) are off: that is what the trainer did before items carried their temperature."""
-    items = [sampled_at(base_model, make_item(s, a, weight=w, seed=i), temp)
-             for i, (s, a, w) in enumerate([(5, 3, 1.0), (9, 6, -0.5), (3, 4, 0.5)])]
-    tr = Trainer(model=copy.deepcopy(base_model), algo=make_grpo(group_size=1),
-                 batch_source=ListBatchSource([]), cfg=cpu_cfg(micro_token_budget=16))
+    items = [
+        sampled_at(base_model, make_item(s, a, weight=w, seed=i), temp)
+        for i, (s, a, w) in enumerate([(5, 3, 1.0), (9, 6, -0.5), (3, 4, 0.5)])
+    ]
+    tr = Trainer(
+        model=copy.deepcopy(base_model),
+        algo=make_grpo(group_size=1),
+        batch_source=ListBatchSource([]),
+        cfg=cpu_cfg(micro_token_budget=16),
+    )
     st = tr.accumulate_gradients(items)
     assert st["num_micro_batches"] > 1  # the temperature follows each item across micro-batches
     assert st["loss/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
@@ -300,8 +393,12 @@ def test_greedy_items_train_untempered(base_model) -> None:
     it = sampled_at(base_model, make_item(5, 3, seed=1), 1.0)
     it.attachments.temperature = 0.0
     assert it.attachments.train_temperature == 1.0
-    tr = Trainer(model=copy.deepcopy(base_model), algo=make_grpo(group_size=1),
-                 batch_source=ListBatchSource([]), cfg=cpu_cfg())
+    tr = Trainer(
+        model=copy.deepcopy(base_model),
+        algo=make_grpo(group_size=1),
+        batch_source=ListBatchSource([]),
+        cfg=cpu_cfg(),
+    )
     assert tr.accumulate_gradients([it])["loss/approx_kl"] == pytest.approx(0.0, abs=1e-10)
 
 
@@ -309,16 +406,24 @@ def test_cuda_default_falls_back_to_cpu(base_model) -> None:
     if torch.cuda.is_available():
         pytest.skip("CUDA present: no fallback")
     with pytest.warns(UserWarning, match="CUDA is not available"):
-        tr = Trainer(model=copy.deepcopy(base_model), algo=make_sft(),
-                     batch_source=ListBatchSource([[make_item(3, 1)]]), cfg=TrainerConfig())
+        tr = Trainer(
+            model=copy.deepcopy(base_model),
+            algo=make_sft(),
+            batch_source=ListBatchSource([[make_item(3, 1)]]),
+            cfg=TrainerConfig(),
+        )
     assert tr.device.type == "cpu" and tr._amp_dtype is None  # no CPU autocast by default
 
 
 async def test_lora_trains_adapters_and_publishes_merged_hf_names(base_model) -> None:
     pub = RecordingPublisher()
-    tr = Trainer(model=copy.deepcopy(base_model), algo=make_sft(),
-                 batch_source=ListBatchSource([[make_item(6, 4, seed=i) for i in range(4)]]),
-                 publisher=pub, cfg=cpu_cfg(lora_rank=4, lr=1e-2))
+    tr = Trainer(
+        model=copy.deepcopy(base_model),
+        algo=make_sft(),
+        batch_source=ListBatchSource([[make_item(6, 4, seed=i) for i in range(4)]]),
+        publisher=pub,
+        cfg=cpu_cfg(lora_rank=4, lr=1e-2),
+    )
     assert all("lora_" in n for n, p in tr.model.named_parameters() if p.requires_grad)
     await tr.train(num_steps=2)
     sd = tr.full_state_dict()
@@ -340,9 +445,23 @@ def test_config_validation() -> None:
         TrainerConfig(model_device="gpu0")
     c = TrainerConfig()
     assert (c.model_device, c.lr, c.weight_decay, c.betas, c.eps, c.max_grad_norm) == (
-        "cuda", 1e-5, 0.01, (0.9, 0.999), 1e-8, 1.0)
+        "cuda",
+        1e-5,
+        0.01,
+        (0.9, 0.999),
+        1e-8,
+        1.0,
+    )
     assert (c.max_seq_len, c.micro_token_budget, c.sync_every_steps, c.mixed_precision_dtype) == (
-        1024, 8192, 1, "bf16")
+        1024,
+        8192,
+        1,
+        "bf16",
+    )
     assert (c.cast_logits_to_fp32, c.max_lag, c.log_every, c.pad_token_id) == (True, None, 1, 0)
     assert (c.eval_at_start, c.eval_every_n_steps, c.eval_concurrency, c.runtime_device) == (
-        False, None, 32, None)
+        False,
+        None,
+        32,
+        None,
+    )
