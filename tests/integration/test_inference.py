@@ -153,6 +153,50 @@ def test_chat_completion_token_ids(server: InferenceServer, tiny_model_dir: Path
     assert tok.decode(ch["token_ids"], skip_special_tokens=True) == ch["message"]["content"]
 
 
+async def test_top_k_and_stop_token_ids_reach_vllm(server: InferenceServer) -> None:
+    """Through the library's client: top_k=1 at temperature 1 is greedy, and the served
+    (processed) logprob of a token sampled from a one-token distribution is 0; a stop token
+    id ends the completion right after that token."""
+    from libludic.inference.openai_client import OpenAIChatClient
+    from libludic.inference.request import ChatCompletionRequest
+    from libludic.inference.sampling import SamplingConfig
+
+    msgs = [{"role": "user", "content": PROMPT}]
+    client = OpenAIChatClient(server.url, coalesce=False)
+    try:
+        greedy_r, _ = await client.complete(
+            ChatCompletionRequest(
+                messages=msgs,
+                sampling=SamplingConfig(temperature=0.0, max_tokens=8, ignore_eos=True),
+            )
+        )
+        ids = greedy_r.completion_token_ids
+        assert ids is not None and len(ids) == 8
+        top1, _ = await client.complete(
+            ChatCompletionRequest(
+                messages=msgs,
+                sampling=SamplingConfig(temperature=1.0, max_tokens=8, ignore_eos=True, top_k=1),
+                seed=11,
+            )
+        )
+        assert top1.completion_token_ids == ids
+        assert top1.completion_logprobs == pytest.approx([0.0] * 8, abs=1e-6)
+        stop = ids[3]
+        first = ids.index(stop)
+        stopped, _ = await client.complete(
+            ChatCompletionRequest(
+                messages=msgs,
+                sampling=SamplingConfig(
+                    temperature=0.0, max_tokens=8, ignore_eos=True, stop_token_ids=(stop,)
+                ),
+            )
+        )
+        assert stopped.completion_token_ids == ids[: first + 1]
+        assert stopped.finish_reason == "stop"
+    finally:
+        await client.aclose()
+
+
 async def test_a_coalesced_group_draws_exactly_its_separate_requests_samples(
     server: InferenceServer,
 ) -> None:
