@@ -183,20 +183,7 @@ class StreamConsumer:
         entries = _entries(res[1], claimed=True)
         if not entries:
             return []
-        pipe = self.redis.pipeline(transaction=False)
-        for e in entries:
-            pipe.xpending_range(self.stream, self.group, e.id, e.id, 1)
-        infos = await pipe.execute()
-        out = []
-        for e, info in zip(entries, infos, strict=True):
-            e.deliveries = int(info[0]["times_delivered"]) if info else 1
-            if e.deliveries > self.max_deliveries:
-                await self.dead_letter(
-                    e, "max_deliveries", f"delivered {e.deliveries} times (> {self.max_deliveries})"
-                )
-            else:
-                out.append(e)
-        return out
+        return await self.under_delivery_limit(entries)
 
     async def claim_all(self, count: int) -> AsyncIterator[list[Entry]]:
         """One XAUTOCLAIM pass over the whole group, idle time ignored, in batches of up to
@@ -295,6 +282,7 @@ class StreamConsumer:
         id to re-read this consumer's own pending entries after it (no claiming, never
         another consumer's). Returns the entries and every id read, in stream order; an
         entry deleted while pending (no fields) is acked here and only its id is returned.
+        A re-read counts as a delivery (Redis increments it): see ``under_delivery_limit``.
         Errors propagate (the caller decides: REDIS_DOWN_ERRORS, NOGROUP)."""
         res = await self.redis.xreadgroup(
             self.group, self.consumer, {self.stream: start}, count=count, block=block_ms
@@ -315,6 +303,25 @@ class StreamConsumer:
             Entry(i, dict(fields)) for i, (_, fields) in zip(ids, raw, strict=True) if fields
         ]
         return entries, ids
+
+    async def under_delivery_limit(self, entries: list[Entry]) -> list[Entry]:
+        """The entries delivered at most ``max_deliveries`` times; the others are
+        dead-lettered ("max_deliveries"): a consumer that died while holding an entry that
+        often (a worker, or a learner whose step raised on it) must not die on it again."""
+        pipe = self.redis.pipeline(transaction=False)
+        for e in entries:
+            pipe.xpending_range(self.stream, self.group, e.id, e.id, 1)
+        infos = await pipe.execute()
+        out = []
+        for e, info in zip(entries, infos, strict=True):
+            e.deliveries = int(info[0]["times_delivered"]) if info else 1
+            if e.deliveries > self.max_deliveries:
+                await self.dead_letter(
+                    e, "max_deliveries", f"delivered {e.deliveries} times (> {self.max_deliveries})"
+                )
+            else:
+                out.append(e)
+        return out
 
     async def hand_back(self, entry_ids: Sequence[str]) -> None:
         """Make entries this consumer owns claimable by any peer now (XCLAIM JUSTID with an

@@ -115,6 +115,7 @@ class Learner:
             max_lag=cfg.max_lag,  # the Trainer's: the source filters before batching
             consumer=s.consumer,
             block_ms=s.block_ms,
+            max_deliveries=s.max_deliveries,
             device=device,
             stop_fn=self.stop.is_set,
             on_stale=M.STALE_DROPPED.inc,

@@ -160,6 +160,13 @@ class LearnerSettings:
     )
     consumer: str = field(default="learner-0", metadata={"help": "stable consumer name on saw"})
     block_ms: int = field(default=1000, metadata={"help": "XREADGROUP block time"})
+    max_deliveries: int = field(
+        default=3,
+        metadata={
+            "help": "a SAW item re-read after this many deliveries (the learner stopped that "
+            "often holding it, e.g. a step raising on it) is dead-lettered with its batch-mates"
+        },
+    )
     publish_timeout_s: float = field(default=120.0, metadata={"help": "per attempt per replica"})
     publish_total_timeout_s: float = field(default=300.0, metadata={"help": "whole publish"})
     publish_attempts: int = field(default=3, metadata={"help": "attempts per replica per publish"})
@@ -193,6 +200,8 @@ class LearnerSettings:
     def __post_init__(self) -> None:
         self.spec = AlgorithmSpec.from_mapping(self.algorithm)
         staleness.check_bound("learner max_lag", self.max_lag)
+        if self.max_deliveries < 1:
+            raise ValueError(f"learner max_deliveries={self.max_deliveries} must be >= 1")
         if self.publish_plane not in PLANES:
             raise ValueError(
                 f"learner publish_plane={self.publish_plane!r}; use http or collective"

@@ -101,3 +101,38 @@ async def test_a_stop_request_ends_the_wait_for_items_while_redis_is_down() -> N
     await task
     assert time.monotonic() - t0 < 15
     await r.aclose()
+
+
+async def test_entries_held_through_too_many_learner_stops_are_dead_lettered(
+    redis_url: str,
+) -> None:
+    """A step that raises on an item kills the learner each time it is retried; without a
+    checkpoint every restart re-reads its pending entries first. Each re-read is a delivery:
+    after ``max_deliveries`` (3) the batch is dead-lettered ("max_deliveries"), once, and the
+    next restart trains the entries behind it instead of crashing again."""
+    keys = t.Keys("resume-poison")
+    r = t.connect(redis_url)
+    eids = await push(
+        redis_url, "resume-poison", [make_item(f"i{n}:0", b"ab", b"1") for n in range(4)]
+    )
+    for _ in range(3):  # deliveries 1, 2, 3: the step "raises", the process dies unacked
+        learner = source(r, keys)
+        await learner.start()
+        batch = await learner.next_batch()
+        assert [it.item_id for it in batch.items] == ["i0:0", "i1:0"]
+    last = source(r, keys)
+    await last.start()
+    batch = await last.next_batch()  # the 4th delivery of i0, i1 is refused
+    assert [it.item_id for it in batch.items] == ["i2:0", "i3:0"]
+    dead = await r.xrange(keys.deadletter)
+    assert [f[b"reason"] for _, f in dead] == [b"max_deliveries", b"max_deliveries"]
+    assert b"delivered 4 times (> 3)" in dead[0][1][b"detail"]
+    last.mark_trained()
+    await last.commit()
+    pending = await r.xpending(keys.saw, t.GROUP_LEARNER)
+    assert int(pending["pending"]) == 0
+    snap = await accounting.snapshot(r, keys)
+    assert snap["items_deadlettered"] == 2 and snap["items_trained"] == 2
+    assert snap["items_trained_twice"] == 0
+    assert len(eids) == 4
+    await r.aclose()

@@ -155,6 +155,12 @@ class PipelineBatchSource:
     # rank 0: why an item cannot be trained (None: it can), e.g. Trainer.item_problem; such
     # an item is dead-lettered ("unusable_item") and never reaches a step
     check_item: Callable[[SAWItem], str | None] | None = None
+    # rank 0: a pending entry re-read after this many deliveries is dead-lettered
+    # ("max_deliveries") instead of trained: the learner stopped that often while holding it
+    # (a step that raises on it would otherwise crash every restart). Its batch-mates, held
+    # through the same stops, go with it. Trained entries inside the checkpoint are acked
+    # as trained whatever their count.
+    max_deliveries: int = 3
     # --- state (checkpointed via state_dict) ---
     last_committed_id: str | None = None
     items_trained: int = 0
@@ -177,6 +183,10 @@ class PipelineBatchSource:
             raise ValueError(f"PipelineBatchSource.batch_size={self.batch_size} must be >= 1")
         if self.max_lag is not None and self.max_lag < 0:
             raise ValueError(f"PipelineBatchSource.max_lag={self.max_lag} must be >= 0 or None")
+        if self.max_deliveries < 1:
+            raise ValueError(
+                f"PipelineBatchSource.max_deliveries={self.max_deliveries} must be >= 1"
+            )
         world = dist.get_world_size() if _dist() else 1
         if self.shard and self.batch_size < world:
             raise ValueError(
@@ -195,6 +205,7 @@ class PipelineBatchSource:
                 self.consumer,
                 self.keys.deadletter,
                 stage="saw",
+                max_deliveries=self.max_deliveries,
             )
 
     # ------------------------------------------------------------------ state
@@ -294,12 +305,14 @@ class PipelineBatchSource:
             if not entries and (self._replay_cursor is None or self._read_errors):
                 return  # nothing new, or Redis is down: next_batch checks stop_fn meanwhile
             stale: list[transport.Entry] = []
-            recovered: list[transport.Entry] = []
+            recovered = [e for e in entries if self._committed(e.id)]
+            fresh = [e for e in entries if not self._committed(e.id)]
+            if fresh and self._replay_cursor is not None:
+                # re-read pending entries (the read that found them set the cursor): every
+                # re-read is a delivery, and too many mean they were held through as many stops
+                fresh = await self._sc.under_delivery_limit(fresh)
             version = self.version_fn()
-            for e in entries:
-                if self._committed(e.id):
-                    recovered.append(e)
-                    continue
+            for e in fresh:
                 try:
                     item = transport.decode_saw_item(e.payload)
                 except transport.CodecError as err:
