@@ -328,6 +328,11 @@ def test_dashboard_shows_the_required_signals(dashboard):
         "ludic_learner_stale_dropped_total",
         "ludic_learner_replica_acked_version",
         "ludic_learner_publish_seconds_bucket",
+        "ludic_learner_train_signal",
+        "ludic_learner_grad_norm",
+        "ludic_learner_lr",
+        "ludic_learner_nonfinite_steps_skipped_total",
+        "ludic_learner_batch_wait_fraction",
     ):
         assert metric in exprs, f"dashboard lacks {metric}"
     lag = dashboard_exprs(dashboard)["Policy version lag per replica"]
@@ -339,6 +344,13 @@ def test_dashboard_shows_the_required_signals(dashboard):
         for t in p["targets"]
     ]
     assert legends == ["{{replica}}"]
+    signals = [
+        t["legendFormat"]
+        for p in dashboard["panels"]
+        if p["title"] == "Training signals"
+        for t in p["targets"]
+    ]
+    assert signals == ["{{signal}}"]  # one line per loss statistic
 
 
 def test_dashboard_uses_only_exported_metrics(dashboard):
@@ -347,6 +359,25 @@ def test_dashboard_uses_only_exported_metrics(dashboard):
         for e in es:
             used |= set(re.findall(r"\bludic_[a-z_]+\b", e))
     assert used <= KNOWN_METRICS, used - KNOWN_METRICS
+
+
+def test_the_known_learner_metrics_are_the_learners_own():
+    """KNOWN_METRICS is written by hand: its learner names must be ones the learner defines
+    (counters are exported with _total, histograms with _bucket/_sum/_count)."""
+    from prometheus_client import REGISTRY
+
+    import services.learner.metrics  # noqa: F401  (registers them)
+
+    exported = set()
+    for family in REGISTRY.collect():
+        if family.type == "counter":
+            exported.add(family.name + "_total")
+        elif family.type == "histogram":
+            exported |= {family.name + s for s in ("_bucket", "_sum", "_count")}
+        else:
+            exported.add(family.name)
+    learner = {m for m in KNOWN_METRICS if m.startswith("ludic_learner_")}
+    assert learner and learner <= exported, learner - exported
 
 
 def test_dashboard_datasource_is_the_provisioned_one(dashboard):
