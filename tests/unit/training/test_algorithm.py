@@ -39,8 +39,7 @@ from libludic.training.loss import (
     TokenClippedSurrogateLoss,
     TokenKLLoss,
 )
-
-from .fakes import make_item, make_rollout
+from tests.fakes import make_item, make_rollout
 
 
 def test_preset_defaults() -> None:

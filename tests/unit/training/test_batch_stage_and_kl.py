@@ -18,8 +18,7 @@ from libludic.training.algorithm import PENDING_BATCH_STAGE, make_grpo, make_sca
 from libludic.training.config import TrainerConfig
 from libludic.training.credit_assignment import HybridNormalizedReturn
 from libludic.training.trainer import Trainer
-
-from .fakes import ListBatchSource, make_rollout
+from tests.fakes import ListBatchSource, make_rollout
 
 # Two groups of 4 with rewards (0,0,0,1) and (0,0,0,5).
 #   group means 0.25 and 1.25 -> centred c = (-0.25 x3, 0.75) and (-1.25 x3, 3.75)
@@ -246,7 +245,7 @@ def test_kl_gradient_by_hand() -> None:
 async def test_default_reference_is_a_frozen_copy_of_the_initial_policy(tiny_model_dir) -> None:
     from transformers import AutoModelForCausalLM
 
-    from .fakes import make_item
+    from tests.fakes import make_item
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     items = [make_item(5, 3, weight=w, seed=i) for i, w in enumerate([1.0, -1.0, 0.5, -0.5])]

@@ -16,8 +16,7 @@ from libludic.training.algorithm import make_sft
 from libludic.training.checkpoint import CheckpointConfig, CheckpointManager
 from libludic.training.config import TrainerConfig
 from libludic.training.trainer import Trainer
-
-from .fakes import ListBatchSource, make_item
+from tests.fakes import ListBatchSource, make_item
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,7 @@ from libludic.training.credit_assignment import (
     HybridNormalizedReturn,
     MonteCarloReturn,
 )
-
-from .fakes import make_rollout
+from tests.fakes import make_rollout
 
 
 def test_all_are_credit_assigners() -> None:

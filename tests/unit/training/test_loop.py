@@ -20,8 +20,7 @@ from libludic.training.checkpoint import CheckpointConfig, CheckpointManager
 from libludic.training.config import TrainerConfig
 from libludic.training.trainer import PublishFailed, Trainer, TrainerHooks
 from libludic.training.types import SourceStopped
-
-from .fakes import make_item
+from tests.fakes import make_item
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ from libludic.training.config import TrainerConfig
 from libludic.training.credit_assignment import ConstantCredit
 from libludic.training.loss import OffPolicyCorrection, ReinforceLoss, TokenClippedSurrogateLoss
 from libludic.training.trainer import Trainer, combine_minibatch_stats, split_minibatches
+from tests.fakes import ListBatchSource, make_item
 
-from .fakes import ListBatchSource, make_item
 from .test_trainer import SpyLoss, sampled_at
 
 

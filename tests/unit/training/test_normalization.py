@@ -15,8 +15,7 @@ from libludic.training.credit_assignment import (
 )
 from libludic.training.filters import drop_incomplete_completions
 from libludic.training.normalization import NormConfig
-
-from .fakes import make_rollout
+from tests.fakes import make_rollout
 
 EPS = 1e-5  # AReaL's default
 

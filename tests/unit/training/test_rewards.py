@@ -16,8 +16,7 @@ from libludic.training.algorithm import (
     make_scalerl,
 )
 from libludic.training.rewards import RewardShaping
-
-from .fakes import make_rollout
+from tests.fakes import make_rollout
 
 RL_PRESETS = ["reinforce", "grpo", "cispo", "gspo", "dr_grpo", "scalerl"]
 

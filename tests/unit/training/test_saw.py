@@ -8,8 +8,7 @@ from jaxtyping import TypeCheckError
 
 from libludic.models.tiny import IM_END_ID, PAD_ID, encode_bytes
 from libludic.training.batching.saw import collate, pack_micro_batches, rollouts_to_saw_items
-
-from .fakes import make_item, make_rollout
+from tests.fakes import make_item, make_rollout
 
 
 def test_items_are_token_in_token_out() -> None:

@@ -15,8 +15,7 @@ from libludic.training.algorithm import make_sft
 from libludic.training.config import TrainerConfig
 from libludic.training.schedule import lr_factor
 from libludic.training.trainer import Trainer
-
-from .fakes import ListBatchSource, make_item
+from tests.fakes import ListBatchSource, make_item
 
 
 def test_warmup_then_cosine_to_the_floor() -> None:

@@ -16,8 +16,7 @@ from libludic.training.batching.offline import OfflineBatchSource
 from libludic.training.batching.rollout_batch_source import RolloutBatchSource
 from libludic.training.filters import drop_parse_errors
 from libludic.training.types import BatchSource
-
-from .fakes import FakeEngine, make_rollout
+from tests.fakes import FakeEngine, make_rollout
 
 
 def requests(n_groups=2, group_size=2):

@@ -22,8 +22,7 @@ from libludic.training.loss import (
     TokenClippedSurrogateLoss,
 )
 from libludic.training.trainer import Trainer
-
-from .fakes import ListBatchSource, make_item
+from tests.fakes import ListBatchSource, make_item
 
 
 @pytest.fixture(scope="module")
