@@ -5,9 +5,9 @@ binds its worker to cores of its own choosing (all but one, by its "auto" rule) 
 API server, EngineCore, actors, credit, feeder and Redis go wherever the kernel puts them.
 Every few milliseconds one of them wakes on the learner's core, and the learner's step,
 which is one long chain of small tensor ops, waits behind it. Measured on a 2-core machine,
-demo config, 60 steps (``python bench/step_profile.py``): the learner's train time per step
-was 336 ms unpinned and 239 ms with the learner alone on one core and the rest on the other;
-samples/s went from 155 to 215.
+demo config, 60 steps (``python bench/step_profile.py``, ``up.cpu_pinning`` off then auto,
+back to back): the learner's train time per step was 303 ms unpinned and 234 ms with the
+learner alone on one core and the rest on the other; samples/s went from 187 to 226.
 
 ``auto`` (the default) therefore gives the learner ``learner_nproc * learner_threads`` cores
 of its own (the last of the cores ``ludic up`` may use) and every other service the rest,
