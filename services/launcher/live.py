@@ -1,7 +1,11 @@
 """Live view of a local run: service health, learner progress, queues, version lag.
 
-On a terminal it is a rich table redrawn every second; otherwise (CI, `make demo` in a
-pipe) one plain progress line every ``plain_every_s`` seconds.
+On a terminal it is a rich view redrawn every second, sized for an 80x24 terminal (a title
+line with step N of M and the ETA, one line of service health, a two-column table of
+figures); otherwise (CI, `make demo` in a pipe) one plain progress line every
+``plain_every_s`` seconds. The training signals shown are the two that say most about a
+policy-gradient run's health, when the loss reports them: the clip fraction and the
+approximate KL to the policy the batch was sampled from, beside the gradient norm.
 """
 
 from __future__ import annotations
@@ -16,6 +20,38 @@ from rich.live import Live
 from rich.table import Table
 
 from libludic.transport import Keys, stream_lengths_sync
+
+# the loss statistics shown (their key, or any composite's "<term>/<key>")
+SIGNALS = ("clip_frac", "approx_kl")
+
+
+def progress(step: int, total: int | None, rl_elapsed_s: float | None) -> tuple[str, float | None]:
+    """("N/M" or "N", seconds left at the pace so far or None)."""
+    if not total:
+        return str(step), None
+    left = None
+    if rl_elapsed_s and step > 0:
+        left = max(total - step, 0) * rl_elapsed_s / step
+    return f"{step}/{total}", left
+
+
+def signal(metrics: dict[str, float], key: str) -> float | None:
+    """A loss statistic from a learner scrape (``ludic_learner_train_signal{signal=...}``)."""
+    for name, v in metrics.items():
+        if name.startswith("ludic_learner_train_signal{") and (
+            name.endswith(f"signal={key}}}") or name.endswith(f"/{key}}}")
+        ):
+            return v
+    return None
+
+
+def duration(s: float | None) -> str:
+    if s is None:
+        return "-"
+    s = int(s)
+    return (
+        f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+    )
 
 
 class LiveView:
@@ -65,9 +101,18 @@ class LiveView:
         ev = self.run.evals[-1] if self.run.evals else {}
         learner_v = int(m.get("ludic_learner_policy_version", 0))
         inf_v = self.inference_version()
+        step = int(m.get("ludic_learner_step", 0))
+        # the pace: the learner's own RL wall (time inside its steps) per step
+        steps, eta = progress(
+            step, getattr(self.run, "total_steps", None), m.get("ludic_learner_rl_wall_seconds")
+        )
         return {
             "elapsed_s": time.monotonic() - self.run.t0,
-            "step": int(m.get("ludic_learner_step", 0)),
+            "step": step,
+            "steps": steps,
+            "eta_s": eta,
+            "grad_norm": m.get("ludic_learner_grad_norm"),
+            **{k: signal(m, k) for k in SIGNALS},
             "loss": m.get("ludic_learner_loss"),
             "reward_mean": m.get("ludic_learner_reward_mean"),
             "samples_per_s": m.get("ludic_learner_samples_per_second"),
@@ -82,38 +127,82 @@ class LiveView:
         }
 
     def render(self) -> Group:
+        """At most ~14 lines and 80 columns, whatever the number of actors."""
         snap = self.snapshot()
-        services = Table(title="services", expand=False)
-        for c in ("service", "pid", "state", "restarts"):
-            services.add_column(c)
+        title = (
+            f"[bold]{self.run.s.name}[/]  step {snap['steps']}  ETA {duration(snap['eta_s'])}"
+            f"  elapsed {duration(snap['elapsed_s'])}"
+        )
         restarts = self.run.sup.restarts
+        healthy, other = 0, []
         for name, proc in self.run.sup.procs.items():
             alive = proc.poll() is None
-            healthy = alive and self.run.sup.healthy(name)
-            state = (
-                "[green]healthy"
-                if healthy
-                else ("[yellow]starting" if alive else f"[red]exited {proc.returncode}")
-            )
-            services.add_row(name, str(proc.pid), state, str(restarts.get(name, 0)))
-        stats = Table(title=f"run {self.run.run_id}", expand=False)
-        stats.add_column("metric")
-        stats.add_column("value")
-        for k, v in snap.items():
-            if k == "queues":
-                v = "  ".join(f"{q}={n}" for q, n in v.items())
-            elif isinstance(v, float):
-                v = f"{v:.3f}"
-            stats.add_row(k, str(v))
-        return Group(services, stats)
+            if alive and self.run.sup.healthy(name):
+                healthy += 1
+            elif alive:
+                other.append(f"[yellow]{name} starting[/]")
+            else:
+                other.append(f"[red]{name} exited {proc.returncode}[/]")
+        again = ", ".join(f"{n} x{k}" for n, k in restarts.items() if k)
+        if len(other) > 3:  # many at once (a start-up, a crash wave): keep it to one line or two
+            other = other[:3] + [f"{len(other) - 3} more not healthy"]
+        services = f"services: [green]{healthy} healthy[/]" + "".join(f", {o}" for o in other)
+        if again:
+            services += f"; restarted: {again}"
+        fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
+        q = snap["queues"]
+        lag = snap["version_lag"]
+        pairs = [
+            ("reward", fmt(snap["reward_mean"], ".3f"), "pass rate", fmt(snap["pass_rate"], ".3f")),
+            (
+                "samples/s",
+                fmt(snap["samples_per_s"], ".1f"),
+                "tokens/s",
+                fmt(snap["tokens_per_s"], ".0f"),
+            ),
+            ("loss", fmt(snap["loss"], ".4f"), "grad norm", fmt(snap["grad_norm"], ".3f")),
+            (
+                "clip frac",
+                fmt(snap["clip_frac"], ".3f"),
+                "approx KL",
+                fmt(snap["approx_kl"], ".4f"),
+            ),
+            (
+                "version",
+                f"{snap['learner_version']} (inference {fmt(snap['inference_version'], 'd')})",
+                "lag",
+                fmt(lag, "d"),
+            ),
+            (
+                "stale dropped",
+                str(snap["stale_dropped"]),
+                "publish fails",
+                str(snap["publish_failures"]),
+            ),
+            (
+                "queues",
+                f"req {q.get('requests', '-')} roll {q.get('rollouts', '-')}",
+                "",
+                f"saw {q.get('saw', '-')} dead {q.get('deadletter', '-')}",
+            ),
+        ]
+        stats = Table(show_header=False, box=None, padding=(0, 1))
+        for _ in range(4):
+            stats.add_column(no_wrap=True)
+        for row in pairs:
+            stats.add_row(*row)
+        return Group(title, services, stats)
 
     def plain_line(self) -> str:
         s = self.snapshot()
         q = s["queues"]
         fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
         return (
-            f"[{s['elapsed_s']:6.0f}s] step {s['step']} reward {fmt(s['reward_mean'], '.3f')} "
+            f"[{s['elapsed_s']:6.0f}s] step {s['steps']} eta {duration(s['eta_s'])} "
+            f"reward {fmt(s['reward_mean'], '.3f')} "
             f"samples/s {fmt(s['samples_per_s'], '.1f')} stale {s['stale_dropped']} "
+            f"grad_norm {fmt(s['grad_norm'], '.3f')} clip_frac {fmt(s['clip_frac'], '.3f')} "
+            f"approx_kl {fmt(s['approx_kl'], '.4f')} "
             f"version learner {s['learner_version']} inference {s['inference_version']} "
             f"publish failures {s['publish_failures']} restarts {sum(self.run.sup.restarts.values())} "
             f"queues req={q.get('requests', '-')} roll={q.get('rollouts', '-')} saw={q.get('saw', '-')} "

@@ -118,6 +118,8 @@ class Run:
         self.learner_rl: dict[str, Any] = {}  # the learner's RL wall and samples/s
         self.curve_eval_s = 0.0  # seconds of curve evaluations (live or deferred)
         self.cpu_plan: cpus.CpuPlan | None = None
+        # the learner's step count (0 or absent: until stopped), for the live view's ETA
+        self.total_steps = int((cfg.get("learner") or {}).get("num_steps") or 0) or None
 
     def start(self, spec: ServiceSpec) -> None:
         """Start a service on the cores the CPU plan gives it (launcher/cpus.py)."""
