@@ -342,7 +342,12 @@ class Trainer:
         Afterwards ``p.grad`` holds the gradient of the full-batch loss. Returns the
         summed loss, token counts and the loss stats (token-weighted over micro-batches).
         """
-        return self._forward_backward(self._prepare(items))
+        prepared = self._prepare(items)
+        prox_time = self._add_proximal(prepared)
+        out = self._forward_backward(prepared)
+        if self.algo.needs_prox_logprobs:
+            out["prox_time_s"] = prox_time
+        return out
 
     def _prepare(self, items: Sequence[SAWItem]) -> _Prepared:
         """Micro-batches of ``items``, collated, with the loss normalisers of the whole of
@@ -395,7 +400,6 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         ref_time = 0.0
-        prox_time = 0.0
         stat_acc: dict[str, float] = {}
         local_tok = max(sum(n_tok), 1.0)
         for i, b in enumerate(batches):
@@ -409,10 +413,6 @@ class Trainer:
                 t_ref = time.perf_counter()
                 dev_b["ref_logprobs"] = self.reference_logprobs(dev_b)
                 ref_time += time.perf_counter() - t_ref
-            if self.algo.needs_prox_logprobs and L.PROX_LOGPROBS_KEY not in dev_b:
-                t_prox = time.perf_counter()
-                dev_b[L.PROX_LOGPROBS_KEY] = self.proximal_logprobs(dev_b)
-                prox_time += time.perf_counter() - t_prox
             with self._autocast():
                 out = self.model(
                     input_ids=dev_b["input_ids"], attention_mask=dev_b["attention_mask"]
@@ -437,8 +437,6 @@ class Trainer:
         )
         if self.ref_model is not None:
             out_stats["ref_time_s"] = ref_time
-        if self.algo.needs_prox_logprobs:
-            out_stats["prox_time_s"] = prox_time
         return out_stats
 
     @torch.no_grad()

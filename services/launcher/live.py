@@ -45,6 +45,11 @@ def signal(metrics: dict[str, float], key: str) -> float | None:
     return None
 
 
+def fmt(x: Any, spec: str) -> str:
+    """``x`` formatted, or "-" when unknown."""
+    return "-" if x is None else format(x, spec)
+
+
 def duration(s: float | None) -> str:
     if s is None:
         return "-"
@@ -149,7 +154,6 @@ class LiveView:
         services = f"services: [green]{healthy} healthy[/]" + "".join(f", {o}" for o in other)
         if again:
             services += f"; restarted: {again}"
-        fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
         q = snap["queues"]
         lag = snap["version_lag"]
         pairs = [
@@ -196,7 +200,6 @@ class LiveView:
     def plain_line(self) -> str:
         s = self.snapshot()
         q = s["queues"]
-        fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
         return (
             f"[{s['elapsed_s']:6.0f}s] step {s['steps']} eta {duration(s['eta_s'])} "
             f"reward {fmt(s['reward_mean'], '.3f')} "
