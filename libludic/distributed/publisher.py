@@ -186,19 +186,25 @@ def _reason(resp: httpx.Response) -> str:
     return f"HTTP {resp.status_code}: {str(detail)[:300]}"
 
 
-def replica_info(url: str, timeout_s: float = 5.0, token: str | None = None) -> dict[str, Any]:
+def replica_info(
+    url: str, timeout_s: float = 5.0, token: str | None = None, client: httpx.Client | None = None
+) -> dict[str, Any]:
     """``GET {url}/v1/policy_version``: ``{"policy_version": int, "dtype": str | None}``
-    (raises on any failure)."""
+    (raises on any failure). ``client``: as for ``weight_sync.post_weights``."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    r = httpx.get(url.rstrip("/") + "/v1/policy_version", timeout=timeout_s, headers=headers)
+    r = (client or httpx).get(
+        url.rstrip("/") + "/v1/policy_version", timeout=timeout_s, headers=headers
+    )
     r.raise_for_status()
     body = r.json()
     return {"policy_version": int(body["policy_version"]), "dtype": body.get("dtype")}
 
 
-def replica_version(url: str, timeout_s: float = 5.0, token: str | None = None) -> int:
+def replica_version(
+    url: str, timeout_s: float = 5.0, token: str | None = None, client: httpx.Client | None = None
+) -> int:
     """``GET {url}/v1/policy_version`` (raises on any failure)."""
-    return int(replica_info(url, timeout_s, token)["policy_version"])
+    return int(replica_info(url, timeout_s, token, client)["policy_version"])
 
 
 def wire_dtype_of(name: str | None) -> torch.dtype | None:
@@ -238,6 +244,8 @@ class HttpPolicyPublisher:
     last_replicas: list[str] = field(default_factory=list)
     wire_dtype: str = "auto"  # "auto" (the replicas' served dtype), "none", or a float dtype
     _auto_dtype: torch.dtype | None = field(default=None, init=False)
+    # one client for every publish (thread-safe: the replicas are pushed to in parallel)
+    _http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=None), init=False)
 
     def __post_init__(self) -> None:
         if self.wire_dtype not in ("auto", "none") and wire_dtype_of(self.wire_dtype) is None:
@@ -254,7 +262,9 @@ class HttpPolicyPublisher:
         if self._auto_dtype is None:
             for u in urls:
                 try:
-                    self._auto_dtype = wire_dtype_of(replica_info(u, 5.0, self.token)["dtype"])
+                    self._auto_dtype = wire_dtype_of(
+                        replica_info(u, 5.0, self.token, self._http)["dtype"]
+                    )
                 except (httpx.HTTPError, OSError, ValueError, KeyError) as e:
                     log.warning("cannot read the served dtype of %s (%s); sending as trained", u, e)
                     continue
@@ -271,14 +281,14 @@ class HttpPolicyPublisher:
             t = min(self.retry.attempt_timeout_s, left)
             timeout = httpx.Timeout(t, connect=min(self.retry.connect_timeout_s, t))
             try:
-                resp = ws.post_weights(url, body, version, self.token, timeout)
+                resp = ws.post_weights(url, body, version, self.token, timeout, self._http)
                 if resp.status_code == 200:
                     got = int(resp.json()["policy_version"])
                     if got == version:
                         return True, ""
                     why = f"replica answered 200 with policy_version={got}, expected {version}"
                 elif resp.status_code == 409:
-                    cur = replica_version(url, min(5.0, left), self.token)
+                    cur = replica_version(url, min(5.0, left), self.token, self._http)
                     if cur == version:
                         return True, ""
                     why = f"HTTP 409: replica serves version {cur}, learner publishes {version}"
@@ -330,7 +340,7 @@ class HttpPolicyPublisher:
             self.on_result(url, version, why)
 
     def close(self) -> None:
-        pass
+        self._http.close()
 
 
 # ---------------------------------------------------------------------------- collective plane

@@ -20,6 +20,7 @@ from rich.live import Live
 from rich.table import Table
 
 from libludic.transport import Keys, stream_lengths_sync
+from services.launcher import probes
 
 # the loss statistics shown (their key, or any composite's "<term>/<key>")
 SIGNALS = ("clip_frac", "approx_kl")
@@ -94,7 +95,7 @@ class LiveView:
     def inference_version(self) -> int | None:
         try:
             return int(
-                httpx.get(f"{self.run.inference_url}/v1/policy_version", timeout=1.0).json()[
+                probes.get(f"{self.run.inference_url}/v1/policy_version", 1.0).json()[
                     "policy_version"
                 ]
             )

@@ -14,6 +14,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.eval import heldout
+from services.launcher import probes
 from services.launcher.supervisor import ServiceSpec
 
 
@@ -91,7 +92,7 @@ def wait_redis(port: int, timeout_s: float = 15.0) -> None:
 def scrape(url: str, timeout_s: float = 2.0) -> dict[str, float]:
     """Prometheus text -> {metric or metric{labels}: value}; {} when unreachable."""
     try:
-        text = httpx.get(url, timeout=timeout_s).text
+        text = probes.get(url, timeout_s).text
     except httpx.HTTPError:
         return {}
     out: dict[str, float] = {}

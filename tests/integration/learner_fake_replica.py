@@ -20,11 +20,14 @@ class FakeReplica:
         self.version = 0
         self.updates: list[int] = []
         self.last_tensors: dict[str, Any] = {}
+        self.peers: set[tuple[str, int]] = set()  # client (host, port) of every request
         self.lock = threading.Lock()
         self._release = threading.Event()
         outer = self
 
         class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as uvicorn: connections are reused
+
             def log_message(self, *a: Any) -> None:
                 pass
 
@@ -37,12 +40,14 @@ class FakeReplica:
                 self.wfile.write(data)
 
             def do_GET(self) -> None:  # noqa: N802
+                outer.peers.add(self.client_address)
                 if urlsplit(self.path).path == "/v1/policy_version":
                     self._send(200, {"policy_version": outer.version})
                 else:
                     self._send(404, {"detail": "not found"})
 
             def do_POST(self) -> None:  # noqa: N802
+                outer.peers.add(self.client_address)
                 u = urlsplit(self.path)
                 n = int(self.headers.get("Content-Length", "0"))
                 body = self.rfile.read(n)
