@@ -1,5 +1,7 @@
 """Streams and consumers: ``Entry``, ``xadd``, ``backlog``/``wait_below`` (backpressure),
-``StreamConsumer`` (read, claim, touch, commit, dead-letter: one Lua script each)."""
+``StreamConsumer`` (read, claim, touch, commit, dead-letter: one Lua script each). The commit
+and the dead-letter move are Lua functions owned here (:data:`COMMIT_FN`,
+:data:`DEADLETTER_FN`); the accounting's scripts are composed from them."""
 
 from __future__ import annotations
 
@@ -17,32 +19,60 @@ from libludic.transport.connection import as_str, wait_event
 
 log = logging.getLogger("libludic.transport")
 
-_COMMIT_LUA = """
-local n = tonumber(ARGV[3])
-local fresh = redis.call('SET', KEYS[3], '1', 'NX', 'EX', ARGV[2])
-local written = -1
-if fresh then
-  written = 0
-  for i = 4 + n, #ARGV, 2 do
-    redis.call('XADD', KEYS[2], '*', 'id', ARGV[i], 'd', ARGV[i + 1])
-    written = written + 1
+# The commit and the dead-letter move, each implemented once, here, as a Lua function: the
+# plain scripts below call them; libludic/transport/accounting.py composes its accounted
+# scripts from the same functions plus its counters, so both paths write the same entries.
+
+# commit(at, on_output, on_written): if the done marker is new, XADD every output, calling
+# on_output(item id) after each XADD and on_written(count) after the last (both optional, for
+# bookkeeping in the same script); then XACK+XDEL every input. Returns the outputs written,
+# or -1 if the marker existed (a redelivery: nothing written, inputs acked).
+# KEYS[1] in, KEYS[2] out, KEYS[3] done marker; ARGV[1] group, ARGV[2] marker ttl s,
+# ARGV[at] n input ids, then the n ids, then (item id, payload)* to the end (a composed
+# script puts its own arguments at ARGV[3..at-1]).
+COMMIT_FN = """
+local function commit(at, on_output, on_written)
+  local n = tonumber(ARGV[at])
+  local fresh = redis.call('SET', KEYS[3], '1', 'NX', 'EX', ARGV[2])
+  local written = -1
+  if fresh then
+    written = 0
+    for i = at + 1 + n, #ARGV, 2 do
+      redis.call('XADD', KEYS[2], '*', 'id', ARGV[i], 'd', ARGV[i + 1])
+      if on_output then on_output(ARGV[i]) end
+      written = written + 1
+    end
+    if on_written then on_written(written) end
   end
+  for i = at + 1, at + n do
+    redis.call('XACK', KEYS[1], ARGV[1], ARGV[i])
+    redis.call('XDEL', KEYS[1], ARGV[i])
+  end
+  return written
 end
-for i = 4, 3 + n do
-  redis.call('XACK', KEYS[1], ARGV[1], ARGV[i])
-  redis.call('XDEL', KEYS[1], ARGV[i])
-end
-return written
 """
 
-_DEADLETTER_LUA = """
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'reason', ARGV[3], 'detail', ARGV[4],
-           'source_stream', KEYS[1], 'source_id', ARGV[2], 'group', ARGV[1],
-           'consumer', ARGV[5], 'id', ARGV[7], 'd', ARGV[6], 'd_bytes', ARGV[9])
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-redis.call('XDEL', KEYS[1], ARGV[2])
-return 1
+# dead_letter(): XADD the entry to the dead-letter stream (capped, approximately) with why and
+# where from, then XACK+XDEL it. Returns XACK's reply: 1 if the entry was still pending.
+# KEYS[1] in, KEYS[2] dead-letter stream; ARGV[1] group, [2] entry id, [3] reason,
+# [4] detail, [5] consumer, [6] payload (empty when too large), [7] item id, [8] the
+# dead-letter stream's approximate max length, [9] the payload's size (a composed script
+# puts its own keys and arguments after these).
+DEADLETTER_FN = """
+local function dead_letter()
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'reason', ARGV[3], 'detail', ARGV[4],
+             'source_stream', KEYS[1], 'source_id', ARGV[2], 'group', ARGV[1],
+             'consumer', ARGV[5], 'id', ARGV[7], 'd', ARGV[6], 'd_bytes', ARGV[9])
+  local x = redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+  redis.call('XDEL', KEYS[1], ARGV[2])
+  return x
+end
 """
+
+_COMMIT_LUA = COMMIT_FN + "return commit(3)\n"
+
+# the plain move answers 1 whatever XACK said (its caller ignores the reply)
+_DEADLETTER_LUA = DEADLETTER_FN + "dead_letter()\nreturn 1\n"
 
 _TOUCH_LUA = """
 local kept = 0
@@ -228,11 +258,25 @@ class StreamConsumer:
         """Atomically: if ``done_key`` is new, XADD ``outputs`` (item_id, payload) to
         ``out_stream``; then XACK+XDEL ``entries``. Returns the number written, or -1 if
         ``done_key`` already existed (a redelivery: nothing written, inputs acked)."""
-        args: list[Any] = [self.group, self.done_ttl_s, len(entries)]
+        keys, args = self.commit_call(entries, outputs, out_stream, done_key)
+        return int(await self._commit(keys=keys, args=args))
+
+    def commit_call(
+        self,
+        entries: Sequence[Entry],
+        outputs: Sequence[tuple[str, bytes]],
+        out_stream: str,
+        done_key: str,
+        extra: Sequence[Any] = (),
+    ) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of :data:`COMMIT_FN` for :meth:`commit`. ``extra``: a composed
+        script's own arguments, put at ``ARGV[3..]`` (it calls ``commit(3 + len(extra))``);
+        it appends its own keys after the three returned."""
+        args: list[Any] = [self.group, self.done_ttl_s, *extra, len(entries)]
         args += [e.id for e in entries]
         for item_id, payload in outputs:
             args += [item_id, payload]
-        return int(await self._commit(keys=[self.stream, out_stream, done_key], args=args))
+        return [self.stream, out_stream, done_key], args
 
     async def ack(self, entries: Sequence[Entry]) -> None:
         """XACK + XDEL without output (e.g. a late duplicate)."""
@@ -258,22 +302,28 @@ class StreamConsumer:
             self.on_deadletter(reason)
 
     async def _move_to_deadletter(self, entry: Entry, reason: str, detail: str) -> None:
-        """The atomic move (a subclass adds its bookkeeping to the same script)."""
+        """The atomic move (a subclass runs its own script, composed from the same
+        :data:`DEADLETTER_FN`, with its keys and arguments after :meth:`deadletter_call`'s)."""
+        keys, args = self.deadletter_call(entry, reason, detail)
+        await self._dl(keys=keys, args=args)
+
+    def deadletter_call(
+        self, entry: Entry, reason: str, detail: str
+    ) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of :data:`DEADLETTER_FN` for moving ``entry``."""
         payload, size = self.deadletter_payload(entry)
-        await self._dl(
-            keys=[self.stream, self.deadletter],
-            args=[
-                self.group,
-                entry.id,
-                reason,
-                detail,
-                self.consumer,
-                payload,
-                entry.item_id,
-                self.deadletter_maxlen,
-                size,
-            ],
-        )
+        args: list[Any] = [
+            self.group,
+            entry.id,
+            reason,
+            detail,
+            self.consumer,
+            payload,
+            entry.item_id,
+            self.deadletter_maxlen,
+            size,
+        ]
+        return [self.stream, self.deadletter], args
 
     async def read_own(
         self, start: str, count: int, block_ms: int | None
