@@ -57,7 +57,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from libludic.transport.connection import as_str, connect
-from libludic.transport.consumer import Entry, StreamConsumer
+from libludic.transport.consumer import COMMIT_FN, DEADLETTER_FN, Entry, StreamConsumer
 from libludic.transport.keys import Keys
 from libludic.transport.state import SET_MAX_LUA
 
@@ -153,62 +153,55 @@ if added > 0 then redis.call('HINCRBY', KEYS[2], 'groups_requested', added) end
 return added
 """
 
-# transport's commit (marker NX -> XADD outputs -> XACK+XDEL inputs) plus the counters.
+# The transport's commit (consumer.COMMIT_FN: marker NX -> XADD outputs -> XACK+XDEL inputs)
+# with the counters moved by its hooks, in the same script.
 # KEYS[1] in, KEYS[2] out, KEYS[3] done marker, KEYS[4] acct, KEYS[5] rolling, KEYS[6] open,
 # KEYS[7] items. ARGV[1] group, ARGV[2] ttl, ARGV[3] stage (actor|credit), ARGV[4] group id,
 # ARGV[5] counter when nothing is written, ARGV[6] n input ids, ids..., (item id, payload)*
-_COMMIT_LUA = """
-local n = tonumber(ARGV[6])
-local fresh = redis.call('SET', KEYS[3], '1', 'NX', 'EX', ARGV[2])
-local written = -1
-if fresh then
-  written = 0
-  for i = 7 + n, #ARGV, 2 do
-    redis.call('XADD', KEYS[2], '*', 'id', ARGV[i], 'd', ARGV[i + 1])
-    if ARGV[3] == 'credit' then redis.call('HSET', KEYS[7], ARGV[i], ARGV[4]) end
-    written = written + 1
-  end
-  if ARGV[3] == 'credit' then
-    redis.call('HDEL', KEYS[5], ARGV[4])
+_COMMIT_LUA = (
+    COMMIT_FN
+    + """
+local stage, gid = ARGV[3], ARGV[4]
+local function on_output(iid)
+  if stage == 'credit' then redis.call('HSET', KEYS[7], iid, gid) end
+end
+local function on_written(written)
+  if stage == 'credit' then
+    redis.call('HDEL', KEYS[5], gid)
     if written > 0 then
-      redis.call('HINCRBY', KEYS[6], ARGV[4], written)
+      redis.call('HINCRBY', KEYS[6], gid, written)
       redis.call('HINCRBY', KEYS[4], 'items_written', written)
     end
   elseif written > 0 then
-    redis.call('HINCRBY', KEYS[5], ARGV[4], written)
+    redis.call('HINCRBY', KEYS[5], gid, written)
   end
   if written == 0 then redis.call('HINCRBY', KEYS[4], ARGV[5], 1) end
 end
-for i = 7, 6 + n do
-  redis.call('XACK', KEYS[1], ARGV[1], ARGV[i])
-  redis.call('XDEL', KEYS[1], ARGV[i])
-end
-return written
+return commit(6, on_output, on_written)
 """
+)
 
-# transport's dead-letter plus the counters.
-# KEYS[1] in, KEYS[2] deadletter, KEYS[3] acct, KEYS[4] open, KEYS[5] mix, KEYS[6] items,
-# KEYS[7] done marker of the item (requests: done:actor:{id})
-# ARGV[1] group, [2] entry id, [3] reason, [4] detail, [5] consumer, [6] payload, [7] item id,
-# [8] stage (requests|rollouts|saw), [9] ttl, [10] trained-marker prefix, [11] dead-letter
-# stream's approximate max length, [12] the payload's size (ARGV[6] is empty when too large)
+# The transport's dead-letter move (consumer.DEADLETTER_FN) plus the counters, which move only
+# if the entry was still pending.
+# KEYS[1] in, KEYS[2] deadletter, ARGV[1..9] as DEADLETTER_FN reads them (group, entry id,
+# reason, detail, consumer, payload, item id, dead-letter max length, payload size), then
+# KEYS[3] acct, KEYS[4] open, KEYS[5] mix, KEYS[6] items, KEYS[7] done marker of the item
+# (requests: done:actor:{id}), ARGV[10] stage (requests|rollouts|saw), ARGV[11] ttl,
+# ARGV[12] trained-marker prefix
 _DEADLETTER_LUA = (
     _RESOLVE_FN
+    + DEADLETTER_FN
     + """
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[11], '*', 'reason', ARGV[3], 'detail', ARGV[4],
-           'source_stream', KEYS[1], 'source_id', ARGV[2], 'group', ARGV[1],
-           'consumer', ARGV[5], 'id', ARGV[7], 'd', ARGV[6], 'd_bytes', ARGV[12])
-local x = redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-redis.call('XDEL', KEYS[1], ARGV[2])
+local x = dead_letter()
 if x == 1 then
-  if ARGV[8] == 'requests' then
-    if ARGV[7] ~= '' and redis.call('SET', KEYS[7], '1', 'NX', 'EX', ARGV[9]) then
+  if ARGV[10] == 'requests' then
+    if ARGV[7] ~= '' and redis.call('SET', KEYS[7], '1', 'NX', 'EX', ARGV[11]) then
       redis.call('HINCRBY', KEYS[3], 'groups_deadlettered', 1)
     end
-  elseif ARGV[8] == 'rollouts' then
+  elseif ARGV[10] == 'rollouts' then
     redis.call('HINCRBY', KEYS[3], 'rollouts_deadlettered', 1)
   else
-    resolve(ARGV[7], 'deadlettered', KEYS[3], KEYS[4], KEYS[5], KEYS[6], ARGV[10], ARGV[9])
+    resolve(ARGV[7], 'deadlettered', KEYS[3], KEYS[4], KEYS[5], KEYS[6], ARGV[12], ARGV[11])
   end
 end
 return x
@@ -268,6 +261,12 @@ return {redis.call('HGET', KEYS[1], 'items_trained'), redis.call('HLEN', KEYS[2]
 DEFAULT_TTL_S = 7 * 24 * 3600
 
 
+async def _run(r: aioredis.Redis, script: str, keys: list[str], args: list[Any]) -> Any:
+    """EVALSHA ``script`` (redis-py's Script loads it on a NOSCRIPT reply: a new or restarted
+    server) rather than EVAL, which sends the script's text with every call."""
+    return await r.register_script(script)(keys=keys, args=args)
+
+
 async def add_requests(
     r: aioredis.Redis,
     keys: Keys,
@@ -305,12 +304,11 @@ async def commit(
     if if_empty not in GROUP_FATES:
         raise ValueError(f"if_empty={if_empty!r}; use one of {GROUP_FATES}")
     ak = AcctKeys(Keys(_run_of(sc.stream)))
-    args: list[Any] = [sc.group, sc.done_ttl_s, stage, group_id, if_empty, len(entries)]
-    args += [e.id for e in entries]
-    for item_id, payload in outputs:
-        args += [item_id, payload]
-    ks = [sc.stream, out_stream, done_key, ak.counters, ak.rolling, ak.open, ak.items]
-    return int(await sc.redis.eval(_COMMIT_LUA, len(ks), *ks, *args))
+    ks, args = sc.commit_call(
+        entries, outputs, out_stream, done_key, extra=[stage, group_id, if_empty]
+    )
+    ks += [ak.counters, ak.rolling, ak.open, ak.items]
+    return int(await _run(sc.redis, _COMMIT_LUA, ks, args))
 
 
 STAGES = ("requests", "rollouts", "saw")
@@ -328,29 +326,16 @@ class AccountedConsumer(StreamConsumer):
         if self.stage not in STAGES:
             raise ValueError(f"AccountedConsumer stage={self.stage!r}; use one of {STAGES}")
         super().__post_init__()
+        self._acct_dl = self.redis.register_script(_DEADLETTER_LUA)
 
     async def _move_to_deadletter(self, entry: Entry, reason: str, detail: str) -> None:
         keys = Keys(_run_of(self.stream))
         ak = AcctKeys(keys)
-        iid = entry.item_id
-        marker = keys.done("actor" if self.stage == "requests" else "learner", iid)
-        ks = [self.stream, self.deadletter, ak.counters, ak.open, ak.mix, ak.items, marker]
-        payload, size = self.deadletter_payload(entry)
-        args: list[Any] = [
-            self.group,
-            entry.id,
-            reason,
-            detail,
-            self.consumer,
-            payload,
-            iid,
-            self.stage,
-            self.done_ttl_s,
-            keys.done("learner", ""),
-            self.deadletter_maxlen,
-            size,
-        ]
-        await self.redis.eval(_DEADLETTER_LUA, len(ks), *ks, *args)
+        marker = keys.done("actor" if self.stage == "requests" else "learner", entry.item_id)
+        ks, args = self.deadletter_call(entry, reason, detail)
+        ks += [ak.counters, ak.open, ak.mix, ak.items, marker]
+        args += [self.stage, self.done_ttl_s, keys.done("learner", "")]
+        await self._acct_dl(keys=ks, args=args)
 
 
 async def ack_items(sc: StreamConsumer, entry_ids: Sequence[str], outcome: str) -> int:
