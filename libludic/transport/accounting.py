@@ -282,7 +282,7 @@ async def add_requests(
     args: list[Any] = [ttl_s]
     for rid, payload in requests:
         args += [rid, payload]
-    return int(await r.eval(_REQUEST_LUA, len(ks), *ks, *args))
+    return int(await _run(r, _REQUEST_LUA, ks, args))
 
 
 async def commit(
@@ -349,7 +349,7 @@ async def ack_items(sc: StreamConsumer, entry_ids: Sequence[str], outcome: str) 
     ak = AcctKeys(keys)
     ks = [sc.stream, ak.counters, ak.open, ak.mix, ak.items]
     args: list[Any] = [sc.group, outcome, sc.done_ttl_s, keys.done("learner", ""), *entry_ids]
-    return int(await sc.redis.eval(_ACK_LUA, len(ks), *ks, *args))
+    return int(await _run(sc.redis, _ACK_LUA, ks, args))
 
 
 async def group_failed(
@@ -359,7 +359,7 @@ async def group_failed(
     done and count it dead-lettered, once. True if this call counted it."""
     ak = AcctKeys(keys)
     ks = [keys.done("credit", group_id), ak.counters, ak.rolling]
-    return bool(await r.eval(_GROUP_FAILED_LUA, len(ks), *ks, ttl_s, group_id))
+    return bool(await _run(r, _GROUP_FAILED_LUA, ks, [ttl_s, group_id]))
 
 
 def _run_of(stream_key: str) -> str:
@@ -409,7 +409,7 @@ async def snapshot(r: aioredis.Redis, keys: Keys) -> dict[str, Any]:
         keys.saw,
         keys.deadletter,
     ]
-    raw = await r.eval(_SNAPSHOT_LUA, len(ks), *ks)
+    raw = await _run(r, _SNAPSHOT_LUA, ks, [])
     flat = raw[0]
     counters = {as_str(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
     observed = {
@@ -432,7 +432,7 @@ async def admission_state(r: aioredis.Redis, keys: Keys, group_size: int) -> dic
     plus the items in the ``saw`` stream (the batch being trained included)."""
     ak = AcctKeys(keys)
     ks = [ak.counters, ak.rolling, keys.requests, keys.saw, keys.admission]
-    trained, rolling, requests, saw, served, batch = await r.eval(_ADMISSION_LUA, len(ks), *ks)
+    trained, rolling, requests, saw, served, batch = await _run(r, _ADMISSION_LUA, ks, [])
     if served is None or batch is None:
         return None
     return {
@@ -468,6 +468,8 @@ def announce_served_sync(
     check), record the served step (admission) and wake the feeder, in one transaction."""
 
     pipe = r.pipeline(transaction=True)
+    # EVAL, not a registered Script: in a pipeline redis-py's Script costs a SCRIPT EXISTS
+    # round trip at every execute, more than sending these five lines once per publish
     pipe.eval(SET_MAX_LUA, 1, keys.policy_version, int(version))
     pipe.hset(
         keys.admission, mapping={"served_step": int(served_step), "batch_size": int(batch_size)}
