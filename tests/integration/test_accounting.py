@@ -361,3 +361,294 @@ async def test_status_shows_the_accounting(redis_url: str) -> None:
         "groups requested=3 = trained 0 + dropped stale 0 + dropped incomplete 0 + dropped "
         "empty 0 + dead-lettered 1 + in flight 2 (observed 2)"
     ) in status.render(st)
+
+
+# ------------------------------------------- one commit, one dead-letter: plain and accounted
+# consumer.py owns the two operations (COMMIT_FN, DEADLETTER_FN); accounting.py's scripts are
+# composed from them. Both paths run against the same Redis and must write the same entries;
+# only the accounted one moves counters.
+
+
+async def entries_of(r: Any, stream: str) -> list[list[tuple[bytes, bytes]]]:
+    """Every entry's fields of ``stream`` in order, as (name, value) pairs in wire order."""
+    return [list(f.items()) for _, f in await r.xrange(stream)]
+
+
+async def acct_state(r: Any, keys: t.Keys) -> dict[str, dict[bytes, bytes]]:
+    ak = accounting.AcctKeys(keys)
+    return {
+        "counters": await r.hgetall(ak.counters),
+        "rolling": await r.hgetall(ak.rolling),
+        "open": await r.hgetall(ak.open),
+        "items": await r.hgetall(ak.items),
+    }
+
+
+async def test_commit_writes_the_same_entries_with_or_without_accounting(redis_url: str) -> None:
+    """Plain ``StreamConsumer.commit`` and ``accounting.commit`` (actor, then credit): the
+    same outputs, return values (written, -1 on a redelivery, 0 for nothing) and acks; the
+    counters move only on the accounted path: actor 2 rollouts -> rolling{g: 2}; credit 2
+    items -> rolling{}, open{g: 2}, items_written 2; empty commits -> the if_empty fate."""
+    r = t.connect(redis_url)
+    keys = t.Keys("one")
+    out_plain = "ludic:{one}:out"
+    try:
+        plain = t.StreamConsumer(r, keys.requests, t.GROUP_ACTORS, "p", keys.deadletter)
+        ac = accounting.AccountedConsumer(
+            r, keys.requests, t.GROUP_ACTORS, "a", keys.deadletter, stage="requests"
+        )
+        await plain.ensure_group()
+        for i in range(4):
+            await t.xadd(r, keys.requests, f"req-{i}", b"q%d" % i)
+        e0, e1 = await plain.read(2, block_ms=100)
+        e2, e3 = await ac.read(2, block_ms=100)
+        outs = [("o1", b"x"), ("o2", b"y")]
+        expected = [[(b"id", b"o1"), (b"d", b"x")], [(b"id", b"o2"), (b"d", b"y")]]
+        empty: dict[str, dict[bytes, bytes]] = {
+            "counters": {},
+            "rolling": {},
+            "open": {},
+            "items": {},
+        }
+
+        assert await plain.commit([e0], outs, out_plain, keys.done("plain", "g")) == 2
+        assert await entries_of(r, out_plain) == expected
+        assert await acct_state(r, keys) == empty  # the plain path counts nothing
+        assert (
+            await accounting.commit(
+                ac, [e2], outs, keys.rollouts, keys.done("actor", "g"), stage="actor", group_id="g"
+            )
+            == 2
+        )
+        assert await entries_of(r, keys.rollouts) == expected
+        assert await acct_state(r, keys) == {**empty, "rolling": {b"g": b"2"}}
+        assert await r.xlen(keys.requests) == 2  # e0, e2 acked and deleted
+        assert (await r.xpending(keys.requests, t.GROUP_ACTORS))["pending"] == 2
+
+        # a redelivery (the done marker exists): nothing written, the input acked, -1
+        late = [("o3", b"z")]
+        assert await plain.commit([e1], late, out_plain, keys.done("plain", "g")) == -1
+        assert (
+            await accounting.commit(
+                ac, [e3], late, keys.rollouts, keys.done("actor", "g"), stage="actor", group_id="g"
+            )
+            == -1
+        )
+        assert await entries_of(r, out_plain) == await entries_of(r, keys.rollouts) == expected
+        assert await r.xlen(keys.requests) == 0
+        assert (await r.xpending(keys.requests, t.GROUP_ACTORS))["pending"] == 0
+        assert await acct_state(r, keys) == {**empty, "rolling": {b"g": b"2"}}
+
+        # credit commits the group's items: rolling -> open, items mapped to their group
+        cc = accounting.AccountedConsumer(
+            r, keys.rollouts, t.GROUP_CREDIT, "c", keys.deadletter, stage="rollouts"
+        )
+        await cc.ensure_group()
+        ros = await cc.read(2, block_ms=100)
+        items = [("g:0", b"s0"), ("g:1", b"s1")]
+        assert (
+            await accounting.commit(
+                cc, ros, items, keys.saw, keys.done("credit", "g"), stage="credit", group_id="g"
+            )
+            == 2
+        )
+        assert await entries_of(r, keys.saw) == [
+            [(b"id", b"g:0"), (b"d", b"s0")],
+            [(b"id", b"g:1"), (b"d", b"s1")],
+        ]
+        assert await r.xlen(keys.rollouts) == 0
+        assert await acct_state(r, keys) == {
+            "counters": {b"items_written": b"2"},
+            "rolling": {},
+            "open": {b"g": b"2"},
+            "items": {b"g:0": b"g", b"g:1": b"g"},
+        }
+
+        # nothing to write: 0 on both paths; the accounted one counts the group's fate
+        assert await plain.commit([], [], out_plain, keys.done("plain", "h")) == 0
+        assert (
+            await accounting.commit(
+                ac, [], [], keys.rollouts, keys.done("actor", "h"), stage="actor", group_id="h"
+            )
+            == 0
+        )
+        assert (
+            await accounting.commit(
+                cc,
+                [],
+                [],
+                keys.saw,
+                keys.done("credit", "k"),
+                stage="credit",
+                group_id="k",
+                if_empty="groups_dropped_incomplete",
+            )
+            == 0
+        )
+        assert (await acct_state(r, keys))["counters"] == {
+            b"items_written": b"2",
+            b"groups_dropped_empty": b"1",
+            b"groups_dropped_incomplete": b"1",
+        }
+        # ... and wrote nothing (credit consumed the two rollouts)
+        assert (await r.xlen(out_plain), await r.xlen(keys.rollouts)) == (2, 0)
+    finally:
+        await r.aclose()
+
+
+async def test_deadletter_writes_the_same_entry_with_or_without_accounting(
+    redis_url: str,
+) -> None:
+    """``StreamConsumer.dead_letter`` and ``AccountedConsumer.dead_letter`` write one entry
+    each with the same fields in the same order (reason, detail, source_stream, source_id,
+    group, consumer, id, d, d_bytes) and ack+delete the source; only the accounted one
+    counts, and only entries still pending: a request -> groups_deadlettered 1 and its
+    done:actor marker; a rollout -> rollouts_deadlettered 1; the last item of group g ->
+    items_deadlettered 1 and the group dead-lettered (none of it trained)."""
+    r = t.connect(redis_url)
+    keys = t.Keys("dl")
+    try:
+        plain = t.StreamConsumer(r, keys.requests, t.GROUP_ACTORS, "p", keys.deadletter)
+        ac = accounting.AccountedConsumer(
+            r, keys.requests, t.GROUP_ACTORS, "a", keys.deadletter, stage="requests"
+        )
+        await plain.ensure_group()
+        await t.xadd(r, keys.requests, "req-0", b"q0")
+        await t.xadd(r, keys.requests, "req-1", b"q11")
+        (e0,) = await plain.read(1, block_ms=100)
+        (e1,) = await ac.read(1, block_ms=100)
+
+        def expected(e: t.Entry, consumer: bytes) -> list[tuple[bytes, bytes]]:
+            return [
+                (b"reason", b"episode_error"),
+                (b"detail", b"boom"),
+                (b"source_stream", keys.requests.encode()),
+                (b"source_id", e.id.encode()),
+                (b"group", t.GROUP_ACTORS.encode()),
+                (b"consumer", consumer),
+                (b"id", e.item_id.encode()),
+                (b"d", e.payload or b""),
+                (b"d_bytes", str(len(e.payload or b"")).encode()),
+            ]
+
+        await plain.dead_letter(e0, "episode_error", "boom")
+        assert await entries_of(r, keys.deadletter) == [expected(e0, b"p")]
+        assert (await acct_state(r, keys))["counters"] == {}
+        assert not await r.exists(keys.done("actor", "req-0"))
+        await ac.dead_letter(e1, "episode_error", "boom")
+        assert await entries_of(r, keys.deadletter) == [expected(e0, b"p"), expected(e1, b"a")]
+        assert (await acct_state(r, keys))["counters"] == {b"groups_deadlettered": b"1"}
+        assert await r.exists(keys.done("actor", "req-1"))
+        assert await r.xlen(keys.requests) == 0
+        assert (await r.xpending(keys.requests, t.GROUP_ACTORS))["pending"] == 0
+        # again, no longer pending: an entry is written, nothing is counted twice
+        await ac.dead_letter(e1, "episode_error", "boom")
+        assert await r.xlen(keys.deadletter) == 3
+        assert (await acct_state(r, keys))["counters"] == {b"groups_deadlettered": b"1"}
+
+        # the learner's side: group g has one item in saw; dead-lettering it resolves g
+        # credit's side: an undecodable rollout, dead-lettered twice, is counted once (only
+        # XACK's reply guards it: rollouts have no done marker)
+        rc = accounting.AccountedConsumer(
+            r, keys.rollouts, t.GROUP_CREDIT, "c", keys.deadletter, stage="rollouts"
+        )
+        await rc.ensure_group()
+        await t.xadd(r, keys.rollouts, "g-r0", b"\xc1")
+        (ro,) = await rc.read(1, block_ms=100)
+        for _ in range(2):
+            await rc.dead_letter(ro, "bad_msgpack", "junk")
+        assert (await acct_state(r, keys))["counters"] == {
+            b"groups_deadlettered": b"1",
+            b"rollouts_deadlettered": b"1",
+        }
+        await accounting.commit(
+            rc,
+            [],
+            [("g:0", b"s0")],
+            keys.saw,
+            keys.done("credit", "g"),
+            stage="credit",
+            group_id="g",
+        )
+        lc = accounting.AccountedConsumer(
+            r, keys.saw, t.GROUP_LEARNER, "l", keys.deadletter, stage="saw"
+        )
+        await lc.ensure_group()
+        (s0,) = await lc.read(1, block_ms=100)
+        await lc.dead_letter(s0, "untrainable", "boom")
+        (*_, (_, last)) = await r.xrange(keys.deadletter)
+        assert (last[b"source_stream"], last[b"id"], last[b"group"]) == (
+            keys.saw.encode(),
+            b"g:0",
+            t.GROUP_LEARNER.encode(),
+        )
+        assert await acct_state(r, keys) == {
+            "counters": {
+                b"groups_deadlettered": b"2",
+                b"rollouts_deadlettered": b"1",
+                b"items_written": b"1",
+                b"items_deadlettered": b"1",
+            },
+            "rolling": {},
+            "open": {},
+            "items": {},
+        }
+        assert (await accounting.snapshot(r, keys))["items_in_flight"] == 0
+    finally:
+        await r.aclose()
+
+
+async def test_every_script_is_sent_once_then_run_by_its_sha(redis_url: str) -> None:
+    """The transport and accounting scripts run by EVALSHA: each of the 9 below is loaded
+    once (its first EVALSHA answers NOSCRIPT, redis-py loads it and retries), after that
+    only its sha travels; no EVAL sends a script's text. Each op runs twice, so EVALSHA
+    calls = 9 scripts x 2 runs + 9 NOSCRIPT replies = 27."""
+    r = t.connect(redis_url)
+    keys = t.Keys("sha")
+    try:
+        await r.script_flush()
+        await r.config_resetstat()
+        plain = t.StreamConsumer(r, keys.requests, t.GROUP_ACTORS, "p", keys.deadletter)
+        ac = accounting.AccountedConsumer(
+            r, keys.requests, t.GROUP_ACTORS, "a", keys.deadletter, stage="requests"
+        )
+        lc = accounting.AccountedConsumer(
+            r, keys.saw, t.GROUP_LEARNER, "l", keys.deadletter, stage="saw"
+        )
+        await plain.ensure_group()
+        await lc.ensure_group()
+        for i in range(2):
+            await accounting.add_requests(r, keys, [(f"req-{i}", b"q")])  # 1 request script
+            await t.xadd(r, keys.requests, f"x-{i}", b"q")
+            await t.xadd(r, keys.saw, f"s-{i}", b"s")
+        es = await plain.read(4, block_ms=100)
+        for i in range(2):
+            await plain.commit([es[i]], [], "ludic:{sha}:out", keys.done("p", str(i)))  # 2
+            await accounting.commit(  # 3
+                ac,
+                [],
+                [],
+                keys.rollouts,
+                keys.done("actor", str(i)),
+                stage="actor",
+                group_id=str(i),
+            )
+            await plain.dead_letter(es[2], "r", "")  # 4
+            await ac.dead_letter(es[3], "r", "")  # 5
+            await accounting.group_failed(r, keys, f"f{i}")  # 6
+            await accounting.snapshot(r, keys)  # 7
+            await accounting.admission_state(r, keys, 2)  # 8
+        saw = await lc.read(2, block_ms=100)
+        for e in saw:
+            await accounting.ack_items(lc, [e.id], "trained")  # 9
+        stats = await r.info("commandstats")
+        assert "cmdstat_eval" not in stats
+        assert stats["cmdstat_script|load"]["calls"] == 9
+        assert stats["cmdstat_evalsha"]["calls"] == 27
+        assert stats["cmdstat_evalsha"]["failed_calls"] == 9
+        # what the work did: 2 requests counted, 2 items trained, 2 groups failed
+        a = await accounting.snapshot(r, keys)
+        assert (a["groups_requested"], a["items_trained"]) == (2, 2)
+        assert a["groups_deadlettered"] == 3  # f0, f1 and the dead-lettered request x-1
+    finally:
+        await r.aclose()
