@@ -13,6 +13,14 @@ SIGTERM).
 Restarts: a service whose spec says ``restart`` is started again when it exits, after a
 back-off that doubles from ``restart_backoff_s`` (reset once it has run
 ``stable_after_s``), at most ``max_restarts`` times in a row; ``restarts`` counts them.
+
+Watchdog (``watchdog_timeout_s`` > 0): a live service can be stuck (a hung event loop, a
+deadlock) without exiting. Each service with a ``health_url`` is polled every
+``watchdog_interval_s`` from a thread of its own (launcher/watchdog.py) once it has passed
+a health check; when its endpoint has not answered 200 for ``watchdog_timeout_s`` while its
+process lives, ``restart_exited`` SIGKILLs its process group and treats it like any exited
+service: restarted if its spec allows, else an exit for good (code -9);
+``watchdog_kills`` counts them.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from services.launcher.watchdog import HealthWatch
 
 log = logging.getLogger("ludic.up")
 PR_SET_PDEATHSIG = 1
@@ -81,6 +91,8 @@ class Supervisor:
         max_restarts: int = 5,
         restart_backoff_s: float = 1.0,
         stable_after_s: float = 60.0,
+        watchdog_timeout_s: float = 0.0,
+        watchdog_interval_s: float = 5.0,
     ) -> None:
         self.log_dir = run_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -94,6 +106,10 @@ class Supervisor:
         self._started_at: dict[str, float] = {}
         self._due: dict[str, float] = {}  # name -> when its pending restart is due
         self._given_up: set[str] = set()
+        self.watchdog_timeout_s = watchdog_timeout_s  # 0: no watchdog
+        self.watchdog_interval_s = watchdog_interval_s
+        self.watchdog_kills: dict[str, int] = {}  # every watchdog kill of the run, per service
+        self.watches: dict[str, HealthWatch] = {}  # the running process of each service
 
     def start(self, spec: ServiceSpec) -> subprocess.Popen[bytes]:
         if spec.name in self.procs:
@@ -117,15 +133,54 @@ class Supervisor:
         self.procs[spec.name] = proc
         self.specs[spec.name] = spec
         self._started_at[spec.name] = time.monotonic()
+        self._unwatch(spec.name)
+        if spec.health_url is not None and self.watchdog_timeout_s > 0:
+            self.watches[spec.name] = HealthWatch(
+                spec.health_url, self.watchdog_interval_s, self.watchdog_timeout_s
+            ).start()
         return proc
 
+    def _unwatch(self, name: str) -> None:
+        watch = self.watches.pop(name, None)
+        if watch is not None:
+            watch.stop()
+
+    def kill_stuck(self) -> list[str]:
+        """SIGKILL the process group of every live service its watch finds stuck (see the
+        module docstring); returns their names. Their exits are then ``restart_exited``'s."""
+        killed = []
+        now = time.monotonic()
+        for name, watch in list(self.watches.items()):
+            proc = self.procs[name]
+            failing = watch.stuck_for(now)
+            if failing is None or proc.poll() is not None:
+                continue
+            log.error(
+                "watchdog: %s (pid %d) has not answered 200 at %s for %.0f s "
+                "(up.watchdog_timeout_s=%g); last error: %s; killing its process group",
+                name,
+                proc.pid,
+                watch.url,
+                failing,
+                self.watchdog_timeout_s,
+                watch.last_error,
+            )
+            self._unwatch(name)
+            _signal_group(proc, signal.SIGKILL)  # not waited for: dead() sees it go
+            self.watchdog_kills[name] = self.watchdog_kills.get(name, 0) + 1
+            killed.append(name)
+        return killed
+
     def restart_exited(self) -> dict[str, int]:
-        """Restart the exited services whose spec allows it, once their back-off is over.
-        Returns the services that exited and will not be restarted (name -> exit code):
-        no ``restart`` in their spec, or ``max_restarts`` in a row used up."""
+        """Kill the stuck services (``kill_stuck``), then restart the exited services whose
+        spec allows it, once their back-off is over. Returns the services that exited and
+        will not be restarted (name -> exit code): no ``restart`` in their spec, or
+        ``max_restarts`` in a row used up."""
+        self.kill_stuck()
         final: dict[str, int] = {}
         now = time.monotonic()
         for name, code in self.dead().items():
+            self._unwatch(name)
             spec = self.specs[name]
             if not spec.restart or name in self._given_up or (spec.may_finish and code == 0):
                 final[name] = code
@@ -214,6 +269,7 @@ class Supervisor:
         proc = self.procs.get(name)
         if proc is None:
             return None
+        self._unwatch(name)
         _signal_group(proc, signal.SIGTERM)
         try:
             proc.wait(grace_s)
@@ -224,6 +280,8 @@ class Supervisor:
         return proc.returncode
 
     def shutdown(self, grace_s: float = 15.0) -> None:
+        for name in list(self.watches):
+            self._unwatch(name)
         names = list(self.procs)[::-1]
         for n in names:
             if self.procs[n].poll() is None:

@@ -1,0 +1,85 @@
+"""The health watchdog of `ludic up` (``up.watchdog_timeout_s``): is a live service stuck?
+
+A ``HealthWatch`` polls one service's health URL from a daemon thread, so a probe that
+hangs never holds up the supervisor's loop. A probe *passes* on a 200 answered within
+``timeout_s``; anything else (another status, a refused connection, no answer in time)
+fails. The watch is armed by its first pass: a service still starting (vLLM loading and
+compiling, a learner resuming a checkpoint) is never stuck. Once armed::
+
+    stuck  <=>  every probe started since t_f failed, at least one has, and now - t_f >= timeout_s
+
+where t_f is the start of the first failing probe after the last pass. A probe may take
+up to ``timeout_s`` itself: a slow answer is an answer. So a service whose endpoint stops
+answering is stuck at most ``interval_s + timeout_s`` later, and one that answers 200
+within ``timeout_s`` at least once per ``timeout_s`` never is. ``Supervisor`` reads the
+verdict and kills the service (supervisor.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+
+
+class HealthWatch:
+    def __init__(self, url: str, interval_s: float, timeout_s: float) -> None:
+        if interval_s <= 0 or timeout_s <= 0:
+            raise ValueError(
+                f"HealthWatch({url}) needs interval_s > 0 and timeout_s > 0, "
+                f"got {interval_s} and {timeout_s}"
+            )
+        self.url = url
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.passes = 0  # probes that answered 200
+        self.failing_since: float | None = None  # t_f, None while the last probe passed
+        self.last_error = ""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name=f"watchdog {url}", daemon=True)
+
+    def start(self) -> HealthWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """The thread ends after the probe in flight (if any), whose result is dropped."""
+        self._stop.set()
+
+    def stuck_for(self, now: float) -> float | None:
+        """Seconds the armed service has been failing when that is ``timeout_s`` or more,
+        else None."""
+        with self._lock:
+            if not self.passes or self.failing_since is None:
+                return None
+            failing = now - self.failing_since
+        return failing if failing >= self.timeout_s else None
+
+    def _poll(self) -> None:
+        with httpx.Client(timeout=self.timeout_s) as client:
+            while not self._stop.is_set():
+                t = time.monotonic()
+                error = self._probe(client)
+                with self._lock:
+                    if self._stop.is_set():
+                        return
+                    if error is None:
+                        self.passes += 1
+                        self.failing_since = None
+                    else:
+                        self.last_error = error
+                        if self.failing_since is None:
+                            self.failing_since = t
+                self._stop.wait(self.interval_s)
+
+    def _probe(self, client: httpx.Client) -> str | None:
+        """None on a 200, else why not."""
+        try:
+            r = client.get(self.url)
+        except httpx.HTTPError as e:
+            return f"{type(e).__name__}: {e}"
+        if r.status_code == 200:
+            return None
+        return f"HTTP {r.status_code}: {r.text[:200].strip()}"
