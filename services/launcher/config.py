@@ -82,6 +82,19 @@ class UpSettings:
             "back-off from 1 s) before the run gives up on it"
         },
     )
+    watchdog_timeout_s: float = field(
+        default=120.0,
+        metadata={
+            "help": "a live service whose health endpoint has not answered 200 for this long "
+            "(after its first pass) is SIGKILLed and restarted, or fails the run if it may not "
+            "be; 0: off. Keep it above the longest a healthy service goes unanswered: "
+            "inference's probe gives up after 30 s, the learner saves checkpoints on its event "
+            "loop (services/launcher/watchdog.py)"
+        },
+    )
+    watchdog_interval_s: float = field(
+        default=5.0, metadata={"help": "seconds between two watchdog probes of a service"}
+    )
     timeout_s: float = field(default=1800.0, metadata={"help": "wall-clock limit of the whole run"})
     startup_timeout_s: float = field(
         default=300.0, metadata={"help": "limit for a service to become healthy"}
@@ -104,6 +117,16 @@ class UpSettings:
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
             raise ValueError(f"up.max_restarts={self.max_restarts} must be >= 0")
+        if self.watchdog_timeout_s < 0:
+            raise ValueError(
+                f"up.watchdog_timeout_s={self.watchdog_timeout_s} must be >= 0 (0 turns the "
+                "watchdog off)"
+            )
+        if self.watchdog_interval_s <= 0:
+            raise ValueError(
+                f"up.watchdog_interval_s={self.watchdog_interval_s} must be > 0 (to turn the "
+                "watchdog off, set up.watchdog_timeout_s: 0)"
+            )
         if self.cpu_pinning not in PINNING_MODES:
             raise ValueError(
                 f"up.cpu_pinning={self.cpu_pinning!r}; use one of {sorted(PINNING_MODES)}"

@@ -106,7 +106,12 @@ class Run:
         self.cfg = cfg
         self.run_dir = Path(s.runs_dir) / s.name
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.sup = Supervisor(self.run_dir, max_restarts=s.max_restarts)
+        self.sup = Supervisor(
+            self.run_dir,
+            max_restarts=s.max_restarts,
+            watchdog_timeout_s=s.watchdog_timeout_s,
+            watchdog_interval_s=s.watchdog_interval_s,
+        )
         self.run_id = str(cfg.get("run_id") or f"{s.name}-{int(time.time())}")
         self.token = secrets.token_hex(24)
         self.metrics: dict[str, str] = {}  # service -> /metrics URL

@@ -17,6 +17,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from services.launcher.config import UpSettings
+from services.launcher.run import Run
 from services.launcher.stack import free_port
 from services.launcher.supervisor import ServiceSpec, Supervisor
 
@@ -180,3 +184,20 @@ def test_slow_starting_slow_or_briefly_failing_services_are_left_alone(tmp_path)
         assert sup.watches["flaky"].last_error.startswith("HTTP 503")
     finally:
         sup.shutdown(grace_s=2)
+
+
+def test_watchdog_settings_are_checked_and_reach_the_supervisor(tmp_path) -> None:
+    with pytest.raises(ValueError, match=r"up.watchdog_timeout_s=-1 must be >= 0"):
+        UpSettings(watchdog_timeout_s=-1)
+    with pytest.raises(ValueError, match=r"up.watchdog_interval_s=0 must be > 0"):
+        UpSettings(watchdog_interval_s=0)
+    s = UpSettings(runs_dir=str(tmp_path), watchdog_timeout_s=90, watchdog_interval_s=3)
+    sup = Run(s, {}).sup
+    assert (sup.watchdog_timeout_s, sup.watchdog_interval_s) == (90, 3)
+    # 0 turns it off: no watch even for a service with a health URL
+    off = Supervisor(tmp_path, watchdog_timeout_s=0)
+    off.start(_server("svc", "slow", tmp_path / "off"))
+    try:
+        assert off.watches == {}
+    finally:
+        off.shutdown(grace_s=2)
