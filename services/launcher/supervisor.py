@@ -37,6 +37,7 @@ from pathlib import Path
 
 import httpx
 
+from services.launcher import probes
 from services.launcher.watchdog import HealthWatch
 
 log = logging.getLogger("ludic.up")
@@ -241,7 +242,7 @@ class Supervisor:
                     f"last log lines:\n{self.log_tail(name)}"
                 )
             try:
-                if httpx.get(spec.health_url, timeout=2.0).status_code == 200:
+                if probes.get(spec.health_url, 2.0).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -261,7 +262,7 @@ class Supervisor:
         if spec.health_url is None:
             return True
         try:
-            return httpx.get(spec.health_url, timeout=1.0).status_code == 200
+            return probes.get(spec.health_url, 1.0).status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -29,7 +29,9 @@ LIMIT_S, INTERVAL_S, SLACK_S = 2.0, 0.25, 5.0
 # argv: port, mode, directory. Every 200 appends time.monotonic() (one clock for every
 # process on Linux) to <dir>/ok (<dir>/ok-restarted with RESTARTED set). Modes: stick (answers until <dir>/stick exists, then its
 # only thread sleeps in the handler, unless RESTARTED is set: the process lives, its
-# endpoint is dead), slow (every answer after 0.5 s), flaky (503 but every 3rd request),
+# endpoint is dead), slow (every answer after 0.5 s), flaky (503 for the first 0.7 s
+# of every 1.1 s of the shared clock: whoever probes, however often, sees both; 1.1 s is
+# no multiple of the 0.5 s start-up poll, whose probes so land in every phase),
 # late (listens only after LATE_S seconds: a slow start).
 # With <dir>/child it first starts a child process in its group and writes its pid there.
 SERVER = """
@@ -40,16 +42,13 @@ if mode == "late":
 if (d / "child").exists():
     c = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     (d / "child").write_text(str(c.pid))
-n = 0
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        global n
-        n += 1
         if mode == "stick" and (d / "stick").exists() and not os.environ.get("RESTARTED"):
             time.sleep(3600)
         if mode == "slow":
             time.sleep(0.5)
-        code = 503 if mode == "flaky" and n % 3 else 200
+        code = 503 if mode == "flaky" and time.monotonic() % 1.1 < 0.7 else 200
         self.send_response(code)
         self.end_headers()
         if code == 200:
@@ -159,8 +158,8 @@ def test_a_stuck_service_without_restart_is_an_exit_for_good_with_its_group(tmp_
 
 def test_slow_starting_slow_or_briefly_failing_services_are_left_alone(tmp_path) -> None:
     """Each slow answer takes 0.5 s (a probe timeout under that would kill it within
-    L + 0.5 s); the flaky one fails two probes in three, ~0.5 s in a row, never L; the late
-    one refuses connections for L + 1 s from its start (a watch armed before its first
+    L + 0.5 s); the flaky one fails 0.7 s in every 1.1 s (with the probe interval, under 1 s in a
+    row), never L; the late one refuses connections for L + 1 s from its start (a watch armed before its first
     pass would kill it at L), then answers."""
     sup = _supervisor(tmp_path)
     modes = ("slow", "flaky", "late")
