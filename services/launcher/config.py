@@ -111,6 +111,14 @@ class UpSettings:
     fresh: bool = field(
         default=True, metadata={"help": "start from an empty Redis (the embedded one)"}
     )
+    resume: str = field(
+        default="",
+        metadata={
+            "help": "continue the stopped run of this name (in runs_dir): its saved config "
+            "(<run>/run.yaml), its Redis state and the learner's newest checkpoint; needs "
+            "learner.checkpoint_every > 0"
+        },
+    )
     config_path: str | None = field(default=None, metadata={"help": "set from --config"})
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
 

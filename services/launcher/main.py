@@ -8,6 +8,14 @@ policy (the one "after" evaluated) as a Hugging Face model directory ``<run>/fin
 A random auth token is shared by inference and learner; each service logs to
 ``<run>/logs/<name>.log``. Ctrl-C / SIGTERM stop every service (process groups) and
 exit 130; a service that dies early stops the run with its last log lines.
+
+``ludic up --resume NAME`` continues a stopped run (Ctrl-C, a killed ``ludic up``, a crashed
+machine): the config the run started with (``<run>/run.yaml``, written at its start with
+every ``up:`` setting it ran with), its embedded Redis (append-only file: the streams,
+pending entries and accounting) and the learner's newest checkpoint (weights, optimizer,
+step, stream position; the learner publishes them before any actor generates). Training
+goes on to the same ``learner.num_steps``. Flags given with ``--resume`` override the saved
+``up:`` settings; other services' settings come from the saved file.
 """
 
 from __future__ import annotations
@@ -23,9 +31,11 @@ from services.common.secrets import keep_secrets_in
 from services.common.settings import load_settings, log_settings, setup_logging
 from services.launcher.config import UpSettings
 from services.launcher.run import (  # noqa: F401 (re-exported for callers of main)
+    SAVED_CONFIG,
     Interrupted,
     Run,
     prepare_model,
+    running_launcher,
 )
 
 log = logging.getLogger("ludic.launcher")
@@ -36,13 +46,30 @@ def main(argv: list[str] | None = None) -> int:
     s = load_settings(UpSettings, argv, service="up", description=__doc__ or "")
     setup_logging(s.log_level)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the evals' per-request lines
-    if not s.config_path:
+    if not s.config_path and not s.resume:
         print(
-            "ludic up: give the run config with --config FILE (e.g. examples/arith/grpo.yaml)",
+            "ludic up: give the run config with --config FILE (e.g. examples/arith/grpo.yaml), "
+            "or --resume NAME to continue a stopped run",
             file=sys.stderr,
         )
         return 2
-    cfg = yaml.safe_load(Path(s.config_path).read_text()) or {}
+    if s.resume:
+        resumed = resume_settings(s, list(sys.argv[1:] if argv is None else argv))
+        if isinstance(resumed, str):
+            print(f"ludic up --resume {s.resume}: {resumed}", file=sys.stderr)
+            return 2
+        s = resumed
+    assert s.config_path is not None
+    cfg_path = Path(s.config_path)
+    cfg = yaml.safe_load(cfg_path.read_text()) or {}
+    if s.resume and not int((cfg.get("learner") or {}).get("checkpoint_every") or 0):
+        print(
+            f"ludic up --resume {s.resume}: the run kept no learner checkpoints "
+            "(learner.checkpoint_every is 0): its weights since the start are gone; start "
+            "it again instead",
+            file=sys.stderr,
+        )
+        return 2
     from libludic.training.algorithm import AlgorithmSpec
 
     try:  # fail before starting anything: credit and learner would refuse it minutes later
@@ -50,13 +77,34 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"ludic up: {s.config_path}: {e}", file=sys.stderr)
         return 2
-    s.config_path = str(Path(s.config_path).resolve())
+    s.config_path = str(cfg_path.resolve())
     log_settings(log, "up", s)
     try:
         return Run(s, cfg).execute()
     except subprocess.SubprocessError as e:
         log.error("%s", e)
         return 1
+
+
+def resume_settings(s: UpSettings, argv: list[str]) -> UpSettings | str:
+    """The settings of the run ``s.resume`` names: its saved config, then ``argv``'s flags;
+    or why it cannot be resumed."""
+    if s.config_path:
+        return "a resumed run uses the config it started with (<run>/run.yaml); drop --config"
+    run_dir = Path(s.runs_dir) / s.resume
+    saved = run_dir / SAVED_CONFIG
+    if not saved.exists():
+        return (
+            f"no run {s.resume!r} to resume in {s.runs_dir} ({saved} is missing; a run "
+            "writes it when it starts)"
+        )
+    live = running_launcher(run_dir)
+    if live is not None:
+        return f"the run is still going (ludic up, pid {live}): stop it first"
+    out = load_settings(UpSettings, [*argv, "--config", str(saved)], service="up")
+    out.name, out.runs_dir, out.fresh = s.resume, s.runs_dir, False
+    out.config_path = str(saved.resolve())
+    return out
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ services, evaluate, supervise, report). ``main.py`` is the command line."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -14,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from libludic.transport import accounting
 from services.launcher import cpus, stack
@@ -100,6 +103,24 @@ def prepare_model(s: UpSettings, run_dir: Path) -> Path:
     return out
 
 
+SAVED_CONFIG = "run.yaml"  # the config a run started with, for ``ludic up --resume``
+PID_FILE = "up.pid"  # the pid of the ``ludic up`` running the run
+# settings of how this invocation runs, not of the run itself: never saved
+_NOT_SAVED = ("config_path", "resume", "fresh", "live", "log_level")
+
+
+def running_launcher(run_dir: Path) -> int | None:
+    """The pid of the ``ludic up`` still running the run in ``run_dir``, if any."""
+    try:
+        pid = int((run_dir / PID_FILE).read_text().strip())
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return None
+    return (
+        pid if pid != os.getpid() and b"up" in cmd and b"services.cli" in b" ".join(cmd) else None
+    )
+
+
 class Run:
     def __init__(self, s: UpSettings, cfg: dict[str, Any]) -> None:
         self.s = s
@@ -123,8 +144,20 @@ class Run:
         self.learner_rl: dict[str, Any] = {}  # the learner's RL wall and samples/s
         self.curve_eval_s = 0.0  # seconds of curve evaluations (live or deferred)
         self.cpu_plan: cpus.CpuPlan | None = None
+        self.resuming = bool(s.resume)
         # the learner's step count (0 or absent: until stopped), for the live view's ETA
         self.total_steps = int((cfg.get("learner") or {}).get("num_steps") or 0) or None
+
+    def save_config(self) -> None:
+        """``<run>/run.yaml``: the run config with its run id and every ``up:`` setting this
+        run uses (flags and environment included), what ``ludic up --resume`` reads."""
+        cfg = copy.deepcopy(self.cfg)
+        cfg["run_id"] = self.run_id
+        up = {k: v for k, v in dataclasses.asdict(self.s).items() if k not in _NOT_SAVED}
+        cfg["up"] = {**(cfg.get("up") or {}), **up}
+        tmp = self.run_dir / (SAVED_CONFIG + ".tmp")
+        tmp.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        tmp.replace(self.run_dir / SAVED_CONFIG)
 
     def start(self, spec: ServiceSpec) -> None:
         """Start a service on the cores the CPU plan gives it (launcher/cpus.py)."""
@@ -307,10 +340,13 @@ class Run:
                 "services.cli",
                 "learner",
             ]
-        snapshots: dict[str, Any] = {}
+        learner_env: dict[str, Any] = {}
         if self.s.eval_mode == "deferred" and self.s.eval_n > 0 and self.s.eval_every_steps > 0:
-            snapshots["LUDIC_SNAPSHOT_EVERY"] = self.s.eval_every_steps
-            shutil.rmtree(self.run_dir / "learner" / "snapshots", ignore_errors=True)
+            learner_env["LUDIC_SNAPSHOT_EVERY"] = self.s.eval_every_steps
+            if not self.resuming:  # a resumed run keeps its snapshots from before the stop
+                shutil.rmtree(self.run_dir / "learner" / "snapshots", ignore_errors=True)
+        if self.resuming:  # from the newest checkpoint at once, not only after a crash
+            learner_env["LUDIC_RESUME"] = "true"
         # with checkpoints a crashed learner resumes from its newest one and replays the items
         # it had not committed; without, its weights since the start would be lost: fatal
         checkpoints = int((self.cfg.get("learner") or {}).get("checkpoint_every") or 0) > 0
@@ -324,7 +360,7 @@ class Run:
             LUDIC_AUTH_TOKEN=self.token,
             LUDIC_MODEL_DIR=str(model_dir),
             LUDIC_OUTPUT_DIR=str(self.run_dir / "learner"),
-            **snapshots,
+            **learner_env,
         )
         for name in self.metrics:
             if name not in ("inference",):
@@ -460,6 +496,11 @@ class Run:
         code = 1
         old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
+            (self.run_dir / PID_FILE).write_text(str(os.getpid()))
+            if self.resuming:
+                log.info("resuming run %s from %s", self.s.name, self.run_dir)
+            else:
+                self.save_config()
             model_dir = prepare_model(self.s, self.run_dir)
             self.t0 = time.monotonic()  # wall time of the RL run (SFT excluded, reported apart)
             final = self.run_dir / "learner" / "learner_final.json"
@@ -500,6 +541,7 @@ class Run:
             code = 1
         finally:
             self.sup.shutdown()
+            (self.run_dir / PID_FILE).unlink(missing_ok=True)
             for s, h in old.items():
                 signal.signal(s, h)
         return code

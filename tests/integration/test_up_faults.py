@@ -155,3 +155,58 @@ def test_a_killed_ludic_up_leaves_no_service_running(tmp_path, tiny_model_dir):
         except ProcessLookupError:
             pass
     assert left == [], f"services outlived a SIGKILL of ludic up: {what}"
+
+
+def test_a_killed_run_is_resumed_to_its_step_count(tmp_path, tiny_model_dir):
+    """SIGKILL of `ludic up` after step 3 (checkpoint at step 2), then `ludic up --resume`:
+    the learner starts from its checkpoint, Redis from its append-only file, and the run
+    reaches its 8 steps with the accounting consistent and nothing trained twice."""
+    import subprocess
+
+    import yaml
+
+    run_id = f"resume-{os.getpid()}"
+    cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=8, eval_n=0)
+    data = yaml.safe_load(cfg.read_text())
+    data["learner"].update(checkpoint_every=2, trained_log=True)
+    cfg.write_text(yaml.safe_dump(data))
+    log = tmp_path / "up.log"
+    proc = ludic_up(cfg, log)
+    run_dir = tmp_path / "runs" / run_id
+    try:
+        wait(lambda: trained_steps(run_dir) >= 3, proc, log, 420, "the learner's step 3")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    deadline = time.monotonic() + 60
+    while procs_of_run(run_id) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert procs_of_run(run_id) == [], "services outlived a SIGKILL of ludic up"
+    assert not (run_dir / "summary.json").exists()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("LUDIC_REDIS_URL", None)
+    log2 = tmp_path / "resume.log"
+    argv = ["up", "--resume", run_id, "--runs-dir", str(tmp_path / "runs"), "--no-live"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", *argv],
+        stdout=open(log2, "wb"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    try:
+        code = proc.wait(600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log2.read_text(errors="replace")
+    assert code == 0, text[-4000:]
+    assert f"resuming run {run_id}" in text
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["steps"] == 8
+    a = s["accounting"]
+    assert a["consistent"], a
+    assert a["items_trained_twice"] == 0 and a["groups_deadlettered"] == 0, a
+    learner_log = (run_dir / "logs" / "learner.log").read_text(errors="replace")
+    assert "resumed from" in learner_log
+    time.sleep(1)
+    assert procs_of_run(run_id) == [], "services left running after ludic up exited"
