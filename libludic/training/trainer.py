@@ -87,7 +87,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -107,6 +107,7 @@ from libludic.training.config import TrainerConfig
 from libludic.training.types import BatchSource, SourceStopped
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -564,9 +565,7 @@ class Trainer:
                 "raise max_lag or give every rank its own batch"
             )
         if items:
-            # off the event loop: its other tasks (the service's /health and /metrics,
-            # heartbeats) keep answering through a step of any length
-            stats.update(await asyncio.to_thread(self._update, items))
+            stats.update(await self.off_loop(self._update, items))
             stats["nonfinite_skipped_total"] = float(self.nonfinite_skipped_total)
         else:
             log.warning(
@@ -710,7 +709,7 @@ class Trainer:
         version = max(self.policy_version, self.version_floor, self.last_attempted_version) + 1
         self.last_attempted_version = version
         t0 = time.perf_counter()
-        sd = self.snapshot_state_dict()
+        sd = await self.off_loop(self.snapshot_state_dict)
         self._inflight_meta = (version, self.step, t0)
         if parallel.rank() == 0:
             self._inflight = asyncio.create_task(
@@ -794,6 +793,20 @@ class Trainer:
         commit = getattr(self.batch_source, "commit", None)
         return int(await commit()) if callable(commit) else 0
 
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker thread, on this trainer's device (the current CUDA
+        device is per thread): the event loop's other tasks (the service's /health and
+        /metrics, heartbeats) keep answering through long work, a step, a checkpoint or a
+        gather of the full weights, however large the model. Collective work stays in
+        order: each rank awaits it before its next."""
+
+        def run() -> T:
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            return fn(*args)
+
+        return await asyncio.to_thread(run)
+
     async def checkpoint(self) -> Path | None:
         """Save a checkpoint of this step (once; collective under FSDP2), then commit the
         items it includes. Returns its path on rank 0."""
@@ -803,7 +816,7 @@ class Trainer:
             )
         if self.step == self.last_checkpoint_step:
             return None
-        path = self.save_checkpoint(self.checkpoint_extra)
+        path = await self.off_loop(self.save_checkpoint, self.checkpoint_extra)
         self.last_checkpoint_step = self.step
         n = await self.commit()
         if self.hooks.on_checkpoint is not None:

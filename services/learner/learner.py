@@ -410,7 +410,8 @@ class Learner:
         return time.monotonic() - last < self.s.health_stall_s
 
     async def _on_step(self, stats: dict[str, float], ids: list[str]) -> None:
-        self._snapshot(int(stats["step"]))
+        if self.trainer is not None:  # off the event loop, as every gather and save
+            await self.trainer.off_loop(self._snapshot, int(stats["step"]))
         if self.rank == 0:
             if self.r is not None and ids:  # its items were resolved: room may have opened
                 try:
@@ -464,7 +465,7 @@ class Learner:
                 await tr.commit()
             else:
                 await tr.checkpoint()
-            self._save_final()
+            await tr.off_loop(self._save_final)
             if reason == "done" and not self.final_policy_served():
                 # the run trained, but inference never served what it trained: not a success
                 reason = "final_policy_not_served"

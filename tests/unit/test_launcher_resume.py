@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from services.common.settings import load_settings
@@ -47,7 +49,17 @@ def test_a_resume_reads_the_saved_config_with_the_flags_the_run_started_with(tmp
     assert not {"config_path", "resume", "fresh", "live", "log_level"} & set(data["up"])
 
 
-def test_resume_refuses_what_it_cannot_continue(tmp_path, capsys) -> None:
+@pytest.fixture
+def no_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refusal that regressed must fail the test, not start a whole stack."""
+
+    def execute(self: Run) -> int:
+        raise AssertionError("ludic up --resume started a run it should have refused")
+
+    monkeypatch.setattr(Run, "execute", execute)
+
+
+def test_resume_refuses_what_it_cannot_continue(tmp_path, capsys, no_run) -> None:
     runs = str(tmp_path / "runs")
     assert main(["--resume", "nope", "--runs-dir", runs]) == 2
     assert "no run 'nope' to resume" in capsys.readouterr().err
@@ -62,13 +74,18 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path, capsys) -> None:
     assert "kept no learner checkpoints" in capsys.readouterr().err
 
 
-def test_resume_refuses_a_run_whose_ludic_up_is_still_going(tmp_path, capsys) -> None:
+def test_resume_refuses_a_run_whose_ludic_up_is_still_going(tmp_path, capsys, no_run) -> None:
     _start(tmp_path)
     # a process whose command line is a `ludic up` (it only sleeps)
     fake = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)", "-m", "services.cli", "up"]
     )
     try:
+        cmdline = Path(f"/proc/{fake.pid}/cmdline")
+        deadline = time.monotonic() + 10
+        while b"services.cli" not in cmdline.read_bytes():  # until the child has exec'd
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         (tmp_path / "runs" / "r1" / PID_FILE).write_text(str(fake.pid))
         assert main(["--resume", "r1", "--runs-dir", str(tmp_path / "runs")]) == 2
         assert f"still going (ludic up, pid {fake.pid})" in capsys.readouterr().err

@@ -117,3 +117,35 @@ def test_empty_dir_loads_none_and_config_validation(tmp_path) -> None:
         CheckpointConfig(str(tmp_path), max_to_keep=0)
     c = CheckpointConfig("x")
     assert (c.every_n_steps, c.max_to_keep, c.save_optimizer) == (0, 2, True)
+
+
+async def test_a_checkpoint_is_written_off_the_event_loop(base_model, tmp_path) -> None:
+    """A save that takes a while (a big model, a slow disk) must not stop the service's
+    other tasks (/health, /metrics): a ticker on the loop keeps ticking through it."""
+    import asyncio
+    import time
+
+    tr = trainer(base_model, tmp_path / "ck", every=100)
+    save = tr.checkpointer.save
+
+    def slow_save(*a, **kw):
+        time.sleep(0.6)
+        return save(*a, **kw)
+
+    tr.checkpointer.save = slow_save
+    await tr.train(num_steps=1)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.02)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    path = await tr.checkpoint()
+    ticker.cancel()
+    assert path is not None and (path / "COMPLETE").exists()
+    # 0.6 s of saving at one tick per 20 ms: ~30 ticks (a blocked loop: 0); 10 leaves
+    # room for a loaded machine
+    assert ticks >= 10, ticks
