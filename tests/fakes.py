@@ -3,14 +3,35 @@ ids; hand-built rollouts, SAW items, a list batch source and a rollout engine.""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from libludic.inference.request import ChatCompletionRequest
 from libludic.saw import SampleAttachments, SAWBatch, SAWItem
 from libludic.types import ChatResponse, Rollout, Step, TokenTrace
 
 Reply = str | Callable[[ChatCompletionRequest], str]
+T = TypeVar("T")
+
+
+async def ticks_during(work: Awaitable[T], period_s: float) -> tuple[T, int]:
+    """``work``'s result, and how often a task on the same event loop woke every
+    ``period_s`` meanwhile: ~duration / period when ``work`` leaves the loop free, 0 when
+    it holds it."""
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(period_s)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    try:
+        return await work, ticks
+    finally:
+        ticker.cancel()
 
 
 class ScriptedClient:

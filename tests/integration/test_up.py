@@ -77,11 +77,13 @@ def procs_of_run(run_id: str) -> list[int]:
     return out
 
 
-def ludic_up(cfg: Path, log: Path) -> subprocess.Popen[bytes]:
+def ludic_up(cfg: Path | None, log: Path, *flags: str) -> subprocess.Popen[bytes]:
+    """`ludic up --config cfg flags...` (no --config when cfg is None, e.g. --resume)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("LUDIC_REDIS_URL", None)
+    config = ["--config", str(cfg)] if cfg is not None else []
     return subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "up", "--config", str(cfg), "--no-live"],
+        [sys.executable, "-m", "services.cli", "up", *config, *flags, "--no-live"],
         stdout=open(log, "wb"),
         stderr=subprocess.STDOUT,
         env=env,

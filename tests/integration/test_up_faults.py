@@ -62,14 +62,54 @@ def wait(cond, proc, log: Path, timeout_s: float, what: str) -> None:
         time.sleep(0.5)
 
 
-def test_crashed_workers_and_learner_are_restarted_and_the_run_completes(tmp_path, tiny_model_dir):
-    run_id = f"faults-{os.getpid()}"
-    cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=16, eval_n=0, actors=2)
+def learner_section(cfg: Path, **learner: object) -> None:
+    """Set keys of the config's ``learner:`` section."""
     import yaml
 
     data = yaml.safe_load(cfg.read_text())
-    data["learner"].update(checkpoint_every=2, trained_log=True)
+    data["learner"].update(learner)
     cfg.write_text(yaml.safe_dump(data))
+
+
+def wait_gone(run_id: str, timeout_s: float = 60) -> list[int]:
+    """The run's processes still alive after ``timeout_s`` (vLLM's engine shuts down on the
+    SIGTERM it gets when ludic up dies)."""
+    deadline = time.monotonic() + timeout_s
+    while procs_of_run(run_id) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return procs_of_run(run_id)
+
+
+def finished(proc, log: Path) -> None:
+    """Wait for ``ludic up`` to exit 0 (its log's tail otherwise)."""
+    try:
+        code = proc.wait(600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 0, log.read_text(errors="replace")[-4000:]
+
+
+def recovered(run_dir: Path, run_id: str, steps: int) -> dict:
+    """A run that lost nothing: its step count, the accounting consistent, no item trained
+    twice, no group dead-lettered, the learner resumed from a checkpoint, nothing left
+    running. Returns the summary."""
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["steps"] == steps
+    a = s["accounting"]
+    assert a["consistent"], a
+    assert a["items_trained_twice"] == 0 and a["groups_deadlettered"] == 0, a
+    learner_log = (run_dir / "logs" / "learner.log").read_text(errors="replace")
+    assert "resumed from" in learner_log
+    time.sleep(1)
+    assert procs_of_run(run_id) == [], "services left running after ludic up exited"
+    return s
+
+
+def test_crashed_workers_and_learner_are_restarted_and_the_run_completes(tmp_path, tiny_model_dir):
+    run_id = f"faults-{os.getpid()}"
+    cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=16, eval_n=0, actors=2)
+    learner_section(cfg, checkpoint_every=2, trained_log=True)
     log = tmp_path / "up.log"
     proc = ludic_up(cfg, log)
     run_dir = tmp_path / "runs" / run_id
@@ -100,32 +140,18 @@ def test_crashed_workers_and_learner_are_restarted_and_the_run_completes(tmp_pat
             assert pid is not None, svc
             os.kill(pid, signal.SIGKILL)
             killed["redis" if svc == "redis-server" else svc] = pid
-        code = proc.wait(600)
+        finished(proc, log)
     finally:
         if proc.poll() is None:
             proc.kill()
-    text = log.read_text(errors="replace")
-    assert code == 0, text[-4000:]
-    s = json.loads((run_dir / "summary.json").read_text())
-    assert s["steps"] == 16
+    s = recovered(run_dir, run_id, 16)
     assert {n: s["restarts"].get(n) for n in killed} == {n: 1 for n in killed}, s["restarts"]
-    a = s["accounting"]
-    assert a["consistent"], a
-    assert a["items_trained_twice"] == 0 and a["groups_deadlettered"] == 0, a
-    learner_log = (run_dir / "logs" / "learner.log").read_text(errors="replace")
-    assert "resumed from" in learner_log
-    time.sleep(1)
-    assert procs_of_run(run_id) == [], "services left running after ludic up exited"
 
 
 def test_a_killed_ludic_up_leaves_no_service_running(tmp_path, tiny_model_dir):
     run_id = f"upkill-{os.getpid()}"
     cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=100000, eval_n=0)
-    import yaml
-
-    data = yaml.safe_load(cfg.read_text())
-    data["learner"]["trained_log"] = True
-    cfg.write_text(yaml.safe_dump(data))
+    learner_section(cfg, trained_log=True)
     log = tmp_path / "up.log"
     proc = ludic_up(cfg, log)
     run_dir = tmp_path / "runs" / run_id
@@ -137,10 +163,7 @@ def test_a_killed_ludic_up_leaves_no_service_running(tmp_path, tiny_model_dir):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
-    deadline = time.monotonic() + 60  # vLLM's engine shuts down on the SIGTERM it gets
-    while procs_of_run(run_id) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    left = procs_of_run(run_id)
+    left = wait_gone(run_id)
     what = {}
     for pid in left:
         try:
@@ -161,15 +184,9 @@ def test_a_killed_run_is_resumed_to_its_step_count(tmp_path, tiny_model_dir):
     """SIGKILL of `ludic up` after step 3 (checkpoint at step 2), then `ludic up --resume`:
     the learner starts from its checkpoint, Redis from its append-only file, and the run
     reaches its 8 steps with the accounting consistent and nothing trained twice."""
-    import subprocess
-
-    import yaml
-
     run_id = f"resume-{os.getpid()}"
     cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=8, eval_n=0)
-    data = yaml.safe_load(cfg.read_text())
-    data["learner"].update(checkpoint_every=2, trained_log=True)
-    cfg.write_text(yaml.safe_dump(data))
+    learner_section(cfg, checkpoint_every=2, trained_log=True)
     log = tmp_path / "up.log"
     proc = ludic_up(cfg, log)
     run_dir = tmp_path / "runs" / run_id
@@ -178,35 +195,10 @@ def test_a_killed_run_is_resumed_to_its_step_count(tmp_path, tiny_model_dir):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
-    deadline = time.monotonic() + 60
-    while procs_of_run(run_id) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert procs_of_run(run_id) == [], "services outlived a SIGKILL of ludic up"
+    assert wait_gone(run_id) == [], "services outlived a SIGKILL of ludic up"
     assert not (run_dir / "summary.json").exists()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("LUDIC_REDIS_URL", None)
     log2 = tmp_path / "resume.log"
-    argv = ["up", "--resume", run_id, "--runs-dir", str(tmp_path / "runs"), "--no-live"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", *argv],
-        stdout=open(log2, "wb"),
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    try:
-        code = proc.wait(600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    text = log2.read_text(errors="replace")
-    assert code == 0, text[-4000:]
-    assert f"resuming run {run_id}" in text
-    s = json.loads((run_dir / "summary.json").read_text())
-    assert s["steps"] == 8
-    a = s["accounting"]
-    assert a["consistent"], a
-    assert a["items_trained_twice"] == 0 and a["groups_deadlettered"] == 0, a
-    learner_log = (run_dir / "logs" / "learner.log").read_text(errors="replace")
-    assert "resumed from" in learner_log
-    time.sleep(1)
-    assert procs_of_run(run_id) == [], "services left running after ludic up exited"
+    proc = ludic_up(None, log2, "--resume", run_id, "--runs-dir", str(tmp_path / "runs"))
+    finished(proc, log2)
+    assert f"resuming run {run_id}" in log2.read_text(errors="replace")
+    recovered(run_dir, run_id, 8)

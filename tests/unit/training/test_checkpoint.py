@@ -16,7 +16,7 @@ from libludic.training.algorithm import make_sft
 from libludic.training.checkpoint import CheckpointConfig, CheckpointManager
 from libludic.training.config import TrainerConfig
 from libludic.training.trainer import Trainer
-from tests.fakes import ListBatchSource, make_item
+from tests.fakes import ListBatchSource, make_item, ticks_during
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +122,6 @@ def test_empty_dir_loads_none_and_config_validation(tmp_path) -> None:
 async def test_a_checkpoint_is_written_off_the_event_loop(base_model, tmp_path) -> None:
     """A save that takes a while (a big model, a slow disk) must not stop the service's
     other tasks (/health, /metrics): a ticker on the loop keeps ticking through it."""
-    import asyncio
     import time
 
     tr = trainer(base_model, tmp_path / "ck", every=100)
@@ -134,17 +133,7 @@ async def test_a_checkpoint_is_written_off_the_event_loop(base_model, tmp_path) 
 
     tr.checkpointer.save = slow_save
     await tr.train(num_steps=1)
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.02)
-            ticks += 1
-
-    ticker = asyncio.create_task(tick())
-    path = await tr.checkpoint()
-    ticker.cancel()
+    path, ticks = await ticks_during(tr.checkpoint(), 0.02)
     assert path is not None and (path / "COMPLETE").exists()
     # 0.6 s of saving at one tick per 20 ms: ~30 ticks (a blocked loop: 0); 10 leaves
     # room for a loaded machine

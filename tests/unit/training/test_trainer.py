@@ -22,7 +22,7 @@ from libludic.training.loss import (
     TokenClippedSurrogateLoss,
 )
 from libludic.training.trainer import Trainer
-from tests.fakes import ListBatchSource, make_item
+from tests.fakes import ListBatchSource, make_item, ticks_during
 
 
 @pytest.fixture(scope="module")
@@ -293,7 +293,6 @@ async def test_a_non_finite_gradient_skips_the_update_and_training_goes_on(base_
 async def test_a_step_runs_off_the_event_loop(base_model) -> None:
     """The service's /health, /metrics and heartbeats share the loop: a long step must not
     block it. A loss that takes 0.4 s per micro-batch; a ticker on the loop keeps ticking."""
-    import asyncio
     import time
 
     class SlowLoss(ReinforceLoss):
@@ -307,18 +306,8 @@ async def test_a_step_runs_off_the_event_loop(base_model) -> None:
         batch_source=ListBatchSource([varied_items()]),
         cfg=cpu_cfg(micro_token_budget=10_000),
     )
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.05)
-            ticks += 1
-
-    t = asyncio.create_task(ticker())
     before = tr.last_progress
-    await tr.train_step()
-    t.cancel()
+    _, ticks = await ticks_during(tr.train_step(), 0.05)
     assert ticks >= 4  # ~8 in 0.4 s; 0 if the step held the loop
     assert tr.last_progress > before
 
