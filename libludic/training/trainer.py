@@ -474,7 +474,7 @@ class Trainer:
         return [float(x) for x in t.cpu()]
 
     def _update(self, items: Sequence[SAWItem]) -> dict[str, float]:
-        """Forward, backward and the optimizer step(s) of ``items`` (in a worker thread).
+        """Forward, backward and the optimizer step(s) of ``items``.
 
         ``cfg.ppo_n_minibatches`` = n > 1: the items are split into n minibatches
         (``split_minibatches``; fewer when a rank holds fewer than n items, the same number
@@ -483,9 +483,8 @@ class Trainer:
         are taken for every minibatch before the first update: they are the policy this
         step starts from, not the one the previous minibatch left. Stats: ``loss`` and
         ``grad_norm`` are means over the minibatches, the loss stats token-weighted means,
-        counts and times sums; ``num_minibatches`` says how many ran."""
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)  # the current device is per thread
+        counts and times sums; ``num_minibatches`` says how many ran. Runs in
+        ``off_loop``'s thread, which sets the device."""
         self.model.train()
         n = min(self.cfg.ppo_n_minibatches, len(items))
         if self.distributed and self.cfg.ppo_n_minibatches > 1:

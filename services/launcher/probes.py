@@ -7,14 +7,22 @@ services share. One kept client costs it once and reuses its connections.
 
 from __future__ import annotations
 
-import functools
+import threading
 
 import httpx
 
+_lock = threading.Lock()
+_client: httpx.Client | None = None
 
-@functools.cache
+
 def client() -> httpx.Client:
-    return httpx.Client()
+    """The one client (built once, whichever thread asks first: the watchdog polls from
+    a thread per service; an httpx.Client may then be shared between threads)."""
+    global _client
+    with _lock:
+        if _client is None:
+            _client = httpx.Client()
+        return _client
 
 
 def get(url: str, timeout_s: float) -> httpx.Response:

@@ -22,6 +22,8 @@ import time
 
 import httpx
 
+from services.launcher import probes
+
 
 class HealthWatch:
     def __init__(self, url: str, interval_s: float, timeout_s: float) -> None:
@@ -58,26 +60,25 @@ class HealthWatch:
         return failing if failing >= self.timeout_s else None
 
     def _poll(self) -> None:
-        with httpx.Client(timeout=self.timeout_s) as client:
-            while not self._stop.is_set():
-                t = time.monotonic()
-                error = self._probe(client)
-                with self._lock:
-                    if self._stop.is_set():
-                        return
-                    if error is None:
-                        self.passes += 1
-                        self.failing_since = None
-                    else:
-                        self.last_error = error
-                        if self.failing_since is None:
-                            self.failing_since = t
-                self._stop.wait(self.interval_s)
+        while not self._stop.is_set():
+            t = time.monotonic()
+            error = self._probe()
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                if error is None:
+                    self.passes += 1
+                    self.failing_since = None
+                else:
+                    self.last_error = error
+                    if self.failing_since is None:
+                        self.failing_since = t
+            self._stop.wait(self.interval_s)
 
-    def _probe(self, client: httpx.Client) -> str | None:
-        """None on a 200, else why not."""
+    def _probe(self) -> str | None:
+        """None on a 200, else why not (with the launcher's one kept client)."""
         try:
-            r = client.get(self.url)
+            r = probes.get(self.url, self.timeout_s)
         except httpx.HTTPError as e:
             return f"{type(e).__name__}: {e}"
         if r.status_code == 200:
