@@ -116,9 +116,9 @@ def running_launcher(run_dir: Path) -> int | None:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError):
         return None
-    return (
-        pid if pid != os.getpid() and b"up" in cmd and b"services.cli" in b" ".join(cmd) else None
-    )
+    # `ludic up ...` (the console script) or `python -m services.cli up ...`
+    entry = b"services.cli" in cmd or any(os.path.basename(a) == b"ludic" for a in cmd)
+    return pid if pid != os.getpid() and b"up" in cmd and entry else None
 
 
 class Run:

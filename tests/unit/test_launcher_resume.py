@@ -74,16 +74,21 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path, capsys, no_run) -> Non
     assert "kept no learner checkpoints" in capsys.readouterr().err
 
 
-def test_resume_refuses_a_run_whose_ludic_up_is_still_going(tmp_path, capsys, no_run) -> None:
+@pytest.mark.parametrize(
+    "launcher",
+    [["-m", "services.cli", "up"], ["/opt/venv/bin/ludic", "up"]],
+    ids=["python -m services.cli up", "the ludic console script"],
+)
+def test_resume_refuses_a_run_whose_ludic_up_is_still_going(
+    tmp_path, capsys, no_run, launcher
+) -> None:
     _start(tmp_path)
-    # a process whose command line is a `ludic up` (it only sleeps)
-    fake = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)", "-m", "services.cli", "up"]
-    )
+    # a process whose command line is a `ludic up`, either way it is started (it only sleeps)
+    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *launcher])
     try:
         cmdline = Path(f"/proc/{fake.pid}/cmdline")
         deadline = time.monotonic() + 10
-        while b"services.cli" not in cmdline.read_bytes():  # until the child has exec'd
+        while launcher[-2].encode() not in cmdline.read_bytes():  # until it has exec'd
             assert time.monotonic() < deadline
             time.sleep(0.05)
         (tmp_path / "runs" / "r1" / PID_FILE).write_text(str(fake.pid))
