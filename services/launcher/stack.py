@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import shutil
 import socket
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,11 +19,51 @@ from services.eval import heldout
 from services.launcher import probes
 from services.launcher.supervisor import ServiceSpec
 
+_GIVEN: set[int] = set()  # ports free_port handed out in this process
+_GIVEN_LOCK = threading.Lock()
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections (Linux's default
+    where it cannot be read)."""
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port nothing listens on, for a service started later. Taken below the kernel's
+    ephemeral range: a port the kernel hands out (``bind(0)``) can also become, before the
+    service binds it, the local port of any outgoing connection on the machine (seen: a
+    service of ``ludic up`` failing with "address already in use" at start-up). Never the
+    same port twice in one process. Falls back to the kernel's choice when no port below
+    the range is free."""
+    lo, _ = ephemeral_range()
+    start = max(1024, lo - 12000)
+    with _GIVEN_LOCK:
+        for _ in range(200):
+            port = random.randrange(start, lo) if lo > start else 0
+            if port == 0:
+                break
+            if port not in _GIVEN and _bindable(port):
+                _GIVEN.add(port)
+                return port
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        _GIVEN.add(port)
+        return port
 
 
 def redis_server_binary() -> str:
