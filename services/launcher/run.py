@@ -13,6 +13,7 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -294,6 +295,7 @@ class Run:
             argv: list[str],
             critical: bool = True,
             may_finish: bool = False,
+            finished: Callable[[], bool] | None = None,
             restart: bool = False,
             restart_env: dict[str, str] | None = None,
             **env: Any,
@@ -311,6 +313,7 @@ class Run:
                     health_url=self.metrics[name],
                     critical=critical,
                     may_finish=may_finish,
+                    finished=finished,
                     restart=restart,
                     restart_env=restart_env or {},
                 )
@@ -347,6 +350,15 @@ class Run:
                 shutil.rmtree(self.run_dir / "learner" / "snapshots", ignore_errors=True)
         if self.resuming:  # from the newest checkpoint at once, not only after a crash
             learner_env["LUDIC_RESUME"] = "true"
+        spare = cpus.spare_cores(
+            self.cpu_plan,
+            self.s.learner_nproc,
+            self.s.spare_core_training,
+            self.cfg.get("learner") or {},
+            synchronous=self.cfg.get("max_head_offpolicyness") == 0,
+        )
+        if spare:
+            learner_env["LUDIC_SPARE_CORES"] = ",".join(str(c) for c in spare)
         # with checkpoints a crashed learner resumes from its newest one and replays the items
         # it had not committed; without, its weights since the start would be lost: fatal
         checkpoints = int((self.cfg.get("learner") or {}).get("checkpoint_every") or 0) > 0
@@ -354,6 +366,7 @@ class Run:
             "learner",
             learner,
             may_finish=True,
+            finished=self.learner_done,
             restart=checkpoints,
             restart_env={"LUDIC_RESUME": "true"},
             LUDIC_INFERENCE_URLS=self.inference_url,
@@ -414,6 +427,13 @@ class Run:
                 dead = self.sup.restart_exited()  # what exited for good
                 if "learner" in dead:
                     code = dead["learner"]
+                    if code == 0 and not self.learner_done():
+                        log.error(
+                            "the learner was stopped from outside ludic up (SIGTERM or SIGINT) "
+                            "before its num_steps and cannot resume: checkpoints are off "
+                            "(learner.checkpoint_every); the run is incomplete"
+                        )
+                        return 1
                     if code != 0:
                         log.error(
                             "learner exited with code %s:\n%s",
@@ -454,6 +474,15 @@ class Run:
                         next_eval = step + self.s.eval_every_steps
                 live.update()
                 time.sleep(1.0)
+
+    def learner_done(self) -> bool:
+        """Whether the learner's last exit was the end of its work (learner_final.json's
+        reason "done": num_steps reached or its source finished), not a stop by a signal."""
+        p = self.run_dir / "learner" / "learner_final.json"
+        try:
+            return json.loads(p.read_text()).get("reason") == "done"
+        except (OSError, ValueError):
+            return False
 
     def read_learner_final(self) -> None:
         """Take the learner's exit counters over the last scrape (which can miss the end)."""

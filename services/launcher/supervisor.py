@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +56,10 @@ class ServiceSpec:
     # a job that may finish its work (exit 0) before its first health check passes (the
     # learner of a short run): that exit is success, not a failed start
     may_finish: bool = False
+    # for a may_finish service: did its exit 0 finish its work? (None: every exit 0 did.) An
+    # exit 0 that did not (a SIGTERM from outside `ludic up` stopped it) is a stop like a
+    # crash: restarted when ``restart`` allows, else an exit for good
+    finished: Callable[[], bool] | None = None
     restart: bool = False  # start it again when it exits (see the module docstring)
     restart_env: dict[str, str] = field(default_factory=dict)  # added on restarts (e.g. resume)
     # the CPU cores it (and every process it starts) may run on; None: any (launcher/cpus.py)
@@ -183,7 +188,7 @@ class Supervisor:
         for name, code in self.dead().items():
             self._unwatch(name)
             spec = self.specs[name]
-            if not spec.restart or name in self._given_up or (spec.may_finish and code == 0):
+            if not spec.restart or name in self._given_up or self.finished(name, code):
                 final[name] = code
                 continue
             due = self._due.get(name)
@@ -222,6 +227,14 @@ class Supervisor:
             self._spawn(spec, restarted=True)
         return final
 
+    def finished(self, name: str, code: int | None) -> bool:
+        """Whether ``name`` exited with ``code`` because its work is done (``may_finish``,
+        exit 0 and, when its spec can tell, ``finished()``)."""
+        spec = self.specs[name]
+        if not spec.may_finish or code != 0:
+            return False
+        return spec.finished is None or spec.finished()
+
     def log_tail(self, name: str, lines: int = 20) -> str:
         p = self.log_dir / f"{name}.log"
         if not p.exists():
@@ -235,7 +248,7 @@ class Supervisor:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                if spec.may_finish and proc.returncode == 0:
+                if self.finished(name, proc.returncode):
                     return
                 raise ServiceError(
                     f"{name} exited with code {proc.returncode} before becoming healthy; "

@@ -148,6 +148,72 @@ def test_crashed_workers_and_learner_are_restarted_and_the_run_completes(tmp_pat
     assert {n: s["restarts"].get(n) for n in killed} == {n: 1 for n in killed}, s["restarts"]
 
 
+def engine_core_pid(up_pid: int) -> int | None:
+    """The pid of vLLM's engine core process under the inference service of ``up_pid``."""
+    api = service_pid(up_pid, "inference")
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv = (d / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == api and b"EngineCore" in argv:
+            return int(d.name)
+    return None
+
+
+def test_services_stopped_by_sigterm_and_a_killed_engine_core_are_restarted(
+    tmp_path, tiny_model_dir
+):
+    """SIGTERM (a clean stop, exit 0, from outside ``ludic up``) of an actor, credit, the
+    feeder, the learner, Redis and inference, then a SIGKILL of vLLM's engine core: a service
+    that stopped before its work was done is restarted like a crashed one (the learner's exit
+    0 is not the end of the run unless it reached its step count), and the run completes
+    having lost nothing."""
+    run_id = f"sigterm-{os.getpid()}"
+    cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=16, eval_n=0, actors=2)
+    learner_section(cfg, checkpoint_every=2, trained_log=True)
+    log = tmp_path / "up.log"
+    proc = ludic_up(cfg, log)
+    run_dir = tmp_path / "runs" / run_id
+    stopped: list[str] = []
+    try:
+        wait(lambda: trained_steps(run_dir) >= 2, proc, log, 420, "the learner's step 2")
+        for svc, consumer in (("actor", "actor-0"), ("credit", None), ("feeder", None)):
+            pid = service_pid(proc.pid, svc, consumer)
+            assert pid is not None, svc
+            os.kill(pid, signal.SIGTERM)
+            stopped.append(consumer or svc)
+        for svc in ("learner", "redis-server", "inference", "engine core"):
+            start = trained_steps(run_dir)
+            wait(
+                lambda s=start: trained_steps(run_dir) >= s + 2,
+                proc,
+                log,
+                240,
+                f"progress before stopping {svc}",
+            )
+            if svc == "engine core":
+                pid = engine_core_pid(proc.pid)
+                assert pid is not None, "no engine core process under the inference service"
+                os.kill(pid, signal.SIGKILL)  # inference goes down with its engine
+                stopped.append("inference")
+                continue
+            pid = service_pid(proc.pid, svc)
+            assert pid is not None, svc
+            os.kill(pid, signal.SIGTERM)
+            stopped.append("redis" if svc == "redis-server" else svc)
+        finished(proc, log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    s = recovered(run_dir, run_id, 16)
+    want = {n: stopped.count(n) for n in stopped}
+    assert {n: s["restarts"].get(n) for n in want} == want, s["restarts"]
+
+
 def test_a_killed_ludic_up_leaves_no_service_running(tmp_path, tiny_model_dir):
     run_id = f"upkill-{os.getpid()}"
     cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=100000, eval_n=0)

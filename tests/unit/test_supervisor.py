@@ -83,6 +83,36 @@ def test_a_restarted_service_that_comes_up_keeps_running(tmp_path) -> None:
         sup.shutdown(grace_s=2)
 
 
+def test_a_job_stopped_before_its_work_is_done_is_restarted_not_finished(tmp_path) -> None:
+    """The learner exits 0 both when it reached its step count and when a SIGTERM from
+    outside stopped it; its spec's ``finished()`` tells them apart. A stop is restarted like
+    a crash; the exit after the work is done is final."""
+    done = tmp_path / "done"
+    code = f"import pathlib, sys\np = pathlib.Path({str(done)!r})\nsys.exit(0)"
+    sup = Supervisor(tmp_path, max_restarts=3, restart_backoff_s=0.05)
+    sup.start(
+        ServiceSpec(
+            "job",
+            [sys.executable, "-c", code],
+            may_finish=True,
+            restart=True,
+            finished=done.exists,
+        )
+    )
+    # exit 0 without "done": a stop, restarted
+    _until(lambda: sup.restart_exited() == {} and sup.restarts.get("job", 0) >= 1)
+    done.touch()
+    finals: dict[str, int] = {}
+    _until(lambda: bool(finals.update(sup.restart_exited()) or finals))
+    assert finals == {"job": 0}
+    # a stop before the first health check is a failed start, not a finished job
+    sup.specs["job"] = ServiceSpec(
+        "job", [], health_url="http://127.0.0.1:9/", may_finish=True, finished=lambda: False
+    )
+    with pytest.raises(ServiceError, match="job exited with code 0 before becoming healthy"):
+        sup.wait_healthy("job", 5)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_services_die_with_a_killed_supervisor(tmp_path: Path) -> None:
     """SIGKILL of `ludic up` (here a process running a Supervisor) leaves no service behind."""
