@@ -272,6 +272,13 @@ def main() -> int:
         "learner, mean per step: "
         + ", ".join(f"{k.removesuffix('_s')} {v * 1000:.1f} ms" for k, v in prof.items())
     )
+    spare = final.get("spare_core")
+    if spare:
+        print(
+            f"spare-core training thread on cores {spare['cores']}: {spare['micro_batches']} "
+            f"micro-batches trained, {spare['taken_back']} taken back by the learner's thread"
+            + (f"; stopped: {spare['stopped']}" if spare["stopped"] else "")
+        )
     gen = [float(m.group(1)) for m in actor if m]
     com = [float(m.group(2)) for m in actor if m]
     if gen:

@@ -62,6 +62,13 @@ class TrainerConfig:
     gradient_checkpointing: bool = False
     max_seq_len: int = 1024
     micro_token_budget: int = 8192  # padded B * T_max tokens per micro-batch
+    # CPU cores a second training thread may use at idle priority (SCHED_IDLE), taking
+    # micro-batches when those cores have nothing else to run (libludic/training/spare_core.py);
+    # empty: none. Used on CPU with one rank and no gradient checkpointing; `ludic up` gives it
+    # the generation cores when it pins the learner to a core of its own.
+    spare_cores: tuple[int, ...] = ()
+    # with spare cores: the least number of micro-batches a step's items are split into
+    spare_core_micro_batches: int = 4
     sync_every_steps: int = 1  # publish weights every N optimizer steps
     # send a publish in the background while the next step trains (at most one in flight);
     # False: every publish is awaited where it is started
@@ -141,6 +148,11 @@ class TrainerConfig:
             raise bad("max_seq_len", "must be >= 2")
         if self.micro_token_budget < 1:
             raise bad("micro_token_budget", "must be >= 1")
+        self.spare_cores = tuple(int(c) for c in self.spare_cores)
+        if any(c < 0 for c in self.spare_cores):
+            raise bad("spare_cores", "must be CPU core numbers (>= 0)")
+        if self.spare_core_micro_batches < 1:
+            raise bad("spare_core_micro_batches", "must be >= 1")
         if self.sync_every_steps < 1:
             raise bad("sync_every_steps", "must be >= 1")
         if (

@@ -84,6 +84,7 @@ import copy
 import logging
 import math
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,9 +102,15 @@ from libludic.saw import SAWItem
 from libludic.training import loss as L
 from libludic.training import parallel
 from libludic.training.algorithm import RLAlgorithm
-from libludic.training.batching.saw import collate, pack_micro_batches, truncation_offset
+from libludic.training.batching.saw import (
+    collate,
+    effective_len,
+    pack_micro_batches,
+    truncation_offset,
+)
 from libludic.training.checkpoint import CheckpointManager, LoadedCheckpoint
 from libludic.training.config import TrainerConfig
+from libludic.training.spare_core import SpareCoreHelper, spare_core_grads
 from libludic.training.types import BatchSource, SourceStopped
 
 log = logging.getLogger(__name__)
@@ -134,6 +141,22 @@ def split_minibatches(items: Sequence[SAWItem], n: int) -> list[list[SAWItem]]:
     return out
 
 
+def split_largest(
+    micros: list[list[SAWItem]], n: int, max_seq_len: int | None = None
+) -> list[list[SAWItem]]:
+    """``micros`` with its largest micro-batch (padded tokens) cut in two, again and again,
+    until there are ``n`` (or every one holds a single item)."""
+    out = [list(m) for m in micros]
+    while len(out) < n:
+        cost = [len(m) * max(effective_len(it, max_seq_len) for it in m) for m in out]
+        j = max((k for k in range(len(out)) if len(out[k]) > 1), key=cost.__getitem__, default=-1)
+        if j < 0:
+            break
+        m = out[j]
+        out[j : j + 1] = [m[: len(m) // 2], m[len(m) // 2 :]]
+    return out
+
+
 def combine_minibatch_stats(parts: list[dict[str, float]]) -> dict[str, float]:
     """One step's stats from its minibatches' (see ``Trainer._update``)."""
     toks = [max(p.get("num_action_tokens", 0.0), 0.0) for p in parts]
@@ -141,7 +164,7 @@ def combine_minibatch_stats(parts: list[dict[str, float]]) -> dict[str, float]:
     out: dict[str, float] = {"num_minibatches": float(len(parts))}
     for key in parts[0]:
         vals = [p.get(key, 0.0) for p in parts]
-        if key in ("loss", "grad_norm"):
+        if key in ("loss", "grad_norm", "spare_core_share"):
             out[key] = sum(vals) / len(vals)
         elif key.startswith("loss/"):
             out[key] = sum(t * v for t, v in zip(toks, vals)) / total
@@ -248,6 +271,7 @@ class Trainer:
         else:
             self._amp_dtype = dt if want_amp else None
         self.model = model
+        self.spare = self._spare_core_helper()
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no trainable parameters")
@@ -290,6 +314,26 @@ class Trainer:
         self.stop_reason = ""
 
     # ------------------------------------------------------------------ helpers
+
+    def _spare_core_helper(self) -> SpareCoreHelper | None:
+        """The helper thread on ``cfg.spare_cores`` (spare_core.py), when it can be used."""
+        cores = self.cfg.spare_cores
+        if not cores:
+            return None
+        why = ""
+        if self.distributed:
+            why = "FSDP2 shards the model per rank"
+        elif self.device.type != "cpu":
+            why = f"training on {self.device}"
+        elif self.cfg.gradient_checkpointing:
+            why = "gradient checkpointing is on"
+        if why:
+            log.info("spare cores %s not used: %s", list(cores), why)
+            return None
+        helper = SpareCoreHelper(cores)
+        weakref.finalize(self, helper.close)
+        log.info("spare-core training thread: %s", helper.placement)
+        return helper
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self._amp_dtype is None:
@@ -362,6 +406,9 @@ class Trainer:
                     f"{missing[:5]} have none; sample with ReturnSpec.for_rl()"
                 )
         micros = pack_micro_batches(items, cfg.micro_token_budget, cfg.max_seq_len)
+        if self.spare is not None:
+            # enough micro-batches for the helper to take a share
+            micros = split_largest(micros, cfg.spare_core_micro_batches, cfg.max_seq_len)
         batches = [collate(mb, cfg.pad_token_id, cfg.max_seq_len) for mb in micros]
         n_tok = [float(L.token_mask(b, torch.float32).sum()) for b in batches]
         n_seq = [float((L.token_mask(b, torch.float32).sum(-1) > 0).sum()) for b in batches]
@@ -394,41 +441,75 @@ class Trainer:
                 b[L.PROX_LOGPROBS_KEY] = self.proximal_logprobs(dev_b)
         return time.perf_counter() - t
 
-    def _forward_backward(self, prepared: _Prepared) -> dict[str, float]:
+    def _micro_loss(
+        self, prepared: _Prepared, i: int
+    ) -> tuple[torch.Tensor, dict[str, Any], float]:
+        """Micro-batch ``i``'s loss (scaled for FSDP2's averaging), its stats and the seconds
+        its reference forward took."""
         cfg = self.cfg
+        dev_b: dict[str, Any] = {
+            k: v.to(self.device, non_blocking=True) for k, v in prepared.batches[i].items()
+        }
+        dev_b.update(prepared.macro)
+        ref_time = 0.0
+        if self.ref_model is not None and "ref_logprobs" not in dev_b:
+            t_ref = time.perf_counter()
+            dev_b["ref_logprobs"] = self.reference_logprobs(dev_b)
+            ref_time = time.perf_counter() - t_ref
+        with self._autocast():
+            out = self.model(input_ids=dev_b["input_ids"], attention_mask=dev_b["attention_mask"])
+        logits = out.logits if hasattr(out, "logits") else out
+        if cfg.cast_logits_to_fp32:
+            logits = logits.float()
+        logits = L.apply_temperature(logits, dev_b)
+        loss, stats = self.algo.loss.compute(logits, dev_b)
+        return loss, stats, ref_time
+
+    def _forward_backward(self, prepared: _Prepared) -> dict[str, float]:
         batches, n_tok = prepared.batches, prepared.n_tok
         scale = float(dist.get_world_size()) if self.distributed else 1.0
         self.optimizer.zero_grad(set_to_none=True)
+        MicroOut = tuple[float, dict[str, Any], float]
+
+        def summary(loss: torch.Tensor, stats: dict[str, Any], ref_time: float) -> MicroOut:
+            return float(loss.detach()), {k: float(v) for k, v in stats.items()}, ref_time
+
+        def main_fn(i: int) -> MicroOut:
+            if hasattr(self.model, "set_requires_gradient_sync"):
+                # FSDP2: reduce-scatter only after the last micro-batch
+                self.model.set_requires_gradient_sync(i == len(batches) - 1)  # type: ignore[operator]
+            loss, stats, ref_time = self._micro_loss(prepared, i)
+            (loss * scale).backward()
+            return summary(loss, stats, ref_time)
+
+        results: list[MicroOut]
+        if self.spare is not None and len(batches) > 1:
+
+            def helper_fn(i: int) -> tuple[MicroOut, list[torch.Tensor | None]]:
+                loss, stats, ref_time = self._micro_loss(prepared, i)
+                grads = spare_core_grads(loss * scale, self.params)
+                return summary(loss, stats, ref_time), grads
+
+            before = self.spare.micro_batches_total
+            results, helper_grads = self.spare.run(len(batches), main_fn, helper_fn)
+            spare_share = (self.spare.micro_batches_total - before) / len(batches)
+            for p, g in zip(self.params, helper_grads or []):
+                if g is not None:
+                    p.grad = g if p.grad is None else p.grad.add_(g)
+        else:
+            results = [main_fn(i) for i in range(len(batches))]
+            spare_share = None
         loss_sum = 0.0
         ref_time = 0.0
         stat_acc: dict[str, float] = {}
         local_tok = max(sum(n_tok), 1.0)
-        for i, b in enumerate(batches):
-            is_last = i == len(batches) - 1
-            if hasattr(self.model, "set_requires_gradient_sync"):
-                # FSDP2: reduce-scatter only after the last micro-batch
-                self.model.set_requires_gradient_sync(is_last)  # type: ignore[operator]
-            dev_b: dict[str, Any] = {k: v.to(self.device, non_blocking=True) for k, v in b.items()}
-            dev_b.update(prepared.macro)
-            if self.ref_model is not None and "ref_logprobs" not in dev_b:
-                t_ref = time.perf_counter()
-                dev_b["ref_logprobs"] = self.reference_logprobs(dev_b)
-                ref_time += time.perf_counter() - t_ref
-            with self._autocast():
-                out = self.model(
-                    input_ids=dev_b["input_ids"], attention_mask=dev_b["attention_mask"]
-                )
-            logits = out.logits if hasattr(out, "logits") else out
-            if cfg.cast_logits_to_fp32:
-                logits = logits.float()
-            logits = L.apply_temperature(logits, dev_b)
-            loss, stats = self.algo.loss.compute(logits, dev_b)
-            (loss * scale).backward()
-            loss_sum += float(loss.detach())
+        for i, (loss_v, stats, ref_t) in enumerate(results):
+            loss_sum += loss_v
+            ref_time += ref_t
             share = n_tok[i] / local_tok
             for k, v in stats.items():
                 if k != "loss":
-                    stat_acc[k] = stat_acc.get(k, 0.0) + share * float(v)
+                    stat_acc[k] = stat_acc.get(k, 0.0) + share * v
         out_stats = {f"loss/{k}": v for k, v in stat_acc.items()}
         out_stats.update(
             loss=loss_sum,
@@ -438,6 +519,8 @@ class Trainer:
         )
         if self.ref_model is not None:
             out_stats["ref_time_s"] = ref_time
+        if spare_share is not None:  # the micro-batches the spare-core thread trained
+            out_stats["spare_core_share"] = spare_share
         return out_stats
 
     @torch.no_grad()
@@ -603,14 +686,19 @@ class Trainer:
             t_eval = time.perf_counter()
             stats.update(await self.evaluate())
             eval_s = time.perf_counter() - t_eval
+        # the one definition of throughput: trained items per second of RL wall (every
+        # train_step from its start to its end, evaluation excluded), since this Trainer
+        # began or the checkpoint it resumed from was saved (the totals are in it)
+        self.items_trained_total += int(batch_items)
+        self.tokens_trained_total += int(stats["num_tokens"])
+        before_commit = time.perf_counter() - t0 - eval_s
+        self.rl_wall_s += before_commit
         if self.checkpointer is None:
             await self.commit()
         elif self.checkpointer.should_save(self.step):
             await self.checkpoint()
-        # the one definition of throughput: trained items per second of RL wall (every
-        # train_step from its start to its end, evaluation excluded), since this process began
         wall = time.perf_counter() - t0 - eval_s
-        self.rl_wall_s += wall
+        self.rl_wall_s += wall - before_commit
         for k, v in (
             ("batch_wait_s", stats["batch_wait_s"]),
             ("train_s", stats["train_s"]),
@@ -618,8 +706,6 @@ class Trainer:
             ("step_wall_s", wall),
         ):
             self.time_totals[k] = self.time_totals.get(k, 0.0) + v
-        self.items_trained_total += int(batch_items)
-        self.tokens_trained_total += int(stats["num_tokens"])
         stats.update(
             step_wall_s=wall,
             rl_wall_s=self.rl_wall_s,
@@ -845,7 +931,9 @@ class Trainer:
         return msd, osd  # type: ignore[return-value]
 
     def save_checkpoint(self, extra: dict[str, Any] | None = None) -> Path | None:
-        """Model + optimizer + RNG + step + policy_version (+ batch-source position)."""
+        """Model + optimizer + RNG + step + policy_version + the throughput totals
+        (``rl_wall_s``, items and tokens trained: a resumed Trainer's ``samples_per_s``
+        covers the steps before the resume) (+ batch-source position)."""
         if self.checkpointer is None:
             raise ValueError(
                 "Trainer has no checkpointer; pass checkpointer=CheckpointManager(...)"
@@ -853,7 +941,14 @@ class Trainer:
         msd, osd = self._state_dicts()  # collective under FSDP2
         if parallel.rank() != 0:
             return None
-        ex: dict[str, Any] = {"trainer_step": self.step, "policy_version": self.policy_version}
+        ex: dict[str, Any] = {
+            "trainer_step": self.step,
+            "policy_version": self.policy_version,
+            # the throughput totals continue across a resume (samples_per_s covers the run)
+            "rl_wall_s": self.rl_wall_s,
+            "items_trained_total": self.items_trained_total,
+            "tokens_trained_total": self.tokens_trained_total,
+        }
         if hasattr(self.batch_source, "state_dict"):
             ex["batch_source"] = self.batch_source.state_dict()
         ex.update(extra or {})
@@ -882,6 +977,9 @@ class Trainer:
         self.last_checkpoint_step = self.step
         self.policy_version = int(ck.extra.get("policy_version", 0))
         self.served_version = self.policy_version
+        self.rl_wall_s = float(ck.extra.get("rl_wall_s", 0.0))
+        self.items_trained_total = int(ck.extra.get("items_trained_total", 0))
+        self.tokens_trained_total = int(ck.extra.get("tokens_trained_total", 0))
         if "batch_source" in ck.extra and hasattr(self.batch_source, "load_state_dict"):
             self.batch_source.load_state_dict(ck.extra["batch_source"])
         return ck

@@ -55,6 +55,16 @@ class UpSettings:
             "off: the kernel places every process"
         },
     )
+    spare_core_training: bool | None = field(
+        default=None,
+        metadata={
+            "help": "with the learner pinned (cpu_pinning auto, one rank, no GPU): a second "
+            "training thread on the generation cores at idle priority, training in their "
+            "idle time (libludic/training/spare_core.py). Default: on for synchronous RL "
+            "(max_head_offpolicyness 0: generation idles while the learner trains), off "
+            "otherwise; true or false to choose"
+        },
+    )
     eval_env: dict[str, Any] = field(
         default_factory=lambda: {"kind": "arithmetic", "kwargs": {"split": "eval"}},
         metadata={"help": "env of the held-out greedy evaluation ({kind, kwargs})"},

@@ -553,6 +553,15 @@ class Learner:
             "samples_per_second": round(tr.items_trained_total / tr.rl_wall_s, 2)
             if tr.rl_wall_s > 0
             else None,
+            # the spare-core training thread (libludic/training/spare_core.py), when used
+            "spare_core": None
+            if tr.spare is None
+            else {
+                "cores": list(tr.spare.cores),
+                "micro_batches": tr.spare.micro_batches_total,
+                "taken_back": tr.spare.taken_back_total,
+                "stopped": tr.spare.broken,
+            },
             "publish_failures": tr.publish_failures,
             "last_publish_error": tr.last_publish_error,
             "final_policy_served": self.final_policy_served(),

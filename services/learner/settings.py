@@ -69,6 +69,7 @@ class LearnerSettings:
             "max_lag": "max_lag",
             "max_publish_failures": "max_publish_failures",
             "model_device": "device",
+            "spare_cores": "spare_cores",
         },
         "checkpoint": {
             "output_dir": "output_dir",
@@ -131,6 +132,13 @@ class LearnerSettings:
         default=8192, metadata={"help": "padded tokens per micro-batch"}
     )
     max_seq_len: int = field(default=1024, metadata={"help": "longer items are left-truncated"})
+    spare_cores: list[int] = field(
+        default_factory=list,
+        metadata={
+            "help": "CPU cores a second training thread may use at idle priority "
+            "(libludic/training/spare_core.py; ludic up sets it); empty: none"
+        },
+    )
     sync_every_steps: int = field(default=1, metadata={"help": "publish every N steps"})
     mixed_precision: str = field(default="bf16", metadata={"help": "bf16 | fp32 (CUDA autocast)"})
     lora_rank: int = field(default=0, metadata={"help": "LoRA rank (0 = full fine-tuning)"})
@@ -265,6 +273,7 @@ class LearnerSettings:
         kw["mixed_precision_dtype"] = kw["mixed_precision_dtype"] or None
         kw["lora_rank"] = kw["lora_rank"] or None
         kw["total_steps"] = self.num_steps or None  # the lr schedule's horizon
+        kw["spare_cores"] = tuple(kw["spare_cores"])
         kw.update(over)
         return TrainerConfig(**kw)
 

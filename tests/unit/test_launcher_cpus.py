@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.launcher.config import UpSettings
-from services.launcher.cpus import CpuPlan, plan_cpus
+from services.launcher.cpus import CpuPlan, plan_cpus, spare_cores
 
 
 def test_auto_gives_the_learner_the_last_cores_and_the_others_the_rest() -> None:
@@ -40,3 +40,25 @@ def test_a_bad_mode_is_refused_by_name() -> None:
         UpSettings(cpu_pinning="always")
     with pytest.raises(ValueError, match="up.cpu_pinning='always'"):
         plan_cpus("always", 1, [0, 1], gpu=False)
+
+
+PLAN = CpuPlan(learner=(1,), others=(0,))
+
+
+@pytest.mark.parametrize(
+    "plan, nproc, enabled, section, sync, want",
+    [
+        (PLAN, 1, None, {}, True, (0,)),  # default: on for synchronous RL
+        (PLAN, 1, None, {}, False, ()),  # ... off for asynchronous
+        (PLAN, 1, True, {}, False, (0,)),
+        (None, 1, True, {}, True, ()),  # not pinned: no cores are the generation's alone
+        (PLAN, 2, True, {}, True, ()),  # FSDP2 ranks
+        (PLAN, 1, False, {}, True, ()),  # up.spare_core_training: false
+        (PLAN, 1, True, {"spare_cores": []}, True, ()),  # the run config's own choice
+        (PLAN, 1, True, {"trainer": {"spare_cores": [0]}}, True, ()),
+    ],
+)
+def test_the_learner_gets_the_generation_cores_as_spare_ones_only_when_pinned_alone(
+    plan, nproc, enabled, section, sync, want
+) -> None:
+    assert spare_cores(plan, nproc, enabled, section, synchronous=sync) == want
