@@ -27,6 +27,10 @@ from services.inference.settings import InferenceSettings, load_settings
 log = logging.getLogger("ludic.inference")
 
 ENGINE_WATCH_S = 2.0
+# with the engine dead there is nothing to drain: requests in flight wait for an engine that
+# will not answer (seen: a weight update held the shutdown for the whole graceful timeout,
+# 30 s, before the restart)
+DEAD_ENGINE_GRACE_S = 2
 
 
 class InferenceFailed(RuntimeError):
@@ -48,6 +52,9 @@ async def watch_engine(engine: object, server: object, every_s: float = ENGINE_W
         why = engine_failure(engine)
         if why is not None:
             log.error("%s; stopping the server (exit 1) so it is restarted", why)
+            config = getattr(server, "config", None)
+            if config is not None:
+                config.timeout_graceful_shutdown = DEAD_ENGINE_GRACE_S
             server.should_exit = True  # type: ignore[attr-defined]
             return
         await asyncio.sleep(every_s)

@@ -308,7 +308,7 @@ def test_chunked_prefill_is_off_by_default_on_cpu_only() -> None:
 
 @pytest.mark.parametrize("failure", ["engine core died", "rollback failed"])
 async def test_watch_engine_stops_the_server_once_the_engine_cannot_serve(failure: str) -> None:
-    from services.inference.main import engine_failure, watch_engine
+    from services.inference.main import DEAD_ENGINE_GRACE_S, engine_failure, watch_engine
 
     class Llm:
         errored = False
@@ -317,8 +317,12 @@ async def test_watch_engine_stops_the_server_once_the_engine_cannot_serve(failur
         llm = Llm()
         broken: str | None = None
 
+    class Config:
+        timeout_graceful_shutdown = 30
+
     class Server:
         should_exit = False
+        config = Config()
 
     engine, server = Engine(), Server()
     task = asyncio.create_task(watch_engine(engine, server, every_s=0.01))
@@ -330,6 +334,8 @@ async def test_watch_engine_stops_the_server_once_the_engine_cannot_serve(failur
         engine.broken = "restoring v3 failed too"
     await asyncio.wait_for(task, 1.0)
     assert server.should_exit
+    # nothing to drain from a dead engine: the restart is not held for the graceful timeout
+    assert server.config.timeout_graceful_shutdown == DEAD_ENGINE_GRACE_S < 30
     assert engine_failure(engine) in ("the vLLM engine died", "restoring v3 failed too")
 
 
