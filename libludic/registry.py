@@ -3,7 +3,9 @@
 Env kinds: ``arithmetic``, ``tic_tac_toe`` (vs a fixed opponent), ``tic_tac_toe_2p``,
 ``code_exec``, ``dataset_qa``. Protocol kinds: ``single_agent`` and ``multi_agent``,
 whose kwargs are plain data (so they cross Redis): ``parser`` (see
-``libludic.parsers.make_parser``), ``context`` (``"full"`` or ``"truncated_thinking"``),
+``libludic.parsers.make_parser``), ``context`` (``"full"`` or ``"truncated_thinking"``, or ``{kind, kwargs}`` with the
+strategy's keyword arguments, e.g. ``{kind: truncated_thinking, kwargs: {max_thinking_chars:
+200}}``),
 ``system_prompt``, ``stop_on_parse_error``; ``multi_agent`` builds one agent per role in
 ``roles``. Both take ``agent=AgentSpec`` (the request's ``protocol.agent``, from a task's
 ``agent: {kind: plain|tool|react, ...}``), which picks the class of every agent they build
@@ -13,6 +15,8 @@ come from the request's InferenceSpec.
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from typing import Any
 
 from libludic.agents.base_agent import Agent
@@ -32,13 +36,31 @@ from libludic.rollout.engine import (
     inference_overrides,
 )
 
+CONTEXTS: dict[str, type[ContextStrategy]] = {
+    "full": FullDialog,
+    "truncated_thinking": TruncatedThinkingContext,
+}
+#: a protocol's ``context``: a kind, or ``{kind, kwargs}`` with the strategy's keyword arguments
+ContextSpec = str | Mapping[str, Any]
 
-def make_context(kind: str = "full", **kwargs: Any) -> ContextStrategy:
-    if kind == "full":
-        return FullDialog()
-    if kind == "truncated_thinking":
-        return TruncatedThinkingContext(**kwargs)
-    raise ValueError(f"unknown context kind {kind!r}; use 'full' or 'truncated_thinking'")
+
+def make_context(kind: ContextSpec = "full", **kwargs: Any) -> ContextStrategy:
+    """The context strategy ``kind`` (or ``{kind, kwargs}``) built with its keyword arguments;
+    an unknown kind or keyword lists the known ones."""
+    if isinstance(kind, Mapping):
+        unknown = sorted(set(kind) - {"kind", "kwargs"})
+        if unknown:
+            raise ValueError(f"context: unknown key(s) {unknown}; known: kind, kwargs")
+        kwargs = {**dict(kind.get("kwargs") or {}), **kwargs}
+        kind = kind.get("kind", "full")
+    if kind not in CONTEXTS:
+        raise ValueError(f"unknown context kind {kind!r}; use one of {sorted(CONTEXTS)}")
+    cls = CONTEXTS[str(kind)]
+    params = [p for p in inspect.signature(cls).parameters if p != "self"]
+    bad = sorted(set(kwargs) - set(params))
+    if bad:
+        raise ValueError(f"context {kind}: unknown kwargs {bad}; known: {params}")
+    return cls(**kwargs)
 
 
 _PROBLEM_CACHE: dict[str, Any] = {}
@@ -110,7 +132,10 @@ def build_registries(
     client: ChatClient,
 ) -> tuple[dict[str, EnvFactory], dict[str, ProtocolFactory]]:
     def make_agent(
-        inference: InferenceSpec | None, parser: ParserSpec, context: str, spec: AgentSpec | None
+        inference: InferenceSpec | None,
+        parser: ParserSpec,
+        context: ContextSpec,
+        spec: AgentSpec | None,
     ) -> Agent:
         spec = spec if spec is not None else AgentSpec()
         return build_agent(
@@ -125,7 +150,7 @@ def build_registries(
     def single_agent(
         inference: InferenceSpec | None = None,
         parser: ParserSpec = None,
-        context: str = "full",
+        context: ContextSpec = "full",
         system_prompt: str | None = None,
         stop_on_parse_error: bool = False,
         agent: AgentSpec | None = None,
@@ -138,7 +163,7 @@ def build_registries(
         inference: InferenceSpec | None = None,
         roles: list[str] | None = None,
         parser: ParserSpec = None,
-        context: str = "full",
+        context: ContextSpec = "full",
         system_prompts: dict[str, str] | None = None,
         agent: AgentSpec | None = None,
     ) -> MultiAgentProtocol:

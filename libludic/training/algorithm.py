@@ -88,6 +88,7 @@ from libludic.training.loss import (
     LossTerm,
     MaskedCausalLMCrossEntropyLoss,
     OffPolicyCorrection,
+    ReinforceBaselineLoss,
     ReinforceLoss,
     TokenClippedSurrogateLoss,
     TokenKLLoss,
@@ -785,6 +786,143 @@ def make_dr_grpo(
     )
 
 
+#: what a ``custom`` algorithm's ``credit`` may name (``{kind, kwargs}``)
+CREDIT_ASSIGNERS: dict[str, type] = {
+    c.__name__: c
+    for c in (
+        MonteCarloReturn,
+        GroupNormalizedReturn,
+        HybridNormalizedReturn,
+        NormalizedReturn,
+        ConstantCredit,
+    )
+}
+#: what a ``custom`` algorithm's ``loss`` may name; ``CompositeLoss`` takes
+#: ``terms: [{name, coeff, loss: {kind, kwargs}}]``
+LOSSES: dict[str, type] = {
+    c.__name__: c
+    for c in (
+        ReinforceLoss,
+        ReinforceBaselineLoss,
+        TokenClippedSurrogateLoss,
+        CISPOLoss,
+        GSPOLoss,
+        TokenKLLoss,
+        MaskedCausalLMCrossEntropyLoss,
+        CompositeLoss,
+    )
+}
+
+
+def _component(what: str, spec: Any, registry: Mapping[str, type], **defaults: Any) -> Any:
+    """``registry[spec.kind](**spec.kwargs)`` with ``defaults`` for parameters it has and the
+    spec leaves unset; a misspelt kind, key or keyword lists the known ones."""
+    if isinstance(spec, str):
+        spec = {"kind": spec}
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"{what} must be a mapping {{kind, kwargs}}, got {spec!r}")
+    unknown = sorted(set(spec) - {"kind", "kwargs"})
+    if unknown:
+        raise ValueError(f"{what}: unknown key(s) {unknown}; known: kind, kwargs")
+    kind = spec.get("kind")
+    if kind not in registry:
+        raise ValueError(f"{what}.kind={kind!r}; use one of {sorted(registry)}")
+    cls = registry[str(kind)]
+    kwargs = dict(spec.get("kwargs") or {})
+    params = inspect.signature(cls).parameters
+    bad = sorted(set(kwargs) - set(params))
+    if bad:
+        raise ValueError(f"{what} {kind}: unknown kwargs {bad}; known: {sorted(params)}")
+    for k, v in defaults.items():
+        if k in params and k not in kwargs:
+            kwargs[k] = v
+    if isinstance(kwargs.get("off_policy"), Mapping):
+        kwargs["off_policy"] = OffPolicyCorrection(**kwargs["off_policy"])
+    for k in ("reward_norm", "adv_norm"):  # NormalizedReturn's NormConfig mappings
+        if cls is NormalizedReturn and kwargs.get(k) is not None:
+            kwargs[k] = NormConfig.parse(kwargs[k], k)
+    if cls is CompositeLoss:
+        terms = kwargs.get("terms")
+        if not isinstance(terms, Sequence) or isinstance(terms, str) or not terms:
+            raise ValueError(
+                f"{what} CompositeLoss needs kwargs.terms: [{{name, coeff, loss: {{kind, "
+                f"kwargs}}}}, ...], got {terms!r}"
+            )
+        built = []
+        for i, t in enumerate(terms):
+            if not isinstance(t, Mapping) or set(t) - {"name", "coeff", "loss"} or "loss" not in t:
+                raise ValueError(
+                    f"{what} CompositeLoss term {i}: a mapping {{name, coeff, loss}}, got {t!r}"
+                )
+            sub = _component(f"{what}.terms[{i}].loss", t["loss"], registry)
+            name = str(t.get("name") or f"term{i}")
+            built.append(LossTerm(name=name, loss=sub, coeff=float(t.get("coeff", 1.0))))
+        kwargs["terms"] = built
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what} {kind}: {e}") from e
+
+
+def make_custom(
+    *,
+    group_size: int = 8,
+    credit: Any = None,
+    loss: Any = None,
+    dynamic_sampling: bool = False,
+    reward_scaling: float = 1.0,
+    reward_bias: float = 0.0,
+    reward_clip: float = 20.0,
+    overlong_reward_penalty: bool = False,
+    overlong_tokens: int | None = None,
+    overlong_penalty_factor: float | None = None,
+    max_new_tokens: int | None = None,
+    mask_no_eos_with_zero: bool = False,
+) -> RLAlgorithm:
+    """A credit assigner and a loss named directly instead of a preset:
+    ``credit: {kind, kwargs}`` (a :data:`CREDIT_ASSIGNERS` name) and ``loss: {kind,
+    kwargs}`` (a :data:`LOSSES` name; a ``CompositeLoss`` sums named terms, each ``{name,
+    coeff, loss: {kind, kwargs}}``; a loss's ``off_policy`` is a mapping of
+    ``OffPolicyCorrection`` fields). A credit assigner with a ``group_size`` gets the run's
+    unless its kwargs set one. The reward options are the presets'. For example::
+
+        algorithm:
+          name: custom
+          group_size: 8
+          kwargs:
+            credit: {kind: GroupNormalizedReturn, kwargs: {normalize_adv: true}}
+            loss:
+              kind: CompositeLoss
+              kwargs:
+                terms:
+                  - {name: pg, loss: {kind: TokenClippedSurrogateLoss, kwargs: {eps_clip: 0.2}}}
+                  - {name: kl, coeff: 0.01, loss: {kind: TokenKLLoss}}
+    """
+    if credit is None or loss is None:
+        raise ValueError(
+            "algorithm custom needs kwargs.credit and kwargs.loss, each {kind, kwargs}: "
+            f"credit one of {sorted(CREDIT_ASSIGNERS)}, loss one of {sorted(LOSSES)}"
+        )
+    return RLAlgorithm(
+        name="custom",
+        credit_assigner=_component(
+            "algorithm.kwargs.credit", credit, CREDIT_ASSIGNERS, group_size=group_size
+        ),
+        loss=_component("algorithm.kwargs.loss", loss, LOSSES),
+        **_reward_options(
+            dynamic_sampling=dynamic_sampling,
+            reward_scaling=reward_scaling,
+            reward_bias=reward_bias,
+            reward_clip=reward_clip,
+            overlong_reward_penalty=overlong_reward_penalty,
+            overlong_tokens=overlong_tokens,
+            overlong_penalty_factor=overlong_penalty_factor,
+            max_new_tokens=max_new_tokens,
+            mask_no_eos_with_zero=mask_no_eos_with_zero,
+        ),
+    )
+
+
 ALGORITHMS: dict[str, Callable[..., RLAlgorithm]] = {
     "reinforce": make_reinforce,
     "grpo": make_grpo,
@@ -793,6 +931,7 @@ ALGORITHMS: dict[str, Callable[..., RLAlgorithm]] = {
     "cispo": make_cispo,
     "gspo": make_gspo,
     "dr_grpo": make_dr_grpo,
+    "custom": make_custom,
 }
 
 

@@ -36,3 +36,18 @@ def test_truncated_thinking_cuts_old_thinking_but_keeps_latest():
 def test_truncated_thinking_rejects_negative_budget():
     with pytest.raises(ValueError):
         TruncatedThinkingContext(max_thinking_chars=-1)
+
+
+def test_a_context_strategy_takes_its_keyword_arguments_from_plain_data() -> None:
+    from libludic.registry import make_context
+
+    ctx = make_context({"kind": "truncated_thinking", "kwargs": {"max_thinking_chars": 3}})
+    assert isinstance(ctx, TruncatedThinkingContext) and ctx.max_thinking_chars == 3
+    assert type(make_context("full")).__name__ == "FullDialog"
+    with pytest.raises(
+        ValueError,
+        match=r"unknown kwargs \['max_chars'\]; known: \['max_thinking_chars', 'placeholder'\]",
+    ):
+        make_context({"kind": "truncated_thinking", "kwargs": {"max_chars": 3}})
+    with pytest.raises(ValueError, match="unknown context kind 'ful'"):
+        make_context("ful")

@@ -1,0 +1,104 @@
+"""A run config names a credit assigner and a loss directly (``algorithm: {name: custom}``),
+composite losses included; misspellings list what is known."""
+
+from __future__ import annotations
+
+import pytest
+
+from libludic.training.algorithm import AlgorithmSpec
+from libludic.training.credit_assignment import GroupNormalizedReturn, NormalizedReturn
+from libludic.training.loss import CompositeLoss, TokenClippedSurrogateLoss, TokenKLLoss
+
+
+def spec(**kwargs) -> AlgorithmSpec:
+    return AlgorithmSpec.from_mapping({"name": "custom", "group_size": 4, "kwargs": kwargs})
+
+
+def test_a_credit_assigner_and_a_composite_loss_named_in_the_config() -> None:
+    algo = spec(
+        credit={"kind": "GroupNormalizedReturn", "kwargs": {"normalize_adv": True}},
+        loss={
+            "kind": "CompositeLoss",
+            "kwargs": {
+                "terms": [
+                    {
+                        "name": "pg",
+                        "loss": {
+                            "kind": "TokenClippedSurrogateLoss",
+                            "kwargs": {
+                                "eps_clip": 0.1,
+                                "off_policy": {"mismatch_correction": "tis"},
+                            },
+                        },
+                    },
+                    {"name": "kl", "coeff": 0.05, "loss": {"kind": "TokenKLLoss"}},
+                ]
+            },
+        },
+        dynamic_sampling=True,
+    ).build()
+    ca, loss = algo.credit_assigner, algo.loss
+    assert isinstance(ca, GroupNormalizedReturn) and ca.group_size == 4 and ca.normalize_adv
+    assert isinstance(loss, CompositeLoss) and [t.name for t in loss.terms] == ["pg", "kl"]
+    pg, kl = loss.terms
+    assert isinstance(pg.loss, TokenClippedSurrogateLoss) and pg.loss.eps_clip == 0.1
+    assert pg.loss.off_policy.mismatch_correction == "tis" and pg.coeff == 1.0
+    assert isinstance(kl.loss, TokenKLLoss) and kl.coeff == 0.05
+    assert algo.needs_ref_logprobs and algo.needs_actor_logprobs and algo.dynamic_sampling
+    # the group size of a partial group reaches the assigner too
+    assert (
+        spec(credit="GroupNormalizedReturn", loss="ReinforceLoss")
+        .build(2)
+        .credit_assigner.group_size
+        == 2
+    )
+
+
+def test_normalisation_mappings_reach_normalized_return() -> None:
+    algo = spec(
+        credit={
+            "kind": "NormalizedReturn",
+            "kwargs": {"reward_norm": {"mean_level": "group", "std_level": None}},
+        },
+        loss="ReinforceLoss",
+    ).build()
+    ca = algo.credit_assigner
+    assert isinstance(ca, NormalizedReturn) and ca.reward_norm.mean_level == "group"
+    assert ca.reward_norm.std_level is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"loss": "ReinforceLoss"}, "needs kwargs.credit and kwargs.loss"),
+        (
+            {"credit": "GroupNormalised", "loss": "ReinforceLoss"},
+            r"credit.kind='GroupNormalised'; use one of \['ConstantCredit'",
+        ),
+        (
+            {
+                "credit": "MonteCarloReturn",
+                "loss": {"kind": "ReinforceLoss", "kwargs": {"aggregate": "x"}},
+            },
+            r"unknown kwargs \['aggregate'\]; known: \['aggregation'",
+        ),
+        (
+            {"credit": {"kind": "MonteCarloReturn", "kwags": {}}, "loss": "ReinforceLoss"},
+            r"unknown key\(s\) \['kwags'\]",
+        ),
+        (
+            {"credit": "MonteCarloReturn", "loss": {"kind": "CompositeLoss"}},
+            "CompositeLoss needs kwargs.terms",
+        ),
+        (
+            {
+                "credit": "MonteCarloReturn",
+                "loss": {"kind": "TokenKLLoss", "kwargs": {"estimator": "k9"}},
+            },
+            "TokenKLLoss: .*k9",
+        ),
+    ],
+)
+def test_a_bad_custom_algorithm_is_refused_naming_what_is_known(kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        spec(**kwargs)
