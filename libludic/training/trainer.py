@@ -479,7 +479,7 @@ class Trainer:
                 # FSDP2: reduce-scatter only after the last micro-batch
                 self.model.set_requires_gradient_sync(i == len(batches) - 1)  # type: ignore[operator]
             loss, stats, ref_time = self._micro_loss(prepared, i)
-            (loss * scale).backward()
+            (loss * scale).backward()  # type: ignore[no-untyped-call]
             return summary(loss, stats, ref_time)
 
         results: list[MicroOut]
