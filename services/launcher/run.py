@@ -310,7 +310,7 @@ class Run:
                     name,
                     argv,
                     env=self.env(LUDIC_METRICS_PORT=mp, OMP_NUM_THREADS=threads, **env),
-                    health_url=self.metrics[name],
+                    health_url=f"http://127.0.0.1:{mp}/health",  # the service's own check
                     critical=critical,
                     may_finish=may_finish,
                     finished=finished,
