@@ -107,7 +107,11 @@ class UpSettings:
     )
     timeout_s: float = field(default=1800.0, metadata={"help": "wall-clock limit of the whole run"})
     startup_timeout_s: float = field(
-        default=300.0, metadata={"help": "limit for a service to become healthy"}
+        default=300.0,
+        metadata={
+            "help": "limit for a service to become healthy, at start and after a restart (a "
+            "restart not healthy by then is killed and restarted again, with the watchdog on)"
+        },
     )
     prometheus: bool = field(
         default=False, metadata={"help": "write <run>/prometheus.yml for the services"}

@@ -133,6 +133,7 @@ class Run:
             max_restarts=s.max_restarts,
             watchdog_timeout_s=s.watchdog_timeout_s,
             watchdog_interval_s=s.watchdog_interval_s,
+            restart_startup_s=s.startup_timeout_s,
         )
         self.run_id = str(cfg.get("run_id") or f"{s.name}-{int(time.time())}")
         self.token = secrets.token_hex(24)

@@ -99,6 +99,7 @@ class Supervisor:
         stable_after_s: float = 60.0,
         watchdog_timeout_s: float = 0.0,
         watchdog_interval_s: float = 5.0,
+        restart_startup_s: float | None = None,
     ) -> None:
         self.log_dir = run_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -114,6 +115,9 @@ class Supervisor:
         self._given_up: set[str] = set()
         self.watchdog_timeout_s = watchdog_timeout_s  # 0: no watchdog
         self.watchdog_interval_s = watchdog_interval_s
+        # a restarted service not healthy this long after its restart is killed as stuck
+        # (and restarted again, within max_restarts); None: no deadline
+        self.restart_startup_s = restart_startup_s
         self.watchdog_kills: dict[str, int] = {}  # every watchdog kill of the run, per service
         self.watches: dict[str, HealthWatch] = {}  # the running process of each service
 
@@ -142,7 +146,10 @@ class Supervisor:
         self._unwatch(spec.name)
         if spec.health_url is not None and self.watchdog_timeout_s > 0:
             self.watches[spec.name] = HealthWatch(
-                spec.health_url, self.watchdog_interval_s, self.watchdog_timeout_s
+                spec.health_url,
+                self.watchdog_interval_s,
+                self.watchdog_timeout_s,
+                startup_s=self.restart_startup_s if restarted else None,
             ).start()
         return proc
 
@@ -161,16 +168,27 @@ class Supervisor:
             failing = watch.stuck_for(now)
             if failing is None or proc.poll() is not None:
                 continue
-            log.error(
-                "watchdog: %s (pid %d) has not answered 200 at %s for %.0f s "
-                "(up.watchdog_timeout_s=%g); last error: %s; killing its process group",
-                name,
-                proc.pid,
-                watch.url,
-                failing,
-                self.watchdog_timeout_s,
-                watch.last_error,
-            )
+            if watch.passes:
+                log.error(
+                    "watchdog: %s (pid %d) has not answered 200 at %s for %.0f s "
+                    "(up.watchdog_timeout_s=%g); last error: %s; killing its process group",
+                    name,
+                    proc.pid,
+                    watch.url,
+                    failing,
+                    self.watchdog_timeout_s,
+                    watch.last_error,
+                )
+            else:
+                log.error(
+                    "watchdog: restarted %s (pid %d) has not become healthy at %s in %.0f s "
+                    "(up.startup_timeout_s); last error: %s; killing its process group",
+                    name,
+                    proc.pid,
+                    watch.url,
+                    failing,
+                    watch.last_error,
+                )
             self._unwatch(name)
             _signal_group(proc, signal.SIGKILL)  # not waited for: dead() sees it go
             self.watchdog_kills[name] = self.watchdog_kills.get(name, 0) + 1

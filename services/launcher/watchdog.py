@@ -13,6 +13,11 @@ up to ``timeout_s`` itself: a slow answer is an answer. So a service whose endpo
 answering is stuck at most ``interval_s + timeout_s`` later, and one that answers 200
 within ``timeout_s`` at least once per ``timeout_s`` never is. ``Supervisor`` reads the
 verdict and kills the service (supervisor.py).
+
+A watch may also have a start-up deadline (``startup_s``, the supervisor's for restarted
+services): a service that has not passed one probe ``startup_s`` after its watch began is
+stuck too (a restart that never comes up: a learner hanging while it loads its checkpoint,
+an inference server whose engine never starts). Without one, an unarmed watch never fires.
 """
 
 from __future__ import annotations
@@ -26,15 +31,19 @@ from services.launcher import probes
 
 
 class HealthWatch:
-    def __init__(self, url: str, interval_s: float, timeout_s: float) -> None:
-        if interval_s <= 0 or timeout_s <= 0:
+    def __init__(
+        self, url: str, interval_s: float, timeout_s: float, startup_s: float | None = None
+    ) -> None:
+        if interval_s <= 0 or timeout_s <= 0 or (startup_s is not None and startup_s <= 0):
             raise ValueError(
-                f"HealthWatch({url}) needs interval_s > 0 and timeout_s > 0, "
-                f"got {interval_s} and {timeout_s}"
+                f"HealthWatch({url}) needs interval_s > 0, timeout_s > 0 and startup_s None or "
+                f"> 0, got {interval_s}, {timeout_s} and {startup_s}"
             )
         self.url = url
         self.interval_s = interval_s
         self.timeout_s = timeout_s
+        self.startup_s = startup_s
+        self.began = time.monotonic()
         self.passes = 0  # probes that answered 200
         self.failing_since: float | None = None  # t_f, None while the last probe passed
         self.last_error = ""
@@ -52,9 +61,14 @@ class HealthWatch:
 
     def stuck_for(self, now: float) -> float | None:
         """Seconds the armed service has been failing when that is ``timeout_s`` or more,
+        or seconds an unarmed one has been starting when that is ``startup_s`` or more;
         else None."""
         with self._lock:
-            if not self.passes or self.failing_since is None:
+            if not self.passes:
+                if self.startup_s is not None and now - self.began >= self.startup_s:
+                    return now - self.began
+                return None
+            if self.failing_since is None:
                 return None
             failing = now - self.failing_since
         return failing if failing >= self.timeout_s else None

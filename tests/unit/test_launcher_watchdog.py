@@ -200,3 +200,42 @@ def test_watchdog_settings_are_checked_and_reach_the_supervisor(tmp_path) -> Non
         assert off.watches == {}
     finally:
         off.shutdown(grace_s=2)
+
+
+def test_a_restart_that_never_comes_up_is_killed_after_the_start_up_limit(tmp_path, caplog) -> None:
+    """The first run crashes; every restart hangs before it listens (a learner stuck
+    loading its checkpoint): each is killed ``restart_startup_s`` after it began, until
+    ``max_restarts`` are used up, and the service ends as an exit for good. A first start
+    has no such deadline (``wait_healthy`` times it; the test above leaves slow starts alone)."""
+    port = free_port()
+    code = "import os, sys, time\nif not os.environ.get('RESTARTED'):\n    sys.exit(1)\ntime.sleep(3600)"
+    sup = Supervisor(
+        tmp_path,
+        max_restarts=2,
+        restart_backoff_s=0.1,
+        watchdog_timeout_s=LIMIT_S,
+        watchdog_interval_s=INTERVAL_S,
+        restart_startup_s=1.0,
+    )
+    spec = ServiceSpec(
+        "svc",
+        [sys.executable, "-c", code],
+        health_url=f"http://127.0.0.1:{port}/health",
+        restart=True,
+        restart_env={"RESTARTED": "1"},
+    )
+    sup.start(spec)
+    finals: dict[str, int] = {}
+    t0 = time.monotonic()
+    try:
+        with caplog.at_level(logging.ERROR, logger="ludic.up"):
+            _until(lambda: bool(finals.update(sup.restart_exited()) or finals), 40)
+        assert finals == {"svc": -signal.SIGKILL}
+        assert sup.restarts == {"svc": 2} and sup.watchdog_kills == {"svc": 2}
+        assert time.monotonic() - t0 >= 2 * 1.0  # each restart had its second
+        msgs = [
+            r.getMessage() for r in caplog.records if "has not become healthy" in r.getMessage()
+        ]
+        assert len(msgs) == 2 and "restarted svc" in msgs[0]
+    finally:
+        sup.shutdown(grace_s=2)
