@@ -43,7 +43,8 @@ Throughput. ``samples_per_s`` in the step stats is the one definition used every
 console line, ``ludic_learner_samples_per_second``, the live view, ``summary.json`` and every
 bench): trained items divided by the RL wall, which is the time spent inside ``train_step``
 (waiting for items, training, publishing, committing) minus the Trainer's own evaluations,
-summed since this Trainer was built (``rl_wall_s``, ``items_trained_total``).
+summed since this Trainer was built (``rl_wall_s``, ``items_trained_total``), or since the
+run began when it resumed from a checkpoint (the totals are saved in every checkpoint).
 
 ``train(num_steps, should_stop)`` repeats ``train_step`` until ``num_steps`` more steps, until
 ``should_stop()`` is true on any rank, or until the source raises ``SourceStopped``
@@ -687,8 +688,8 @@ class Trainer:
             stats.update(await self.evaluate())
             eval_s = time.perf_counter() - t_eval
         # the one definition of throughput: trained items per second of RL wall (every
-        # train_step from its start to its end, evaluation excluded), since this Trainer
-        # began or the checkpoint it resumed from was saved (the totals are in it)
+        # train_step from its start to its end, evaluation excluded); the totals count the
+        # step before its checkpoint, which saves them
         self.items_trained_total += int(batch_items)
         self.tokens_trained_total += int(stats["num_tokens"])
         before_commit = time.perf_counter() - t0 - eval_s

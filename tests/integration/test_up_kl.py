@@ -1,4 +1,5 @@
-"""`ludic up` with GRPO and a KL penalty (``algorithm.kwargs.kl_coeff > 0``) trains end to end:
+"""`ludic up` with GRPO and a KL penalty (``algorithm.kwargs.kl_coeff > 0``), and with a custom
+algorithm (a composite loss with a KL term), trains end to end:
 the learner's frozen reference policy supplies the reference logprobs the KL term reads
 (before, the learner raised KeyError 'ref_logprobs' at its first step). Tiny budget.
 Starts vLLM: run under ``flock /tmp/ludic-vllm.lock``."""
@@ -35,6 +36,55 @@ def test_up_trains_grpo_with_kl(tmp_path, tiny_model_dir):
     assert code == 0, log[-3000:] + learner_log[-3000:]
     assert '"kl_coeff": 0.1' in learner_log  # the learner ran the configured algorithm
     assert "ref_logprobs" not in learner_log
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["steps"] >= 2 and s["samples_trained"] >= 2 * 8
+    time.sleep(1)
+    assert procs_of_run(run_id) == [], "services left running after ludic up exited"
+
+
+def test_up_trains_a_custom_algorithm_named_in_the_config(tmp_path, tiny_model_dir):
+    """``algorithm: {name: custom}``: a credit assigner and a composite loss (clipped
+    surrogate with TIS + a KL term) named in the run config train through feeder, credit and
+    learner."""
+    import yaml
+
+    run_id = f"upcustom-{os.getpid()}"
+    cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=2, eval_n=0)
+    data = yaml.safe_load(cfg.read_text())
+    data["algorithm"] = {
+        "name": "custom",
+        "group_size": 4,
+        "kwargs": {
+            "credit": {"kind": "GroupNormalizedReturn"},
+            "loss": {
+                "kind": "CompositeLoss",
+                "kwargs": {
+                    "terms": [
+                        {
+                            "name": "pg",
+                            "loss": {
+                                "kind": "TokenClippedSurrogateLoss",
+                                "kwargs": {"off_policy": {"mismatch_correction": "tis"}},
+                            },
+                        },
+                        {"name": "kl", "coeff": 0.05, "loss": {"kind": "TokenKLLoss"}},
+                    ]
+                },
+            },
+        },
+    }
+    cfg.write_text(yaml.safe_dump(data))
+    proc = ludic_up(cfg, tmp_path / "up.log")
+    try:
+        code = proc.wait(600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = (tmp_path / "up.log").read_text(errors="replace")
+    run_dir = tmp_path / "runs" / run_id
+    learner_log = (run_dir / "logs" / "learner.log").read_text(errors="replace")
+    assert code == 0, log[-3000:] + learner_log[-3000:]
+    assert '"name": "custom"' in learner_log
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["steps"] >= 2 and s["samples_trained"] >= 2 * 8
     time.sleep(1)
