@@ -268,6 +268,16 @@ class Supervisor:
             if proc.poll() is not None:
                 if self.finished(name, proc.returncode):
                     return
+                if spec.restart and proc.returncode < 0:
+                    # killed by a signal (not a failed start: a bad config exits with a code)
+                    # once it had started: its restart is the monitor's, as for any crash
+                    log.warning(
+                        "%s was killed by signal %d before its first health check passed; "
+                        "it is restarted",
+                        name,
+                        -proc.returncode,
+                    )
+                    return
                 raise ServiceError(
                     f"{name} exited with code {proc.returncode} before becoming healthy; "
                     f"last log lines:\n{self.log_tail(name)}"

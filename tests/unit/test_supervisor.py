@@ -45,6 +45,37 @@ def test_a_finished_job_is_not_a_failed_start(tmp_path) -> None:
                 sup.wait_healthy(name, 10)
 
 
+def test_a_restartable_service_killed_while_starting_is_left_to_its_restart(tmp_path) -> None:
+    """A SIGKILL (an OOM kill, a fault test) of a service whose spec restarts it, before the
+    launcher's first health check passed, is a crash to restart, not a failed start; a
+    service that exits with a code (a bad config) still fails the start."""
+    sup = Supervisor(tmp_path, restart_backoff_s=0.05)
+    closed = "http://127.0.0.1:9/metrics"
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    sup.start(ServiceSpec("killed", sleeper, health_url=closed, restart=True))
+    sup.start(ServiceSpec("once", list(sleeper), health_url=closed))
+    sup.start(
+        ServiceSpec(
+            "badcfg", [sys.executable, "-c", "raise SystemExit(2)"], health_url=closed, restart=True
+        )
+    )
+    try:
+        for name in ("killed", "once"):
+            os.kill(sup.procs[name].pid, signal.SIGKILL)
+            sup.procs[name].wait(10)
+        sup.wait_healthy("killed", 10)  # returns: the monitor restarts it
+        with pytest.raises(ServiceError, match="once exited with code -9 before becoming healthy"):
+            sup.wait_healthy("once", 10)
+        sup.procs["badcfg"].wait(10)
+        with pytest.raises(ServiceError, match="badcfg exited with code 2 before becoming healthy"):
+            sup.wait_healthy("badcfg", 10)
+        _until(
+            lambda: sup.restart_exited().get("killed") is None and sup.restarts.get("killed") == 1
+        )
+    finally:
+        sup.shutdown(grace_s=2)
+
+
 def _until(cond, timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not cond():
