@@ -172,25 +172,29 @@ class SpareCoreHelper:
         with self._cv:
             self._job = job
             self._cv.notify_all()
-        while True:
+        try:
+            while True:
+                with self._cv:
+                    if job.next < n:
+                        i = job.next
+                        job.next += 1
+                    elif job.failed:
+                        i = job.failed.pop()
+                    elif job.committing:
+                        self._cv.wait()
+                        continue
+                    elif job.held is not None:
+                        i = job.held  # take it back: the helper's copy will be thrown away
+                        job.held = None
+                        self.taken_back_total += 1
+                    else:
+                        break
+                job.results[i] = main_fn(i)
+        finally:  # done, or main_fn raised: the helper takes nothing more of this step
             with self._cv:
-                if job.next < n:
-                    i = job.next
-                    job.next += 1
-                elif job.failed:
-                    i = job.failed.pop()
-                elif job.committing:
-                    self._cv.wait()
-                    continue
-                elif job.held is not None:
-                    i = job.held  # take it back: the helper's copy will be thrown away
-                    job.held = None
-                    self.taken_back_total += 1
-                else:
-                    job.closed = True
+                job.closed = True
+                if self._job is job:
                     self._job = None
-                    break
-            job.results[i] = main_fn(i)
         return [job.results[i] for i in range(n)], job.buf
 
 

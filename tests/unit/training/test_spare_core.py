@@ -98,6 +98,27 @@ def test_a_micro_batch_raising_in_the_helper_is_computed_by_the_training_thread(
     assert "bad batch" in helper.broken
 
 
+def test_a_step_that_raises_leaves_the_helper_nothing_of_it(helper) -> None:
+    """A micro-batch raising on the training thread (a poison item) ends the step: the helper
+    takes no more of it, and the next step runs as usual."""
+    started = threading.Event()
+
+    def main_fn(i: int) -> int:
+        raise ValueError("poison")
+
+    def helper_fn(i: int):
+        started.set()
+        return i, [torch.ones(1)]
+
+    with pytest.raises(ValueError, match="poison"):
+        helper.run(50, main_fn, helper_fn)
+    taken = helper.micro_batches_total
+    time.sleep(0.2)
+    assert helper.micro_batches_total <= taken + 1  # at most the one it was on
+    results, _ = helper.run(3, lambda i: i, helper_fn)
+    assert results == [0, 1, 2]
+
+
 @pytest.fixture(scope="module")
 def base_model(tiny_model_dir):
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
