@@ -167,13 +167,15 @@ def engine_core_pid(up_pid: int) -> int | None:
 def test_services_stopped_by_sigterm_and_a_killed_engine_core_are_restarted(
     tmp_path, tiny_model_dir
 ):
-    """SIGTERM (a clean stop, exit 0, from outside ``ludic up``) of an actor, credit, the
-    feeder, the learner, Redis and inference, then a SIGKILL of vLLM's engine core: a service
-    that stopped before its work was done is restarted like a crashed one (the learner's exit
-    0 is not the end of the run unless it reached its step count), and the run completes
-    having lost nothing."""
+    """SIGTERM (a clean stop, exit 0, from outside ``ludic up``) of an actor, credit and the
+    feeder, then one at a time of the learner, vLLM's engine core (SIGKILL), Redis and
+    inference: a service that stopped before its work was done is restarted like a crashed
+    one (the learner's exit 0 is not the end of the run unless it reached its step count),
+    and the run completes having lost nothing."""
     run_id = f"sigterm-{os.getpid()}"
-    cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=30, eval_n=0, actors=2)
+    # the tiny model trains ~5 steps/s once inference is back: steps to spare after the last
+    # stop, so the run cannot end before it lands
+    cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=60, eval_n=0, actors=2)
     learner_section(cfg, checkpoint_every=2, trained_log=True)
     log = tmp_path / "up.log"
     proc = ludic_up(cfg, log)
@@ -186,7 +188,7 @@ def test_services_stopped_by_sigterm_and_a_killed_engine_core_are_restarted(
             assert pid is not None, svc
             os.kill(pid, signal.SIGTERM)
             stopped.append(consumer or svc)
-        for svc in ("learner", "redis-server", "inference", "engine core"):
+        for svc in ("learner", "engine core", "redis-server", "inference"):
             start = trained_steps(run_dir)
             wait(
                 lambda s=start: trained_steps(run_dir) >= s + 2,
@@ -209,7 +211,7 @@ def test_services_stopped_by_sigterm_and_a_killed_engine_core_are_restarted(
     finally:
         if proc.poll() is None:
             proc.kill()
-    s = recovered(run_dir, run_id, 30)
+    s = recovered(run_dir, run_id, 60)
     # each stopped service was restarted (the learner once more if a publish to the
     # restarting inference server failed at a step it then could not leave unserved)
     assert all(s["restarts"].get(n, 0) >= stopped.count(n) for n in stopped), s["restarts"]
