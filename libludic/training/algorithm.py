@@ -66,6 +66,7 @@ from typing import Any
 
 from libludic.saw import SAWItem
 from libludic.training.batching.saw import rollouts_to_saw_items
+from libludic.training.components import CREDIT_ASSIGNERS, LOSSES, build_component
 from libludic.training.credit_assignment import (
     ConstantCredit,
     CreditAssigner,
@@ -88,7 +89,6 @@ from libludic.training.loss import (
     LossTerm,
     MaskedCausalLMCrossEntropyLoss,
     OffPolicyCorrection,
-    ReinforceBaselineLoss,
     ReinforceLoss,
     TokenClippedSurrogateLoss,
     TokenKLLoss,
@@ -786,84 +786,6 @@ def make_dr_grpo(
     )
 
 
-#: what a ``custom`` algorithm's ``credit`` may name (``{kind, kwargs}``)
-CREDIT_ASSIGNERS: dict[str, type] = {
-    c.__name__: c
-    for c in (
-        MonteCarloReturn,
-        GroupNormalizedReturn,
-        HybridNormalizedReturn,
-        NormalizedReturn,
-        ConstantCredit,
-    )
-}
-#: what a ``custom`` algorithm's ``loss`` may name; ``CompositeLoss`` takes
-#: ``terms: [{name, coeff, loss: {kind, kwargs}}]``
-LOSSES: dict[str, type] = {
-    c.__name__: c
-    for c in (
-        ReinforceLoss,
-        ReinforceBaselineLoss,
-        TokenClippedSurrogateLoss,
-        CISPOLoss,
-        GSPOLoss,
-        TokenKLLoss,
-        MaskedCausalLMCrossEntropyLoss,
-        CompositeLoss,
-    )
-}
-
-
-def _component(what: str, spec: Any, registry: Mapping[str, type], **defaults: Any) -> Any:
-    """``registry[spec.kind](**spec.kwargs)`` with ``defaults`` for parameters it has and the
-    spec leaves unset; a misspelt kind, key or keyword lists the known ones."""
-    if isinstance(spec, str):
-        spec = {"kind": spec}
-    if not isinstance(spec, Mapping):
-        raise ValueError(f"{what} must be a mapping {{kind, kwargs}}, got {spec!r}")
-    unknown = sorted(set(spec) - {"kind", "kwargs"})
-    if unknown:
-        raise ValueError(f"{what}: unknown key(s) {unknown}; known: kind, kwargs")
-    kind = spec.get("kind")
-    if kind not in registry:
-        raise ValueError(f"{what}.kind={kind!r}; use one of {sorted(registry)}")
-    cls = registry[str(kind)]
-    kwargs = dict(spec.get("kwargs") or {})
-    params = inspect.signature(cls).parameters
-    bad = sorted(set(kwargs) - set(params))
-    if bad:
-        raise ValueError(f"{what} {kind}: unknown kwargs {bad}; known: {sorted(params)}")
-    for k, v in defaults.items():
-        if k in params and k not in kwargs:
-            kwargs[k] = v
-    if isinstance(kwargs.get("off_policy"), Mapping):
-        kwargs["off_policy"] = OffPolicyCorrection(**kwargs["off_policy"])
-    for k in ("reward_norm", "adv_norm"):  # NormalizedReturn's NormConfig mappings
-        if cls is NormalizedReturn and kwargs.get(k) is not None:
-            kwargs[k] = NormConfig.parse(kwargs[k], k)
-    if cls is CompositeLoss:
-        terms = kwargs.get("terms")
-        if not isinstance(terms, Sequence) or isinstance(terms, str) or not terms:
-            raise ValueError(
-                f"{what} CompositeLoss needs kwargs.terms: [{{name, coeff, loss: {{kind, "
-                f"kwargs}}}}, ...], got {terms!r}"
-            )
-        built = []
-        for i, t in enumerate(terms):
-            if not isinstance(t, Mapping) or set(t) - {"name", "coeff", "loss"} or "loss" not in t:
-                raise ValueError(
-                    f"{what} CompositeLoss term {i}: a mapping {{name, coeff, loss}}, got {t!r}"
-                )
-            sub = _component(f"{what}.terms[{i}].loss", t["loss"], registry)
-            name = str(t.get("name") or f"term{i}")
-            built.append(LossTerm(name=name, loss=sub, coeff=float(t.get("coeff", 1.0))))
-        kwargs["terms"] = built
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{what} {kind}: {e}") from e
-
-
 def make_custom(
     *,
     group_size: int = 8,
@@ -905,10 +827,10 @@ def make_custom(
         )
     return RLAlgorithm(
         name="custom",
-        credit_assigner=_component(
+        credit_assigner=build_component(
             "algorithm.kwargs.credit", credit, CREDIT_ASSIGNERS, group_size=group_size
         ),
-        loss=_component("algorithm.kwargs.loss", loss, LOSSES),
+        loss=build_component("algorithm.kwargs.loss", loss, LOSSES),
         **_reward_options(
             dynamic_sampling=dynamic_sampling,
             reward_scaling=reward_scaling,
