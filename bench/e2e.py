@@ -139,7 +139,7 @@ def run_baseline(cfg: dict[str, Any], model_dir: Path, seed: int = 0) -> dict[st
     from libludic.registry import build_registries
     from libludic.rollout.engine import RolloutEngine
     from libludic.training.batching.rollout_batch_source import RolloutBatchSource
-    from libludic.training.trainer import Trainer
+    from libludic.training.trainer import Trainer, TrainerHooks
     from services.common.settings import load_settings
     from services.eval.heldout import evaluate_client
     from services.feeder.worker import FeederSettings, make_request, pick_task
@@ -160,7 +160,7 @@ def run_baseline(cfg: dict[str, Any], model_dir: Path, seed: int = 0) -> dict[st
     import dataclasses
 
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-    tcfg = dataclasses.replace(tcfg, model_device="cpu", pad_token_id=int(pad), log_every=10**9)
+    tcfg = dataclasses.replace(tcfg, model_device="cpu", pad_token_id=int(pad))
     client = HFChatClient(model=model, tokenizer=tok, max_batch_size=ls.batch_size)
     engine = RolloutEngine(*build_registries(client))
     seeds = iter(range(seed * 10**7, 10**9))
@@ -208,7 +208,14 @@ def run_baseline(cfg: dict[str, Any], model_dir: Path, seed: int = 0) -> dict[st
 
     curve = Curve()
     tcfg = dataclasses.replace(tcfg, eval_every_n_steps=up.get("eval_every_steps") or None)
-    tr = Trainer(model=model, algo=algo, batch_source=source, cfg=tcfg, evaluator=curve)
+    tr = Trainer(
+        model=model,
+        algo=algo,
+        batch_source=source,
+        cfg=tcfg,
+        evaluator=curve,
+        hooks=TrainerHooks(on_log=None),  # no console line per step in the timed loop
+    )
 
     async def go() -> dict[str, Any]:
         before = await evaluate_client(client, up["eval_env"], up["eval_n"], up["eval_max_tokens"])

@@ -29,7 +29,7 @@ from libludic.saw import SampleAttachments, SAWBatch, SAWItem  # noqa: E402
 from libludic.training.algorithm import make_sft  # noqa: E402
 from libludic.training.batching.saw import collate  # noqa: E402
 from libludic.training.config import TrainerConfig  # noqa: E402
-from libludic.training.trainer import Trainer  # noqa: E402
+from libludic.training.trainer import Trainer, TrainerHooks  # noqa: E402
 
 
 def synthetic_batches(n: int, batch_size: int, seed: int = 0) -> list[list[SAWItem]]:
@@ -102,9 +102,14 @@ def main(argv: list[str] | None = None) -> int:
         lr=1e-3,
         pad_token_id=PAD_ID,
         micro_token_budget=1 << 20,
-        log_every=10**9,
     )
-    trainer = Trainer(model=m_tr, algo=make_sft(), batch_source=CycleSource(batches), cfg=cfg)
+    trainer = Trainer(
+        model=m_tr,
+        algo=make_sft(),
+        batch_source=CycleSource(batches),
+        cfg=cfg,
+        hooks=TrainerHooks(on_log=None),  # no console line inside the timed steps
+    )
     opt = torch.optim.AdamW(
         m_bare.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01
     )

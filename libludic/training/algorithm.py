@@ -86,6 +86,7 @@ from libludic.training.loss import (
     CISPOLoss,
     CompositeLoss,
     GSPOLoss,
+    Loss,
     LossTerm,
     MaskedCausalLMCrossEntropyLoss,
     OffPolicyCorrection,
@@ -123,7 +124,7 @@ class RLAlgorithm:
 
     name: str
     credit_assigner: CreditAssigner
-    loss: Any  # a libludic.training.loss.Loss
+    loss: Loss
     preprocess: PreprocessFn | None = None
     reward_shaping: RewardShaping | None = None
     mask_no_eos_with_zero: bool = False
@@ -349,7 +350,7 @@ def _no_std(preset: str, name: str, cfg: NormArg) -> NormArg:
     return cfg
 
 
-def _with_kl(loss: Any, kl_coeff: float, name: str, kl_estimator: str = "k3") -> Any:
+def _with_kl(loss: Loss, kl_coeff: float, name: str, kl_estimator: str = "k3") -> Loss:
     """``loss`` plus ``kl_coeff`` x the KL estimate to the reference policy (TokenKLLoss:
     k1, k2 or k3, AReaL's ``kl_estimator``; ours defaults to k3, the spec's)."""
     if kl_coeff < 0:

@@ -112,7 +112,12 @@ from libludic.training.checkpoint import CheckpointManager, LoadedCheckpoint
 from libludic.training.config import TrainerConfig
 from libludic.training.minibatch import combine_minibatch_stats, split_largest, split_minibatches
 from libludic.training.spare_core import SpareCoreHelper, spare_core_grads
-from libludic.training.types import BatchSource, SourceStopped
+from libludic.training.types import (
+    BatchSource,
+    CheckpointedBatchSource,
+    CommittingBatchSource,
+    SourceStopped,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -147,6 +152,26 @@ class PublishFailed(RuntimeError):
     """``cfg.max_publish_failures`` consecutive publishes failed: training cannot go on."""
 
 
+def console_log(stats: dict[str, float], policy_version: int) -> None:
+    """The Trainer's default ``on_log``: one console line of a step's stats."""
+    log.info(
+        "step %d loss %.4f grad_norm %.3f items %d reward %.3f stale %d tok/s %.0f "
+        "samples/s %.1f v%d (wait %.3fs train %.3fs publish %.3fs)",
+        int(stats["step"]),
+        stats["loss"],
+        stats["grad_norm"],
+        int(stats["batch_items"]),
+        stats["reward_mean"],
+        int(stats["stale_dropped_total"]),
+        stats["tokens_per_s"],
+        stats["samples_per_s"],
+        policy_version,
+        stats["batch_wait_s"],
+        stats["train_s"],
+        stats["publish_wait_s"],
+    )
+
+
 @dataclass
 class TrainerHooks:
     """What a service wires into the loop; each hook is optional and awaited on every rank
@@ -163,6 +188,9 @@ class TrainerHooks:
                                       of ``step``), while training goes on; keep it short and
                                       thread-safe (e.g. tell admission control: the next
                                       batches may be generated on these weights)
+    on_log(stats, policy_version)     NOT a coroutine: on rank 0 every ``cfg.log_every``
+                                      steps, after ``on_trained``; by default
+                                      :func:`console_log` (one line per step); None: silent
     """
 
     on_trained: Callable[[int, list[str]], Awaitable[None]] | None = None
@@ -170,6 +198,23 @@ class TrainerHooks:
     on_publish: Callable[[int, str | None, float], Awaitable[None]] | None = None
     on_checkpoint: Callable[[Path | None, int], Awaitable[None]] | None = None
     on_served: Callable[[int, int], None] | None = None
+    on_log: Callable[[dict[str, float], int], None] | None = console_log
+
+
+def _check_contract(source: Any) -> None:
+    """A source with part of a contract's methods would be taken for one without it (its
+    items never committed, its state never saved): refuse it by name."""
+    for proto, members in (
+        (CommittingBatchSource, ("stale_dropped", "mark_trained", "commit")),
+        (CheckpointedBatchSource, ("state_dict", "load_state_dict")),
+    ):
+        has = [m for m in members if hasattr(source, m)]
+        if has and len(has) < len(members):
+            missing = [m for m in members if m not in has]
+            raise TypeError(
+                f"batch source {type(source).__name__} has {has} but not {missing}: "
+                f"implement all of {proto.__name__} ({', '.join(members)}) or none"
+            )
 
 
 class Trainer:
@@ -190,6 +235,9 @@ class Trainer:
         self.hooks = hooks if hooks is not None else TrainerHooks()
         self.algo = algo
         self.batch_source = batch_source
+        # items to acknowledge once trained (Redis entries): the source says what it trained
+        self._committing = batch_source if isinstance(batch_source, CommittingBatchSource) else None
+        _check_contract(batch_source)
         self.publisher = publisher
         self.evaluator = evaluator
         if evaluator is not None and getattr(evaluator, "concurrency", 0) is None:
@@ -582,7 +630,8 @@ class Trainer:
         items, dropped = self.drop_stale(batch.items)
         self.stale_dropped_total += dropped
         # a source that drops stale items before batching (PipelineBatchSource) counts them
-        source_stale = int(getattr(self.batch_source, "stale_dropped", 0) or 0)
+        committing = self._committing
+        source_stale = int(committing.stale_dropped) if committing is not None else 0
         items = self.algo.apply_batch_stage(items, self._all_sum if self.distributed else None)
         stats: dict[str, float] = {
             "num_items": float(len(items)),
@@ -610,8 +659,7 @@ class Trainer:
             stats.update(loss=0.0, grad_norm=0.0)
         t_train = time.perf_counter()
         self.step += 1
-        mark = getattr(self.batch_source, "mark_trained", None)
-        ids: list[str] = list(mark()) if callable(mark) else []
+        ids: list[str] = list(committing.mark_trained()) if committing is not None else []
         if self.hooks.on_trained is not None:
             await self.hooks.on_trained(self.step, ids)
         dt = max(time.perf_counter() - t0, 1e-9)
@@ -667,23 +715,12 @@ class Trainer:
             tokens_per_s=self.tokens_trained_total / max(self.rl_wall_s, 1e-9),
             eval_s=eval_s,
         )
-        if self.step % self.cfg.log_every == 0 and parallel.rank() == 0:
-            log.info(
-                "step %d loss %.4f grad_norm %.3f items %d reward %.3f stale %d tok/s %.0f "
-                "samples/s %.1f v%d (wait %.3fs train %.3fs publish %.3fs)",
-                self.step,
-                stats["loss"],
-                stats["grad_norm"],
-                int(batch_items),
-                stats["reward_mean"],
-                int(stats["stale_dropped_total"]),
-                stats["tokens_per_s"],
-                stats["samples_per_s"],
-                self.policy_version,
-                stats["batch_wait_s"],
-                stats["train_s"],
-                stats["publish_wait_s"],
-            )
+        if (
+            self.hooks.on_log is not None
+            and self.step % self.cfg.log_every == 0
+            and parallel.rank() == 0
+        ):
+            self.hooks.on_log(stats, self.policy_version)
         self.last_progress = time.monotonic()
         if self.hooks.on_step is not None:
             await self.hooks.on_step(stats, ids)
@@ -828,9 +865,8 @@ class Trainer:
         return True
 
     async def commit(self) -> int:
-        """Commit the batch source's trained items (``commit()``, when it has one)."""
-        commit = getattr(self.batch_source, "commit", None)
-        return int(await commit()) if callable(commit) else 0
+        """Commit the batch source's trained items (a CommittingBatchSource's ``commit()``)."""
+        return int(await self._committing.commit()) if self._committing is not None else 0
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in a worker thread, on this trainer's device (the current CUDA
@@ -903,7 +939,7 @@ class Trainer:
             "items_trained_total": self.items_trained_total,
             "tokens_trained_total": self.tokens_trained_total,
         }
-        if hasattr(self.batch_source, "state_dict"):
+        if isinstance(self.batch_source, CheckpointedBatchSource):
             ex["batch_source"] = self.batch_source.state_dict()
         ex.update(extra or {})
         return self.checkpointer.save(self.step, msd, osd, extra=ex)
@@ -934,6 +970,6 @@ class Trainer:
         self.rl_wall_s = float(ck.extra.get("rl_wall_s", 0.0))
         self.items_trained_total = int(ck.extra.get("items_trained_total", 0))
         self.tokens_trained_total = int(ck.extra.get("tokens_trained_total", 0))
-        if "batch_source" in ck.extra and hasattr(self.batch_source, "load_state_dict"):
+        if "batch_source" in ck.extra and isinstance(self.batch_source, CheckpointedBatchSource):
             self.batch_source.load_state_dict(ck.extra["batch_source"])
         return ck

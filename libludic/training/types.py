@@ -1,9 +1,11 @@
-"""The Trainer's batch-source contract: where its batches come from and how a source says
-that a stop was requested. The items themselves are plain data in ``libludic.saw``."""
+"""The Trainer's batch-source contracts: where its batches come from, how a source that
+owns durable items (Redis entries) learns what was trained and commits it, what it saves in
+a checkpoint, and how a source says that a stop was requested. The items themselves are
+plain data in ``libludic.saw``."""
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from libludic.saw import SAWBatch
 
@@ -11,6 +13,33 @@ from libludic.saw import SAWBatch
 @runtime_checkable
 class BatchSource(Protocol):
     async def next_batch(self) -> SAWBatch: ...
+
+
+@runtime_checkable
+class CommittingBatchSource(BatchSource, Protocol):
+    """A source whose items must be acknowledged once trained (PipelineBatchSource).
+
+    After each optimizer step the Trainer calls ``mark_trained()`` (the ids of the batch it
+    just trained, in order; they count as trained from then on) and, once the step's
+    checkpoint is saved, ``commit()`` (acknowledge every item marked so far; returns how
+    many). ``stale_dropped`` counts the items the source itself dropped as too old before
+    they reached a batch (the Trainer adds its own drops to it in its stats)."""
+
+    stale_dropped: int
+
+    def mark_trained(self) -> list[str]: ...
+
+    async def commit(self) -> int: ...
+
+
+@runtime_checkable
+class CheckpointedBatchSource(BatchSource, Protocol):
+    """A source with state of its own to save in the Trainer's checkpoint (read positions,
+    counters); ``load_state_dict`` gets back what ``state_dict`` returned."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 class SourceStopped(Exception):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 from typing import Any
 
 import pytest
@@ -19,8 +20,12 @@ from libludic.training.algorithm import make_sft
 from libludic.training.checkpoint import CheckpointConfig, CheckpointManager
 from libludic.training.config import TrainerConfig
 from libludic.training.trainer import PublishFailed, Trainer, TrainerHooks
-from libludic.training.types import SourceStopped
-from tests.fakes import make_item
+from libludic.training.types import (
+    CheckpointedBatchSource,
+    CommittingBatchSource,
+    SourceStopped,
+)
+from tests.fakes import ListBatchSource, make_item
 
 
 @pytest.fixture(scope="module")
@@ -224,3 +229,53 @@ async def test_stop_conditions(base_model) -> None:
     tr3 = trainer(base_model, CommittingSource(), cfg=cfg(), hooks=TrainerHooks(on_step=on_step))
     hist3 = await tr3.train(num_steps=10, should_stop=lambda: flag["stop"])
     assert len(hist3) == 3 and tr3.stop_reason == "stopped"
+
+
+def test_the_committing_contract_is_recognised_by_its_protocol() -> None:
+    assert isinstance(CommittingSource(), CommittingBatchSource)
+    assert not isinstance(ListBatchSource([]), CommittingBatchSource)
+    assert isinstance(ListBatchSource([]), CheckpointedBatchSource)
+
+
+def test_a_source_with_part_of_a_contract_is_refused_by_name(base_model) -> None:
+    class CommitsOnly:  # its items would never be marked trained, so never committed
+        async def next_batch(self) -> SAWBatch:
+            return SAWBatch(items=[])
+
+        async def commit(self) -> int:
+            return 0
+
+    class SavesOnly:  # its state would be saved and never restored
+        async def next_batch(self) -> SAWBatch:
+            return SAWBatch(items=[])
+
+        def state_dict(self) -> dict[str, int]:
+            return {}
+
+    with pytest.raises(TypeError, match=r"CommitsOnly has \['commit'\] but not "):
+        trainer(base_model, CommitsOnly())
+    with pytest.raises(TypeError, match=r"SavesOnly .*CheckpointedBatchSource"):
+        trainer(base_model, SavesOnly())
+
+
+async def test_the_console_line_is_a_hook_every_log_every_steps(base_model, caplog) -> None:
+    seen: list[tuple[float, int]] = []
+    tr = trainer(
+        base_model,
+        CommittingSource(),
+        cfg=cfg(log_every=2),
+        hooks=TrainerHooks(on_log=lambda stats, v: seen.append((stats["step"], v))),
+    )
+    await tr.train(num_steps=4)
+    assert seen == [(2.0, 0), (4.0, 0)]  # steps 2 and 4; no publisher: version 0
+
+    with caplog.at_level(logging.INFO, logger="libludic.training.trainer"):
+        await trainer(base_model, CommittingSource(), cfg=cfg()).train(num_steps=1)
+    assert [r.getMessage()[:7] for r in caplog.records if "samples/s" in r.getMessage()] == [
+        "step 1 "
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="libludic.training.trainer"):
+        src = CommittingSource()
+        await trainer(base_model, src, cfg=cfg(), hooks=TrainerHooks(on_log=None)).train(1)
+    assert src.n == 1 and not [r for r in caplog.records if "samples/s" in r.getMessage()]
