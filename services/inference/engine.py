@@ -174,6 +174,19 @@ def idle_wait_env(settings: InferenceSettings, is_cpu: bool) -> dict[str, str]:
     }
 
 
+def cpu_linear_env(settings: InferenceSettings, is_cpu: bool) -> dict[str, str]:
+    """Environment for vLLM's processes read by ``services.inference.vllm_plugin``: whether
+    the CPU backend keeps plain weights (``cpu_linear``: plain, or auto with float32) so a
+    weight update is a copy (``worker_ext``). Empty on GPUs."""
+    from services.inference import vllm_plugin
+
+    if not is_cpu:
+        return {}
+    mode = settings.cpu_linear
+    plain = mode == "plain" or (mode == "auto" and settings.dtype in ("float32", "float"))
+    return {vllm_plugin.PLAIN_LINEAR_ENV: "1" if plain else "0"}
+
+
 WARMUP_PROMPT_TOKENS = 64
 
 
@@ -255,6 +268,7 @@ class LudicEngine:
         argv += platform_default_args(list(settings.vllm_args), current_platform.is_cpu())
         # inherited by the EngineCore and worker processes vLLM spawns below
         os.environ.update(idle_wait_env(settings, current_platform.is_cpu()))
+        os.environ.update(cpu_linear_env(settings, current_platform.is_cpu()))
         args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
         engine_args = AsyncEngineArgs.from_cli_args(args)
         llm = AsyncLLM.from_engine_args(engine_args)

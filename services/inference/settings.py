@@ -25,6 +25,7 @@ class SettingsError(ValueError):
 DTYPES = frozenset({"auto", "float32", "bfloat16", "float16", "half", "float"})
 LOGPROBS_MODES = frozenset({"processed_logprobs", "raw_logprobs"})
 UPDATE_MODES = frozenset({"keep", "wait"})
+CPU_LINEAR_MODES = frozenset({"auto", "plain", "packed"})
 
 
 @dataclass
@@ -71,6 +72,11 @@ class InferenceSettings:
     # training need), vLLM's own 1 s on GPUs. See services/inference/vllm_plugin.py.
     engine_idle_spin_s: float | None = None
     engine_idle_poll_ms: int = 20  # longest sleep between checks once spinning stopped
+    # CPU only: how vLLM's linear layers multiply. "plain" keeps each weight as it is and
+    # multiplies with torch's linear, so a weight update is a copy into those tensors;
+    # "packed" is vLLM's own (a oneDNN copy of each weight, rebuilt on every update);
+    # "auto" is plain for float32 and packed otherwise. See services/inference/vllm_plugin.py.
+    cpu_linear: str = "auto"
     log_level: str = "info"
     vllm_args: list[str] = field(default_factory=list)  # passed through to vLLM's parser
 
@@ -99,6 +105,10 @@ class InferenceSettings:
             raise SettingsError(f"engine_idle_spin_s={self.engine_idle_spin_s} must be >= 0")
         if self.engine_idle_poll_ms < 0:
             raise SettingsError(f"engine_idle_poll_ms={self.engine_idle_poll_ms} must be >= 0")
+        if self.cpu_linear not in CPU_LINEAR_MODES:
+            raise SettingsError(
+                f"cpu_linear {self.cpu_linear!r} is not one of {sorted(CPU_LINEAR_MODES)}"
+            )
         if self.update_mode not in UPDATE_MODES:
             raise SettingsError(
                 f"update_mode {self.update_mode!r} is not one of {sorted(UPDATE_MODES)}"
@@ -179,6 +189,11 @@ def _build_parser() -> argparse.ArgumentParser:
         help="vLLM engine/worker busy-wait before sleeping (default: 0 on CPU, vLLM's on GPU)",
     )
     p.add_argument("--engine-idle-poll-ms", type=int, help="longest idle sleep (default 20)")
+    p.add_argument(
+        "--cpu-linear",
+        help="CPU only: plain (torch linear; an update is a copy), packed (vLLM's oneDNN "
+        "copies, rebuilt per update) or auto (plain for float32; the default)",
+    )
     p.add_argument("--log-level")
     p.add_argument(
         "--vllm-arg",

@@ -4,7 +4,9 @@ Mixed into every vLLM worker via ``worker_extension_cls``; called through
 ``AsyncLLM.collective_rpc("ludic_load_safetensors", args=(payload,))``. Bytes (not tensors
 in lists) are what survives the RPC serialisation, and ``reload_weights`` (not a bare
 ``model.load_weights``) redoes the backend's weight post-processing, which the CPU backend
-needs.
+needs, except where every layer keeps its plain weight (``copy_reload_applies``: the
+``vllm_plugin``'s plain CPU linear layers, unquantized): then an update is
+``model.load_weights``, a copy, about 8x faster for the demo's model.
 
 Tied parameters (``tie_word_embeddings``: ``lm_head.weight`` *is* ``embed_tokens.weight``):
 vLLM's layerwise reload post-processes only the layers whose weights it loaded. The tied
@@ -54,6 +56,23 @@ def refresh_tied_kernels(model: torch.nn.Module) -> int:
     return n
 
 
+def copy_reload_applies(model: torch.nn.Module, vllm_config: Any) -> bool:
+    """Whether an update can be the model's own ``load_weights`` (a copy into the served
+    tensors, through each parameter's loader: stacked q/k/v and gate/up included) with no
+    post-processing: no quantization, no quantized KV cache, and every layer with a CPU
+    kernel multiplying by its own weight (``vllm_plugin`` plain linear layers; tied weights
+    are then one tensor). Otherwise vLLM's layerwise ``reload_weights`` redoes the
+    post-processing."""
+    from services.inference.vllm_plugin import uses_plain_linear
+
+    if getattr(vllm_config.model_config, "quantization", None) is not None:
+        return False
+    if str(getattr(vllm_config.cache_config, "cache_dtype", "auto")) != "auto":
+        return False
+    kernels = [m for m in model.modules() if hasattr(m, "cpu_linear")]
+    return bool(kernels) and all(uses_plain_linear(m) for m in kernels)
+
+
 class LudicWorkerExtension:
     def ludic_load_safetensors(self, payload: Any) -> float:
         """Reload the tensors of ``payload`` in place: safetensors bytes, or the path of a
@@ -65,6 +84,11 @@ class LudicWorkerExtension:
 
         t0 = time.perf_counter()
         tensors = load_file(payload) if isinstance(payload, str) else load(bytes(payload))
-        self.reload_weights(weights_iterator=iter(tensors.items()))  # type: ignore[attr-defined]
-        refresh_tied_kernels(self.model_runner.get_model())  # type: ignore[attr-defined]
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        if copy_reload_applies(model, self.vllm_config):  # type: ignore[attr-defined]
+            with torch.no_grad():
+                model.load_weights(iter(tensors.items()))
+        else:
+            self.reload_weights(weights_iterator=iter(tensors.items()))  # type: ignore[attr-defined]
+            refresh_tied_kernels(model)
         return time.perf_counter() - t0
