@@ -86,7 +86,7 @@ import logging
 import math
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -110,6 +110,7 @@ from libludic.training.batching.saw import (
 )
 from libludic.training.checkpoint import CheckpointManager, LoadedCheckpoint
 from libludic.training.config import TrainerConfig
+from libludic.training.hooks import TrainerHooks
 from libludic.training.minibatch import combine_minibatch_stats, split_largest, split_minibatches
 from libludic.training.spare_core import SpareCoreHelper, spare_core_grads
 from libludic.training.types import (
@@ -117,6 +118,7 @@ from libludic.training.types import (
     CheckpointedBatchSource,
     CommittingBatchSource,
     SourceStopped,
+    check_contract,
 )
 
 log = logging.getLogger(__name__)
@@ -152,71 +154,6 @@ class PublishFailed(RuntimeError):
     """``cfg.max_publish_failures`` consecutive publishes failed: training cannot go on."""
 
 
-def console_log(stats: dict[str, float], policy_version: int) -> None:
-    """The Trainer's default ``on_log``: one console line of a step's stats."""
-    log.info(
-        "step %d loss %.4f grad_norm %.3f items %d reward %.3f stale %d tok/s %.0f "
-        "samples/s %.1f v%d (wait %.3fs train %.3fs publish %.3fs)",
-        int(stats["step"]),
-        stats["loss"],
-        stats["grad_norm"],
-        int(stats["batch_items"]),
-        stats["reward_mean"],
-        int(stats["stale_dropped_total"]),
-        stats["tokens_per_s"],
-        stats["samples_per_s"],
-        policy_version,
-        stats["batch_wait_s"],
-        stats["train_s"],
-        stats["publish_wait_s"],
-    )
-
-
-@dataclass
-class TrainerHooks:
-    """What a service wires into the loop; each hook is optional and awaited on every rank
-    (rank-0-only work, such as writing to Redis, is the hook's own business).
-
-    on_trained(step, item_ids)        right after the update, before publish/checkpoint/commit
-                                      (a record of trained items must precede their commit)
-    on_step(stats, item_ids)          after each step (ids: the batch source's, all ranks)
-    on_publish(version, error, secs)  after each publish, once its outcome is applied (the
-                                      next publish or ``finish_publish``); error None = served
-    on_checkpoint(path, committed)    after each checkpoint (path None on ranks > 0)
-    on_served(version, step)          NOT a coroutine: called on rank 0 in the publish thread
-                                      the moment replicas acknowledged ``version`` (the weights
-                                      of ``step``), while training goes on; keep it short and
-                                      thread-safe (e.g. tell admission control: the next
-                                      batches may be generated on these weights)
-    on_log(stats, policy_version)     NOT a coroutine: on rank 0 every ``cfg.log_every``
-                                      steps, after ``on_trained``; by default
-                                      :func:`console_log` (one line per step); None: silent
-    """
-
-    on_trained: Callable[[int, list[str]], Awaitable[None]] | None = None
-    on_step: Callable[[dict[str, float], list[str]], Awaitable[None]] | None = None
-    on_publish: Callable[[int, str | None, float], Awaitable[None]] | None = None
-    on_checkpoint: Callable[[Path | None, int], Awaitable[None]] | None = None
-    on_served: Callable[[int, int], None] | None = None
-    on_log: Callable[[dict[str, float], int], None] | None = console_log
-
-
-def _check_contract(source: Any) -> None:
-    """A source with part of a contract's methods would be taken for one without it (its
-    items never committed, its state never saved): refuse it by name."""
-    for proto, members in (
-        (CommittingBatchSource, ("stale_dropped", "mark_trained", "commit")),
-        (CheckpointedBatchSource, ("state_dict", "load_state_dict")),
-    ):
-        has = [m for m in members if hasattr(source, m)]
-        if has and len(has) < len(members):
-            missing = [m for m in members if m not in has]
-            raise TypeError(
-                f"batch source {type(source).__name__} has {has} but not {missing}: "
-                f"implement all of {proto.__name__} ({', '.join(members)}) or none"
-            )
-
-
 class Trainer:
     def __init__(
         self,
@@ -237,7 +174,7 @@ class Trainer:
         self.batch_source = batch_source
         # items to acknowledge once trained (Redis entries): the source says what it trained
         self._committing = batch_source if isinstance(batch_source, CommittingBatchSource) else None
-        _check_contract(batch_source)
+        check_contract(batch_source)
         self.publisher = publisher
         self.evaluator = evaluator
         if evaluator is not None and getattr(evaluator, "concurrency", 0) is None:

@@ -45,3 +45,19 @@ class CheckpointedBatchSource(BatchSource, Protocol):
 class SourceStopped(Exception):
     """Raised by a BatchSource's ``next_batch`` (on every rank) once a stop was requested:
     ``Trainer.train`` ends there, as on its own ``should_stop``."""
+
+
+def check_contract(source: Any) -> None:
+    """A source with part of a contract's methods would be taken for one without it (its
+    items never committed, its state never saved): refuse it by name."""
+    for proto, members in (
+        (CommittingBatchSource, ("stale_dropped", "mark_trained", "commit")),
+        (CheckpointedBatchSource, ("state_dict", "load_state_dict")),
+    ):
+        has = [m for m in members if hasattr(source, m)]
+        if has and len(has) < len(members):
+            missing = [m for m in members if m not in has]
+            raise TypeError(
+                f"batch source {type(source).__name__} has {has} but not {missing}: "
+                f"implement all of {proto.__name__} ({', '.join(members)}) or none"
+            )
