@@ -24,7 +24,16 @@ Conventions shared by every loss here:
   policy and the trainer's: truncated or masked importance sampling (TIS / MIS) per token
   or per sequence, AReaL's decoupled PPO against recomputed proximal logprobs, and the
   mismatch stats ``mismatch_*``.
-* Stats: detached 0-d tensors under a fixed set of keys per loss (``stat_keys``).
+* Stats: detached 0-d tensors under a fixed set of keys per loss (``stat_keys``), each of
+  one micro-batch. One rule combines them over micro-batches (the Trainer) and over PPO
+  minibatches (``combine_minibatch_stats``), ``is_max_stat``: a key ending in ``_max`` is a
+  maximum over action tokens and combines with max; every other key is a mean over action
+  tokens and combines as the token-weighted mean (so both equal the full batch's value).
+  Every policy-gradient loss reports ``entropy`` (``token_entropy``: the exact entropy of
+  the trained policy's next-token distribution, mean over action tokens); the ratio-based
+  ones report ``ratio_mean`` / ``ratio_max``. Batch-level figures (the advantages' mean and
+  std) are not loss stats: the Trainer computes them once per step (``adv_mean``,
+  ``adv_std``).
 * Losses compute in the logits' dtype; the Trainer casts logits to fp32 first when
   ``TrainerConfig.cast_logits_to_fp32`` is set (ratios exp(logp - logp_old) need it).
 * Temperature: the logits a loss receives are already divided by each item's sampling
@@ -55,6 +64,9 @@ AGGREGATIONS = (
     "seq-mean-token-sum-norm",
 )
 AGGREGATION_ALIASES = {"token": "token-mean", "sequence": "seq-mean-token-mean"}
+MAX_STAT_SUFFIX = "_max"
+# the elements (rows x V) of one chunk of token_entropy: 64 MB per fp32 temporary
+ENTROPY_CHUNK_ELEMENTS = 2**24
 
 Stats = dict[str, Tensor]
 
@@ -132,6 +144,44 @@ def aggregate(
 
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     return ((x * mask).sum() / mask.sum().clamp(min=1.0)).detach()
+
+
+def masked_max(x: Tensor, mask: Tensor) -> Tensor:
+    """max of x over the action tokens (mask > 0), detached; 0 without any (the maxima
+    reported are of ratios and weights, >= 0, so an empty micro-batch never wins a max)."""
+    x = x.detach().expand_as(mask)
+    on = mask > 0
+    top = torch.where(on, x, torch.full_like(x, -math.inf)).amax()
+    return torch.where(on.any(), top, torch.zeros_like(top))
+
+
+def is_max_stat(key: str) -> bool:
+    """The stat combines with max over micro-batches and minibatches, not as the
+    token-weighted mean (module docstring, Stats): its key ends in ``_max``."""
+    return key.endswith(MAX_STAT_SUFFIX)
+
+
+@torch.no_grad()
+def token_entropy(
+    logits: Tensor, mask: Tensor, max_elements: int = ENTROPY_CHUNK_ELEMENTS
+) -> Tensor:
+    """Mean over action tokens of the exact entropy of the next-token distribution:
+
+        H_bt = -sum_v p_btv log p_btv,   p_bt = softmax(logits[b, t])   (predicts t+1)
+        returns sum_{b,t} m_bt H_bt / sum_{b,t} m_bt   (0 without action tokens)
+
+    ``mask`` [B, T-1] is ``token_mask`` (the shifted grid); the logits are the loss's, so
+    already at each item's temperature. No gradient, computed in fp32. Only the action rows
+    are read, ``max(1, max_elements // V)`` rows at a time: each temporary holds at most
+    ``max_elements`` elements (or one row), whatever B and T; no [B, T, V] tensor is made.
+    """
+    b_idx, t_idx = (mask > 0).nonzero(as_tuple=True)  # [N] each: the action rows
+    rows = max(1, max_elements // logits.shape[-1])
+    total = torch.zeros((), dtype=torch.float32, device=logits.device)
+    for i in range(0, b_idx.numel(), rows):
+        p = torch.softmax(logits[b_idx[i : i + rows], t_idx[i : i + rows]].float(), dim=-1)
+        total += torch.special.entr(p).sum()  # entr(p) = -p log p, 0 at p = 0
+    return total / max(b_idx.numel(), 1)
 
 
 def _check_agg(obj: Any) -> None:
@@ -214,8 +264,9 @@ class OffPolicyCorrection:
     Stats (every loss that takes this reports them, whatever the options), means over
     action tokens: ``mismatch_logprob_gap`` = |t - b|; ``mismatch_kl`` = the k3 estimate
     rho - 1 - lr of KL(pi_b || pi_t) (tokens are sampled from the behaviour policy; >= 0,
-    token level whatever ``mismatch_level``); ``mismatch_weight_mean`` = w;
-    ``mismatch_capped_frac`` = share of tokens truncated (tis) or dropped (mis, decoupled).
+    token level whatever ``mismatch_level``); ``mismatch_weight_mean`` = w, and
+    ``mismatch_weight_max`` = its max over action tokens; ``mismatch_capped_frac`` = share
+    of tokens truncated (tis) or dropped (mis, decoupled).
     """
 
     mismatch_correction: str | None = None
@@ -229,6 +280,7 @@ class OffPolicyCorrection:
         "mismatch_logprob_gap",
         "mismatch_kl",
         "mismatch_weight_mean",
+        "mismatch_weight_max",
         "mismatch_capped_frac",
     )
 
@@ -305,6 +357,7 @@ class OffPolicyCorrection:
                 "mismatch_logprob_gap": masked_mean(lr.abs(), m),
                 "mismatch_kl": masked_mean(torch.exp(lr) - 1.0 - lr, m),
                 "mismatch_weight_mean": masked_mean(w, m),
+                "mismatch_weight_max": masked_max(w, m),
                 "mismatch_capped_frac": masked_mean(capped, m),
             },
         )
@@ -312,12 +365,14 @@ class OffPolicyCorrection:
 
 @dataclass
 class ReinforceLoss:
-    """L = -agg( w_b * log pi(a_bt | s_bt) ) over action tokens."""
+    """L = -agg( w_b * log pi(a_bt | s_bt) ) over action tokens.
+
+    (The weights' mean and std are the Trainer's step stats ``adv_mean`` / ``adv_std``.)"""
 
     aggregation: str = "token-mean"
     max_new_tokens: int | None = None  # C of aggregation "seq-mean-token-sum-norm"
     needs_actor_logprobs: ClassVar[bool] = False
-    stat_keys: ClassVar[tuple[str, ...]] = ("loss", "logp_mean", "weight_mean")
+    stat_keys: ClassVar[tuple[str, ...]] = ("loss", "logp_mean", "entropy")
 
     def __post_init__(self) -> None:
         _check_agg(self)
@@ -331,7 +386,7 @@ class ReinforceLoss:
         return loss, {
             "loss": loss.detach(),
             "logp_mean": masked_mean(logp, m),
-            "weight_mean": batch["weight"].float().mean().detach(),
+            "entropy": token_entropy(logits, m),
         }
 
 
@@ -341,12 +396,14 @@ class ReinforceBaselineLoss:
 
     The baseline is read from ``batch[WEIGHT_MEAN_KEY]`` (set by the Trainer from the whole
     macro-batch, so micro-batching does not change it); otherwise the micro-batch mean.
+    The centred advantages' mean is 0 over the macro-batch by construction, so it is no
+    stat (the weights' mean and std are the Trainer's step stats ``adv_mean`` / ``adv_std``).
     """
 
     aggregation: str = "token-mean"
     max_new_tokens: int | None = None  # C of aggregation "seq-mean-token-sum-norm"
     needs_actor_logprobs: ClassVar[bool] = False
-    stat_keys: ClassVar[tuple[str, ...]] = ("loss", "logp_mean", "baseline", "adv_mean")
+    stat_keys: ClassVar[tuple[str, ...]] = ("loss", "logp_mean", "entropy", "baseline")
 
     def __post_init__(self) -> None:
         _check_agg(self)
@@ -362,8 +419,8 @@ class ReinforceBaselineLoss:
         return loss, {
             "loss": loss.detach(),
             "logp_mean": masked_mean(logp, m),
+            "entropy": token_entropy(logits, m),
             "baseline": b.detach(),
-            "adv_mean": adv.mean().detach(),
         }
 
 
@@ -393,7 +450,9 @@ class TokenClippedSurrogateLoss:
     stat_keys: ClassVar[tuple[str, ...]] = (
         "loss",
         "logp_mean",
+        "entropy",
         "ratio_mean",
+        "ratio_max",
         "clip_frac",
         "dual_clip_frac",
         "approx_kl",
@@ -434,7 +493,9 @@ class TokenClippedSurrogateLoss:
         return loss, {
             "loss": loss.detach(),
             "logp_mean": masked_mean(logp, m),
+            "entropy": token_entropy(logits, m),
             "ratio_mean": masked_mean(ratio, m),
+            "ratio_max": masked_max(ratio, m),
             "clip_frac": masked_mean((surr2 < surr1).to(m.dtype), m),
             "dual_clip_frac": masked_mean(dual.to(m.dtype), m),
             "approx_kl": masked_mean(ratio - 1.0 - log_ratio, m),
@@ -462,7 +523,9 @@ class CISPOLoss:
     stat_keys: ClassVar[tuple[str, ...]] = (
         "loss",
         "logp_mean",
+        "entropy",
         "ratio_mean",
+        "ratio_max",
         "clip_frac",
         "approx_kl",
         *OffPolicyCorrection.stat_keys,
@@ -493,7 +556,9 @@ class CISPOLoss:
         return loss, {
             "loss": loss.detach(),
             "logp_mean": masked_mean(logp, m),
+            "entropy": token_entropy(logits, m),
             "ratio_mean": masked_mean(ratio, m),
+            "ratio_max": masked_max(ratio, m),
             "clip_frac": masked_mean((is_w != ratio).to(m.dtype), m),
             "approx_kl": masked_mean(ratio - 1.0 - log_ratio, m),
             **mismatch,
@@ -525,7 +590,9 @@ class GSPOLoss:
     stat_keys: ClassVar[tuple[str, ...]] = (
         "loss",
         "logp_mean",
+        "entropy",
         "ratio_mean",
+        "ratio_max",
         "clip_frac",
         "approx_kl",
         *OffPolicyCorrection.stat_keys,
@@ -560,7 +627,9 @@ class GSPOLoss:
         return loss, {
             "loss": loss.detach(),
             "logp_mean": masked_mean(logp, m),
+            "entropy": token_entropy(logits, m),
             "ratio_mean": masked_mean(ratio.expand_as(m), m),
+            "ratio_max": masked_max(ratio, m),  # of the sequence ratios s_b
             "clip_frac": masked_mean((surr2 < surr1).to(m.dtype).expand_as(m), m),
             "approx_kl": masked_mean(tok_ratio - 1.0 - log_ratio.detach(), m),
             **mismatch,

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from libludic.saw import SAWItem
 from libludic.training.batching.saw import effective_len
+from libludic.training.loss import is_max_stat
 
 
 def split_minibatches(items: Sequence[SAWItem], n: int) -> list[list[SAWItem]]:
@@ -41,7 +42,10 @@ def split_largest(
 
 
 def combine_minibatch_stats(parts: list[dict[str, float]]) -> dict[str, float]:
-    """One step's stats from its minibatches' (see ``Trainer._update``)."""
+    """One step's stats from its minibatches' (see ``Trainer._update``): ``loss``,
+    ``grad_norm`` and ``spare_core_share`` are means over the minibatches; a loss stat
+    (``loss/<key>``) is the token-weighted mean, or the max for a ``_max`` key (the rule of
+    ``loss.is_max_stat``, as over micro-batches); every other key (counts, times) a sum."""
     toks = [max(p.get("num_action_tokens", 0.0), 0.0) for p in parts]
     total = sum(toks) or 1.0
     out: dict[str, float] = {"num_minibatches": float(len(parts))}
@@ -49,6 +53,8 @@ def combine_minibatch_stats(parts: list[dict[str, float]]) -> dict[str, float]:
         vals = [p.get(key, 0.0) for p in parts]
         if key in ("loss", "grad_norm", "spare_core_share"):
             out[key] = sum(vals) / len(vals)
+        elif key.startswith("loss/") and is_max_stat(key):
+            out[key] = max(vals)
         elif key.startswith("loss/"):
             out[key] = sum(t * v for t, v in zip(toks, vals)) / total
         else:

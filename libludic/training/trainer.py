@@ -54,6 +54,12 @@ Batch-level credit. Before step 3, ``algo.apply_batch_stage`` finishes the credi
 whose algorithm has a batch-level statistic (ScaleRL's std) that the credit worker left
 pending: it is computed over exactly the items of this step (all ranks' shards).
 
+Step stats of the batch. ``reward_mean`` (this rank's items' ``meta["reward"]``) and
+``adv_mean`` / ``adv_std`` (``_weight_stats``: mean and population std of the items'
+credit ``weight``, over every rank's items) are computed once per step, after the batch
+stage. The loss stats (``loss/<key>``) are per micro-batch and combined by
+``loss.is_max_stat``'s rule: token-weighted means, maxima for ``_max`` keys.
+
 Reference policy. When the loss needs ``ref_logprobs`` (a KL term, ``kl_coeff > 0``) and an
 item does not carry them, a frozen reference model computes them per micro-batch (no
 grad). By default it is a copy of the model as passed in (the initial policy, before LoRA
@@ -324,7 +330,8 @@ class Trainer:
         """Zero the grads, then forward/backward every micro-batch of ``items``.
 
         Afterwards ``p.grad`` holds the gradient of the full-batch loss. Returns the
-        summed loss, token counts and the loss stats (token-weighted over micro-batches).
+        summed loss, token counts and the loss stats combined over micro-batches: the
+        token-weighted mean, or the max for a ``_max`` key (``loss.is_max_stat``).
         """
         prepared = self._prepare(items)
         prox_time = self._add_proximal(prepared)
@@ -447,7 +454,11 @@ class Trainer:
             ref_time += ref_t
             share = n_tok[i] / local_tok
             for k, v in stats.items():
-                if k != "loss":
+                if k == "loss":
+                    continue
+                if L.is_max_stat(k):  # a maximum: the batch's is the largest micro-batch's
+                    stat_acc[k] = max(stat_acc.get(k, v), v)
+                else:
                     stat_acc[k] = stat_acc.get(k, 0.0) + share * v
         out_stats = {f"loss/{k}": v for k, v in stat_acc.items()}
         out_stats.update(
@@ -495,6 +506,25 @@ class Trainer:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return [float(x) for x in t.cpu()]
 
+    def _weight_stats(self, items: Sequence[SAWItem]) -> dict[str, float]:
+        """The step's ``adv_mean`` and ``adv_std``: mean and population std of the items'
+        ``weight`` (the credit each carries: the advantage for the group-relative presets),
+        over every rank's items (the sums are all-reduced), one value per item:
+
+            adv_mean = sum_i w_i / n,   adv_std = sqrt(sum_i w_i^2 / n - adv_mean^2)
+
+        (0 for one item; both 0 without items). Batch-level, so not loss stats: a std
+        of micro-batch stds is not the batch's."""
+        ws = [float(it.weight) for it in items]
+        sums = [float(len(ws)), math.fsum(ws), math.fsum(w * w for w in ws)]
+        if self.distributed:
+            sums = self._all_sum(sums)
+        n, s1, s2 = sums
+        if n <= 0:
+            return {"adv_mean": 0.0, "adv_std": 0.0}
+        mean = s1 / n
+        return {"adv_mean": mean, "adv_std": math.sqrt(max(s2 / n - mean * mean, 0.0))}
+
     def _update(self, items: Sequence[SAWItem]) -> dict[str, float]:
         """Forward, backward and the optimizer step(s) of ``items``.
 
@@ -504,9 +534,9 @@ class Trainer:
         at this trainer step's learning rate. The proximal logprobs a decoupled loss needs
         are taken for every minibatch before the first update: they are the policy this
         step starts from, not the one the previous minibatch left. Stats: ``loss`` and
-        ``grad_norm`` are means over the minibatches, the loss stats token-weighted means,
-        counts and times sums; ``num_minibatches`` says how many ran. Runs in
-        ``off_loop``'s thread, which sets the device."""
+        ``grad_norm`` are means over the minibatches, the loss stats token-weighted means
+        (maxima for a ``_max`` key), counts and times sums; ``num_minibatches`` says how
+        many ran. Runs in ``off_loop``'s thread, which sets the device."""
         self.model.train()
         n = min(self.cfg.ppo_n_minibatches, len(items))
         if self.distributed and self.cfg.ppo_n_minibatches > 1:
@@ -580,6 +610,7 @@ class Trainer:
         }
         rewards = [float(it.meta["reward"]) for it in items if "reward" in it.meta]
         stats["reward_mean"] = sum(rewards) / len(rewards) if rewards else 0.0
+        stats.update(self._weight_stats(items))
         if not items and self.distributed:
             raise RuntimeError(
                 f"rank {parallel.rank()} has no items at step {self.step + 1} (dropped "

@@ -36,10 +36,13 @@ STALE_DROPPED = Counter(
 ITEMS_TRAINED = Counter("ludic_learner_items_trained_total", "Items trained")
 TRAIN_SIGNAL = Gauge(
     "ludic_learner_train_signal",
-    "The last step's loss statistics (the loss's stat_keys: clip fraction, approx KL, ratio "
-    "and importance-weight means, the served/trained logprob gap and mismatch KL, ...)",
+    "The last step's loss statistics (the loss's stat_keys: entropy, clip fraction, approx KL, "
+    "ratio and importance-weight means and maxima, the served/trained logprob gap and "
+    "mismatch KL, ...) and the batch's advantage mean and std (adv_mean, adv_std)",
     ["signal"],
 )
+# the Trainer's step stats of the whole batch exported as train signals beside the loss's
+STEP_SIGNALS = ("adv_mean", "adv_std")
 NONFINITE_SKIPPED = Counter(
     "ludic_learner_nonfinite_steps_skipped_total",
     "Steps whose loss or gradient was not finite: the update was skipped, weights unchanged",
@@ -137,12 +140,16 @@ WAIT_AVERAGE = WaitAverage()
 
 def export_step(stats: dict[str, float], signals: tuple[str, ...] = ()) -> None:
     """The step's figures as metrics; ``signals``: the loss's stat keys, exported as
-    ``ludic_learner_train_signal{signal=...}`` ("loss" has its own gauge)."""
+    ``ludic_learner_train_signal{signal=...}`` ("loss" has its own gauge), and so are the
+    step stats ``STEP_SIGNALS`` (the batch's advantage mean and std)."""
     global _nonfinite_seen
-    for k in signals:  # the Trainer reports them as "loss/<key>", token-weighted over micro-batches
+    for k in signals:  # the Trainer reports them as "loss/<key>", combined over micro-batches
         v = stats.get(f"loss/{k}")
         if k != "loss" and v is not None:
             TRAIN_SIGNAL.labels(signal=k).set(float(v))
+    for k in STEP_SIGNALS:
+        if k in stats:
+            TRAIN_SIGNAL.labels(signal=k).set(float(stats[k]))
     skipped = int(stats.get("nonfinite_skipped_total", 0))
     if skipped > _nonfinite_seen:
         NONFINITE_SKIPPED.inc(skipped - _nonfinite_seen)

@@ -52,6 +52,7 @@ KNOWN_METRICS = {
     "ludic_actor_reward_count",
     "ludic_credit_items_total",
     "ludic_credit_deadlettered_total",
+    "ludic_credit_groups_total",
     "ludic_stream_length",
     "ludic_inference_policy_version",
     "ludic_inference_weight_updates_total",

@@ -10,6 +10,7 @@ GPU reservations and DNS discovery of scaled replicas need a real Docker engine.
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import re
 import subprocess
@@ -220,6 +221,15 @@ def test_services_get_the_variables_developers_md_says_they_read(compose):
             assert f"{name}:{var}" in env, f"{name} does not get {var}"
 
 
+def test_no_service_gets_a_variable_the_settings_loader_refuses(compose):
+    """A retired variable (LUDIC_INFERENCE_CONFIG, ...) stops the service at start (exit 2)."""
+    from services.common.settings import _RETIRED_ENV
+    from services.inference.settings import InferenceSettings
+
+    retired = set(_RETIRED_ENV) | set(InferenceSettings.RETIRED_ENV)
+    assert not [k for k in ludic_env(compose) if k.split(":")[1] in retired]
+
+
 def test_no_secret_is_written_in_the_compose_file(compose):
     for key, value in ludic_env(compose).items():
         if key.endswith(("AUTH_TOKEN", "REDIS_URL")):
@@ -333,6 +343,7 @@ def test_dashboard_shows_the_required_signals(dashboard):
         "ludic_learner_lr",
         "ludic_learner_nonfinite_steps_skipped_total",
         "ludic_learner_batch_wait_fraction",
+        "ludic_credit_groups_total",
     ):
         assert metric in exprs, f"dashboard lacks {metric}"
     lag = dashboard_exprs(dashboard)["Policy version lag per replica"]
@@ -344,13 +355,105 @@ def test_dashboard_shows_the_required_signals(dashboard):
         for t in p["targets"]
     ]
     assert legends == ["{{replica}}"]
-    signals = [
-        t["legendFormat"]
+
+
+# A training-signal panel selects loss statistics (and the Trainer's step stats exported beside
+# them, adv_mean / adv_std) as (.+/)?name or (.+/)?(name|name...): the optional prefix is
+# CompositeLoss's "<term>/" (grpo with a KL term reports pg/clip_frac, kl/kl).
+SIGNAL_SELECTOR = re.compile(r'ludic_learner_train_signal\{signal=~"([^"]*)"\}')
+SIGNAL_REGEX = re.compile(r"\(\.\+/\)\?(?:\(([a-z_]+(?:\|[a-z_]+)*)\)|([a-z_]+))")
+
+
+def emitted_signals() -> tuple[set[str], set[str]]:
+    """(the stat keys of every loss a run can name plus the step stats the learner exports
+    as signals, ``STEP_SIGNALS``; the ``signal`` labels of every preset's loss with a KL
+    term), both without "loss" (it has its own gauge, services/learner)."""
+    from libludic.training.algorithm import ALGORITHMS
+    from libludic.training.components import LOSSES
+    from services.learner.metrics import STEP_SIGNALS
+
+    keys = {k for cls in LOSSES.values() if isinstance(cls.stat_keys, tuple) for k in cls.stat_keys}
+    # one label, one meaning: a step stat never shares its name with a loss stat
+    assert not keys & set(STEP_SIGNALS), keys & set(STEP_SIGNALS)
+    keys |= set(STEP_SIGNALS)
+    labels = set()
+    for name, make in ALGORITHMS.items():
+        if name != "custom":
+            kw = {"kl_coeff": 0.1} if "kl_coeff" in inspect.signature(make).parameters else {}
+            labels |= set(make(**kw).loss.stat_keys)
+    keys.discard("loss")
+    return keys, {k for k in labels if k.rsplit("/", 1)[-1] != "loss"}
+
+
+def test_dashboard_training_signal_panels_select_only_emitted_stats(dashboard):
+    """Every stat name a training-signal panel selects is one a loss emits, so a renamed stat
+    fails here, and each selector matches the preset losses' prefixed labels too."""
+    keys, labels = emitted_signals()
+    assert labels and {k.rsplit("/", 1)[-1] for k in labels} <= keys
+    panels = [
+        p
         for p in dashboard["panels"]
-        if p["title"] == "Training signals"
-        for t in p["targets"]
+        if any("ludic_learner_train_signal" in t["expr"] for t in p.get("targets", []))
     ]
-    assert signals == ["{{signal}}"]  # one line per loss statistic
+    assert len(panels) >= 6, [p["title"] for p in panels]
+    for p in panels:
+        for t in p["targets"]:
+            selectors = SIGNAL_SELECTOR.findall(t["expr"])
+            assert len(selectors) == 1, f"{p['title']}: select the stats by name: {t['expr']}"
+            m = SIGNAL_REGEX.fullmatch(selectors[0])
+            assert m, f"{p['title']}: {selectors[0]!r} is not (.+/)?name or (.+/)?(a|b)"
+            names = (m[1] or m[2]).split("|")
+            assert set(names) <= keys, f"{p['title']}: no loss emits {set(names) - keys}"
+            assert "{{signal}}" in t["legendFormat"], p["title"]
+            prefixed = {k for k in labels if k.rsplit("/", 1)[-1] in names}
+            for label in prefixed | set(names):
+                assert re.fullmatch(selectors[0], label), (p["title"], label)
+            for label in (labels - prefixed) | (keys - set(names)):
+                assert not re.fullmatch(selectors[0], label), (p["title"], label)
+
+
+def test_dashboard_signal_panels_show_entropy_weight_maxima_and_advantage_spread(dashboard):
+    """Issue #21 point 9: the exact entropy, the importance weights' means and maxima and the
+    batch's advantage mean and std each have their panel, under the names the code emits."""
+    from libludic.training.loss import OffPolicyCorrection, TokenClippedSurrogateLoss
+    from services.learner.metrics import STEP_SIGNALS
+
+    shown: dict[str, set[str]] = {}
+    for p in dashboard["panels"]:
+        for t in p.get("targets", []):
+            for selector in SIGNAL_SELECTOR.findall(t["expr"]):
+                m = SIGNAL_REGEX.fullmatch(selector)
+                assert m, selector
+                shown.setdefault(p["title"], set()).update((m[1] or m[2]).split("|"))
+    surrogate = set(TokenClippedSurrogateLoss.stat_keys)
+    weights = {k for k in surrogate | set(OffPolicyCorrection.stat_keys) if "weight" in k}
+    weights |= {k for k in surrogate if k.startswith("ratio_")}
+    assert shown["Entropy"] == {"entropy"} <= surrogate
+    assert shown["Importance weights (mean, max)"] == weights
+    assert weights == {"ratio_mean", "ratio_max", "mismatch_weight_mean", "mismatch_weight_max"}
+    assert shown["Advantages (mean, std)"] == set(STEP_SIGNALS) == {"adv_mean", "adv_std"}
+
+
+def test_dashboard_dynamic_sampling_panel_counts_the_credit_workers_drops(dashboard):
+    import services.credit.worker as credit
+
+    (panel,) = [p for p in dashboard["panels"] if p["title"] == "Dynamic-sampling drops"]
+    exprs = " ".join(t["expr"] for t in panel["targets"])
+    (family,) = credit.GROUPS.describe()
+    assert f"{family.name}_total{{" in exprs
+    (outcome,) = set(re.findall(r'outcome="([a-z_]+)"', exprs))
+    assert f'"{outcome}"' in inspect.getsource(credit.CreditWorker._process_group)
+
+
+def test_dashboard_panels_do_not_overlap(dashboard):
+    cells: dict[tuple[int, int], str] = {}
+    for p in dashboard["panels"]:
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, p["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{p['title']} overlaps {cells[(x, y)]}"
+                cells[(x, y)] = p["title"]
 
 
 def test_dashboard_uses_only_exported_metrics(dashboard):

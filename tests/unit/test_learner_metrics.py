@@ -71,3 +71,25 @@ def test_the_losss_statistics_are_exported_as_training_signals() -> None:
 
     assert signal("clip_frac") == 0.125 and signal("mismatch_logprob_gap") == 0.03
     assert signal("other") is None and signal("loss") is None  # only the loss's own keys
+
+
+def test_the_batchs_advantage_mean_and_std_are_exported_as_training_signals() -> None:
+    from libludic.training.loss import ReinforceBaselineLoss
+
+    stats = {
+        "step": 3.0,
+        "loss": 0.0,
+        "batch_items": 0.0,
+        "batch_wait_s": 0.0,
+        "step_wall_s": 1.0,
+        "adv_mean": 0.25,  # step stats (Trainer._weight_stats), not loss/<key>
+        "adv_std": 1.5,
+        "loss/entropy": 2.0,
+    }
+    M.export_step(stats, tuple(ReinforceBaselineLoss.stat_keys))
+
+    def signal(name: str) -> float | None:
+        return REGISTRY.get_sample_value("ludic_learner_train_signal", {"signal": name})
+
+    assert M.STEP_SIGNALS == ("adv_mean", "adv_std")
+    assert signal("adv_mean") == 0.25 and signal("adv_std") == 1.5 and signal("entropy") == 2.0

@@ -240,6 +240,58 @@ def test_stat_keys_fixed(loss_obj) -> None:
     assert tuple(sorted(stats)) == tuple(sorted(type(loss_obj).stat_keys))
 
 
+# ---------------------------------------------------------------------------------- entropy
+
+PG_LOSSES = [
+    L.ReinforceLoss(),
+    L.ReinforceBaselineLoss(),
+    L.TokenClippedSurrogateLoss(),
+    L.CISPOLoss(),
+    L.GSPOLoss(),
+]
+
+
+@pytest.mark.parametrize("loss_obj", PG_LOSSES, ids=lambda x: type(x).__name__)
+def test_every_policy_gradient_loss_reports_the_exact_entropy(loss_obj) -> None:
+    logits, batch = uniform_batch(ratio=(1.0, 1.0))
+    # zero logits: p = 1/V on every row, H = -sum_v (1/V) log(1/V) = log V = log 5 = 1.609
+    _, stats = loss_obj.compute(logits, batch)
+    assert "entropy" in type(loss_obj).stat_keys
+    assert float(stats["entropy"]) == pytest.approx(math.log(V), rel=1e-6)
+    assert not stats["entropy"].requires_grad
+
+
+def test_entropy_is_the_mean_over_action_tokens_only() -> None:
+    # one sequence, T = 4, actions at input positions 2 and 3: shifted-grid rows t = 1, 2
+    # (logits[:, t] predicts input_ids[:, t+1]). Row 1 uniform: H = log 5. Row 2 peaked,
+    # logits (ln 4, 0, 0, 0, 0): p = (4, 1, 1, 1, 1) / 8, H = -(1/2) ln(1/2) - 4 (1/8) ln(1/8)
+    # = (1/2) ln 2 + (3/2) ln 2 = 2 ln 2. Rows 0 and 3 (not actions) are one-hot-ish, H ~ 0,
+    # and must not count: mean = (ln 5 + 2 ln 2) / 2 = ln(20) / 2 = 1.498
+    logits = torch.zeros(1, 4, V)
+    logits[0, 0, 0] = logits[0, 3, 0] = 50.0
+    logits[0, 2, 0] = math.log(4)
+    mask = torch.tensor([[0.0, 1.0, 1.0]])
+    assert float(L.token_entropy(logits, mask)) == pytest.approx(math.log(20) / 2, rel=1e-6)
+    # no action tokens: 0, like the means
+    assert float(L.token_entropy(logits, torch.zeros(1, 3))) == 0.0
+
+
+@pytest.mark.parametrize("budget", [1, 7, 2 * 7 + 3, 10**6], ids=lambda b: f"elements{b}")
+def test_chunked_entropy_equals_the_unchunked_formula(budget) -> None:
+    """A budget of 1 element reads one row at a time (rows = max(1, 1 // V)); 2V+3 reads two
+    rows at a time with a short last chunk; 10**6 takes every row at once."""
+    torch.manual_seed(3)
+    logits = (3 * torch.randn(3, 6, 7)).requires_grad_()
+    mask = (torch.rand(3, 5) > 0.4).float()
+    assert 0 < mask.sum() < mask.numel()
+    # H_bt = -sum_v p log p on the full [B, T-1, V] grid, then the masked mean
+    lp = torch.log_softmax(logits.detach()[:, :-1], -1)
+    want = ((-(lp.exp() * lp).sum(-1)) * mask).sum() / mask.sum()
+    got = L.token_entropy(logits, mask, max_elements=budget)
+    assert_close(got, want)
+    assert not got.requires_grad
+
+
 def test_bad_aggregation_rejected() -> None:
     with pytest.raises(ValueError, match="aggregation"):
         L.ReinforceLoss(aggregation="mean")
@@ -559,3 +611,53 @@ def test_gspo_takes_the_off_policy_correction() -> None:
     assert float(stats["mismatch_capped_frac"]) == pytest.approx(2 / 3)
     assert set(stats) == set(L.GSPOLoss.stat_keys)
     assert L.GSPOLoss(off_policy=decoupled()).needs_prox_logprobs
+
+
+# ------------------------------------------------------------------------ importance-weight max
+
+
+@pytest.mark.parametrize("loss_cls", [L.TokenClippedSurrogateLoss, L.CISPOLoss])
+def test_ratio_max_is_the_largest_token_ratio(loss_cls) -> None:
+    # per-token ratios exp(logp - old): 1.5, 1.5 (seq0's 2 tokens), 0.25 (seq1's 1 token)
+    logits, batch = uniform_batch(weights=(1.0, -1.0), action_lens=(2, 1), ratio=(1.5, 0.25))
+    _, stats = loss_cls().compute(logits, batch)
+    assert float(stats["ratio_max"]) == pytest.approx(1.5, rel=1e-5)
+    # the mean for contrast: (1.5 + 1.5 + 0.25) / 3 = 1.0833
+    assert float(stats["ratio_mean"]) == pytest.approx(3.25 / 3, rel=1e-5)
+
+
+def test_gspo_ratio_max_is_the_largest_sequence_ratio() -> None:
+    logits, batch = gspo_batch([(4.0, 1.0), (1.5,)], weights=(1.0, 1.0))
+    _, stats = L.GSPOLoss().compute(logits, batch)
+    # s0 = exp((ln 4 + ln 1) / 2) = 2, s1 = 1.5: the max is s0 = 2, not the token ratio 4
+    assert float(stats["ratio_max"]) == pytest.approx(2.0, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "correction, want_max",
+    [
+        (None, 1.0),  # no correction: w = 1 on every token
+        ("tis", 2.0),  # w = min(rho, 2) = (2, 2, 0.5)
+        ("mis", 0.5),  # w = rho 1[rho <= 2] = (0, 0, 0.5)
+    ],
+)
+def test_mismatch_weight_max(correction, want_max) -> None:
+    # rho = 3 on seq0's 2 tokens, 0.5 on seq1's token (see uniform_batch)
+    logits, batch = uniform_batch(weights=(1.0, 1.0), action_lens=(2, 1), ratio=(3.0, 0.5))
+    _, stats = L.TokenClippedSurrogateLoss(off_policy=off(correction)).compute(logits, batch)
+    assert float(stats["mismatch_weight_max"]) == pytest.approx(want_max, rel=1e-5)
+
+
+def test_masked_max_skips_padding_and_is_zero_without_tokens() -> None:
+    x = torch.tensor([[0.5, 9.0, 2.0], [3.0, 1.0, 7.0]])
+    m = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 0.0]])
+    # the action values are 0.5, 2, 3, 1: max 3 (9 and 7 are off the mask)
+    assert float(L.masked_max(x, m)) == 3.0
+    assert float(L.masked_max(x, torch.zeros_like(m))) == 0.0
+    # a [B, 1] per-sequence value is broadcast over the tokens: seq1's 4.0 has no tokens
+    assert float(L.masked_max(torch.tensor([[2.5], [4.0]]), torch.tensor([[1.0], [0.0]]))) == 2.5
+
+
+def test_the_combine_rule_is_max_for_max_keys_only() -> None:
+    assert L.is_max_stat("ratio_max") and L.is_max_stat("pg/mismatch_weight_max")
+    assert not L.is_max_stat("ratio_mean") and not L.is_max_stat("entropy")

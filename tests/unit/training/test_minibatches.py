@@ -160,6 +160,17 @@ def test_stats_of_minibatches_combine_by_their_kind() -> None:
     )
 
 
+def test_max_stats_of_minibatches_combine_with_max() -> None:
+    parts = [
+        {"num_action_tokens": 10.0, "loss/ratio_max": 1.5, "loss/pg/ratio_max": 1.5},
+        {"num_action_tokens": 30.0, "loss/ratio_max": 4.0, "loss/pg/ratio_max": 0.5},
+    ]
+    out = combine_minibatch_stats(parts)
+    # max(1.5, 4.0) = 4 and max(1.5, 0.5) = 1.5, where the token-weighted mean would give
+    # (10 * 1.5 + 30 * 4) / 40 = 3.375 and (10 * 1.5 + 30 * 0.5) / 40 = 0.75
+    assert out["loss/ratio_max"] == 4.0 and out["loss/pg/ratio_max"] == 1.5
+
+
 def test_gradient_checkpointing_gives_the_same_gradient(base_model) -> None:
     """Recomputing activations in the backward changes memory, not numbers."""
     algo = RLAlgorithm("t", ConstantCredit(), ReinforceLoss())

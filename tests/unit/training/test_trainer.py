@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -144,10 +145,17 @@ def test_micro_batched_gradient_equals_full_batch(base_model, loss, items_fn) ->
     assert s_micro["loss"] == pytest.approx(s_full["loss"], rel=1e-5, abs=1e-6)
     for (n, p), q in zip(full.model.named_parameters(), micro.model.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=n)
+    # every loss stat combined over micro-batches is the full batch's: the token-weighted mean
+    # of per-token means (entropy, ratio_mean, ...), the max of maxima (ratio_max, ...)
+    loss_keys = {k for k in s_full if k.startswith("loss/")}
+    assert (
+        loss_keys
+        == {f"loss/{k}" for k in loss.stat_keys if k != "loss"}
+        == {k for k in s_micro if k.startswith("loss/")}
+    )
+    for k in loss_keys:
+        assert s_micro[k] == pytest.approx(s_full[k], rel=1e-4, abs=1e-6), k
     if items_fn is off_policy_items:
-        # per-token means: the token-weighted mean over micro-batches is the full batch's
-        for k in OffPolicyCorrection.stat_keys:
-            assert s_micro[f"loss/{k}"] == pytest.approx(s_full[f"loss/{k}"], rel=1e-4), k
         if loss.off_policy.mismatch_correction or loss.off_policy.behav_imp_weight_cap:
             # the correction does something on these items: some tokens are capped, not all
             assert 0.0 < s_full["loss/mismatch_capped_frac"] < 1.0
@@ -266,6 +274,64 @@ async def test_all_stale_batch_makes_no_update(base_model) -> None:
     stats = await tr.train_step()
     assert stats["num_items"] == 0 and stats["stale_dropped"] == 1
     assert all(torch.equal(a, b) for a, b in zip(before, tr.model.parameters(), strict=True))
+
+
+class StatLoss:
+    """Zero loss whose stats are the credit weight's mean over a micro-batch's action tokens
+    and its max: shows how the Trainer combines the micro-batches' stats."""
+
+    needs_actor_logprobs = False
+    stat_keys = ("loss", "w_mean", "w_max")
+
+    def compute(self, logits, batch):
+        m = L.token_mask(batch, logits.dtype)
+        w = batch["weight"].to(logits.dtype).unsqueeze(-1)  # [B, 1]
+        loss = (logits * 0.0).sum()
+        return loss, {
+            "loss": loss.detach(),
+            "w_mean": L.masked_mean(w.expand_as(m), m),
+            "w_max": L.masked_max(w, m),
+        }
+
+
+def test_micro_batch_stats_combine_by_token_weighted_mean_and_max_keys_by_max(base_model) -> None:
+    # 5 tokens per item, 5 padded tokens per micro-batch: one item in each of 2 micro-batches;
+    # weight 3 on 3 action tokens, weight -1 on 1 action token
+    items = [make_item(2, 3, weight=3.0, seed=0), make_item(4, 1, weight=-1.0, seed=1)]
+    tr = Trainer(
+        model=copy.deepcopy(base_model),
+        algo=RLAlgorithm("t", ConstantCredit(), StatLoss()),
+        batch_source=ListBatchSource([]),
+        cfg=cpu_cfg(micro_token_budget=5),
+    )
+    st = tr.accumulate_gradients(items)
+    assert st["num_micro_batches"] == 2 and st["num_action_tokens"] == 4
+    # w_mean: token-weighted (3 * 3 + 1 * -1) / 4 = 2, the mean over the batch's 4 tokens
+    assert st["loss/w_mean"] == pytest.approx(2.0)
+    # w_max: max(3, -1) = 3; the token-weighted mean of the two maxima would be 2
+    assert st["loss/w_max"] == 3.0
+
+
+async def test_adv_mean_and_std_are_the_batchs_weight_mean_and_population_std(base_model) -> None:
+    from services.learner.metrics import STEP_SIGNALS
+
+    four = [make_item(3, 2, weight=w, seed=i) for i, w in enumerate((1.0, 2.0, 3.0, 6.0))]
+    tr = Trainer(
+        model=copy.deepcopy(base_model),
+        algo=RLAlgorithm("t", ConstantCredit(), ReinforceLoss()),
+        batch_source=ListBatchSource([four, [make_item(3, 2, weight=-0.5, seed=9)]]),
+        cfg=cpu_cfg(micro_token_budget=10),  # 2 items (5 tokens each) per micro-batch
+    )
+    st = await tr.train_step()
+    assert st["num_micro_batches"] == 2
+    # one value per item, whatever the micro-batches: mean (1 + 2 + 3 + 6) / 4 = 3;
+    # deviations -2, -1, 0, 3: population variance (4 + 1 + 0 + 9) / 4 = 3.5, std 1.871
+    assert st["adv_mean"] == pytest.approx(3.0)
+    assert st["adv_std"] == pytest.approx(math.sqrt(3.5))
+    assert set(STEP_SIGNALS) <= set(st)  # what the learner exports as train signals
+    st = await tr.train_step()
+    # one item: the mean is its weight -0.5, the std 0
+    assert st["adv_mean"] == -0.5 and st["adv_std"] == 0.0
 
 
 async def test_a_non_finite_gradient_skips_the_update_and_training_goes_on(base_model) -> None:
