@@ -67,7 +67,11 @@ class ActorSettings:
         default_factory=lambda: ["http://127.0.0.1:8000"],
         metadata={"help": "comma-separated inference base URLs (round-robin)"},
     )
-    api_key: str | None = field(default=None, metadata={"help": "bearer token for inference"})
+    api_key: str | None = field(
+        default=None,
+        repr=False,
+        metadata={"help": "bearer token for inference", "env_only": "set LUDIC_API_KEY"},
+    )
     max_head_offpolicyness: int | None = field(
         default=staleness.DEFAULT_MAX_HEAD_OFFPOLICYNESS,
         metadata={

@@ -10,7 +10,15 @@ Precedence (later wins): dataclass defaults < YAML file < environment < command-
 * Flags: ``--foo-bar VALUE`` (booleans: ``--foo-bar`` / ``--no-foo-bar``).
 
 Lists come from YAML lists or comma-separated strings; dicts from YAML maps or JSON.
-Each field's help text is ``field(metadata={"help": ...})``.
+``--help`` shows every field's default and environment variable. Field metadata
+(``field(metadata={...})``): ``help`` (its help text); ``flags`` (more spellings of its flag,
+e.g. ``("--model",)``); ``repeat`` (the flag may be given several times, one list item each);
+``words`` (a list given as one string splits on whitespace, as on a command line, not on
+commas); ``env_only`` (a secret, read from its ``LUDIC_*`` variable only: no flag, as a
+command line is visible to every user, and a YAML key naming it, as a file may be committed,
+is an error whose text is this value, where to set it). A class attribute ``RETIRED_ENV``
+({variable: what replaces it}) makes a start with a variable the service no longer reads an
+error naming the fix.
 
 The algorithm is configured once, in the top-level ``algorithm:`` section
 (``{name, group_size, kwargs}``, libludic.training.algorithm.AlgorithmSpec), read by feeder
@@ -41,6 +49,14 @@ ENV_PREFIX = "LUDIC_"
 _TRUE = {"1", "true", "yes", "on", "y"}
 _FALSE = {"0", "false", "no", "off", "n", ""}
 _SECRET_WORDS = ("token", "password", "secret", "api_key")
+
+
+def _is_secret(name: str) -> bool:
+    """A setting named like a secret (``auth_token``, ``api_key``; not ``micro_token_budget``)."""
+    name = name.lower()
+    if name.endswith("_budget"):
+        return False
+    return any(w in name.split("_") or name.endswith(w) for w in _SECRET_WORDS)
 
 
 def _base_type(tp: Any) -> tuple[Any, bool]:
@@ -112,8 +128,7 @@ def _default_text(f: dataclasses.Field[Any]) -> str:
         value = f.default_factory()
     else:
         return "required"
-    words = f.name.lower().split("_")
-    if value and any(w in words for w in _SECRET_WORDS):
+    if value and _is_secret(f.name):
         return "***"
     return json.dumps(value, default=str).replace("%", "%%")
 
@@ -134,23 +149,40 @@ def load_settings(
     env = os.environ if environ is None else environ
     hints = typing.get_type_hints(cls)
     fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
-    parser = argparse.ArgumentParser(prog=f"ludic {service}", description=description)
+    env_only = [f for f in fields if "env_only" in f.metadata]
+    epilog = "environment only (never a flag or a YAML key): " + "; ".join(
+        f"{ENV_PREFIX}{f.name.upper()}: {f.metadata.get('help', '')} [default {_default_text(f)}]"
+        for f in env_only
+    )
+    parser = argparse.ArgumentParser(
+        prog=f"ludic {service}",
+        description=description,
+        epilog=epilog if env_only else None,
+        allow_abbrev=False,  # a misspelt flag is an error, never another flag's prefix
+    )
     parser.add_argument("--config", default=None, help="YAML file (default: $LUDIC_CONFIG)")
     for f in fields:
+        if f in env_only:
+            continue
         help_ = f.metadata.get("help", "")
         env_name = ENV_PREFIX + f.name.upper()
         base, _ = _base_type(hints[f.name])
         shown = f"default {_default_text(f)}; env {env_name}"
+        flags = [_flag(f.name), *f.metadata.get("flags", ())]
         if base is bool:
             parser.add_argument(
-                _flag(f.name),
+                *flags,
                 dest=f.name,
                 action=argparse.BooleanOptionalAction,
                 default=None,
                 help=f"{help_} [{shown}]",
             )
+        elif f.metadata.get("repeat"):
+            parser.add_argument(
+                *flags, dest=f.name, action="append", default=None, help=f"{help_} [{shown}]"
+            )
         else:
-            parser.add_argument(_flag(f.name), dest=f.name, default=None, help=f"{help_} [{shown}]")
+            parser.add_argument(*flags, dest=f.name, default=None, help=f"{help_} [{shown}]")
     args = parser.parse_args(list(argv or []))
 
     values: dict[str, Any] = {}
@@ -164,22 +196,35 @@ def load_settings(
                     f"{var}={env[var]!r} is no longer read: move it to the top-level algorithm: "
                     f"section as algorithm.{key} (or LUDIC_ALGORITHM='{{\"{key}\": ...}}' as JSON)"
                 )
+    for var, fix in getattr(cls, "RETIRED_ENV", {}).items():
+        if var in env:
+            raise ValueError(f"{var} is set but no longer read: {fix}")
     if cfg_path:
         values.update(read_yaml_section(cfg_path, service, names))
         origin.update(dict.fromkeys(values, _YAML))
+        for f in env_only:
+            if f.name in values:
+                raise ValueError(
+                    f"config file {cfg_path}: {f.name} is a secret and is never read from a "
+                    f"config file: {f.metadata['env_only']}"
+                )
     for f in fields:
         raw = env.get(ENV_PREFIX + f.name.upper())
         if raw is not None:
             values[f.name] = raw
             origin[f.name] = _ENV
     for f in fields:
-        v = getattr(args, f.name)
+        v = getattr(args, f.name, None)
         if v is not None:
             values[f.name] = v
             origin[f.name] = _FLAG
     if "config_path" in names and cfg_path and "config_path" not in values:
         values["config_path"] = cfg_path
-    out = {k: coerce(k, hints[k], v) for k, v in values.items()}
+    words = {f.name for f in fields if f.metadata.get("words")}
+    out = {
+        k: coerce(k, hints[k], v.split() if k in words and isinstance(v, str) else v)
+        for k, v in values.items()
+    }
     _resolve_nested(cls, out, origin)
     return cls(**out)
 
@@ -363,12 +408,7 @@ def redacted(settings: Any) -> dict[str, Any]:
     password, secret, api_key) and the password of every URL (a Redis URL carries one)."""
     d = dataclasses.asdict(settings)
     for k in list(d):
-        words = k.lower().split("_")
-        if (
-            any(w in words or k.lower().endswith(w) for w in _SECRET_WORDS)
-            and d[k]
-            and not k.endswith("_budget")
-        ):
+        if d[k] and _is_secret(k):
             d[k] = "***"
         else:
             d[k] = _redact_values(d[k])

@@ -1,8 +1,9 @@
 """One service skeleton, shared by inference, actor, credit, feeder, eval and learner:
 
-    service_main   settings (flags > LUDIC_* env > YAML section > defaults, or the service's
-                   own ``load``) -> logging -> the resolved settings logged once ->
-                   SIGTERM/SIGINT set ``stop`` -> ``run(settings, stop)`` -> exit code
+    service_main   settings (flags > LUDIC_* env > YAML section > defaults: the one loader,
+                   services.common.settings.load_settings) -> logging -> the resolved
+                   settings logged once -> SIGTERM/SIGINT set ``stop`` ->
+                   ``run(settings, stop)`` -> exit code
     serving        the Redis connection (transport.connect: the one retry/backoff policy)
                    and the /metrics + /health endpoint, opened together and closed together
 
@@ -80,22 +81,17 @@ def service_main(
     fatal: tuple[type[BaseException], ...] = (),
     cleanup: Callable[[], None] | None = None,
     log_config: bool = True,
-    load: Callable[[Sequence[str] | None], S] | None = None,
 ) -> int:
     """The ``main()`` of a service: ``run(settings, stop=stop)`` until SIGTERM/SIGINT; exit 0.
     An exception of a ``fatal`` type is logged and exits 1 (a restart policy's cue); a
     settings error (``ValueError``, or ``OSError`` for an unreadable file) is printed as one
     line and exits 2; ``cleanup`` runs on every exit; ``log_config`` False skips logging the
-    settings (ranks > 0); ``load(argv)`` replaces the shared settings loader (inference keeps
-    vLLM-style flags)."""
+    settings (ranks > 0)."""
     log = logging.getLogger(f"ludic.{service}")
     keep_secrets_in()
     argv = sys.argv[1:] if argv is None else list(argv)  # ``python -m services.X.main --flag``
     try:
-        if load is not None:
-            settings = load(argv)
-        else:
-            settings = load_settings(settings_cls, argv, service=service, description=description)
+        settings = load_settings(settings_cls, argv, service=service, description=description)
     except (ValueError, OSError) as e:
         print(f"ludic {service}: {e}", file=sys.stderr)
         return 2

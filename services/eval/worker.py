@@ -47,7 +47,11 @@ class EvalSettings:
         default_factory=lambda: ["http://127.0.0.1:8000"],
         metadata={"help": "inference base URLs; the first one is evaluated"},
     )
-    api_key: str | None = field(default=None, metadata={"help": "bearer token for inference"})
+    api_key: str | None = field(
+        default=None,
+        repr=False,
+        metadata={"help": "bearer token for inference", "env_only": "set LUDIC_API_KEY"},
+    )
     env: dict[str, Any] | None = field(
         default=None, metadata={"help": "held-out env {kind, kwargs} (default: up.eval_env)"}
     )

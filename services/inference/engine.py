@@ -249,7 +249,7 @@ class LudicEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         argv = [
-            "--model", settings.model,
+            "--model", settings.model_dir,
             "--worker-extension-cls", WORKER_EXTENSION,
             "--dtype", settings.dtype,
             "--logprobs-mode", settings.logprobs_mode,
@@ -278,7 +278,7 @@ class LudicEngine:
             await init_app_state(llm, state, args, await llm.get_supported_tasks())
             served_dtype = llm.model_config.dtype  # resolved to a torch.dtype by vLLM
             assert isinstance(served_dtype, torch.dtype), served_dtype
-            spec = ParamSpec.from_model_dir(settings.model, served_dtype=served_dtype)
+            spec = ParamSpec.from_model_dir(settings.model_dir, served_dtype=served_dtype)
             if needs_warmup(current_platform.is_cpu(), served_dtype):
                 mc = llm.model_config
                 await warm_up(llm, mc.get_vocab_size(), mc.max_model_len)

@@ -1,7 +1,8 @@
-"""Entry point: ``ludic inference --model DIR --port P`` / ``python -m services.inference.main``.
+"""Entry point: ``ludic inference --model-dir DIR`` / ``python -m services.inference.main``.
 
-On the shared service skeleton (``services.common.skeleton.service_main``), with the
-inference settings loader (vLLM-style flags, ``LUDIC_INFERENCE_CONFIG``, token files).
+On the shared service skeleton (``services.common.skeleton.service_main``) and its settings
+loader: the ``inference:`` section of the run config (``--config`` / ``LUDIC_CONFIG``), then
+``LUDIC_*`` environment, then flags (``ludic inference --help`` lists them with defaults).
 Order: resolve settings (bad config -> exit 2 with one line), bind the API port, start vLLM
 (failure -> exit 1 with one line), serve HTTP. A stop signal during vLLM's start-up (which
 blocks the event loop) aborts it and exits 0. While serving, ``stop`` (SIGTERM/SIGINT) makes
@@ -22,7 +23,7 @@ import socket
 
 from services.common.lifecycle import abort_on_stop_signals
 from services.common.skeleton import service_main
-from services.inference.settings import InferenceSettings, load_settings
+from services.inference.settings import InferenceSettings
 
 log = logging.getLogger("ludic.inference")
 
@@ -150,7 +151,6 @@ def main(argv: list[str] | None = None) -> int:
         run,
         argv,
         description="vLLM inference service with versioned in-place weight updates",
-        load=load_settings,
         started=_process_env,
         fatal=(InferenceFailed,),
     )

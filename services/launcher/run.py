@@ -204,33 +204,21 @@ class Run:
         ip = stack.free_port()
         self.inference_url = f"http://127.0.0.1:{ip}"
         self.metrics["inference"] = f"{self.inference_url}/metrics"
-        self.start(
-            ServiceSpec(
-                "inference",
-                LUDIC
-                + [
-                    "inference",
-                    "--model",
-                    str(model_dir),
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(ip),
-                ],
-                env=self.env(LUDIC_AUTH_TOKEN=self.token, **self.inference_config()),
-                health_url=f"{self.inference_url}/health",
-                # a restarted server serves the starting weights as version 0: actors' admission
-                # holds generation until the learner, idle for items, republishes its version
-                restart=True,
-            )
-        )
+        self.start(self.inference_spec(model_dir, ip))
         self.sup.wait_healthy("inference", self.s.startup_timeout_s)
 
-    def inference_config(self) -> dict[str, str]:
-        """`ludic inference` reads its YAML from LUDIC_INFERENCE_CONFIG, not LUDIC_CONFIG (and
-        a file without an ``inference:`` section as a whole), so pass it only with one."""
-        return (
-            {"LUDIC_INFERENCE_CONFIG": str(self.s.config_path)} if "inference" in self.cfg else {}
+    def inference_spec(self, model_dir: Path, port: int) -> ServiceSpec:
+        """`ludic inference` on ``port``; like every service it reads the run config's
+        ``inference:`` section from LUDIC_CONFIG (``self.env``)."""
+        host = ["--host", "127.0.0.1", "--port", str(port)]
+        return ServiceSpec(
+            "inference",
+            LUDIC + ["inference", "--model-dir", str(model_dir), *host],
+            env=self.env(LUDIC_AUTH_TOKEN=self.token),
+            health_url=f"http://127.0.0.1:{port}/health",
+            # a restarted server serves the starting weights as version 0: actors' admission
+            # holds generation until the learner, idle for items, republishes its version
+            restart=True,
         )
 
     def eval_snapshots(self, model_dir: Path) -> None:

@@ -90,7 +90,15 @@ class LearnerSettings:
             "(empty: publishing off)"
         },
     )
-    auth_token: str | None = field(default=None, metadata={"help": "bearer token for /v1/weights"})
+    auth_token: str | None = field(
+        default=None,
+        repr=False,
+        metadata={
+            "help": "bearer token for /v1/weights",
+            "env_only": "set LUDIC_AUTH_TOKEN, or name a file holding it with "
+            "auth_token_file (--auth-token-file)",
+        },
+    )
     auth_token_file: str | None = field(default=None, metadata={"help": "file holding the token"})
     publish_plane: str = field(default="http", metadata={"help": "http | collective"})
     publish_dtype: str = field(

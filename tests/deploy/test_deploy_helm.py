@@ -802,7 +802,7 @@ def test_omp_threads_come_from_values_once():
 def test_every_service_mounts_the_run_config_it_is_pointed_at():
     docs = rendered("default")
     for kind, comp, var in (
-        ("Deployment", "inference", "LUDIC_INFERENCE_CONFIG"),
+        ("Deployment", "inference", "LUDIC_CONFIG"),
         ("Deployment", "actor", "LUDIC_CONFIG"),
         ("Deployment", "credit", "LUDIC_CONFIG"),
         ("StatefulSet", "learner", "LUDIC_CONFIG"),
@@ -817,9 +817,9 @@ def test_every_service_mounts_the_run_config_it_is_pointed_at():
         assert mounts["config"] == "/etc/ludic", comp
         volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
         assert volumes["config"]["configMap"]["name"] == "rl-ludic-config", comp
+    assert "LUDIC_INFERENCE_CONFIG" not in str(docs)  # retired: inference would refuse to start
     (cm,) = by_kind(docs, "ConfigMap")
-    # inference reads a file without an inference: section as its own settings
-    assert "inference" in yaml.safe_load(cm["data"]["config.yaml"])
+    assert "inference" in yaml.safe_load(cm["data"]["config.yaml"])  # its section, to fill in
 
 
 def test_cpu_inference_sets_the_vllm_kv_cache_once():

@@ -6,6 +6,7 @@ No vLLM: the app is built around a fake engine that records swaps.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import struct
 from pathlib import Path
@@ -16,9 +17,10 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import save, save_file
 
+from services.common.settings import load_settings
 from services.inference.app import create_app
 from services.inference.metrics import InferenceMetrics
-from services.inference.settings import InferenceSettings, SettingsError, load_settings
+from services.inference.settings import InferenceSettings, SettingsError
 from services.inference.validation import (
     ParamSpec,
     WeightValidationError,
@@ -28,6 +30,7 @@ from services.inference.validation import (
     parse_safetensors_header,
 )
 
+REPO = Path(__file__).resolve().parents[2]
 SHAPES = {
     "model.embed_tokens.weight": (10, 4),
     "model.norm.weight": (4,),
@@ -157,34 +160,123 @@ def test_partial_updates_are_completed_per_module(spec: ParamSpec) -> None:
 # ---------------------------------------------------------------------------- settings
 
 
+def load(argv: list[str], env: dict[str, str]) -> InferenceSettings:
+    """`ludic inference`'s loader: the one every service uses."""
+    return load_settings(InferenceSettings, argv, service="inference", environ=env)
+
+
 def test_settings_precedence_flags_over_env_over_yaml(model_dir: Path, tmp_path: Path) -> None:
-    cfg = tmp_path / "inf.yaml"
-    cfg.write_text(f"model: {model_dir}\nport: 7001\nmax_model_len: 64\n")
-    env = {"LUDIC_PORT": "7002", "LUDIC_AUTH_TOKEN": "tok"}
-    s = load_settings(["--config", str(cfg), "--max-model-len", "128"], env)
-    assert (s.port, s.max_model_len, s.auth_token) == (7002, 128, "tok")
-    assert s.public_dict()["auth_token"] == "<set>"
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(
+        f"run_id: r\ninference:\n  model_dir: {model_dir}\n  port: 7001\n  max_model_len: 64\n"
+        "  seed: 3\nlearner:\n  batch_size: 8\n"
+    )
+    env = {"LUDIC_CONFIG": str(cfg), "LUDIC_PORT": "7002", "LUDIC_AUTH_TOKEN": "tok"}
+    s = load(["--max-model-len", "128"], env)
+    # seed from YAML; port from the environment over YAML; max_model_len from the flag
+    assert (s.model_dir, s.seed, s.port, s.max_model_len) == (str(model_dir), 3, 7002, 128)
+    assert s.auth_token == "tok" and s.public_dict()["auth_token"] == "<set>"
+
+
+def test_model_dir_has_one_name_and_vllms_flag_as_an_alias(model_dir: Path) -> None:
+    for argv, env in (
+        (["--model-dir", str(model_dir)], {}),
+        (["--model", str(model_dir)], {}),
+        ([], {"LUDIC_MODEL_DIR": str(model_dir)}),
+    ):
+        assert load(argv, env).model_dir == str(model_dir)
+
+
+def test_vllm_args_repeat_as_flags_and_split_on_whitespace_from_env_and_yaml(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    flags = ["--vllm-arg=--max-num-seqs=4", "--vllm-arg=--enable-prefix-caching"]
+    s = load(["--model-dir", str(model_dir), *flags], {})
+    assert s.vllm_args == ["--max-num-seqs=4", "--enable-prefix-caching"]
+    env = {"LUDIC_MODEL_DIR": str(model_dir), "LUDIC_VLLM_ARGS": "--max-num-seqs 4 --x=a,b"}
+    assert load([], env).vllm_args == ["--max-num-seqs", "4", "--x=a,b"]  # not split on ","
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text('inference:\n  vllm_args: "--max-num-seqs 4"\n')
+    env = {"LUDIC_MODEL_DIR": str(model_dir), "LUDIC_CONFIG": str(cfg)}
+    assert load([], env).vllm_args == ["--max-num-seqs", "4"]
+
+
+def test_auth_token_comes_from_the_environment_or_a_file_never_the_yaml(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    base = {"LUDIC_MODEL_DIR": str(model_dir)}
+    assert load(["--auth-token-file", str(token)], base).auth_token == "s3cret"
+    assert load([], {**base, "LUDIC_AUTH_TOKEN_FILE": str(token)}).auth_token == "s3cret"
+    with pytest.raises(SettingsError, match="both give a token, and they differ"):
+        load(["--auth-token-file", str(token)], {**base, "LUDIC_AUTH_TOKEN": "other"})
+    with pytest.raises(SystemExit):
+        load(["--help"], base)
+    help_ = capsys.readouterr().out
+    assert "--auth-token-file" in help_ and "--auth-token " not in help_  # a command line is public
+    assert "LUDIC_AUTH_TOKEN:" in help_  # listed with the environment-only settings
+    for text in ("inference:\n  auth_token: s3cret\n", "auth_token: s3cret\n"):
+        cfg = tmp_path / "run.yaml"
+        cfg.write_text(text)
+        with pytest.raises(ValueError, match="never read from a config file.*auth_token_file"):
+            load([], {**base, "LUDIC_CONFIG": str(cfg)})
 
 
 @pytest.mark.parametrize(
     "argv, env, match",
     [
-        ([], {}, "no model"),
+        ([], {}, "no model: pass --model-dir"),
         (["--model", "/nope"], {}, "does not exist"),
         ([], {"LUDIC_MODEL_DIR": "/nope"}, "does not exist"),
-        (["--auth-token-file", "/nope/token"], {"LUDIC_MODEL_DIR": "."}, "cannot read auth token"),
+        (["--auth-token-file", "/nope/token"], {"LUDIC_MODEL_DIR": "MODEL"}, "cannot read auth"),
     ],
 )
-def test_settings_errors_name_the_fix(argv: list[str], env: dict[str, str], match: str) -> None:
+def test_settings_errors_name_the_fix(
+    model_dir: Path, argv: list[str], env: dict[str, str], match: str
+) -> None:
+    env = {k: v.replace("MODEL", str(model_dir)) for k, v in env.items()}
     with pytest.raises(SettingsError, match=match):
-        load_settings(argv, env)
+        load(argv, env)
 
 
-def test_yaml_unknown_key_is_rejected(model_dir: Path, tmp_path: Path) -> None:
-    cfg = tmp_path / "inf.yaml"
-    cfg.write_text(f"model: {model_dir}\nportt: 1\n")
-    with pytest.raises(SettingsError, match="unknown key"):
-        load_settings(["--config", str(cfg)], {})
+def test_yaml_unknown_key_in_the_inference_section_is_rejected(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"inference:\n  model_dir: {model_dir}\n  portt: 1\n")
+    with pytest.raises(ValueError, match="unknown key.*portt.*'inference'"):
+        load([], {"LUDIC_CONFIG": str(cfg)})
+
+
+def test_the_retired_inference_config_variable_is_an_error_naming_ludic_config(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    env = {"LUDIC_MODEL_DIR": str(model_dir), "LUDIC_INFERENCE_CONFIG": str(tmp_path / "x.yaml")}
+    retired = "LUDIC_INFERENCE_CONFIG is set but no longer read: set LUDIC_CONFIG"
+    with pytest.raises(ValueError, match=retired):
+        load([], env)
+
+
+@pytest.mark.parametrize(
+    "config", sorted(p.relative_to(REPO).as_posix() for p in REPO.glob("examples/**/*.yaml"))
+)
+def test_shipped_run_configs_reach_inference_only_through_its_section(
+    model_dir: Path, config: str
+) -> None:
+    """Top-level keys naming a field apply to every service; none of a shipped run config's
+    top-level keys may name an inference setting by accident (compose and the chart mount
+    examples/arith/grpo.yaml's kind of file)."""
+    import yaml
+
+    data = yaml.safe_load((REPO / config).read_text())
+    s = load([], {"LUDIC_MODEL_DIR": str(model_dir), "LUDIC_CONFIG": str(REPO / config)})
+    changed = {
+        f.name: getattr(s, f.name)
+        for f in dataclasses.fields(InferenceSettings)
+        if getattr(s, f.name) != getattr(InferenceSettings(model_dir=str(model_dir)), f.name)
+    }
+    assert changed == (data.get("inference") or {})
 
 
 # ---------------------------------------------------------------------------- app rules (fake engine)
@@ -213,7 +305,7 @@ class FakeEngine:
 
 def client(model_dir: Path, spec: ParamSpec, **kw: Any) -> tuple[TestClient, FakeEngine]:
     eng = FakeEngine(spec)
-    settings = InferenceSettings(model=str(model_dir), **kw)
+    settings = InferenceSettings(model_dir=str(model_dir), **kw)
     return TestClient(create_app(settings, engine=eng)), eng
 
 
@@ -404,7 +496,7 @@ async def test_a_failed_reload_rolls_back_or_stops_the_server(
     staging = tmp_path / "staging"
     staging.mkdir()
     settings = InferenceSettings(
-        model=str(model_dir), update_mode=mode, weight_staging_dir=str(staging)
+        model_dir=str(model_dir), update_mode=mode, weight_staging_dir=str(staging)
     )
     llm = FlakyLlm(fail)
     e = LudicEngine(settings, llm, None, spec, InferenceMetrics())

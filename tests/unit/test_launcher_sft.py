@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 
 import torch
+import yaml
 from safetensors.torch import load_file
 
+from services.common.settings import load_settings
+from services.inference.settings import InferenceSettings
 from services.launcher.config import UpSettings
 from services.launcher.main import Run, prepare_model
 
@@ -27,11 +30,17 @@ def test_sft_seed_and_schedule_reach_the_warm_start(tiny_model_dir, tmp_path) ->
     assert args["seed"] == 0 and args["lr_schedule"] == "linear"
 
 
-def test_inference_gets_the_inference_section_of_the_run_config(tmp_path) -> None:
+def test_inference_gets_the_inference_section_of_the_run_config(tiny_model_dir, tmp_path) -> None:
+    """The launcher starts `ludic inference` with LUDIC_CONFIG, as every service: its
+    ``inference:`` section applies, the other sections do not."""
+    cfg = {"run_id": "r", "inference": {"max_model_len": 96}, "learner": {"batch_size": 8}}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
     s = UpSettings(runs_dir=str(tmp_path), config_path=str(tmp_path / "run.yaml"))
-    # `ludic inference` reads LUDIC_INFERENCE_CONFIG (its `inference:` section, or the whole
-    # file when there is none, which would then fail on the other sections' keys)
-    assert Run(s, {"inference": {"dtype": "float32"}}).inference_config() == {
-        "LUDIC_INFERENCE_CONFIG": str(tmp_path / "run.yaml")
-    }
-    assert Run(s, {"learner": {}}).inference_config() == {}
+    run = Run(s, cfg)
+    run.redis_url = "redis://127.0.0.1:1/0"
+    spec = run.inference_spec(tiny_model_dir, 8123)
+    assert "LUDIC_INFERENCE_CONFIG" not in spec.env
+    argv = spec.argv[spec.argv.index("inference") + 1 :]
+    got = load_settings(InferenceSettings, argv, service="inference", environ=spec.env)
+    assert (got.model_dir, got.port, got.max_model_len) == (str(tiny_model_dir), 8123, 96)
+    assert got.auth_token == run.token

@@ -83,20 +83,14 @@ def test_bad_settings_exit_2_with_one_line(
         assert len(err) == 1 and err[0].startswith("ludic t: ") and needle in err[0], err
 
 
-def test_a_service_loader_replaces_the_shared_one_and_argv_defaults_to_sys_argv(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_argv_defaults_to_sys_argv(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LUDIC_WORKERS", raising=False)
     seen: list[object] = []
     kw = dict(description="t", finished=seen.append)
-
-    def load(argv: object) -> Checked:
-        return Checked(workers=int(argv[-1]) * 10)  # type: ignore[index]
-
-    assert service_main("t", Checked, report, ["3"], load=load, **kw) == 0  # type: ignore[arg-type]
+    assert service_main("t", Checked, report, ["--workers", "3"], **kw) == 0  # type: ignore[arg-type]
     monkeypatch.setattr(sys, "argv", ["prog", "--workers", "4"])  # python -m services.X.main
     assert service_main("t", Checked, report, None, **kw) == 0  # type: ignore[arg-type]
-    assert seen == [30, 4]
+    assert seen == [3, 4]
 
 
 BLOCKING_START = """

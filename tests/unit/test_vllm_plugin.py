@@ -84,13 +84,13 @@ def test_inference_sets_no_spin_on_cpu_and_leaves_gpus_alone(tmp_path: object) -
     from libludic.models.tiny import init_model
 
     model = init_model(tmp_path / "m", size="tiny")  # type: ignore[operator]
-    s = InferenceSettings(model=str(model))
+    s = InferenceSettings(model_dir=str(model))
     assert idle_wait_env(s, is_cpu=True) == {
         vllm_plugin.SPIN_ENV: "0.0",
         vllm_plugin.POLL_ENV: "20",
     }
     assert idle_wait_env(s, is_cpu=False) == {}
-    s = InferenceSettings(model=str(model), engine_idle_spin_s=0.5, engine_idle_poll_ms=5)
+    s = InferenceSettings(model_dir=str(model), engine_idle_spin_s=0.5, engine_idle_poll_ms=5)
     assert idle_wait_env(s, is_cpu=False) == {
         vllm_plugin.SPIN_ENV: "0.5",
         vllm_plugin.POLL_ENV: "5",
@@ -156,17 +156,17 @@ def test_cpu_linear_is_plain_for_float32_unless_chosen_and_absent_on_gpus(
     tiny_model_dir: Path,
 ) -> None:
     def env(**kw: str) -> dict[str, str]:
-        return cpu_linear_env(InferenceSettings(model=str(tiny_model_dir), **kw), is_cpu=True)
+        return cpu_linear_env(InferenceSettings(model_dir=str(tiny_model_dir), **kw), is_cpu=True)
 
     on, off = {vllm_plugin.PLAIN_LINEAR_ENV: "1"}, {vllm_plugin.PLAIN_LINEAR_ENV: "0"}
     assert env(dtype="float32") == on
     assert env(dtype="bfloat16") == off  # vLLM's packed kernels where they matter most
     assert env(dtype="bfloat16", cpu_linear="plain") == on
     assert env(dtype="float32", cpu_linear="packed") == off
-    s = InferenceSettings(model=str(tiny_model_dir), dtype="float32")
+    s = InferenceSettings(model_dir=str(tiny_model_dir), dtype="float32")
     assert cpu_linear_env(s, is_cpu=False) == {}
     with pytest.raises(SettingsError, match="cpu_linear 'onednn' is not one of"):
-        InferenceSettings(model=str(tiny_model_dir), cpu_linear="onednn")
+        InferenceSettings(model_dir=str(tiny_model_dir), cpu_linear="onednn")
 
 
 def test_an_update_is_a_copy_only_when_nothing_needs_post_processing() -> None:
