@@ -20,7 +20,7 @@ PIPQ := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || t
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv system-deps demo test test-unit test-integration test-deploy test-faults lint typecheck bench clean
+.PHONY: venv system-deps demo test test-unit test-integration test-deploy test-up test-faults lint typecheck bench clean
 
 venv: $(STAMP)
 
@@ -57,8 +57,13 @@ test-integration: venv
 test-deploy: venv system-deps
 	$(PY) -m pytest tests/deploy -q -p no:cacheprovider
 
+# Everything but the minute-long end-to-end tiers below (CI runs those after it).
 test: venv system-deps lint
-	$(PY) -m pytest tests -q -p no:cacheprovider -ra -m 'not containers and not faults'
+	$(PY) -m pytest tests -q -p no:cacheprovider -ra -m 'not containers and not faults and not up'
+
+# Whole `ludic up` runs (demo config shapes, agents, KL, the saved final policy, Prometheus).
+test-up: venv system-deps
+	$(PY) -m pytest tests -q -p no:cacheprovider -ra -m 'up and not faults'
 
 # SIGKILLs services of a running `ludic up` (and `ludic up` itself): restarts, resume, no orphans.
 test-faults: venv

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import yaml
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.up]
 
 
 def config(

@@ -30,7 +30,7 @@ import redis
 
 from libludic import transport
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.up, pytest.mark.vllm]
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 3
 

@@ -23,7 +23,7 @@ from services.eval.heldout import eval_requests
 from services.launcher.config import UpSettings
 from tests.integration.test_up import config, ludic_up
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.up]
 
 
 def hf_eval(model_dir: Path, n: int) -> dict[str, float]:

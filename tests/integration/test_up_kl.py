@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_up import config, ludic_up, procs_of_run  # noqa: E402
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.up]
 
 
 def test_up_trains_grpo_with_kl(tmp_path, tiny_model_dir):
