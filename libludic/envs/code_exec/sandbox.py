@@ -47,14 +47,22 @@ sandbox by running a real program through it):
     drops to a fresh random uid (``Popen(user=, group=, extra_groups=[])``) and the run dir
     is chowned to it. As a non-root host the code runs as the host's uid: it cannot read
     the host's environment only if the host is non-dumpable (every ludic service makes
-    itself so, ``services/common/secrets.py``). Gaps, documented not hidden: the network is
-    reachable (loopback services included); the code can
+    itself so, ``services/common/secrets.py``). Gaps, documented not hidden: the code can
     write to world-writable dirs (/tmp, /dev/shm); as a non-root host RLIMIT_NPROC counts
     all of the host user's processes (we set it to current + ``max_processes``) and a child
     that ``setsid``s into a new session escapes the sweep; if the host process dies
     mid-run only the main child gets the parent-death SIGKILL, not its own children;
     ``preexec_fn`` is not safe with threads that hold locks at fork time (the namespace
     mode does not use it).
+
+Sockets, both modes: the interpreter starts with a bootstrap (``python_argv``) that installs
+a seccomp filter (``no_new_privs``, then ``socket_filter_code``) before it runs ``main.py``:
+``socket(2)`` and ``io_uring_setup(2)`` fail with EPERM, so the code opens no socket of any
+family. The namespace mode's empty network namespace alone leaves unix sockets on the
+filesystem reachable (a host service listening on a world-writable path); the plain mode
+has no namespace at all. ``socketpair(2)``, which reaches nothing, still works (asyncio
+needs it). Where the filter is unknown (another architecture) or a probe run shows it does
+not hold, the code runs without it and ``describe()`` says the network is reachable.
 
 Thread-safety: ``run`` is re-entrant; concurrent runs get different dirs and uids. Callers
 in asyncio run it in a worker thread (``asyncio.to_thread``), see ``CodeExecEnv``.
@@ -63,8 +71,11 @@ in asyncio run it in a worker thread (``asyncio.to_thread``), see ``CodeExecEnv`
 from __future__ import annotations
 
 import ctypes
+import errno
+import functools
 import math
 import os
+import platform
 import random
 import re
 import resource
@@ -78,7 +89,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 STATUS_OK = "ok"
@@ -187,7 +198,14 @@ setpriv --reuid="$u" --regid="$g" --clear-groups --no-new-privs -- "$@"
 
 
 def namespace_command(
-    *, python: str, workdir: str, uid: int, gid: int, limits: Limits, tmpfs_bytes: int
+    *,
+    python: str,
+    workdir: str,
+    uid: int,
+    gid: int,
+    limits: Limits,
+    tmpfs_bytes: int,
+    block_network: bool = False,
 ) -> list[str]:
     """argv of a namespace-mode run (see the module docstring). Exit status: the code's,
     or 128+N when it died of signal N (the script does not ``exec`` so it can report it)."""
@@ -219,9 +237,7 @@ def namespace_command(
         str(uid),
         str(gid),
         str(tmpfs_bytes),
-        python,
-        "-I",
-        os.path.join(workdir, "main.py"),
+        *python_argv(python, os.path.join(workdir, "main.py"), block_network),
     ]
 
 
@@ -488,6 +504,7 @@ class _Plan:
     python: str
     drop_uid: bool
     note: str = ""
+    block_network: bool = False  # plain mode: the seccomp socket filter (namespace: netns)
 
 
 @dataclass
@@ -540,7 +557,7 @@ class SubprocessSandbox:
             "mode": p.mode,
             "python": p.python,
             "runs_as_fresh_uid": p.drop_uid,
-            "network_isolated": p.mode == "namespace",
+            "network_isolated": p.mode == "namespace" or p.block_network,
             "filesystem_read_only_outside_cwd": p.mode == "namespace",
             "note": p.note,
         }
@@ -578,14 +595,28 @@ class SubprocessSandbox:
                 plan = _Plan("namespace", self._pick_python(True), True)
                 probe = self._run(plan, "print(6 * 7)", "", 10.0, 256)
                 if probe.ok and probe.stdout.strip() == "42":
-                    return plan
+                    return self._with_socket_filter(plan)
                 why = f"probe failed: {probe.reason} {probe.stderr[-300:]!r}"
             if self.isolation == "namespace":
                 raise RuntimeError(f"SubprocessSandbox(isolation='namespace') unavailable: {why}")
             note = f"namespace mode unavailable ({why})"
         else:
             note = "plain mode requested"
-        return _Plan("plain", self._pick_python(root), root, note)
+        return self._with_socket_filter(_Plan("plain", self._pick_python(root), root, note))
+
+    def _with_socket_filter(self, plan: _Plan) -> _Plan:
+        """``plan`` with the socket filter when a probe run shows it holds (module
+        docstring, Sockets), else ``plan`` with a note that the network is reachable."""
+        if socket_filter_code() is None:
+            why = f"no seccomp filter for {platform.machine()}"
+        else:
+            blocked = replace(plan, block_network=True)
+            probe = self._run(blocked, _NETWORK_PROBE, "", 10.0, 256)
+            if probe.ok and probe.stdout.strip() == "blocked":
+                return blocked
+            why = f"the seccomp filter did not hold: {probe.reason} {probe.stderr[-300:]!r}"
+        sep = "; " if plan.note else ""
+        return replace(plan, note=f"{plan.note}{sep}network reachable ({why})")
 
     # -- one run ------------------------------------------------------------------------
 
@@ -625,10 +656,11 @@ class SubprocessSandbox:
                     gid=uid,
                     limits=limits,
                     tmpfs_bytes=self.tmpfs_bytes,
+                    block_network=plan.block_network,
                 )
                 home = os.path.join(workdir, "run")
             else:
-                argv = [plan.python, "-I", main]
+                argv = python_argv(plan.python, main, plan.block_network)
                 home = workdir
                 nproc = limits.nproc
                 if uid is not None:
@@ -744,3 +776,73 @@ def _make_preexec(rlimits: list[tuple[int, tuple[int, int]]]) -> Callable[[], No
             resource.setrlimit(res, value)
 
     return _preexec
+
+
+# classic BPF over struct seccomp_data {int nr; u32 arch; ...} (linux/seccomp.h, filter.h)
+_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x06
+_SECCOMP_RET_KILL_PROCESS, _SECCOMP_RET_ERRNO, _SECCOMP_RET_ALLOW = 0x80000000, 0x50000, 0x7FFF0000
+# machine -> (AUDIT_ARCH_*, __NR_socket, __NR_io_uring_setup, first number outside the ABI)
+_SYSCALLS = {
+    "x86_64": (0xC000003E, 41, 425, 0x40000000),  # from 0x40000000: the x32 ABI, refused
+    "aarch64": (0xC00000B7, 198, 425, 0xFFFFFFFF),
+}
+_NETWORK_PROBE = """import socket
+try:
+    socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    print("open")
+except PermissionError:
+    print("blocked")
+"""
+# argv: [python, -I, -c, this, main.py]. PR_SET_NO_NEW_PRIVS = 38, PR_SET_SECCOMP = 22,
+# SECCOMP_MODE_FILTER = 2; exit 125 (the sandbox's set-up failure) when the kernel refuses.
+_BOOTSTRAP = """import ctypes as c, sys
+class F(c.Structure): _fields_ = [("code", c.c_ushort), ("jt", c.c_ubyte), ("jf", c.c_ubyte), ("k", c.c_uint32)]
+class P(c.Structure): _fields_ = [("len", c.c_ushort), ("filter", c.POINTER(F))]
+code = {code!r}
+prog = P(len(code), (F * len(code))(*(F(*i) for i in code)))
+prctl = c.CDLL(None, use_errno=True).prctl
+prctl.argtypes = [c.c_int, c.c_ulong, c.c_ulong, c.c_ulong, c.c_ulong]
+if prctl(38, 1, 0, 0, 0) != 0 or prctl(22, 2, c.addressof(prog), 0, 0) != 0:
+    sys.stderr.write("ludic-sandbox: setup failed: seccomp filter refused, errno %d\\n" % c.get_errno())
+    sys.exit(125)
+del c, F, P, code, prog, prctl
+sys.argv = sys.argv[1:]
+__import__("runpy").run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@functools.cache
+def socket_filter_code() -> tuple[tuple[int, int, int, int], ...] | None:
+    """The seccomp program (``(code, jt, jf, k)`` BPF instructions) that refuses sockets on
+    this machine, None where it has no syscall numbers:
+
+        arch != this machine's            -> kill the process (another ABI's numbers)
+        nr >= the ABI's end (x86_64: x32) -> EPERM
+        nr == socket or io_uring_setup    -> EPERM  (io_uring can open sockets too)
+        anything else                     -> allow
+    """
+    nums = _SYSCALLS.get(platform.machine())
+    if nums is None:
+        return None
+    arch, nr_socket, nr_uring, abi_end = nums
+    eperm = _SECCOMP_RET_ERRNO | errno.EPERM
+    return (
+        (_BPF_LD_W_ABS, 0, 0, 4),  # A = seccomp_data.arch
+        (_BPF_JEQ_K, 1, 0, arch),
+        (_BPF_RET_K, 0, 0, _SECCOMP_RET_KILL_PROCESS),
+        (_BPF_LD_W_ABS, 0, 0, 0),  # A = seccomp_data.nr
+        (_BPF_JGE_K, 2, 0, abi_end),
+        (_BPF_JEQ_K, 1, 0, nr_socket),
+        (_BPF_JEQ_K, 0, 1, nr_uring),
+        (_BPF_RET_K, 0, 0, eperm),
+        (_BPF_RET_K, 0, 0, _SECCOMP_RET_ALLOW),
+    )
+
+
+def python_argv(python: str, main: str, block_network: bool) -> list[str]:
+    """How the sandbox runs ``main``: ``python -I main``, through the socket-filter bootstrap
+    when ``block_network`` (module docstring, Sockets)."""
+    code = socket_filter_code() if block_network else None
+    if code is None:
+        return [python, "-I", main]
+    return [python, "-I", "-c", _BOOTSTRAP.format(code=code), main]
