@@ -63,9 +63,10 @@ stage. The loss stats (``loss/<key>``) are per micro-batch and combined by
 Reference policy. When the loss needs ``ref_logprobs`` (a KL term, ``kl_coeff > 0``) and an
 item does not carry them, a frozen reference model computes them per micro-batch (no
 grad). By default it is a copy of the model as passed in (the initial policy, before LoRA
-and before any checkpoint is loaded), kept unsharded on every rank: one more forward per
-micro-batch and one more copy of the weights in memory. ``ref_time_s`` in the step stats
-is the time spent in it.
+and before any checkpoint is loaded): one more forward per micro-batch and one more copy
+of the weights in memory, a whole one in one process and a shard per rank under FSDP2
+(sharded like the policy; its forward, a collective there, runs on every rank for every
+micro-batch). ``ref_time_s`` in the step stats is the time spent in it.
 
 Proximal policy. When the loss needs ``prox_logprobs`` (``algo.needs_prox_logprobs``: AReaL's
 ``recompute_logprob`` / ``use_decoupled_loss``), every micro-batch first gets a no-grad
@@ -88,6 +89,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import logging
 import math
 import time
@@ -212,6 +214,8 @@ class Trainer:
         model.to(self.device)
         if self.distributed:
             parallel.apply_fsdp2(model, dt if want_amp else None)
+            if self.ref_model is not None:  # each rank holds its shard of the reference too
+                parallel.apply_fsdp2(self.ref_model, dt if want_amp else None)
             self._amp_dtype = None  # FSDP2's MixedPrecisionPolicy casts instead
         else:
             self._amp_dtype = dt if want_amp else None
@@ -355,6 +359,8 @@ class Trainer:
         if self.spare is not None:
             # enough micro-batches for the helper to take a share
             micros = split_largest(micros, cfg.spare_core_micro_batches, cfg.max_seq_len)
+        if self.distributed:
+            micros = self._as_many_as_every_rank(micros)
         batches = [collate(mb, cfg.pad_token_id, cfg.max_seq_len) for mb in micros]
         n_tok = [float(L.token_mask(b, torch.float32).sum()) for b in batches]
         n_seq = [float((L.token_mask(b, torch.float32).sum(-1) > 0).sum()) for b in batches]
@@ -374,6 +380,29 @@ class Trainer:
             L.WEIGHT_MEAN_KEY: w_sum / max(n_items, 1.0),
         }
         return _Prepared(batches, n_tok, macro)
+
+    def _as_many_as_every_rank(self, micros: list[list[SAWItem]]) -> list[list[SAWItem]]:
+        """``micros`` made as many as the most any rank packed. Under FSDP2 each micro-batch's
+        forward and backward are collectives (the layers' all-gathers, the reduce-scatter
+        after the last one), so ranks with different counts would pair one rank's gathers
+        with another's next collective. A rank with fewer splits its largest micro-batches;
+        one with too few items for that adds inert micro-batches: a copy of one of its items
+        with no action token and weight 0, whose forward and backward take part in the
+        collectives and add nothing to the loss, its normalisers or any stat."""
+        t = torch.tensor([len(micros)], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        n = int(t.item())
+        out = split_largest(micros, n, self.cfg.max_seq_len)
+        while len(out) < n:
+            it = out[0][0]
+            inert = dataclasses.replace(
+                it,
+                action_mask=[0] * len(it.action_mask),
+                weight=0.0,
+                meta={**it.meta, "item_id": f"{it.meta.get('item_id')}#inert{len(out)}"},
+            )
+            out.append([inert])
+        return out
 
     def _add_proximal(self, prepared: _Prepared) -> float:
         """Put the current weights' logprobs in every micro-batch of ``prepared`` (if the
@@ -398,9 +427,12 @@ class Trainer:
         }
         dev_b.update(prepared.macro)
         ref_time = 0.0
-        if self.ref_model is not None and "ref_logprobs" not in dev_b:
+        # sharded, the reference's forward is a collective: every rank runs it for every
+        # micro-batch, and keeps it only where the items brought none
+        if self.ref_model is not None and ("ref_logprobs" not in dev_b or self.distributed):
             t_ref = time.perf_counter()
-            dev_b["ref_logprobs"] = self.reference_logprobs(dev_b)
+            ref_lp = self.reference_logprobs(dev_b)
+            dev_b.setdefault("ref_logprobs", ref_lp)
             ref_time = time.perf_counter() - t_ref
         with self._autocast():
             out = self.model(input_ids=dev_b["input_ids"], attention_mask=dev_b["attention_mask"])

@@ -79,9 +79,14 @@ def main() -> int:
         batch_source=Fixed(kl_items),
         cfg=cfg,
     )
+    assert tk.ref_model is not None
+    ref_params = list(tk.ref_model.parameters())
+    ref_sharded = sum(1 for p in ref_params if type(p).__name__ == "DTensor") / len(ref_params)
     kl = [asyncio.run(tk.train_step())["loss/kl/kl"] for _ in range(2)]
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"rank{rank}.json").write_text(json.dumps({"weights": seen, "kl": kl}))
+    (out_dir / f"rank{rank}.json").write_text(
+        json.dumps({"weights": seen, "kl": kl, "ref_sharded": ref_sharded})
+    )
     dist.barrier()
     dist.destroy_process_group()
     return 0

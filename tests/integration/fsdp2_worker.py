@@ -1,9 +1,10 @@
 """torchrun worker for test_fsdp2.py: one FSDP2 (gloo, CPU) train step, then gather weights.
 
-    python -m torch.distributed.run --standalone --nproc_per_node 2 fsdp2_worker.py MODEL_DIR OUT_DIR
+    python -m torch.distributed.run --standalone --nproc_per_node 2 fsdp2_worker.py MODEL_DIR OUT_DIR [SPLIT]
 
-Rank r trains on items[r::world] of a fixed batch (so the union over ranks is the whole
-batch), publishes once through a recording publisher, and writes the gathered full state
+Rank r trains on its share of a fixed batch (the union over ranks is the whole batch):
+SPLIT "even" (the default) gives it items[r::world]; "uneven" gives rank 0 the first item
+and rank 1 the rest, so the ranks pack different numbers of micro-batches. It publishes once through a recording publisher, and writes the gathered full state
 dict to OUT_DIR/rank{r}.safetensors plus OUT_DIR/rank{r}.json with its step stats.
 """
 
@@ -70,8 +71,17 @@ class Recorder:
         self.calls.append((version, len(state_dict)))
 
 
+def share(rank: int, world: int, split: str) -> list[SAWItem]:
+    items = fixed_items()
+    if split == "even":
+        return items[rank::world]
+    assert split == "uneven" and world == 2, (split, world)
+    return items[:1] if rank == 0 else items[1:]
+
+
 def main() -> int:
     model_dir, out_dir = sys.argv[1], Path(sys.argv[2])
+    split = sys.argv[3] if len(sys.argv) > 3 else "even"
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
@@ -80,7 +90,7 @@ def main() -> int:
     tr = Trainer(
         model=model,
         algo=make_sft(),
-        batch_source=Fixed(fixed_items()[rank::world]),
+        batch_source=Fixed(share(rank, world, split)),
         publisher=pub,
         cfg=config(),
     )
@@ -115,6 +125,7 @@ def main() -> int:
                 "loss": stats["loss"],
                 "grad_norm": stats["grad_norm"],
                 "num_items": stats["num_items"],
+                "num_micro_batches": stats["num_micro_batches"],
                 "policy_version": tr.policy_version,
                 "publish_calls": pub.calls,
                 "dtensor_params": sharded,

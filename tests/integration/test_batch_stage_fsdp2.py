@@ -53,5 +53,6 @@ def test_batch_stage_all_reduces_over_ranks_and_kl_runs_sharded(tiny_model_dir, 
         sorted([-1.25 / STD] * 3 + [3.75 / STD]), rel=1e-6
     )
     for r in (r0, r1):
+        assert r["ref_sharded"] == 1.0  # every reference parameter is a shard on each rank
         assert r["kl"][0] == pytest.approx(0.0, abs=1e-6)  # step 1: policy == reference
         assert r["kl"][1] > 1e-6  # step 2: the sharded policy moved, the reference did not

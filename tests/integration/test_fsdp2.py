@@ -18,7 +18,10 @@ pytestmark = pytest.mark.integration
 HERE = Path(__file__).resolve().parent
 
 
-def test_fsdp2_two_ranks_match_single_process(tiny_model_dir, tmp_path) -> None:
+@pytest.mark.parametrize("split", ["even", "uneven"])
+def test_fsdp2_two_ranks_match_single_process(tiny_model_dir, tmp_path, split) -> None:
+    """``uneven``: rank 0 holds one item (one micro-batch) and rank 1 seven (several); each
+    micro-batch's forward and backward are collectives, so both must run as many."""
     out = tmp_path / "out"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parents[1]))
     proc = subprocess.run(
@@ -32,6 +35,7 @@ def test_fsdp2_two_ranks_match_single_process(tiny_model_dir, tmp_path) -> None:
             str(HERE / "fsdp2_worker.py"),
             str(tiny_model_dir),
             str(out),
+            split,
         ],
         env=env,
         capture_output=True,
@@ -43,7 +47,24 @@ def test_fsdp2_two_ranks_match_single_process(tiny_model_dir, tmp_path) -> None:
     s0 = json.loads((out / "rank0.json").read_text())
     s1 = json.loads((out / "rank1.json").read_text())
     assert s0["world"] == 2 and s0["dtensor_params"] > 0  # really sharded
-    assert s0["num_items"] == s1["num_items"] == 4
+    if split == "even":
+        assert s0["num_items"] == s1["num_items"] == 4
+    else:
+        assert (s0["num_items"], s1["num_items"]) == (1, 7)
+    sys.path.insert(0, str(HERE))
+    try:
+        import fsdp2_worker as w
+    finally:
+        sys.path.remove(str(HERE))
+    from libludic.training.batching.saw import pack_micro_batches
+
+    packed = [
+        len(pack_micro_batches(w.share(r, 2, split), w.config().micro_token_budget, None))
+        for r in (0, 1)
+    ]
+    if split == "uneven":
+        assert packed[0] < packed[1]  # the case under test: the ranks packed different counts
+    assert s0["num_micro_batches"] == s1["num_micro_batches"] == max(packed)
     # rank 0 sent the publish, rank 1 learnt its outcome from rank 0
     assert s0["policy_version"] == s1["policy_version"] == 1
     assert [v for v, _ in s0["publish_calls"]] == [1] and s1["publish_calls"] == []
@@ -55,11 +76,6 @@ def test_fsdp2_two_ranks_match_single_process(tiny_model_dir, tmp_path) -> None:
         assert torch.equal(r0[k], r1[k]), k
 
     # reference: one process training on the union of both ranks' items
-    sys.path.insert(0, str(HERE))
-    try:
-        import fsdp2_worker as w
-    finally:
-        sys.path.remove(str(HERE))
     from transformers import AutoModelForCausalLM
 
     from libludic.training.algorithm import make_sft
