@@ -66,7 +66,9 @@ grad). By default it is a copy of the model as passed in (the initial policy, be
 and before any checkpoint is loaded): one more forward per micro-batch and one more copy
 of the weights in memory, a whole one in one process and a shard per rank under FSDP2
 (sharded like the policy; its forward, a collective there, runs on every rank for every
-micro-batch). ``ref_time_s`` in the step stats is the time spent in it.
+micro-batch). With LoRA (``lora_rank``) and no reference given, there is no copy: the
+reference is the policy's own forward with its adapters off (``ref_is_base``), the frozen
+base. ``ref_time_s`` in the step stats is the time spent in it.
 
 Proximal policy. When the loss needs ``prox_logprobs`` (``algo.needs_prox_logprobs``: AReaL's
 ``recompute_logprob`` / ``use_decoupled_loss``), every micro-batch first gets a no-grad
@@ -204,7 +206,12 @@ class Trainer:
         emb = get_emb() if callable(get_emb) else None
         self.vocab_size: int | None = getattr(emb, "num_embeddings", None)
         self.ref_model: nn.Module | None = None
-        if algo.needs_ref_logprobs:
+        # LoRA with no reference given: the frozen base under the adapters is the initial
+        # policy, so the reference is the model with its adapters off, not a copy
+        self.ref_is_base = (
+            algo.needs_ref_logprobs and reference_model is None and self.cfg.lora_rank is not None
+        )
+        if algo.needs_ref_logprobs and not self.ref_is_base:
             ref = reference_model if reference_model is not None else copy.deepcopy(model)
             ref.requires_grad_(False)
             self.ref_model = ref.to(self.device).eval()
@@ -429,7 +436,8 @@ class Trainer:
         ref_time = 0.0
         # sharded, the reference's forward is a collective: every rank runs it for every
         # micro-batch, and keeps it only where the items brought none
-        if self.ref_model is not None and ("ref_logprobs" not in dev_b or self.distributed):
+        has_ref = self.ref_model is not None or self.ref_is_base
+        if has_ref and ("ref_logprobs" not in dev_b or self.distributed):
             t_ref = time.perf_counter()
             ref_lp = self.reference_logprobs(dev_b)
             dev_b.setdefault("ref_logprobs", ref_lp)
@@ -499,7 +507,7 @@ class Trainer:
             num_action_tokens=sum(n_tok),
             num_padded_tokens=float(sum(b["input_ids"].numel() for b in batches)),
         )
-        if self.ref_model is not None:
+        if self.ref_model is not None or self.ref_is_base:
             out_stats["ref_time_s"] = ref_time
         if spare_share is not None:  # the micro-batches the spare-core thread trained
             out_stats["spare_core_share"] = spare_share
@@ -519,6 +527,14 @@ class Trainer:
 
     def reference_logprobs(self, batch: dict[str, Any]) -> torch.Tensor:
         """The frozen reference policy's logprobs (``_logprobs``): what ``TokenKLLoss`` reads."""
+        if self.ref_is_base:  # peft: the base weights alone (adapters off, no dropout)
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                with self.model.disable_adapter():  # type: ignore[operator]
+                    return self._logprobs(self.model, batch)
+            finally:
+                self.model.train(was_training)
         assert self.ref_model is not None
         return self._logprobs(self.ref_model, batch)
 

@@ -264,3 +264,41 @@ async def test_default_reference_is_a_frozen_copy_of_the_initial_policy(tiny_mod
     after = tr.ref_model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert not any(p.requires_grad for p in tr.ref_model.parameters())
+
+
+async def test_with_lora_the_reference_is_the_base_with_adapters_off_not_a_copy(
+    tiny_model_dir,
+) -> None:
+    """peft starts every adapter at B = 0, so at step 1 the policy is the base (KL 0); after
+    an update the adapters moved and the reference (adapters off) did not: the KL is then
+    that of a Trainer holding a frozen copy of the base."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.fakes import make_item
+
+    items = [make_item(5, 3, weight=w, seed=i) for i, w in enumerate([1.0, -1.0, 0.5, -0.5])]
+
+    def trainer(copy_reference: bool) -> Trainer:
+        torch.manual_seed(0)  # the same adapter initialisation in both
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        ref = None
+        if copy_reference:
+            ref = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        return Trainer(
+            model=model,
+            algo=make_grpo(group_size=4, kl_coeff=0.1),
+            batch_source=ListBatchSource([items, items]),
+            cfg=cpu_cfg(lr=1e-2, lora_rank=4),
+            reference_model=ref,
+        )
+
+    tr, copied = trainer(False), trainer(True)
+    assert tr.ref_is_base and tr.ref_model is None  # no second model in memory
+    assert not copied.ref_is_base and copied.ref_model is not None
+    s1, c1 = await tr.train_step(), await copied.train_step()
+    assert s1["loss/kl/kl"] == pytest.approx(0.0, abs=1e-7)  # policy == base at step 1
+    assert s1["loss"] == pytest.approx(c1["loss"], rel=1e-6)  # the same policy in both
+    s2, c2 = await tr.train_step(), await copied.train_step()
+    assert s2["loss/kl/kl"] > 1e-6  # the adapters moved, the base did not
+    assert s2["loss/kl/kl"] == pytest.approx(c2["loss/kl/kl"], rel=1e-5)
+    assert "ref_time_s" in s2
