@@ -72,6 +72,40 @@ class LoadedCheckpoint:
 # ---------------------------------------------------------------- RNG state
 
 
+def full_training_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The model's and the optimizer's whole state on the host, unsharded (collective under
+    FSDP2: every rank calls it), as ``CheckpointManager.save`` takes them."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    msd = get_model_state_dict(model, options=opts)
+    osd = get_optimizer_state_dict(model, optimizer, options=opts)
+    return msd, osd  # type: ignore[return-value]
+
+
+def restore_training_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, ck: LoadedCheckpoint
+) -> None:
+    """Load ``ck``'s model and optimizer state into ``model`` and ``optimizer`` (sharded or
+    not; collective under FSDP2)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    opts = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, ck.model_state, options=opts)  # type: ignore[arg-type]
+    if ck.optimizer_state is not None:
+        set_optimizer_state_dict(model, optimizer, ck.optimizer_state, options=opts)
+
+
 def capture_rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(tensor part, JSON part) of the torch / CUDA / python / numpy generator states."""
     tensors = {"torch": torch.get_rng_state()}

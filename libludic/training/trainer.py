@@ -55,7 +55,7 @@ whose algorithm has a batch-level statistic (ScaleRL's std) that the credit work
 pending: it is computed over exactly the items of this step (all ranks' shards).
 
 Step stats of the batch. ``reward_mean`` (this rank's items' ``meta["reward"]``) and
-``adv_mean`` / ``adv_std`` (``_weight_stats``: mean and population std of the items'
+``adv_mean`` / ``adv_std`` (``ranks.weight_stats``: mean and population std of the items'
 credit ``weight``, over every rank's items) are computed once per step, after the batch
 stage. The loss stats (``loss/<key>``) are per micro-batch and combined by
 ``loss.is_max_stat``'s rule: token-weighted means, maxima for ``_max`` keys.
@@ -91,7 +91,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import dataclasses
+import functools
 import logging
 import math
 import time
@@ -111,14 +111,19 @@ from libludic.distributed.interfaces import PolicyPublisher
 from libludic.distributed.publisher import PublishError
 from libludic.saw import SAWItem
 from libludic.training import loss as L
-from libludic.training import parallel
+from libludic.training import parallel, policies, ranks
 from libludic.training.algorithm import RLAlgorithm
 from libludic.training.batching.saw import (
     collate,
     pack_micro_batches,
     truncation_offset,
 )
-from libludic.training.checkpoint import CheckpointManager, LoadedCheckpoint
+from libludic.training.checkpoint import (
+    CheckpointManager,
+    LoadedCheckpoint,
+    full_training_state,
+    restore_training_state,
+)
 from libludic.training.config import TrainerConfig
 from libludic.training.hooks import TrainerHooks
 from libludic.training.minibatch import combine_minibatch_stats, split_largest, split_minibatches
@@ -367,7 +372,7 @@ class Trainer:
             # enough micro-batches for the helper to take a share
             micros = split_largest(micros, cfg.spare_core_micro_batches, cfg.max_seq_len)
         if self.distributed:
-            micros = self._as_many_as_every_rank(micros)
+            micros = ranks.as_many_as_every_rank(micros, self.device, cfg.max_seq_len)
         batches = [collate(mb, cfg.pad_token_id, cfg.max_seq_len) for mb in micros]
         n_tok = [float(L.token_mask(b, torch.float32).sum()) for b in batches]
         n_seq = [float((L.token_mask(b, torch.float32).sum(-1) > 0).sum()) for b in batches]
@@ -387,29 +392,6 @@ class Trainer:
             L.WEIGHT_MEAN_KEY: w_sum / max(n_items, 1.0),
         }
         return _Prepared(batches, n_tok, macro)
-
-    def _as_many_as_every_rank(self, micros: list[list[SAWItem]]) -> list[list[SAWItem]]:
-        """``micros`` made as many as the most any rank packed. Under FSDP2 each micro-batch's
-        forward and backward are collectives (the layers' all-gathers, the reduce-scatter
-        after the last one), so ranks with different counts would pair one rank's gathers
-        with another's next collective. A rank with fewer splits its largest micro-batches;
-        one with too few items for that adds inert micro-batches: a copy of one of its items
-        with no action token and weight 0, whose forward and backward take part in the
-        collectives and add nothing to the loss, its normalisers or any stat."""
-        t = torch.tensor([len(micros)], dtype=torch.int64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        n = int(t.item())
-        out = split_largest(micros, n, self.cfg.max_seq_len)
-        while len(out) < n:
-            it = out[0][0]
-            inert = dataclasses.replace(
-                it,
-                action_mask=[0] * len(it.action_mask),
-                weight=0.0,
-                meta={**it.meta, "item_id": f"{it.meta.get('item_id')}#inert{len(out)}"},
-            )
-            out.append([inert])
-        return out
 
     def _add_proximal(self, prepared: _Prepared) -> float:
         """Put the current weights' logprobs in every micro-batch of ``prepared`` (if the
@@ -513,65 +495,22 @@ class Trainer:
             out_stats["spare_core_share"] = spare_share
         return out_stats
 
-    @torch.no_grad()
     def _logprobs(self, model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
-        """``model``'s logprob of every token at the item's temperature, aligned to
-        input_ids ([B, T] fp32, 0.0 at position 0 which nothing predicts)."""
-        ids = batch["input_ids"]
-        with self._autocast():
-            out = model(input_ids=ids, attention_mask=batch["attention_mask"])
-        logits = L.apply_temperature((out.logits if hasattr(out, "logits") else out).float(), batch)
-        lp = torch.zeros(ids.shape, dtype=torch.float32, device=logits.device)
-        lp[:, 1:] = L.token_logprobs(logits, ids)
-        return lp
+        return policies.every_token_logprobs(model, batch, self._autocast())
 
     def reference_logprobs(self, batch: dict[str, Any]) -> torch.Tensor:
         """The frozen reference policy's logprobs (``_logprobs``): what ``TokenKLLoss`` reads."""
         if self.ref_is_base:  # peft: the base weights alone (adapters off, no dropout)
-            was_training = self.model.training
-            self.model.eval()
-            try:
-                with self.model.disable_adapter():  # type: ignore[operator]
-                    return self._logprobs(self.model, batch)
-            finally:
-                self.model.train(was_training)
+            with policies.evaluating(self.model), self.model.disable_adapter():  # type: ignore[operator]
+                return self._logprobs(self.model, batch)
         assert self.ref_model is not None
         return self._logprobs(self.ref_model, batch)
 
     def proximal_logprobs(self, batch: dict[str, Any]) -> torch.Tensor:
         """The current weights' logprobs (``_logprobs``, eval mode, no grad): pi_prox of the
         decoupled loss, pi_old under ``recompute_logprob``."""
-        was_training = self.model.training
-        self.model.eval()
-        try:
+        with policies.evaluating(self.model):
             return self._logprobs(self.model, batch)
-        finally:
-            self.model.train(was_training)
-
-    def _all_sum(self, xs: list[float]) -> list[float]:
-        """Sums over every rank (for batch-level statistics of a sharded batch)."""
-        t = torch.tensor(xs, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        return [float(x) for x in t.cpu()]
-
-    def _weight_stats(self, items: Sequence[SAWItem]) -> dict[str, float]:
-        """The step's ``adv_mean`` and ``adv_std``: mean and population std of the items'
-        ``weight`` (the credit each carries: the advantage for the group-relative presets),
-        over every rank's items (the sums are all-reduced), one value per item:
-
-            adv_mean = sum_i w_i / n,   adv_std = sqrt(sum_i w_i^2 / n - adv_mean^2)
-
-        (0 for one item; both 0 without items). Batch-level, so not loss stats: a std
-        of micro-batch stds is not the batch's."""
-        ws = [float(it.weight) for it in items]
-        sums = [float(len(ws)), math.fsum(ws), math.fsum(w * w for w in ws)]
-        if self.distributed:
-            sums = self._all_sum(sums)
-        n, s1, s2 = sums
-        if n <= 0:
-            return {"adv_mean": 0.0, "adv_std": 0.0}
-        mean = s1 / n
-        return {"adv_mean": mean, "adv_std": math.sqrt(max(s2 / n - mean * mean, 0.0))}
 
     def _update(self, items: Sequence[SAWItem]) -> dict[str, float]:
         """Forward, backward and the optimizer step(s) of ``items``.
@@ -647,7 +586,8 @@ class Trainer:
         # a source that drops stale items before batching (PipelineBatchSource) counts them
         committing = self._committing
         source_stale = int(committing.stale_dropped) if committing is not None else 0
-        items = self.algo.apply_batch_stage(items, self._all_sum if self.distributed else None)
+        sums = functools.partial(ranks.all_sum, device=self.device) if self.distributed else None
+        items = self.algo.apply_batch_stage(items, sums)
         stats: dict[str, float] = {
             "num_items": float(len(items)),
             "num_tokens": float(sum(it.num_tokens for it in items)),
@@ -658,7 +598,7 @@ class Trainer:
         }
         rewards = [float(it.meta["reward"]) for it in items if "reward" in it.meta]
         stats["reward_mean"] = sum(rewards) / len(rewards) if rewards else 0.0
-        stats.update(self._weight_stats(items))
+        stats.update(ranks.weight_stats(items, self.device if self.distributed else None))
         if not items and self.distributed:
             raise RuntimeError(
                 f"rank {parallel.rank()} has no items at step {self.step + 1} (dropped "
@@ -755,7 +695,10 @@ class Trainer:
         history: list[dict[str, float]] = []
         self.stop_reason = "done"
         while num_steps is None or len(history) < num_steps:
-            if should_stop is not None and self._any_rank(should_stop()):
+            stop = should_stop is not None and should_stop()
+            if self.distributed:
+                stop = ranks.any_rank(stop, self.device)
+            if stop:
                 self.stop_reason = "stopped"
                 break
             try:
@@ -764,13 +707,6 @@ class Trainer:
                 self.stop_reason = "stopped"
                 break
         return history
-
-    def _any_rank(self, flag: bool) -> bool:
-        if not self.distributed:
-            return flag
-        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
 
     async def publish(self) -> bool:
         """Publish the current weights and wait for the outcome; True once served. Every
@@ -898,13 +834,17 @@ class Trainer:
 
         return await asyncio.to_thread(run)
 
-    async def checkpoint(self) -> Path | None:
-        """Save a checkpoint of this step (once; collective under FSDP2), then commit the
-        items it includes. Returns its path on rank 0."""
+    def _checkpointer(self) -> CheckpointManager:
         if self.checkpointer is None:
             raise ValueError(
                 "Trainer has no checkpointer; pass checkpointer=CheckpointManager(...)"
             )
+        return self.checkpointer
+
+    async def checkpoint(self) -> Path | None:
+        """Save a checkpoint of this step (once; collective under FSDP2), then commit the
+        items it includes. Returns its path on rank 0."""
+        self._checkpointer()  # raises without one
         if self.step == self.last_checkpoint_step:
             return None
         path = await self.off_loop(self.save_checkpoint, self.checkpoint_extra)
@@ -924,27 +864,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _state_dicts(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-            get_optimizer_state_dict,
-        )
-
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        msd = get_model_state_dict(self.model, options=opts)
-        osd = get_optimizer_state_dict(self.model, self.optimizer, options=opts)
-        return msd, osd  # type: ignore[return-value]
-
     def save_checkpoint(self, extra: dict[str, Any] | None = None) -> Path | None:
         """Model + optimizer + RNG + step + policy_version + the throughput totals
         (``rl_wall_s``, items and tokens trained: a resumed Trainer's ``samples_per_s``
         covers the steps before the resume) (+ batch-source position)."""
-        if self.checkpointer is None:
-            raise ValueError(
-                "Trainer has no checkpointer; pass checkpointer=CheckpointManager(...)"
-            )
-        msd, osd = self._state_dicts()  # collective under FSDP2
+        checkpointer = self._checkpointer()
+        msd, osd = full_training_state(self.model, self.optimizer)  # collective under FSDP2
         if parallel.rank() != 0:
             return None
         ex: dict[str, Any] = {
@@ -958,27 +883,15 @@ class Trainer:
         if isinstance(self.batch_source, CheckpointedBatchSource):
             ex["batch_source"] = self.batch_source.state_dict()
         ex.update(extra or {})
-        return self.checkpointer.save(self.step, msd, osd, extra=ex)
+        return checkpointer.save(self.step, msd, osd, extra=ex)
 
     def load_checkpoint(self, path: Path | None = None) -> LoadedCheckpoint | None:
         """Restore the newest valid checkpoint (or ``path``); None if there is none."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        if self.checkpointer is None:
-            raise ValueError(
-                "Trainer has no checkpointer; pass checkpointer=CheckpointManager(...)"
-            )
-        ck = self.checkpointer.load(path)
+        checkpointer = self._checkpointer()
+        ck = checkpointer.load(path)
         if ck is None:
             return None
-        opts = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(self.model, ck.model_state, options=opts)  # type: ignore[arg-type]
-        if ck.optimizer_state is not None:
-            set_optimizer_state_dict(self.model, self.optimizer, ck.optimizer_state, options=opts)
+        restore_training_state(self.model, self.optimizer, ck)
         self.step = int(ck.extra.get("trainer_step", ck.step))
         self.last_checkpoint_step = self.step
         self.policy_version = int(ck.extra.get("policy_version", 0))

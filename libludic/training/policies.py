@@ -1,0 +1,40 @@
+"""Logprobs of the policies a step reads besides the one it trains (the frozen reference of
+a KL term, the proximal policy of the decoupled loss): a no-grad forward of every token."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from libludic.training import loss as L
+
+
+@torch.no_grad()
+def every_token_logprobs(
+    model: nn.Module, batch: Mapping[str, Any], autocast: contextlib.AbstractContextManager[Any]
+) -> torch.Tensor:
+    """``model``'s logprob of every token of ``batch`` at the item's temperature, aligned to
+    input_ids ([B, T] fp32, 0.0 at position 0 which nothing predicts); the forward runs
+    under ``autocast``."""
+    ids = batch["input_ids"]
+    with autocast:
+        out = model(input_ids=ids, attention_mask=batch["attention_mask"])
+    logits = L.apply_temperature((out.logits if hasattr(out, "logits") else out).float(), batch)
+    lp = torch.zeros(ids.shape, dtype=torch.float32, device=logits.device)
+    lp[:, 1:] = L.token_logprobs(logits, ids)
+    return lp
+
+
+@contextlib.contextmanager
+def evaluating(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in eval mode (no dropout) for the block, then back in the mode it was in."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
