@@ -82,7 +82,7 @@ def test_the_batchs_advantage_mean_and_std_are_exported_as_training_signals() ->
         "batch_items": 0.0,
         "batch_wait_s": 0.0,
         "step_wall_s": 1.0,
-        "adv_mean": 0.25,  # step stats (Trainer._weight_stats), not loss/<key>
+        "adv_mean": 0.25,  # step stats (ranks.weight_stats), not loss/<key>
         "adv_std": 1.5,
         "loss/entropy": 2.0,
     }
