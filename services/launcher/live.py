@@ -23,7 +23,7 @@ from libludic.transport import Keys, stream_lengths_sync
 from services.launcher import probes
 
 # the loss statistics shown (their key, or any composite's "<term>/<key>")
-SIGNALS = ("clip_frac", "approx_kl")
+SIGNALS = ("clip_frac", "approx_kl", "entropy")
 
 
 def progress(step: int, total: int | None, rl_elapsed_s: float | None) -> tuple[str, float | None]:
@@ -172,6 +172,7 @@ class LiveView:
                 "approx KL",
                 fmt(snap["approx_kl"], ".4f"),
             ),
+            ("entropy", fmt(snap["entropy"], ".3f"), "", ""),
             (
                 "version",
                 f"{snap['learner_version']} (inference {fmt(snap['inference_version'], 'd')})",
@@ -206,7 +207,7 @@ class LiveView:
             f"reward {fmt(s['reward_mean'], '.3f')} "
             f"samples/s {fmt(s['samples_per_s'], '.1f')} stale {s['stale_dropped']} "
             f"grad_norm {fmt(s['grad_norm'], '.3f')} clip_frac {fmt(s['clip_frac'], '.3f')} "
-            f"approx_kl {fmt(s['approx_kl'], '.4f')} "
+            f"approx_kl {fmt(s['approx_kl'], '.4f')} entropy {fmt(s['entropy'], '.3f')} "
             f"version learner {s['learner_version']} inference {s['inference_version']} "
             f"publish failures {s['publish_failures']} restarts {sum(self.run.sup.restarts.values())} "
             f"queues req={q.get('requests', '-')} roll={q.get('rollouts', '-')} saw={q.get('saw', '-')} "

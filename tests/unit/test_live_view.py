@@ -70,6 +70,7 @@ def fake_run(actors: int) -> SimpleNamespace:
             "ludic_learner_grad_norm": 1.75,
             "ludic_learner_train_signal{signal=clip_frac}": 0.0625,
             "ludic_learner_train_signal{signal=approx_kl}": 0.0012,
+            "ludic_learner_train_signal{signal=entropy}": 1.875,
         },
     )
 
@@ -86,12 +87,13 @@ def test_the_view_fits_80x24_with_many_actors_and_says_what_matters() -> None:
     assert "step 30/100" in text and "ETA 2:2" in text
     assert "19 healthy" in text and "credit starting" in text and "actor-1 exited 1" in text
     assert "actor-1 x2" in text
-    for figure in ("0.655", "220.5", "1.750", "0.062", "0.0012"):
+    for figure in ("0.655", "220.5", "1.750", "0.062", "0.0012", "1.875"):
         assert figure in text, figure
     line = view.plain_line()
     assert (
         "step 30/100 eta 2:2" in line and "clip_frac 0.062" in line and "approx_kl 0.0012" in line
     )
+    assert "entropy 1.875" in line
 
 
 def test_a_wave_of_unhealthy_services_stays_on_the_screen() -> None:
