@@ -19,6 +19,7 @@ from libludic.inference.client import InferenceError
 from libludic.requests import RolloutRequest
 from libludic.transport import accounting
 from services.common.lifecycle import update_stream_gauges
+from services.common.settings import secret
 
 # a request that failed on these is left pending and retried (anything else is dead-lettered)
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (InferenceError, *transport.REDIS_DOWN_ERRORS)
@@ -67,11 +68,7 @@ class ActorSettings:
         default_factory=lambda: ["http://127.0.0.1:8000"],
         metadata={"help": "comma-separated inference base URLs (round-robin)"},
     )
-    api_key: str | None = field(
-        default=None,
-        repr=False,
-        metadata={"help": "bearer token for inference", "env_only": "set LUDIC_API_KEY"},
-    )
+    api_key: str | None = secret("bearer token for inference", "set LUDIC_API_KEY")
     max_head_offpolicyness: int | None = field(
         default=staleness.DEFAULT_MAX_HEAD_OFFPOLICYNESS,
         metadata={

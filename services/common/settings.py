@@ -51,6 +51,18 @@ _FALSE = {"0", "false", "no", "off", "n", ""}
 _SECRET_WORDS = ("token", "password", "secret", "api_key")
 
 
+def secret(help_: str, where: str) -> Any:
+    """A secret setting (default None): environment only, never shown (``env_only``: no
+    flag, a YAML key naming it is an error whose text is ``where``, where to set it)."""
+    return dataclasses.field(default=None, repr=False, metadata={"help": help_, "env_only": where})
+
+
+#: where the weight endpoints' bearer token comes from (inference, learner)
+AUTH_TOKEN_WHERE = (
+    "set LUDIC_AUTH_TOKEN, or name a file holding it with auth_token_file (--auth-token-file)"
+)
+
+
 def _is_secret(name: str) -> bool:
     """A setting named like a secret (``auth_token``, ``api_key``; not ``micro_token_budget``)."""
     name = name.lower()

@@ -17,7 +17,7 @@ from prometheus_client import Counter, Gauge
 from libludic import transport
 from libludic.inference.openai_client import InferenceError, OpenAIChatClient
 from services.common.lifecycle import sleep_or_stop
-from services.common.settings import read_yaml
+from services.common.settings import read_yaml, secret
 from services.eval import heldout
 from services.launcher.config import UpSettings
 
@@ -47,11 +47,7 @@ class EvalSettings:
         default_factory=lambda: ["http://127.0.0.1:8000"],
         metadata={"help": "inference base URLs; the first one is evaluated"},
     )
-    api_key: str | None = field(
-        default=None,
-        repr=False,
-        metadata={"help": "bearer token for inference", "env_only": "set LUDIC_API_KEY"},
-    )
+    api_key: str | None = secret("bearer token for inference", "set LUDIC_API_KEY")
     env: dict[str, Any] | None = field(
         default=None, metadata={"help": "held-out env {kind, kwargs} (default: up.eval_env)"}
     )

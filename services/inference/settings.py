@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from services.common.settings import AUTH_TOKEN_WHERE, secret
+
 
 class SettingsError(ValueError):
     """A configuration problem, phrased as one line naming the value and the fix."""
@@ -47,15 +49,7 @@ class InferenceSettings:
     served_model_name: str | None = field(
         default=None, metadata={"help": "the API's model name (default: the model path)"}
     )
-    auth_token: str | None = field(
-        default=None,
-        repr=False,
-        metadata={
-            "help": "bearer token of the weight endpoints",
-            "env_only": "set LUDIC_AUTH_TOKEN, or name a file holding it with "
-            "auth_token_file (--auth-token-file)",
-        },
-    )
+    auth_token: str | None = secret("bearer token of the weight endpoints", AUTH_TOKEN_WHERE)
     auth_token_file: str | None = field(
         default=None, metadata={"help": "file holding the bearer token (else LUDIC_AUTH_TOKEN)"}
     )

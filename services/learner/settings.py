@@ -24,7 +24,7 @@ from libludic import staleness
 from libludic.training.algorithm import AlgorithmSpec
 from libludic.training.checkpoint import CheckpointConfig
 from libludic.training.config import TrainerConfig
-from services.common.settings import load_settings, read_yaml
+from services.common.settings import AUTH_TOKEN_WHERE, load_settings, read_yaml, secret
 
 PLANES = ("http", "collective")
 
@@ -90,15 +90,7 @@ class LearnerSettings:
             "(empty: publishing off)"
         },
     )
-    auth_token: str | None = field(
-        default=None,
-        repr=False,
-        metadata={
-            "help": "bearer token for /v1/weights",
-            "env_only": "set LUDIC_AUTH_TOKEN, or name a file holding it with "
-            "auth_token_file (--auth-token-file)",
-        },
-    )
+    auth_token: str | None = secret("bearer token for /v1/weights", AUTH_TOKEN_WHERE)
     auth_token_file: str | None = field(default=None, metadata={"help": "file holding the token"})
     publish_plane: str = field(default="http", metadata={"help": "http | collective"})
     publish_dtype: str = field(
