@@ -182,7 +182,10 @@ class OpenAIChatClient:
             body["seed"] = req.seed
         rs = req.return_spec
         if rs.return_token_ids:
+            # token ids are what we read; logprob entries naming tokens by id spare the
+            # server a decode per token (`ludic inference` then decodes the text once)
             body["return_token_ids"] = True
+            body["return_tokens_as_token_ids"] = True
         if rs.return_chosen_logprobs:
             body["logprobs"] = True
             if rs.top_logprobs_k > 0:

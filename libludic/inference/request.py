@@ -14,7 +14,8 @@ class ReturnSpec:
     """Which token-level data the backend must return.
 
     ``for_rl()`` asks for completion token ids and chosen-token logprobs (what the
-    losses need); ``for_eval()`` only token ids.
+    losses need), no alternatives (``top_logprobs_k=0``: nothing reads them, and each one
+    costs the server a decoded entry per token); ``for_eval()`` only token ids.
     """
 
     return_token_ids: bool = False
@@ -27,7 +28,7 @@ class ReturnSpec:
 
     @classmethod
     def for_rl(cls) -> ReturnSpec:
-        return cls(return_token_ids=True, return_chosen_logprobs=True)
+        return cls(return_token_ids=True, return_chosen_logprobs=True, top_logprobs_k=0)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

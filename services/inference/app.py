@@ -34,6 +34,7 @@ from services.inference.schemas import (
     PolicyVersionResponse,
 )
 from services.inference.settings import InferenceSettings
+from services.inference.token_text import decodes_once, fill_text
 from services.inference.validation import WeightValidationError, decode_and_validate
 
 log = logging.getLogger("ludic.inference")
@@ -202,7 +203,7 @@ def create_app(
             )
         if handler is None:
             raise _http_error(404, f"the model does not support /v1/{endpoint}")
-        collector = VersionCollector()
+        collector = VersionCollector(detokenize=not decodes_once(req, endpoint, handler))
         started_version = e.version
         token = COLLECTOR.set(collector)
         try:
@@ -220,6 +221,8 @@ def create_app(
             return JSONResponse(gen.model_dump(), status_code=gen.error.code)
         if hasattr(gen, "model_dump"):
             data = gen.model_dump()
+            if not collector.detokenize:
+                fill_text(data, endpoint, e.tokenizer, req)
             version, mixed = collector.policy_version(e.version)
             data["policy_version"] = version
             if mixed:  # an in-flight update (update_mode=keep) happened during the request

@@ -62,6 +62,8 @@ class VersionCollector:
 
     versions: list[int] = field(default_factory=list)
     tokens: int = 0
+    # False: the request's text is decoded once at the end (services/inference/token_text.py)
+    detokenize: bool = True
 
     def add(self, output: Any) -> None:
         for comp in getattr(output, "outputs", None) or []:
@@ -290,14 +292,23 @@ class LudicEngine:
     async def shutdown(self) -> None:
         self.llm.shutdown()
 
+    @property
+    def tokenizer(self) -> Any:
+        """The served model's tokenizer (vLLM's own instance)."""
+        return self.llm.get_tokenizer()
+
     # ------------------------------------------------------------------ generation
     def _wrap_generate(self) -> None:
         """Shadow ``llm.generate`` on the instance so vLLM's serving code (which calls it)
-        reports each finished output to the HTTP request's VersionCollector."""
+        reports each finished output to the HTTP request's VersionCollector, and runs the
+        request without per-token detokenization when the collector says so."""
         original = self.llm.generate
 
         def generate(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
             collector = COLLECTOR.get()  # read now: the serving code calls us eagerly
+            if collector is not None and not collector.detokenize:
+                params = kwargs["sampling_params"] if "sampling_params" in kwargs else args[1]
+                params.detokenize = False
             agen = original(*args, **kwargs)
             if collector is None:
                 return agen

@@ -153,6 +153,62 @@ def test_chat_completion_token_ids(server: InferenceServer, tiny_model_dir: Path
     assert tok.decode(ch["token_ids"], skip_special_tokens=True) == ch["message"]["content"]
 
 
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+@pytest.mark.parametrize("skip_special", [True, False])
+def test_text_decoded_once_equals_the_text_vllm_builds_token_by_token(
+    server: InferenceServer, endpoint: str, skip_special: bool
+) -> None:
+    """A request naming logprob tokens by id runs without per-token detokenization and gets
+    its text decoded once (services/inference/token_text.py): same token ids, logprobs,
+    finish reasons and text as the same seeded request served token by token. Sampled at
+    temperature 1 past EOS, the byte-level model writes special tokens and invalid UTF-8,
+    the cases where a one-shot decode could differ from an incremental one."""
+    body: dict[str, Any] = {
+        "max_tokens": 40,
+        "temperature": 1.0,
+        "seed": 7,
+        "n": 8,
+        "ignore_eos": True,
+        "logprobs": True if endpoint == "chat" else 0,
+        "return_token_ids": True,
+        "skip_special_tokens": skip_special,
+    }
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": PROMPT}]
+        path = "/v1/chat/completions"
+    else:
+        body["prompt"] = PROMPT
+        path = "/v1/completions"
+
+    def served(by_id: bool) -> list[dict[str, Any]]:
+        r = httpx.post(
+            server.url + path, json={**body, "return_tokens_as_token_ids": by_id}, timeout=120
+        )
+        assert r.status_code == 200, r.text
+        return list(r.json()["choices"])
+
+    once, stepwise = served(True), served(False)
+
+    def text(ch: dict[str, Any]) -> str:
+        return str(ch["message"]["content"] if endpoint == "chat" else ch["text"])
+
+    def logprobs(ch: dict[str, Any]) -> list[float]:
+        lp = ch["logprobs"]
+        if endpoint == "chat":
+            return [c["logprob"] for c in lp["content"]]
+        return list(lp["token_logprobs"])
+
+    for a, b in zip(once, stepwise, strict=True):
+        assert a["token_ids"] == b["token_ids"] and len(a["token_ids"]) == 40
+        assert a["finish_reason"] == b["finish_reason"]
+        assert logprobs(a) == pytest.approx(logprobs(b), abs=1e-5)  # batch-dependent rounding
+        assert text(a) == text(b)
+    assert any(text(ch) for ch in once)
+    if endpoint == "chat":  # the decoded-once path leaves the chosen tokens' bytes unset
+        assert all(c["bytes"] is None for ch in once for c in ch["logprobs"]["content"])
+        assert all(c["bytes"] is not None for ch in stepwise for c in ch["logprobs"]["content"])
+
+
 async def test_top_k_and_stop_token_ids_reach_vllm(server: InferenceServer) -> None:
     """Through the library's client: top_k=1 at temperature 1 is greedy, and the served
     (processed) logprob of a token sampled from a one-token distribution is 0; a stop token

@@ -132,9 +132,9 @@ async def test_parses_token_ids_logprobs_version_and_sends_rl_fields(server):
     assert resp.completion_logprobs == [-0.25, -1.5] and resp.policy_version == 4
     body = server.bodies[-1]
     assert body["model"] == "tiny" and body["seed"] == 9
-    assert (
-        body["return_token_ids"] is True and body["logprobs"] is True and body["top_logprobs"] == 1
-    )
+    assert body["return_token_ids"] is True and body["logprobs"] is True
+    assert "top_logprobs" not in body  # ReturnSpec.for_rl asks for no alternatives
+    assert body["return_tokens_as_token_ids"] is True  # the server decodes the text once
     assert body["temperature"] == 0.7 and body["max_tokens"] == 256
     assert await c.get_policy_version() == 7 and await c.health() is False  # no /health on the fake
     await c.aclose()
