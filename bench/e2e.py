@@ -15,7 +15,8 @@ task, batch, group, lr, steps, loss, optimizer, sampling):
 
 Workloads: ``demo`` (the config as it is: 8-token answers) and ``gen-heavy`` (the same
 model and task with ``max_tokens: 64, ignore_eos: true``: every completion is 64 tokens, the
-reward read from its leading integer), where generation dominates the step.
+reward read from the integer before its first end-of-turn token, as the demo reads the whole
+answer), where generation dominates the step.
 
 Figures per run, with one definition each:
 
@@ -54,6 +55,7 @@ import asyncio
 import copy
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -67,9 +69,18 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from libludic.models.tiny import IM_END  # noqa: E402
+
 GEN_HEAVY_TOKENS = 64
 GEN_THREADS = int(os.environ.get("LUDIC_BASELINE_GEN_THREADS", "1"))
-LEADING_INT = {"kind": "regex", "pattern": r"^\s*(-?\d+)", "error_reward": 0.0}
+# the answer is what precedes the first end of turn: the text keeps special tokens
+# (skip_special_tokens false), so an answer sampled past an ignored EOS is not read on into
+# what follows it (with the EOS skipped, "42" + EOS + "17..." read as 4217)
+ANSWER_BEFORE_EOS = {
+    "kind": "regex",
+    "pattern": r"^\s*(-?\d+)" + re.escape(IM_END),
+    "error_reward": 0.0,
+}
 
 
 def workload(cfg: dict[str, Any], name: str) -> dict[str, Any]:
@@ -77,9 +88,9 @@ def workload(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     if name == "gen-heavy":
         for task in cfg["feeder"]["tasks"]:
             task.setdefault("inference", {}).setdefault("sampling", {}).update(
-                max_tokens=GEN_HEAVY_TOKENS, ignore_eos=True
+                max_tokens=GEN_HEAVY_TOKENS, ignore_eos=True, skip_special_tokens=False
             )
-            task["protocol"] = {"kind": "single_agent", "kwargs": {"parser": LEADING_INT}}
+            task["protocol"] = {"kind": "single_agent", "kwargs": {"parser": ANSWER_BEFORE_EOS}}
     return cfg
 
 

@@ -154,6 +154,7 @@ class HFChatClient:
         out_lp: list[list[float]] = [[] for _ in range(B)]
         finish: list[str | None] = [None] * B
         cut_text: list[str | None] = [None] * B
+        stop_tok = [False] * B  # ended by EOS or a stop token id
         past = None
         step_ids, step_pos = ids, pos
         temps = torch.tensor([p.request.sampling.temperature for p in batch], dtype=torch.float32)
@@ -206,11 +207,15 @@ class HFChatClient:
                 out_ids[i].append(tok)
                 out_lp[i].append(lp)
                 if tok in self.eos_ids and not sp.ignore_eos:
-                    finish[i] = "stop"
+                    finish[i], stop_tok[i] = "stop", True
                 elif sp.stop_token_ids and tok in sp.stop_token_ids:
-                    finish[i] = "stop"
+                    finish[i], stop_tok[i] = "stop", True
                 elif stops[i]:
-                    text = str(self.tokenizer.decode(out_ids[i], skip_special_tokens=True))
+                    text = str(
+                        self.tokenizer.decode(
+                            out_ids[i], skip_special_tokens=sp.skip_special_tokens
+                        )
+                    )
                     hit = [text.find(s) for s in stops[i] if s in text]
                     if hit:
                         finish[i], cut_text[i] = "stop", text[: min(hit)]
@@ -226,10 +231,13 @@ class HFChatClient:
         results = []
         for i, p in enumerate(batch):
             cut = cut_text[i]
+            # as vLLM: the stop token that ended the completion is not part of its text
+            text_ids = out_ids[i][:-1] if stop_tok[i] else out_ids[i]
+            skip = p.request.sampling.skip_special_tokens
             text = (
                 cut
                 if cut is not None
-                else str(self.tokenizer.decode(out_ids[i], skip_special_tokens=True))
+                else str(self.tokenizer.decode(text_ids, skip_special_tokens=skip))
             )
             rs = p.request.return_spec
             results.append(

@@ -21,6 +21,9 @@ class SamplingConfig:
     # keep sampling after the end-of-sequence token until max_tokens (vLLM's ignore_eos; the
     # sampled distribution is unchanged, so logprobs stay those of the policy)
     ignore_eos: bool = False
+    # False: the text keeps special tokens (chat-template markers, an EOS sampled under
+    # ignore_eos) as their strings; a stop token ending the completion is never in the text
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -56,6 +59,8 @@ class SamplingConfig:
             out["stop"] = self.stop
         if self.ignore_eos:
             out["ignore_eos"] = True
+        if not self.skip_special_tokens:
+            out["skip_special_tokens"] = False  # vLLM's extension, default True
         if self.top_k is not None:
             out["top_k"] = self.top_k  # vLLM's extension of the OpenAI body
         if self.stop_token_ids is not None:

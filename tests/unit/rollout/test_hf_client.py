@@ -128,3 +128,41 @@ def test_top_k_and_stop_token_ids_go_into_the_openai_body():
     assert SamplingConfig.from_dict(
         SamplingConfig(stop_token_ids=[7]).to_dict()
     ).stop_token_ids == (7,)
+
+
+async def test_special_tokens_in_the_text_only_when_asked_and_never_the_stop_token(client):
+    """Past an ignored EOS the tiny model writes special tokens: skip_special_tokens=False
+    keeps their strings in the text (as vLLM does); the stop token id that ends a
+    completion is in its ids but not in its text, in both modes (as vLLM)."""
+    tok = client.tokenizer
+    special = set(tok.all_special_ids)
+    seed = None
+    for s in range(200):  # a seed whose completion has a special token before its last one
+        r, _ = await client.complete(req(seed=s, max_tokens=24, ignore_eos=True))
+        if special & set(r.completion_token_ids[:-1]):
+            seed = s
+            break
+    assert seed is not None
+    kept, _ = await client.complete(
+        req(seed=seed, max_tokens=24, ignore_eos=True, skip_special_tokens=False)
+    )
+    plain, _ = await client.complete(req(seed=seed, max_tokens=24, ignore_eos=True))
+    assert kept.completion_token_ids == plain.completion_token_ids
+    assert kept.text == tok.decode(kept.completion_token_ids, skip_special_tokens=False)
+    assert plain.text == tok.decode(plain.completion_token_ids, skip_special_tokens=True)
+    assert kept.text != plain.text
+    stop = plain.completion_token_ids[3]
+    for skip in (True, False):
+        r, _ = await client.complete(
+            req(
+                seed=seed,
+                max_tokens=24,
+                ignore_eos=True,
+                stop_token_ids=[stop],
+                skip_special_tokens=skip,
+            )
+        )
+        assert r.finish_reason == "stop" and r.completion_token_ids[-1] == stop
+        assert r.text == tok.decode(r.completion_token_ids[:-1], skip_special_tokens=skip)
+    assert SamplingConfig(skip_special_tokens=False).to_openai()["skip_special_tokens"] is False
+    assert "skip_special_tokens" not in SamplingConfig().to_openai()
