@@ -1,5 +1,5 @@
 """What a run config names by ``{kind, kwargs}``: the credit assigners and losses of a
-``custom`` algorithm (libludic.training.algorithm.make_custom), built from plain data."""
+``custom`` algorithm (libludic.training.presets.make_custom), built from plain data."""
 
 from __future__ import annotations
 

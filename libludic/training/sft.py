@@ -40,9 +40,9 @@ import torch
 
 from libludic.envs.arithmetic import generate_problem
 from libludic.eval.greedy import greedy_pass_rate
-from libludic.training.algorithm import make_sft
 from libludic.training.batching.offline import OfflineBatchSource
 from libludic.training.config import TrainerConfig
+from libludic.training.presets import make_sft
 from libludic.training.sft_data import CHECK_SEEDS, EVAL_SEEDS, write_train_jsonl
 from libludic.training.trainer import Trainer
 

@@ -21,7 +21,7 @@ is an error whose text is this value, where to set it). A class attribute ``RETI
 error naming the fix.
 
 The algorithm is configured once, in the top-level ``algorithm:`` section
-(``{name, group_size, kwargs}``, libludic.training.algorithm.AlgorithmSpec), read by feeder
+(``{name, group_size, kwargs}``, libludic.training.presets.AlgorithmSpec), read by feeder
 (group_size), credit and learner through their ``algorithm`` field (env ``LUDIC_ALGORITHM``
 as JSON). A per-service copy (``credit.algorithm``, ``learner.algorithm_kwargs``,
 ``feeder.group_size``, ...) is an error naming the fix, so the services cannot disagree.

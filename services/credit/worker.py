@@ -83,7 +83,7 @@ class CreditSettings:
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
 
     def __post_init__(self) -> None:
-        from libludic.training.algorithm import AlgorithmSpec
+        from libludic.training.presets import AlgorithmSpec
 
         self.spec = AlgorithmSpec.from_mapping(self.algorithm)
         if self.min_partial_group < 1:

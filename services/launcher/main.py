@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    from libludic.training.algorithm import AlgorithmSpec
+    from libludic.training.presets import AlgorithmSpec
 
     try:  # fail before starting anything: credit and learner would refuse it minutes later
         AlgorithmSpec.from_mapping(cfg.get("algorithm"))

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from libludic import staleness
-from libludic.training.algorithm import AlgorithmSpec
 from libludic.training.checkpoint import CheckpointConfig
 from libludic.training.config import TrainerConfig
+from libludic.training.presets import AlgorithmSpec
 from services.common.settings import AUTH_TOKEN_WHERE, load_settings, read_yaml, secret
 
 PLANES = ("http", "collective")

@@ -368,8 +368,8 @@ def emitted_signals() -> tuple[set[str], set[str]]:
     """(the stat keys of every loss a run can name plus the step stats the learner exports
     as signals, ``STEP_SIGNALS``; the ``signal`` labels of every preset's loss with a KL
     term), both without "loss" (it has its own gauge, services/learner)."""
-    from libludic.training.algorithm import ALGORITHMS
     from libludic.training.components import LOSSES
+    from libludic.training.presets import ALGORITHMS
     from services.learner.metrics import STEP_SIGNALS
 
     keys = {k for cls in LOSSES.values() if isinstance(cls.stat_keys, tuple) for k in cls.stat_keys}

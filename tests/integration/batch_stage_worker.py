@@ -21,8 +21,8 @@ from transformers import AutoModelForCausalLM
 
 from libludic.models.tiny import PAD_ID
 from libludic.saw import SAWBatch
-from libludic.training.algorithm import make_grpo, make_scalerl
 from libludic.training.config import TrainerConfig
+from libludic.training.presets import make_grpo, make_scalerl
 from libludic.training.trainer import Trainer
 from libludic.types import Rollout, Step, TokenTrace
 

@@ -22,8 +22,8 @@ from transformers import AutoModelForCausalLM
 
 from libludic.models.tiny import PAD_ID
 from libludic.saw import SampleAttachments, SAWBatch, SAWItem
-from libludic.training.algorithm import make_sft
 from libludic.training.config import TrainerConfig
+from libludic.training.presets import make_sft
 from libludic.training.trainer import Trainer
 
 

@@ -180,7 +180,7 @@ async def test_scalerl_batch_std_counts_each_multi_step_rollout_once(
     # d (1 step, 1). Centred per rollout: +0.5, -0.5, +1, -1; std over the 4 rollouts
     # sqrt((0.25 + 0.25 + 1 + 1) / 4) = sqrt(0.625): a 0.632 (over the 7 items it would be
     # sqrt(4 / 7): a 0.661). The learner's batch of 7 items matches the library's result.
-    from libludic.training.algorithm import make_scalerl
+    from libludic.training.presets import make_scalerl
 
     rs = [
         multi_step_rollout("g", "a", [1.0]),

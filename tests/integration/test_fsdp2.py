@@ -78,7 +78,7 @@ def test_fsdp2_two_ranks_match_single_process(tiny_model_dir, tmp_path, split) -
     # reference: one process training on the union of both ranks' items
     from transformers import AutoModelForCausalLM
 
-    from libludic.training.algorithm import make_sft
+    from libludic.training.presets import make_sft
     from libludic.training.trainer import Trainer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)

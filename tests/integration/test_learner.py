@@ -116,8 +116,8 @@ def reference_training(
     from transformers import AutoModelForCausalLM
 
     from libludic.saw import SAWBatch
-    from libludic.training.algorithm import make_grpo
     from libludic.training.config import TrainerConfig
+    from libludic.training.presets import make_grpo
     from libludic.training.trainer import Trainer
 
     class Source:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from libludic.training.algorithm import ALGORITHMS, AlgorithmSpec
+from libludic.training.presets import ALGORITHMS, AlgorithmSpec
 from services.common.settings import load_settings
 from services.credit.main import CreditSettings
 from services.feeder.worker import FeederSettings

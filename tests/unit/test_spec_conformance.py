@@ -12,8 +12,8 @@ from libludic.parsers import xml_parser
 from libludic.registry import build_registries
 from libludic.requests import EnvSpec, RolloutRequest
 from libludic.rollout.engine import RolloutEngine
-from libludic.training.algorithm import make_reinforce
 from libludic.training.config import TrainerConfig
+from libludic.training.presets import make_reinforce
 from tests.fakes import ScriptedClient
 
 

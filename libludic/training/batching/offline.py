@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from libludic.saw import SAWBatch, SAWItem
-from libludic.training.algorithm import RLAlgorithm, make_sft
+from libludic.training.algorithm import RLAlgorithm
 from libludic.training.filters import SampleFilter
+from libludic.training.presets import make_sft
 from libludic.types import Rollout, Step, TokenTrace
 
 

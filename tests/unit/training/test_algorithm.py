@@ -4,18 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from libludic.training.algorithm import (
-    AlgorithmSpec,
-    CreditStats,
-    RLAlgorithm,
-    make_cispo,
-    make_dr_grpo,
-    make_grpo,
-    make_gspo,
-    make_reinforce,
-    make_scalerl,
-    make_sft,
-)
+from libludic.training.algorithm import CreditStats, RLAlgorithm
 from libludic.training.credit_assignment import (
     ConstantCredit,
     GroupNormalizedReturn,
@@ -38,6 +27,16 @@ from libludic.training.loss import (
     ReinforceLoss,
     TokenClippedSurrogateLoss,
     TokenKLLoss,
+)
+from libludic.training.presets import (
+    AlgorithmSpec,
+    make_cispo,
+    make_dr_grpo,
+    make_grpo,
+    make_gspo,
+    make_reinforce,
+    make_scalerl,
+    make_sft,
 )
 from tests.fakes import make_item, make_rollout
 

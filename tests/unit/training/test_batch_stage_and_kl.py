@@ -14,9 +14,10 @@ from torch import nn
 
 from libludic.models.tiny import PAD_ID
 from libludic.saw import SampleAttachments, SAWItem
-from libludic.training.algorithm import PENDING_BATCH_STAGE, make_grpo, make_scalerl
+from libludic.training.algorithm import PENDING_BATCH_STAGE
 from libludic.training.config import TrainerConfig
 from libludic.training.credit_assignment import HybridNormalizedReturn
+from libludic.training.presets import make_grpo, make_scalerl
 from libludic.training.trainer import Trainer
 from tests.fakes import ListBatchSource, make_rollout
 

@@ -12,9 +12,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from libludic.models.tiny import PAD_ID
-from libludic.training.algorithm import make_sft
 from libludic.training.checkpoint import CheckpointConfig, CheckpointManager
 from libludic.training.config import TrainerConfig
+from libludic.training.presets import make_sft
 from libludic.training.trainer import Trainer
 from tests.fakes import ListBatchSource, make_item, ticks_during
 

@@ -16,9 +16,9 @@ from transformers import AutoModelForCausalLM
 from libludic.distributed.publisher import PublishError
 from libludic.models.tiny import PAD_ID
 from libludic.saw import SAWBatch
-from libludic.training.algorithm import make_sft
 from libludic.training.checkpoint import CheckpointConfig, CheckpointManager
 from libludic.training.config import TrainerConfig
+from libludic.training.presets import make_sft
 from libludic.training.trainer import PublishFailed, Trainer, TrainerHooks
 from libludic.training.types import (
     CheckpointedBatchSource,

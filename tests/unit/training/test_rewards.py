@@ -7,14 +7,8 @@ import math
 
 import pytest
 
-from libludic.training.algorithm import (
-    AlgorithmSpec,
-    CreditStats,
-    RLAlgorithm,
-    make_grpo,
-    make_reinforce,
-    make_scalerl,
-)
+from libludic.training.algorithm import CreditStats, RLAlgorithm
+from libludic.training.presets import AlgorithmSpec, make_grpo, make_reinforce, make_scalerl
 from libludic.training.rewards import RewardShaping
 from tests.fakes import make_rollout
 

@@ -11,8 +11,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from libludic.models.tiny import PAD_ID
-from libludic.training.algorithm import make_sft
 from libludic.training.config import TrainerConfig
+from libludic.training.presets import make_sft
 from libludic.training.schedule import lr_factor
 from libludic.training.trainer import Trainer
 from tests.fakes import ListBatchSource, make_item

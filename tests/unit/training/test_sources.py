@@ -11,10 +11,10 @@ from libludic.eval.evaluator import Evaluator
 from libludic.inference.request import ReturnSpec
 from libludic.models.tiny import IM_END_ID, encode_bytes
 from libludic.requests import EnvSpec, RolloutRequest
-from libludic.training.algorithm import make_grpo, make_reinforce, make_sft
 from libludic.training.batching.offline import OfflineBatchSource
 from libludic.training.batching.rollout_batch_source import RolloutBatchSource
 from libludic.training.filters import drop_parse_errors
+from libludic.training.presets import make_grpo, make_reinforce, make_sft
 from libludic.training.types import BatchSource
 from tests.fakes import FakeEngine, make_rollout
 
@@ -51,7 +51,7 @@ async def test_rollout_batch_source_runs_engine_and_credits() -> None:
 
 
 async def test_rollout_batch_source_retries_empty_batches() -> None:
-    from libludic.training.algorithm import make_scalerl
+    from libludic.training.presets import make_scalerl
 
     eng = FakeEngine([[1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])  # first call all zero-variance
     src = RolloutBatchSource(engine=eng, request_fn=requests, algorithm=make_scalerl(group_size=2))

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from libludic.models.tiny import PAD_ID
 from libludic.training import loss as L
-from libludic.training.algorithm import RLAlgorithm, make_grpo, make_sft
+from libludic.training.algorithm import RLAlgorithm
 from libludic.training.config import TrainerConfig
 from libludic.training.credit_assignment import ConstantCredit
 from libludic.training.loss import (
@@ -22,6 +22,7 @@ from libludic.training.loss import (
     ReinforceLoss,
     TokenClippedSurrogateLoss,
 )
+from libludic.training.presets import make_grpo, make_sft
 from libludic.training.trainer import Trainer
 from tests.fakes import ListBatchSource, make_item, ticks_during
 
