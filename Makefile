@@ -20,7 +20,7 @@ PIPQ := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || t
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv system-deps demo test test-unit test-integration test-deploy test-up test-faults lint typecheck bench clean
+.PHONY: venv system-deps demo test test-unit test-integration test-deploy test-up test-faults test-fuzz lint typecheck bench clean
 
 venv: $(STAMP)
 
@@ -64,6 +64,11 @@ test: venv system-deps lint
 # Whole `ludic up` runs (demo config shapes, agents, KL, the saved final policy, Prometheus).
 test-up: venv system-deps
 	$(PY) -m pytest tests -q -p no:cacheprovider -ra -m 'up and not faults'
+
+# Hostile entries into every stream, hostile bodies to every weight route (also in `make test`);
+# LUDIC_FUZZ_SEED / LUDIC_FUZZ_N pick another run.
+test-fuzz: venv
+	$(PY) -m pytest tests/fuzz -q -p no:cacheprovider -ra -m fuzz
 
 # SIGKILLs services of a running `ludic up` (and `ludic up` itself): restarts, resume, no orphans.
 test-faults: venv

@@ -12,6 +12,10 @@ from typing import Any
 from libludic.inference.request import InferenceSpec
 from libludic.types import new_id
 
+#: the most episodes one request may ask for: the actor lists every episode of a request
+#: up front, so a request claiming 2^31 of them would exhaust its memory
+MAX_EPISODES = 65536
+
 
 @dataclass(frozen=True)
 class EnvSpec:
@@ -104,8 +108,11 @@ class RolloutRequest:
     same_env_seed: bool = False
 
     def __post_init__(self) -> None:
-        if self.num_episodes < 1:
-            raise ValueError(f"RolloutRequest.num_episodes={self.num_episodes} must be >= 1")
+        if not 1 <= self.num_episodes <= MAX_EPISODES:
+            raise ValueError(
+                f"RolloutRequest.num_episodes={self.num_episodes} must be in [1, {MAX_EPISODES}]; "
+                "split a larger batch into several requests"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -149,6 +149,27 @@ class RLAlgorithm:
                     it.weight = 0.0
         return items
 
+    def item_problem(self, item: SAWItem) -> str | None:
+        """Why this algorithm cannot train ``item`` (None: it can): meta it reads in a
+        step (``reward``, the batch-stage stamp), checked when an item is read so a
+        malformed one is dead-lettered instead of failing the step of every batch-mate."""
+        meta = item.meta
+        reward = meta.get("reward")
+        if reward is not None and (
+            isinstance(reward, bool) or not isinstance(reward, (int, float))
+        ):
+            return f"meta.reward={reward!r} is not a number"
+        stage = meta.get(PENDING_BATCH_STAGE)
+        if stage is not None and (stage != self.name or not self.has_batch_stage):
+            return (
+                f"meta.{PENDING_BATCH_STAGE}={stage!r}: credited for another algorithm than "
+                f"{self.name!r} (batch stage {'pending' if self.has_batch_stage else 'none'})"
+            )
+        n = meta.get(ROLLOUT_ITEMS)
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            return f"meta.{ROLLOUT_ITEMS}={n!r} is not a positive integer"
+        return None
+
     def apply_batch_stage(
         self, items: Sequence[SAWItem], all_sum: SumFn | None = None
     ) -> list[SAWItem]:

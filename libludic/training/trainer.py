@@ -322,6 +322,8 @@ class Trainer:
         """Why ``item`` cannot be trained by this Trainer (None: it can): the checks a
         batch source runs before an item reaches a step, so one bad item is dead-lettered
         instead of failing every step it is in (and every restart that replays it)."""
+        if not item.num_action_tokens:  # also an empty item: nothing to train, 0/0 losses
+            return "the item has no action token"
         if self.algo.needs_actor_logprobs and item.attachments.actor_logprobs is None:
             return f"algorithm {self.algo.name!r} needs actor logprobs; the item has none"
         ref = item.attachments.ref_logprobs
@@ -340,7 +342,7 @@ class Trainer:
                 lo, hi = int(min(ids)), int(max(ids))
             if lo < 0 or (self.vocab_size is not None and hi >= self.vocab_size):
                 return f"token ids span [{lo}, {hi}], outside the model's vocabulary [0, {self.vocab_size})"
-        return None
+        return self.algo.item_problem(item)
 
     def accumulate_gradients(self, items: Sequence[SAWItem]) -> dict[str, float]:
         """Zero the grads, then forward/backward every micro-batch of ``items``.

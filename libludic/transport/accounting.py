@@ -45,7 +45,9 @@ not yet credited (hash ``acct:rolling``) + groups with items not yet resolved by
 Limits (documented, not hidden): a request whose ``group_id`` differs from its id (several
 requests per group, not made by the feeder) breaks the one-request-one-group premise; a
 group all of whose rollout entries are dead-lettered one by one (undecodable rollouts)
-stays in flight forever (visible, never miscounted).
+stays in flight forever (visible, never miscounted); so does a group whose rollouts reach
+credit under another ``group_id`` (lost or corrupted on the way): credit's commit of a group
+no actor committed opens no group, its items count at item level only.
 """
 
 from __future__ import annotations
@@ -162,14 +164,17 @@ _COMMIT_LUA = (
     COMMIT_FN
     + """
 local stage, gid = ARGV[3], ARGV[4]
+-- credit opens only a group an actor committed: a rollout whose group_id was lost or
+-- corrupted on the way names a group nobody requested, whose items count at item level only
+local rolled = stage == 'credit' and redis.call('HEXISTS', KEYS[5], gid) == 1
 local function on_output(iid)
-  if stage == 'credit' then redis.call('HSET', KEYS[7], iid, gid) end
+  if rolled then redis.call('HSET', KEYS[7], iid, gid) end
 end
 local function on_written(written)
   if stage == 'credit' then
     redis.call('HDEL', KEYS[5], gid)
     if written > 0 then
-      redis.call('HINCRBY', KEYS[6], gid, written)
+      if rolled then redis.call('HINCRBY', KEYS[6], gid, written) end
       redis.call('HINCRBY', KEYS[4], 'items_written', written)
     end
   elseif written > 0 then

@@ -145,7 +145,7 @@ def _open(data: Any, kind: str) -> dict[str, Any]:
     if "schema_version" not in obj:
         raise CodecError("missing_field", "schema_version")
     v = obj["schema_version"]
-    if v != SCHEMA_VERSION:
+    if type(v) is not int or v != SCHEMA_VERSION:  # True and 1.0 equal 1 in Python
         raise CodecError(
             "unknown_schema_version",
             f"schema_version={v!r}, this build reads {SCHEMA_VERSION}; upgrade the consumer "
@@ -252,6 +252,9 @@ def decode_rollout(data: Any) -> Rollout:
 def _nonfinite_scalar(item: SAWItem) -> str | None:
     if not math.isfinite(item.weight):
         return f"weight={item.weight}"
+    temp = item.attachments.temperature  # the learner divides the item's logits by it
+    if temp is not None and not math.isfinite(temp):
+        return f"temperature={temp}"
     reward = item.meta.get("reward")
     if isinstance(reward, float) and not math.isfinite(reward):
         return f"meta.reward={reward}"
@@ -265,8 +268,8 @@ def _nonfinite_array(name: str, lp: Any) -> str | None:
 
 
 def encode_saw_item(item: SAWItem) -> bytes:
-    """ValueError for what the learner must never train on: a non-finite weight, reward or
-    logprob (one such item turns every parameter into NaN after the optimizer step)."""
+    """ValueError for what the learner must never train on: a non-finite weight, reward,
+    temperature or logprob (one such item turns every parameter into NaN after the optimizer step)."""
     att = item.attachments
     packed = {
         name: pack_array(getattr(att, name), _F32) for name in ("actor_logprobs", "ref_logprobs")

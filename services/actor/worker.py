@@ -25,6 +25,7 @@ from services.common.settings import secret
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (InferenceError, *transport.REDIS_DOWN_ERRORS)
 
 log = logging.getLogger("ludic.actor")
+RESOLVED_KEPT = 4096  # far more than one read can claim
 
 EPISODES = Counter("ludic_actor_episodes_total", "Rollouts written to the rollouts stream")
 REWARD = Histogram(
@@ -146,6 +147,9 @@ class Actor:
             on_wait=STALE_WAITS.inc,
         )
         self.inflight: dict[str, transport.Entry] = {}
+        # entries this actor resolved lately, oldest first: a claim issued before their
+        # commit can still return them (a second run would be a duplicate)
+        self.resolved: dict[str, None] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.stats = ActorStats()
         self.last_tick = time.monotonic()
@@ -186,7 +190,9 @@ class Actor:
 
     # ---- one request ------------------------------------------------------------------
 
-    async def _handle(self, entry: transport.Entry) -> None:
+    async def _handle(self, entry: transport.Entry) -> bool:
+        """Run one request; True once it is resolved (committed or dead-lettered), False
+        when it is left pending for a retry."""
         try:
             req = transport.decode_request(entry.payload)
         except transport.CodecError as err:
@@ -194,7 +200,15 @@ class Actor:
             reason, why = err.reason, err.detail
             await transport.retry_redis(lambda: self.consumer.dead_letter(entry, reason, why))
             self.stats.deadlettered += 1
-            return
+            return True
+        if entry.item_id and req.id != entry.item_id:
+            # the feeder writes each request under its own id; the done marker and the run
+            # accounting key on it, so a body naming another request cannot be run
+            ERRORS.labels(kind="decode").inc()
+            why = f"request id {req.id!r} differs from its entry's id {entry.item_id!r}"
+            await transport.retry_redis(lambda: self.consumer.dead_letter(entry, "bad_field", why))
+            self.stats.deadlettered += 1
+            return True
         req.meta.setdefault("group_id", req.id)
         t_gen = time.monotonic()
         try:
@@ -210,7 +224,7 @@ class Actor:
             log.warning(
                 "request %s failed (%s: %s); left pending for retry", req.id, type(e).__name__, e
             )
-            return
+            return False
         except Exception as e:  # deterministic failure (bad env kwargs, ...): dead-letter it
             ERRORS.labels(kind="episode").inc()
             detail = f"{type(e).__name__}: {e}"
@@ -218,7 +232,7 @@ class Actor:
                 lambda: self.consumer.dead_letter(entry, "episode_error", detail)
             )
             self.stats.deadlettered += 1
-            return
+            return True
         gen_s = time.monotonic() - t_gen
         GENERATE.observe(gen_s)
         self.stats.generate_s += gen_s
@@ -226,6 +240,7 @@ class Actor:
         await self._commit(entry, req, rollouts)
         COMMIT.observe(time.monotonic() - t_commit)
         self.stats.commit_s += time.monotonic() - t_commit
+        return True
 
     async def _commit(
         self, entry: transport.Entry, req: RolloutRequest, rollouts: list[Any]
@@ -260,12 +275,18 @@ class Actor:
             TOKENS.inc(sum(len(s.trace.completion_token_ids) for s in ro.steps if s.trace))
 
     def _spawn(self, entry: transport.Entry) -> None:
+        if entry.id in self.inflight or entry.id in self.resolved:
+            # our own entry, claimed back because the loop was too busy to touch it within
+            # claim_idle_ms: it is running or done already (a second run would dead-letter
+            # or commit it twice); the claim only refreshed its idle time
+            return
         self.inflight[entry.id] = entry
         INFLIGHT.set(len(self.inflight))
 
         async def run() -> None:
+            resolved = False
             try:
-                await self._handle(entry)
+                resolved = await self._handle(entry)
             except Exception as e:  # e.g. Redis refusing the commit (OOM): stays pending
                 ERRORS.labels(kind="commit").inc()
                 log.error(
@@ -276,6 +297,10 @@ class Actor:
                 )
             finally:
                 self.inflight.pop(entry.id, None)
+                if resolved:
+                    self.resolved[entry.id] = None
+                    if len(self.resolved) > RESOLVED_KEPT:
+                        del self.resolved[next(iter(self.resolved))]
                 self.tasks.pop(entry.id, None)
                 INFLIGHT.set(len(self.inflight))
 

@@ -49,6 +49,12 @@ def _http_error(status: int, detail: str) -> HTTPException:
     return HTTPException(status_code=status, detail=detail)
 
 
+def _invalid_body(exc: ValidationError) -> HTTPException:
+    """422 naming what is wrong, without echoing the input: a JSON body may hold Infinity
+    or NaN, which the JSON response cannot carry (it would be a 500)."""
+    return HTTPException(status_code=422, detail=json.loads(exc.json(include_input=False)))
+
+
 async def read_body_once(
     request: Request, max_bytes: int, limit_name: str = "the body limit"
 ) -> bytearray:
@@ -327,7 +333,7 @@ def create_app(
         try:
             req = CollectiveInitRequest.model_validate_json(bytes(raw))
         except ValidationError as exc:
-            raise HTTPException(status_code=422, detail=json.loads(exc.json())) from exc
+            raise _invalid_body(exc) from exc
         try:
             group = await receiver.init(req)
         except ValueError as exc:
@@ -354,7 +360,7 @@ def create_app(
             req = CollectiveUpdateRequest.model_validate_json(bytes(raw))
         except ValidationError as exc:
             _outcome("collective", "rejected")
-            raise HTTPException(status_code=422, detail=json.loads(exc.json())) from exc
+            raise _invalid_body(exc) from exc
         if not receiver.ready:
             raise _http_error(
                 400, "no weight group: POST /v1/weights/collective/init before updates"

@@ -26,12 +26,18 @@ class HealthResponse(BaseModel):
     reason: str = ""
 
 
-class CollectiveInitRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+#: the learner's rank 0 and one rank per replica; far past any deployment
+MAX_COLLECTIVE_WORLD = 1 << 16
 
-    master_address: str = Field(min_length=1)
+
+class CollectiveInitRequest(BaseModel):
+    # strict: a bool or a float is no rank or port. Bounded: a body that passes opens a
+    # rendezvous, which waits up to collective_timeout_s for peers that never come
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    master_address: str = Field(min_length=1, max_length=253)  # a DNS name's limit
     master_port: int = Field(gt=0, lt=65536)
-    world_size: int = Field(ge=2)
+    world_size: int = Field(ge=2, le=MAX_COLLECTIVE_WORLD)
     backend: Literal["gloo", "nccl"] = "gloo"
     # Ludic extension of the contract: this replica's rank (learner is 0). Default 1 for
     # the common one-replica case; CollectiveWeightSender sends i + 1 for replica i.

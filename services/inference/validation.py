@@ -87,7 +87,8 @@ def parse_safetensors_header(buf: memoryview | bytes | bytearray) -> tuple[int, 
         )
     try:
         header = json.loads(bytes(mv[8 : 8 + n]).decode("utf-8"), object_pairs_hook=_unique_keys)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, an int
+        # past Python's 4300-digit limit, nesting past the recursion limit
         raise WeightValidationError(f"safetensors header is not valid JSON: {e}", 400) from e
     if not isinstance(header, dict):
         raise WeightValidationError("safetensors header must be a JSON object", 400)
@@ -100,7 +101,7 @@ def parse_safetensors_header(buf: memoryview | bytes | bytearray) -> tuple[int, 
         if not isinstance(info, dict):
             raise WeightValidationError(f"{name}: header entry is not an object", 400)
         code, shape, offs = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        if code not in ST_DTYPES:
+        if not isinstance(code, str) or code not in ST_DTYPES:  # a list or map is unhashable
             raise WeightValidationError(
                 f"{name}: dtype {code!r} is not supported; use one of {sorted(ST_DTYPES)}", 422
             )

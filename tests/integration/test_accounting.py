@@ -326,6 +326,51 @@ async def test_trained_twice_is_counted(redis_url: str) -> None:
         await r.aclose()
 
 
+async def test_credit_commit_of_a_group_no_actor_committed_stays_consistent(
+    redis_url: str,
+) -> None:
+    """Request g's rollout reaches credit without its group_id (lost on the way), so credit
+    commits it as group "g-r0": no group opens for it (it was never requested) and its item
+    counts at item level only; g stays in flight (rolling), as the documented limit says.
+    Before, "g-r0" opened too: in flight observed 2 for 1 requested (inconsistent)."""
+    r = t.connect(redis_url)
+    keys = t.Keys("stray")
+    try:
+        await accounting.add_requests(r, keys, [("g", b"q")])
+        ac = accounting.AccountedConsumer(
+            r, keys.requests, t.GROUP_ACTORS, "a", keys.deadletter, stage="requests"
+        )
+        await ac.ensure_group()
+        (req,) = await ac.read(1, block_ms=100)
+        await accounting.commit(
+            ac, [req], [("g-r0", b"ro")], keys.rollouts, keys.done("actor", "g"),
+            stage="actor", group_id="g",
+        )  # fmt: skip
+        cc = accounting.AccountedConsumer(
+            r, keys.rollouts, t.GROUP_CREDIT, "c", keys.deadletter, stage="rollouts"
+        )
+        await cc.ensure_group()
+        ros = await cc.read(1, block_ms=100)
+        assert await accounting.commit(
+            cc, ros, [("g-r0:0", b"s")], keys.saw, keys.done("credit", "g-r0"),
+            stage="credit", group_id="g-r0",
+        ) == 1  # fmt: skip
+        a = await accounting.snapshot(r, keys)
+        assert a["consistent"], accounting.format_line(a)
+        assert (a["groups_in_flight"], a["observed_rolling"], a["observed_open"]) == (1, 1, 0)
+        assert (a["items_written"], a["items_in_flight"]) == (1, 1)
+        lc = accounting.AccountedConsumer(
+            r, keys.saw, t.GROUP_LEARNER, "l", keys.deadletter, stage="saw"
+        )
+        await lc.ensure_group()
+        (item,) = await lc.read(1, block_ms=100)
+        assert await accounting.ack_items(lc, [item.id], "trained") == 1
+        a = await accounting.snapshot(r, keys)
+        assert a["consistent"] and a["groups_trained"] == 0 and a["items_trained"] == 1
+    finally:
+        await r.aclose()
+
+
 async def test_status_shows_the_accounting(redis_url: str) -> None:
     """``ludic status`` (collect + render) carries the snapshot: 3 requests added by the
     feeder, one dead-lettered by an actor -> requested 3 = dead-lettered 1 + in flight 2."""
@@ -561,6 +606,8 @@ async def test_deadletter_writes_the_same_entry_with_or_without_accounting(
             b"groups_deadlettered": b"1",
             b"rollouts_deadlettered": b"1",
         }
+        # group g's rollout was committed by an actor (credit opens only such a group)
+        await r.hset(accounting.AcctKeys(keys).rolling, "g", 1)
         await accounting.commit(
             rc,
             [],

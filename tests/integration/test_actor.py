@@ -386,3 +386,56 @@ async def test_inference_pool_round_robin_and_failover() -> None:
     finally:
         await pool.aclose()
         a.close()
+
+
+async def test_an_entry_claimed_back_while_in_flight_runs_once(redis_url: str) -> None:
+    """A busy event loop can miss the touch of an in-flight request for claim_idle_ms; the
+    actor's own claim then hands it back while it runs, or just after it finished. Neither
+    starts a second run (two dead-letter entries, or two commits, for one request)."""
+    from services.actor.worker import Actor
+
+    keys = t.Keys("act5")
+    r = t.connect(redis_url)
+    await feed(r, keys, [request(0, env=EnvSpec("no_such_env"))])
+    settings = actor_main.ActorSettings(
+        redis_url=redis_url, run_id="act5", metrics_port=0, max_head_offpolicyness=None
+    )
+    actor = Actor(settings, FlakyClient(fail=0), r, asyncio.Event())
+    (entry,) = await actor.consumer.read(1, block_ms=100)
+    actor._spawn(entry)
+    actor._spawn(t.Entry(entry.id, dict(entry.fields), claimed=True))  # the claim-back
+    assert len(actor.tasks) == 1
+    await asyncio.gather(*actor.tasks.values())
+    actor._spawn(t.Entry(entry.id, dict(entry.fields), claimed=True))  # claimed before the end
+    assert actor.tasks == {} and actor.stats.deadlettered == 1
+    assert [f[b"reason"] for _, f in await r.xrange(keys.deadletter)] == [b"episode_error"]
+    await r.aclose()
+
+
+async def test_a_request_whose_body_names_another_id_is_dead_lettered(redis_url: str) -> None:
+    """The done marker and the accounting key on the entry's id; a body naming another id
+    (corrupted: ``id: true`` decodes as "True") would run under a marker other requests can
+    share, and a second such request would be acked as a redelivery, uncounted."""
+    keys = t.Keys("act6")
+    r = t.connect(redis_url)
+    await t.ensure_group(r, keys.requests, t.GROUP_ACTORS)
+    for entry_id in ("a", "b"):  # two entries whose bodies both say id "req-0"
+        await t.xadd(r, keys.requests, entry_id, t.encode_request(request(0)))
+    await feed(r, keys, [request(1)])
+    settings = actor_main.ActorSettings(
+        redis_url=redis_url, run_id="act6", metrics_port=0, max_head_offpolicyness=None,
+        block_ms=100,
+    )  # fmt: skip
+    stop = asyncio.Event()
+    task = asyncio.create_task(actor_main.run(settings, client=FlakyClient(fail=0), stop=stop))
+    await wait_for(lambda: _xlen_zero(r, keys.requests), 30, "every request settled")
+    stop.set()
+    stats = await asyncio.wait_for(task, 30)
+    assert stats.deadlettered == 2 and stats.episodes == 1
+    dead = [(f[b"id"], f[b"reason"]) for _, f in await r.xrange(keys.deadletter)]
+    assert sorted(dead) == [(b"a", b"bad_field"), (b"b", b"bad_field")]
+    await r.aclose()
+
+
+async def _xlen_zero(r: Any, key: str) -> bool:
+    return int(await r.xlen(key)) == 0

@@ -341,3 +341,37 @@ def test_non_finite_numbers_are_refused_on_both_sides_of_the_wire(where: str, va
     with pytest.raises(t.CodecError, match="non-finite") as e:
         t.decode_saw_item(_env(body, kind="saw_item"))
     assert e.value.reason == "bad_field"
+
+
+@pytest.mark.parametrize("version", [True, 1.0])
+def test_schema_version_must_be_the_integer_itself(version: object) -> None:
+    # True == 1.0 == 1 in Python: a plain comparison would accept both
+    data = msgpack.packb({"schema_version": version, "kind": "rollout", "body": {}})
+    with pytest.raises(t.CodecError) as ei:
+        t.decode_rollout(data)
+    assert ei.value.reason == "unknown_schema_version"
+
+
+@pytest.mark.parametrize("n", [2**31, 2**63 - 1])
+def test_request_claiming_too_many_episodes_is_a_codec_error(n: int) -> None:
+    # the actor lists a request's episodes up front: 2^31 of them exhausted its memory
+    body = make_request().to_dict() | {"num_episodes": n}
+    with pytest.raises(t.CodecError, match=r"num_episodes=\d+ must be in \[1, 65536\]") as ei:
+        t.decode_request(
+            msgpack.packb({"schema_version": 1, "kind": "rollout_request", "body": body})
+        )
+    assert ei.value.reason == "bad_field"
+
+
+@pytest.mark.parametrize("temp", [float("nan"), float("inf")])
+def test_non_finite_temperature_is_never_sent_nor_read(temp: float) -> None:
+    # the learner divides the item's logits by it: a NaN loss for the whole batch
+    item = make_item()
+    item.attachments.temperature = temp
+    with pytest.raises(ValueError, match="non-finite temperature"):
+        t.encode_saw_item(item)
+    env = msgpack.unpackb(t.encode_saw_item(make_item()))
+    env["body"]["attachments"]["temperature"] = temp
+    with pytest.raises(t.CodecError, match="non-finite temperature") as ei:
+        t.decode_saw_item(msgpack.packb(env, use_bin_type=True))
+    assert ei.value.reason == "bad_field"

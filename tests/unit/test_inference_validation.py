@@ -622,3 +622,41 @@ async def test_a_declared_length_is_checked_not_allocated() -> None:
     assert bytes(got) == b"".join(chunks)
     got = await read_body_once(_Req(3_500_000, chunks), 10 << 20)  # type: ignore[arg-type]
     assert bytes(got) == b"".join(chunks)
+
+
+@pytest.mark.parametrize(
+    "header, status",
+    [
+        ('{"a": {"dtype": "F32", "shape": [' + "9" * 5000 + "]}}", 400),  # > 4300 digits
+        ("[" * 100_000 + "]" * 100_000, 400),  # past the recursion limit
+        ('{"a": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}', 422),  # unhashable
+        ('{"a": {"dtype": {"F32": 1}, "shape": [1], "data_offsets": [0, 4]}}', 422),
+    ],
+    ids=["huge-int", "deep-nesting", "dtype-list", "dtype-map"],
+)
+def test_headers_json_cannot_parse_or_hash_are_refused_not_500(header: str, status: int) -> None:
+    raw = header.encode()
+    with pytest.raises(WeightValidationError) as ei:
+        parse_safetensors_header(struct.pack("<Q", len(raw)) + raw + b"\0" * 4)
+    assert ei.value.status == status
+
+
+def test_collective_bodies_with_infinity_or_lax_types_are_422(
+    model_dir: Path, spec: ParamSpec
+) -> None:
+    c, eng = client(model_dir, spec, insecure_no_auth=True, collective_timeout_s=1.0)
+    h = {"Content-Type": "application/json"}
+    init = {"master_address": "127.0.0.1", "master_port": 1, "world_size": 2, "rank": 1}
+    meta = {"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[4]]}
+    for route, body in [
+        # Infinity in the 422's echo of the input made the JSON response fail: a 500
+        ("/v1/weights/collective/init", json.dumps(init | {"rank": float("inf")})),
+        ("/v1/weights/collective/update?version=1", json.dumps(meta | {"names": float("nan")})),
+        # these validated and opened a rendezvous that waited collective_timeout_s for peers
+        ("/v1/weights/collective/init", json.dumps(init | {"rank": True})),
+        ("/v1/weights/collective/init", json.dumps(init | {"world_size": 2**70})),
+        ("/v1/weights/collective/init", json.dumps(init | {"master_address": "x" * 10_000})),
+    ]:
+        r = c.post(route, content=body.encode(), headers=h)
+        assert r.status_code == 422, (route, body[:80], r.status_code)
+    assert eng.swaps == []

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import pytest
 
 from libludic.training.algorithm import CreditStats, RLAlgorithm
@@ -327,3 +330,31 @@ def test_dynamic_sampling_defaults_and_scalerls_filter_zvp() -> None:
     assert not spec(
         {"name": "scalerl", "group_size": 1, "kwargs": {"dynamic_sampling": False}}
     ).dynamic_sampling
+
+
+@pytest.mark.parametrize(
+    "make, meta, match",
+    [
+        (make_grpo, {"reward": "abc"}, r"meta.reward='abc' is not a number"),
+        (make_grpo, {"reward": [1.0]}, "is not a number"),
+        (make_grpo, {"pending_batch_stage": "grpo"}, "batch stage none"),
+        (make_scalerl, {"pending_batch_stage": "grpo"}, "another algorithm than 'scalerl'"),
+        (make_scalerl, {"pending_batch_stage": "scalerl", "rollout_items": "abc"}, "positive"),
+        (make_scalerl, {"pending_batch_stage": "scalerl", "rollout_items": 0}, "positive"),
+    ],
+)
+def test_item_problem_names_meta_a_step_would_fail_on(
+    make: Any, meta: dict[str, Any], match: str
+) -> None:
+    # each of these raised inside Trainer.train_step (float(reward), apply_batch_stage),
+    # taking the learner down with every batch-mate; now the source dead-letters the item
+    it = make_item(3, 2)
+    it.meta.update(meta)
+    assert re.search(match, make().item_problem(it) or "")
+
+
+def test_item_problem_passes_items_credit_writes() -> None:
+    it = make_item(3, 2)
+    assert make_grpo().item_problem(it) is None
+    it.meta.update(pending_batch_stage="scalerl", rollout_items=2, reward=1)
+    assert make_scalerl().item_problem(it) is None
