@@ -226,3 +226,35 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if cached and (Path(cached) / "config.json").exists():
         return Path(cached)
     return init_model(tmp_path_factory.mktemp("tiny_model"), size="tiny", seed=0)
+
+
+# ---- the fuzz tier's summary table (tests/fuzz): each test adds rows (stream or route,
+# sent, dead-lettered or refused, processed, crashes) to ``fuzz_summary``; printed at the end.
+# Here and not in tests/fuzz/conftest.py: a second conftest module would shadow this one for
+# the integration tests' ``from conftest import ...``.
+ROWS = pytest.StashKey[list[tuple[str, int, int, int, int]]]()
+
+
+@pytest.fixture
+def fuzz_summary(request: pytest.FixtureRequest) -> list[tuple[str, int, int, int, int]]:
+    return request.config.stash.setdefault(ROWS, [])
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    rows = config.stash.get(ROWS, [])
+    if not rows:
+        return
+    tr = terminalreporter
+    tr.section(
+        "fuzz summary (LUDIC_FUZZ_SEED={}, LUDIC_FUZZ_N={})".format(
+            os.environ.get("LUDIC_FUZZ_SEED", "0"), os.environ.get("LUDIC_FUZZ_N", "200")
+        )
+    )
+    tr.write_line(
+        f"{'stream / route':<34} {'sent':>6} {'refused':>8} {'processed':>10} {'crashes':>8}"
+    )
+    for name, sent, refused, processed, crashes in rows:
+        tr.write_line(f"{name:<34} {sent:>6} {refused:>8} {processed:>10} {crashes:>8}")
+    tr.write_line("refused: dead-lettered (streams) or answered 4xx (routes)")

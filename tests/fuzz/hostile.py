@@ -20,6 +20,7 @@ The mutations work on the decoded msgpack envelope (then re-packed) or on the ra
 from __future__ import annotations
 
 import copy
+import os
 import random
 import struct
 from collections.abc import Callable
@@ -34,6 +35,10 @@ from libludic.inference.sampling import SamplingConfig
 from libludic.requests import EnvSpec, RolloutRequest
 from libludic.saw import SampleAttachments, SAWItem
 from libludic.types import Rollout, Step, TokenTrace
+
+#: hostile entries per stream / bodies per route, and the seed (printed in the summary)
+FUZZ_N = int(os.environ.get("LUDIC_FUZZ_N", "200"))
+FUZZ_SEED = int(os.environ.get("LUDIC_FUZZ_SEED", "0"))
 
 DEADLETTER, PROCESSED, EITHER = "deadletter", "processed", "either"
 KINDS = ("requests", "rollouts", "saw")

@@ -27,10 +27,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conftest import FUZZ_N, FUZZ_SEED  # noqa: E402
 from hostile import (  # noqa: E402
     DEADLETTER,
     EITHER,
+    FUZZ_N,
+    FUZZ_SEED,
     PROCESSED,
     Hostile,
     encode_valid,

@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conftest import FUZZ_N, FUZZ_SEED  # noqa: E402
+from hostile import FUZZ_N, FUZZ_SEED  # noqa: E402
 
 from services.inference.app import create_app  # noqa: E402
 from services.inference.metrics import InferenceMetrics  # noqa: E402
