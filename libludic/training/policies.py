@@ -38,3 +38,19 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
         yield model
     finally:
         model.train(was_training)
+
+
+def enable_gradient_checkpointing(model: nn.Module) -> None:
+    """transformers' activation checkpointing, non-reentrant (it composes with FSDP2 and with
+    inputs that need no grad); the KV cache is off while training. A model without it is
+    refused: the setting must not silently do nothing."""
+    enable = getattr(model, "gradient_checkpointing_enable", None)
+    if not callable(enable) or not getattr(model, "supports_gradient_checkpointing", True):
+        raise ValueError(
+            f"TrainerConfig.gradient_checkpointing=True but {type(model).__name__} does not support "
+            "it (a transformers PreTrainedModel with supports_gradient_checkpointing does)"
+        )
+    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "use_cache"):
+        config.use_cache = False

@@ -149,22 +149,6 @@ class _Prepared:
     macro: dict[str, float]  # over every rank: NUM_ACTION_TOKENS, NUM_SEQUENCES, WEIGHT_MEAN
 
 
-def enable_gradient_checkpointing(model: nn.Module) -> None:
-    """transformers' activation checkpointing, non-reentrant (it composes with FSDP2 and with
-    inputs that need no grad); the KV cache is off while training. A model without it is
-    refused: the setting must not silently do nothing."""
-    enable = getattr(model, "gradient_checkpointing_enable", None)
-    if not callable(enable) or not getattr(model, "supports_gradient_checkpointing", True):
-        raise ValueError(
-            f"TrainerConfig.gradient_checkpointing=True but {type(model).__name__} does not support "
-            "it (a transformers PreTrainedModel with supports_gradient_checkpointing does)"
-        )
-    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    config = getattr(model, "config", None)
-    if config is not None and hasattr(config, "use_cache"):
-        config.use_cache = False
-
-
 class PublishFailed(RuntimeError):
     """``cfg.max_publish_failures`` consecutive publishes failed: training cannot go on."""
 
@@ -222,7 +206,7 @@ class Trainer:
             self.ref_model = ref.to(self.device).eval()
         model = parallel.apply_lora(model, self.cfg)
         if self.cfg.gradient_checkpointing:
-            enable_gradient_checkpointing(model)
+            policies.enable_gradient_checkpointing(model)
         model.to(self.device)
         if self.distributed:
             parallel.apply_fsdp2(model, dt if want_amp else None)
