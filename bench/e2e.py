@@ -213,7 +213,9 @@ def run_baseline(cfg: dict[str, Any], model_dir: Path, seed: int = 0) -> dict[st
             self.points: list[tuple[float, float, float]] = []
 
         async def evaluate(self) -> dict[str, float]:
-            res = await evaluate_client(client, up["eval_env"], up["eval_n"], up["eval_max_tokens"])
+            res = await evaluate_client(
+                client, up["eval_env"], up["eval_n"], up["eval_max_tokens"], up.get("eval_protocol")
+            )
             self.points.append((float(tr.step), tr.rl_wall_s, res["eval/pass_rate"]))
             return res
 
@@ -229,9 +231,13 @@ def run_baseline(cfg: dict[str, Any], model_dir: Path, seed: int = 0) -> dict[st
     )
 
     async def go() -> dict[str, Any]:
-        before = await evaluate_client(client, up["eval_env"], up["eval_n"], up["eval_max_tokens"])
+        before = await evaluate_client(
+            client, up["eval_env"], up["eval_n"], up["eval_max_tokens"], up.get("eval_protocol")
+        )
         await tr.train(ls.num_steps)
-        after = await evaluate_client(client, up["eval_env"], up["eval_n"], up["eval_max_tokens"])
+        after = await evaluate_client(
+            client, up["eval_env"], up["eval_n"], up["eval_max_tokens"], up.get("eval_protocol")
+        )
         return {"before": before["eval/pass_rate"], "after": after["eval/pass_rate"]}
 
     res = asyncio.run(go())

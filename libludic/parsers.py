@@ -177,6 +177,8 @@ def make_parser(spec: ParserSpec) -> Parser:
         return identity_parser
     if isinstance(spec, str):
         spec = {"kind": spec}
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"parser spec {spec!r} must be null, a kind name or a mapping with 'kind'")
     kind = spec.get("kind")
     kw = {k: v for k, v in spec.items() if k != "kind"}
     if kind == "identity":

@@ -11,7 +11,10 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "model": ("libludic.models.cli:main", "build the tiny offline model: ludic model init DIR"),
+    "model": (
+        "libludic.models.cli:main",
+        "the tiny offline model (init DIR) or a pretrained one (import SOURCE OUT)",
+    ),
     "demo": ("libludic.demo:main", "run the local demo"),
     "sft": ("libludic.training.sft_cli:main", "supervised warm start on the arithmetic task"),
     "inference": ("services.inference.main:main", "vLLM inference service with weight updates"),

@@ -11,12 +11,21 @@ reward is 1.0 for an exact match of the stripped answer and 0.0 otherwise. With
 ``partial_credit=True`` a wrong answer of the right length earns
 ``matching_digits / len(answer)`` (scaled by ``partial_scale``), which gives a denser
 signal to a weak policy.
+
+The observation is the bare ``"a+b="`` (what the demo's tiny model is trained on) unless
+``prompt`` is a template: ``{a}``, ``{op}`` and ``{b}`` are replaced by the problem's
+operands and operator and every other character is kept, so a chat model can be told how
+to answer, e.g. ``"What is {a} + {b}? Answer with just the number."``. A chat model answers
+in sentences: give the protocol a parser that extracts the number (such as
+``{kind: regex, pattern: '(-?\\d+)\\D*$'}``, the last integer of the reply) and the env
+scores what it extracted.
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,8 +35,15 @@ from libludic.types import Info, Obs, StepOutcome
 
 @dataclass(frozen=True)
 class ArithmeticProblem:
-    question: str  # e.g. "12+34="
+    a: int
+    op: str  # "+", "-" or "*"
+    b: int
     answer: str  # e.g. "46"
+
+    @property
+    def question(self) -> str:
+        """The bare form, e.g. ``"12+34="``."""
+        return f"{self.a}{self.op}{self.b}="
 
 
 SPLITS = (None, "train", "eval")
@@ -60,7 +76,37 @@ def generate_problem(
     if op == "-" and b > a:
         a, b = b, a
     value = a + b if op == "+" else a - b if op == "-" else a * b
-    return ArithmeticProblem(question=f"{a}{op}{b}=", answer=str(value))
+    return ArithmeticProblem(a=a, op=op, b=b, answer=str(value))
+
+
+PROMPT_FIELDS = ("a", "op", "b")
+_FIELD = re.compile(r"\{(a|op|b)\}")
+_NAMED = re.compile(r"\{([A-Za-z_]\w*)\}")
+
+
+def check_prompt(prompt: str, ops: Sequence[str]) -> None:
+    """Refuse a template that cannot state every problem: one without ``{a}`` or ``{b}``,
+    without ``{op}`` when ``ops`` has several, or naming a field that does not exist."""
+    unknown = sorted(set(_NAMED.findall(prompt)) - set(PROMPT_FIELDS))
+    if unknown:
+        raise ValueError(
+            f"ArithmeticEnv prompt {prompt!r} names unknown field(s) {unknown}; the fields "
+            "are {a}, {op} and {b}"
+        )
+    need = ["a", "b"] + (["op"] if len(set(ops)) > 1 else [])
+    missing = [f"{{{f}}}" for f in need if f"{{{f}}}" not in prompt]
+    if missing:
+        raise ValueError(
+            f"ArithmeticEnv prompt {prompt!r} lacks {', '.join(missing)}: the model could not "
+            "tell which problem it is asked"
+        )
+
+
+def render_prompt(prompt: str | None, problem: ArithmeticProblem) -> str:
+    """``problem`` as the model sees it: the bare question, or ``prompt`` filled in."""
+    if prompt is None:
+        return problem.question
+    return _FIELD.sub(lambda m: str(getattr(problem, m.group(1))), prompt)
 
 
 def score_answer(
@@ -76,7 +122,8 @@ def score_answer(
 
 
 class ArithmeticEnv(SingleAgentEnv):
-    """One-step episodes: observe ``"a+b="``, answer, get the reward, done."""
+    """One-step episodes: observe ``"a+b="`` (or ``prompt`` filled in), answer, get the
+    reward, done."""
 
     def __init__(
         self,
@@ -86,9 +133,13 @@ class ArithmeticEnv(SingleAgentEnv):
         partial_scale: float = 0.5,
         system_prompt: str | None = None,
         split: str | None = None,
+        prompt: str | None = None,
     ) -> None:
         if split not in SPLITS:
             raise ValueError(f"ArithmeticEnv split={split!r} must be None, 'train' or 'eval'")
+        if prompt is not None:
+            check_prompt(prompt, ops)
+        self.prompt = prompt
         self.split = split
         self.digits = digits
         self.ops = tuple(ops)
@@ -104,7 +155,7 @@ class ArithmeticEnv(SingleAgentEnv):
     def env_reset(self, *, seed: int | None = None) -> tuple[Obs, Info]:
         s = random.randrange(2**31) if seed is None else seed
         self.problem = generate_problem(s, self.digits, self.ops, self.split)
-        return self.problem.question, {"seed": s, "answer": self.problem.answer}
+        return render_prompt(self.prompt, self.problem), {"seed": s, "answer": self.problem.answer}
 
     def env_step(self, action: str) -> StepOutcome:
         if self.problem is None:
@@ -120,4 +171,4 @@ class ArithmeticEnv(SingleAgentEnv):
     def env_current_obs(self) -> Obs:
         if self.problem is None:
             raise RuntimeError("ArithmeticEnv has no problem before env_reset")
-        return self.problem.question
+        return render_prompt(self.prompt, self.problem)

@@ -2,7 +2,9 @@
 
 ``n`` episodes of ``env`` with env seeds ``0..n-1`` (the held-out split is the env's
 ``kwargs``, e.g. ``{"split": "eval"}``), temperature 0, against one inference service's
-current weights. Returns the Evaluator's figures (``eval/pass_rate``, ``eval/reward_mean``,
+current weights, run by ``protocol`` (``{kind, kwargs[, agent]}`` like a feeder task's: a
+task whose env prompts a chat model and whose parser extracts its answer is evaluated with
+the same parser; None: ``single_agent`` with the identity parser). Returns the Evaluator's figures (``eval/pass_rate``, ``eval/reward_mean``,
 ``eval/num_episodes``) plus ``eval/policy_version``: the version the service reported
 right after the pass.
 """
@@ -16,14 +18,42 @@ from typing import Any
 from libludic.inference.openai_client import OpenAIChatClient
 from libludic.inference.request import InferenceSpec
 from libludic.inference.sampling import SamplingConfig
-from libludic.requests import EnvSpec, RolloutRequest
+from libludic.parsers import make_parser
+from libludic.requests import EnvSpec, ProtocolSpec, RolloutRequest
+
+Protocol = Mapping[str, Any] | None
 
 
-def eval_requests(env: Mapping[str, Any], n: int, max_tokens: int) -> list[RolloutRequest]:
+def protocol_spec(protocol: Protocol, where: str) -> ProtocolSpec:
+    """``protocol`` as a ProtocolSpec, its parser and agent built once so that a bad one
+    stops the start-up (``where`` names the setting in the error)."""
+    from libludic.agents.config import validate_agent_config
+
+    if protocol is None:
+        return ProtocolSpec()
+    try:
+        if not isinstance(protocol, Mapping) or "kind" not in protocol:
+            raise ValueError("it must be a mapping with 'kind' (and 'kwargs')")
+        spec = ProtocolSpec.from_dict(protocol)
+        make_parser(spec.kwargs.get("parser"))
+        if spec.agent is not None:
+            validate_agent_config(spec.agent.kind, spec.agent.kwargs)
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"{where}={protocol!r}: {e}; e.g. {{kind: single_agent, kwargs: {{parser: boxed}}}}"
+        ) from e
+    return spec
+
+
+def eval_requests(
+    env: Mapping[str, Any], n: int, max_tokens: int, protocol: Protocol = None
+) -> list[RolloutRequest]:
     spec = InferenceSpec(sampling=SamplingConfig(temperature=0.0, max_tokens=max_tokens))
+    proto = protocol_spec(protocol, "eval protocol")
     return [
         RolloutRequest(
             env=EnvSpec.from_dict(env),
+            protocol=proto,
             env_seed=i,
             sampling_seed=i,
             inference=spec,
@@ -34,7 +64,7 @@ def eval_requests(env: Mapping[str, Any], n: int, max_tokens: int) -> list[Rollo
 
 
 async def evaluate_client(
-    client: Any, env: Mapping[str, Any], n: int, max_tokens: int
+    client: Any, env: Mapping[str, Any], n: int, max_tokens: int, protocol: Protocol = None
 ) -> dict[str, float]:
     """One greedy pass over the held-out problems with any ChatClient (the inference
     service's, or an in-process HFChatClient on a weight snapshot)."""
@@ -43,19 +73,25 @@ async def evaluate_client(
     from libludic.rollout.engine import RolloutEngine
 
     engine = RolloutEngine(*build_registries(client))
-    ev = Evaluator(engine=engine, requests=eval_requests(env, n, max_tokens), concurrency=64)
+    reqs = eval_requests(env, n, max_tokens, protocol)
+    ev = Evaluator(engine=engine, requests=reqs, concurrency=64)
     res: dict[str, float] = await ev.evaluate()
     res["eval/policy_version"] = float(await client.get_policy_version())
     return res
 
 
 async def evaluate(
-    url: str, env: Mapping[str, Any], n: int, max_tokens: int, api_key: str | None = None
+    url: str,
+    env: Mapping[str, Any],
+    n: int,
+    max_tokens: int,
+    api_key: str | None = None,
+    protocol: Protocol = None,
 ) -> dict[str, float]:
     """One greedy pass over the held-out problems against ``url``."""
     client = OpenAIChatClient(url, api_key=api_key, timeout_s=120.0)
     try:
-        return await evaluate_client(client, env, n, max_tokens)
+        return await evaluate_client(client, env, n, max_tokens, protocol)
     finally:
         await client.aclose()
 
@@ -67,6 +103,7 @@ def evaluate_snapshot(
     n: int,
     max_tokens: int,
     policy_version: int = 0,
+    protocol: Protocol = None,
 ) -> dict[str, float]:
     """The same pass in this process on a saved weight snapshot (fp32 transformers, the
     learner's dtype: what fp32 serving serves, to ~5e-7 nats). ``ludic up``'s deferred
@@ -92,4 +129,4 @@ def evaluate_snapshot(
         max_batch_size=64,
         policy_version=policy_version,
     )
-    return asyncio.run(evaluate_client(client, env, n, max_tokens))
+    return asyncio.run(evaluate_client(client, env, n, max_tokens, protocol))

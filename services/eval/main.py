@@ -14,10 +14,11 @@ current policy version, then runs the same greedy pass as ``ludic up``
     ludic_eval_errors_total{kind}
 
 on ``metrics_port`` (9105), and appends each result as one JSON line to ``output_file``
-when set. Settings: the ``eval:`` section of the run config; unset ones (``env``, ``n``,
-``every_steps``, ``max_tokens``) fall back to the ``up:`` section's ``eval_env``, ``eval_n``,
-``eval_every_steps``, ``eval_max_tokens`` and then to ``ludic up``'s defaults, so one run
-config gives the same evaluation under ``ludic up`` and under compose.
+when set. Settings: the ``eval:`` section of the run config; unset ones (``env``,
+``protocol``, ``n``, ``every_steps``, ``max_tokens``) fall back to the ``up:`` section's
+``eval_env``, ``eval_protocol``, ``eval_n``, ``eval_every_steps``, ``eval_max_tokens`` and
+then to ``ludic up``'s defaults, so one run config gives the same evaluation under
+``ludic up`` and under compose.
 """
 
 from __future__ import annotations

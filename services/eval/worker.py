@@ -36,6 +36,7 @@ _UP_FALLBACK = {
     "n": "eval_n",
     "every_steps": "eval_every_steps",
     "max_tokens": "eval_max_tokens",
+    "protocol": "eval_protocol",
 }
 
 
@@ -50,6 +51,10 @@ class EvalSettings:
     api_key: str | None = secret("bearer token for inference", "set LUDIC_API_KEY")
     env: dict[str, Any] | None = field(
         default=None, metadata={"help": "held-out env {kind, kwargs} (default: up.eval_env)"}
+    )
+    protocol: dict[str, Any] | None = field(
+        default=None,
+        metadata={"help": "protocol {kind, kwargs} of the evaluation (default: up.eval_protocol)"},
     )
     n: int | None = field(default=None, metadata={"help": "held-out problems (default: up.eval_n)"})
     every_steps: int | None = field(
@@ -96,6 +101,7 @@ class EvalSettings:
             raise ValueError("eval needs an inference URL: set LUDIC_INFERENCE_URLS")
         if not isinstance(self.env, dict) or "kind" not in self.env:
             raise ValueError(f"eval env={self.env!r} must be a mapping with 'kind' (and 'kwargs')")
+        heldout.protocol_spec(self.protocol, "eval protocol")
 
 
 class EvalService:
@@ -144,7 +150,9 @@ class EvalService:
             t0 = time.monotonic()
             try:
                 assert s.env is not None and s.n is not None and s.max_tokens is not None
-                res = await heldout.evaluate(self.url, s.env, s.n, s.max_tokens, s.api_key)
+                res = await heldout.evaluate(
+                    self.url, s.env, s.n, s.max_tokens, s.api_key, protocol=s.protocol
+                )
             except (InferenceError, OSError, httpx.HTTPError) as e:
                 ERRORS.labels(kind="inference").inc()
                 log.warning(

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.eval.heldout import protocol_spec
 from services.launcher.cpus import PINNING_MODES
 
 
@@ -68,6 +69,14 @@ class UpSettings:
     eval_env: dict[str, Any] = field(
         default_factory=lambda: {"kind": "arithmetic", "kwargs": {"split": "eval"}},
         metadata={"help": "env of the held-out greedy evaluation ({kind, kwargs})"},
+    )
+    eval_protocol: dict[str, Any] | None = field(
+        default=None,
+        metadata={
+            "help": "protocol of the held-out evaluation ({kind, kwargs[, agent]}, like a feeder "
+            "task's): give it the task's parser when the task's env prompts a chat model; "
+            "null: single_agent with the identity parser"
+        },
     )
     eval_n: int = field(
         default=200, metadata={"help": "held-out problems (env seeds 0..n-1); 0: no eval"}
@@ -153,6 +162,7 @@ class UpSettings:
             raise ValueError(
                 f"up.cpu_pinning={self.cpu_pinning!r}; use one of {sorted(PINNING_MODES)}"
             )
+        protocol_spec(self.eval_protocol, "up.eval_protocol")
         if self.eval_mode not in EVAL_MODES:
             raise ValueError(f"up.eval_mode={self.eval_mode!r}; use one of {sorted(EVAL_MODES)}")
 

@@ -46,7 +46,9 @@ def prepare_model(s: UpSettings, run_dir: Path) -> Path:
         base = Path(s.model)
         if not (base / "config.json").exists():
             raise FileNotFoundError(
-                f"up.model={s.model} has no config.json; leave it empty to build one"
+                f"up.model={s.model} has no config.json; write it with `ludic model import "
+                "SOURCE DIR` (a pretrained model) or `ludic model init DIR`, or leave up.model "
+                "empty to build the tiny one"
             )
     else:
         base = run_dir / "model"
@@ -239,6 +241,7 @@ class Run:
                 self.s.eval_n,
                 self.s.eval_max_tokens,
                 snap["policy_version"],
+                protocol=self.s.eval_protocol,
             )
             res.update(
                 step=float(snap["step"]),
@@ -258,7 +261,11 @@ class Run:
             return None
         t = time.monotonic()
         res = stack.evaluate(
-            self.inference_url, self.s.eval_env, self.s.eval_n, self.s.eval_max_tokens
+            self.inference_url,
+            self.s.eval_env,
+            self.s.eval_n,
+            self.s.eval_max_tokens,
+            self.s.eval_protocol,
         )
         rl_t0 = getattr(self, "rl_t0", None)
         res.update(

@@ -153,10 +153,16 @@ def sum_prefix(metrics: Mapping[str, float], name: str) -> float:
     return sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))
 
 
-def evaluate(url: str, env: Mapping[str, Any], n: int, max_tokens: int) -> dict[str, float]:
+def evaluate(
+    url: str,
+    env: Mapping[str, Any],
+    n: int,
+    max_tokens: int,
+    protocol: Mapping[str, Any] | None = None,
+) -> dict[str, float]:
     """Greedy held-out evaluation against the inference service (its current weights);
     the same pass as the ``ludic eval`` service (services/eval/heldout.py)."""
-    return asyncio.run(heldout.evaluate(url, env, n, max_tokens))
+    return asyncio.run(heldout.evaluate(url, env, n, max_tokens, protocol=protocol))
 
 
 def prometheus_config(targets: Mapping[str, list[str]], interval_s: int = 5) -> str:

@@ -1,4 +1,5 @@
-"""Every example run config is valid YAML whose feeder tasks and eval env build and run."""
+"""Every example run config is valid YAML whose ``up:`` settings load and whose feeder tasks
+and held-out evaluation (env and protocol) build and run."""
 
 from pathlib import Path
 
@@ -6,9 +7,11 @@ import pytest
 import yaml
 
 from libludic.registry import build_registries
-from libludic.requests import EnvSpec, RolloutRequest
+from libludic.requests import RolloutRequest
 from libludic.rollout.engine import RolloutEngine
+from services.eval.heldout import eval_requests
 from services.feeder.worker import Task
+from services.launcher.config import UpSettings
 from tests.fakes import ScriptedClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -16,7 +19,13 @@ CONFIGS = sorted(ROOT.glob("examples/*/*.yaml"))
 
 
 def test_there_are_four_examples():
-    assert {p.parent.name for p in CONFIGS} >= {"arith", "tic_tac_toe", "code_exec", "gsm8k"}
+    assert {p.parent.name for p in CONFIGS} >= {
+        "arith",
+        "tic_tac_toe",
+        "code_exec",
+        "gsm8k",
+        "smollm2",
+    }
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.parent.name)
@@ -30,7 +39,8 @@ async def test_example_tasks_run_an_episode(path, monkeypatch):
     # tasks parsed as the feeder parses them (protocol, agent: ...)
     tasks = [Task.from_dict(t, i) for i, t in enumerate(cfg["feeder"]["tasks"])]
     reqs = [RolloutRequest(env=t.env, protocol=t.protocol, env_seed=1) for t in tasks]
-    reqs.append(RolloutRequest(env=EnvSpec.from_dict(cfg["up"]["eval_env"]), env_seed=0))
+    up = UpSettings(**cfg["up"])  # every key known, eval_protocol's parser built
+    reqs += eval_requests(up.eval_env, 1, up.eval_max_tokens, up.eval_protocol)
     rollouts = await eng.generate_rollouts(reqs, max_steps=cfg["actor"].get("max_steps", 1))
     # one rollout per agent that acted (multi_agent: up to one per role), each with steps
     assert {r.meta["request_id"] for r in rollouts} == {q.id for q in reqs} and all(
