@@ -52,18 +52,22 @@ local function commit(at, on_output, on_written)
 end
 """
 
-# dead_letter(): XADD the entry to the dead-letter stream (capped, approximately) with why and
-# where from, then XACK+XDEL it. Returns XACK's reply: 1 if the entry was still pending.
+# dead_letter(): if the entry is still pending (XACK answers 1), XADD it to the dead-letter
+# stream (capped, approximately) with why and where from; XDEL it either way. Returns XACK's
+# reply. An entry acked or dead-lettered already (by a consumer that claimed it) is not
+# written a second time.
 # KEYS[1] in, KEYS[2] dead-letter stream; ARGV[1] group, [2] entry id, [3] reason,
 # [4] detail, [5] consumer, [6] payload (empty when too large), [7] item id, [8] the
 # dead-letter stream's approximate max length, [9] the payload's size (a composed script
 # puts its own keys and arguments after these).
 DEADLETTER_FN = """
 local function dead_letter()
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'reason', ARGV[3], 'detail', ARGV[4],
-             'source_stream', KEYS[1], 'source_id', ARGV[2], 'group', ARGV[1],
-             'consumer', ARGV[5], 'id', ARGV[7], 'd', ARGV[6], 'd_bytes', ARGV[9])
   local x = redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+  if x == 1 then
+    redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'reason', ARGV[3], 'detail', ARGV[4],
+               'source_stream', KEYS[1], 'source_id', ARGV[2], 'group', ARGV[1],
+               'consumer', ARGV[5], 'id', ARGV[7], 'd', ARGV[6], 'd_bytes', ARGV[9])
+  end
   redis.call('XDEL', KEYS[1], ARGV[2])
   return x
 end
