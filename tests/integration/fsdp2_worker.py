@@ -131,6 +131,10 @@ def main() -> int:
                 "dtensor_params": sharded,
                 "world": world,
                 "rank0_only_ok": rank0_only_ok,
+                # the tied head is one DTensor under FSDP2 too: gathered and kept once
+                "tied_once": tr.model.config.tie_word_embeddings
+                and "model.embed_tokens.weight" in sd
+                and "lm_head.weight" not in sd,
             }
         )
     )

@@ -70,6 +70,7 @@ def test_fsdp2_two_ranks_match_single_process(tiny_model_dir, tmp_path, split) -
     assert [v for v, _ in s0["publish_calls"]] == [1] and s1["publish_calls"] == []
     # publishing gathers onto rank 0 only: rank 1 took part and kept nothing
     assert s0["rank0_only_ok"] and s1["rank0_only_ok"]
+    assert s0["tied_once"] and s1["tied_once"]
     # both ranks gathered the same full parameters, bit for bit
     assert sorted(r0) == sorted(r1)
     for k in r0:
