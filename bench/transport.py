@@ -33,14 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from libludic import transport as t  # noqa: E402
 from libludic.saw import SampleAttachments, SAWItem  # noqa: E402
+from services.launcher.stack import free_port  # noqa: E402
 
 BATCH = 32
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_redis(workdir: str) -> tuple[subprocess.Popen, str]:

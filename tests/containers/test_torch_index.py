@@ -17,22 +17,17 @@ import glob
 import os
 import re
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from services.launcher.stack import free_port
+
 pytestmark = pytest.mark.containers
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "ludic-local/python:bookworm"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_make_venv_torch_line_resolves_the_cpu_build_from_the_extra_index(tmp_path: Path) -> None:
