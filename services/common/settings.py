@@ -46,6 +46,8 @@ from libludic.staleness import DEFAULT_MAX_HEAD_OFFPOLICYNESS
 
 T = TypeVar("T")
 ENV_PREFIX = "LUDIC_"
+# credit pauses while the saw stream holds this many items; the learner's ack window must fit
+SAW_HIGH_WATER = 4096
 _TRUE = {"1", "true", "yes", "on", "y"}
 _FALSE = {"0", "false", "no", "off", "n", ""}
 _SECRET_WORDS = ("token", "password", "secret", "api_key")
@@ -157,7 +159,12 @@ def load_settings(
     description: str = "",
     environ: Mapping[str, str] | None = None,
 ) -> T:
-    """Build ``cls`` (a dataclass) from defaults, YAML, ``LUDIC_*`` env and ``argv``."""
+    """Build ``cls`` (a dataclass) from defaults, YAML, ``LUDIC_*`` env and ``argv``.
+
+    The YAML file is read here, once. ``cls.FROM_SECTIONS`` (optional) maps a field to the
+    (section, key) of another service's section that supplies it when the service's own
+    section and the top level do not (the eval service's ``n`` from ``up.eval_n``, the
+    learner's ``saw_high_water`` from ``credit.saw_high_water``); env and flags still win."""
     env = os.environ if environ is None else environ
     hints = typing.get_type_hints(cls)
     fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
@@ -212,7 +219,12 @@ def load_settings(
         if var in env:
             raise ValueError(f"{var} is set but no longer read: {fix}")
     if cfg_path:
-        values.update(read_yaml_section(cfg_path, service, names))
+        doc = read_yaml(cfg_path)
+        values.update(read_yaml_section(doc, cfg_path, service, names))
+        for name, (section, key) in getattr(cls, "FROM_SECTIONS", {}).items():
+            other = doc.get(section)
+            if name not in values and isinstance(other, Mapping) and key in other:
+                values[name] = other[key]
         origin.update(dict.fromkeys(values, _YAML))
         for f in env_only:
             if f.name in values:
@@ -378,8 +390,11 @@ def algorithm_group_size(algorithm: Mapping[str, Any]) -> int:
     return n
 
 
-def read_yaml_section(path: str | Path, service: str, names: set) -> dict[str, Any]:
-    data = read_yaml(path)
+def read_yaml_section(
+    data: dict[str, Any], path: str | Path, service: str, names: set
+) -> dict[str, Any]:
+    """The values of ``service``'s fields ``names`` in the run config ``data`` (read from
+    ``path``): top-level keys, then the service's own section over them."""
     check_algorithm_section(data, path)
     check_staleness_keys(data, path)
     out = {k: v for k, v in data.items() if k in names}

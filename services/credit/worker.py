@@ -17,6 +17,7 @@ from libludic import transport
 from libludic.transport import accounting
 from libludic.types import Rollout
 from services.common.lifecycle import sleep_or_stop, update_stream_gauges
+from services.common.settings import SAW_HIGH_WATER
 
 log = logging.getLogger("ludic.credit")
 MAX_GROUP_ROLLOUTS = 65536
@@ -75,7 +76,8 @@ class CreditSettings:
     claim_idle_ms: int = field(default=30_000, metadata={"help": "idle time before claiming"})
     max_deliveries: int = field(default=10, metadata={"help": "deliveries before dead-letter"})
     saw_high_water: int = field(
-        default=4096, metadata={"help": "pause while the saw backlog is this long (0 off)"}
+        default=SAW_HIGH_WATER,
+        metadata={"help": "pause while the saw backlog is this long (0 off)"},
     )
     lease_ttl_ms: int = field(default=10_000, metadata={"help": "leader lease TTL"})
     metrics_port: int = field(default=9102, metadata={"help": "/metrics and /health (0 off)"})

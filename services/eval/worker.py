@@ -9,7 +9,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 from prometheus_client import Counter, Gauge
@@ -17,7 +17,7 @@ from prometheus_client import Counter, Gauge
 from libludic import transport
 from libludic.inference.openai_client import InferenceError, OpenAIChatClient
 from services.common.lifecycle import sleep_or_stop
-from services.common.settings import read_yaml, secret
+from services.common.settings import secret
 from services.eval import heldout
 from services.launcher.config import UpSettings
 
@@ -42,6 +42,12 @@ _UP_FALLBACK = {
 
 @dataclass
 class EvalSettings:
+    # a field left unset takes the launcher's value in the run config's up: section, then
+    # the launcher's default
+    FROM_SECTIONS: ClassVar[dict[str, tuple[str, str]]] = {
+        mine: ("up", theirs) for mine, theirs in _UP_FALLBACK.items()
+    }
+
     redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={"help": "Redis URL"})
     run_id: str = field(default="default", metadata={"help": "run namespace of the Redis keys"})
     inference_urls: list[str] = field(
@@ -77,17 +83,13 @@ class EvalSettings:
     )
     output_file: str = field(default="", metadata={"help": "append each result as JSON here"})
     metrics_port: int = field(default=9105, metadata={"help": "/metrics and /health (0 off)"})
-    config_path: str | None = field(default=None, metadata={"help": "set from --config"})
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
 
     def __post_init__(self) -> None:
-        up: dict[str, Any] = {}
-        if self.config_path:
-            up = read_yaml(self.config_path).get("up") or {}
         defaults = UpSettings()
         for mine, theirs in _UP_FALLBACK.items():
             if getattr(self, mine) is None:
-                setattr(self, mine, up.get(theirs, getattr(defaults, theirs)))
+                setattr(self, mine, getattr(defaults, theirs))
         n, every, most = self.n, self.every_steps, self.max_tokens
         assert n is not None and every is not None and most is not None  # filled above
         self.n, self.every_steps, self.max_tokens = int(n), int(every), int(most)

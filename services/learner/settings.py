@@ -15,7 +15,7 @@ the same one the credit worker reads; a ``learner.algorithm`` copy is an error.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,36 +24,34 @@ from libludic import staleness
 from libludic.training.checkpoint import CheckpointConfig
 from libludic.training.config import TrainerConfig
 from libludic.training.presets import AlgorithmSpec
-from services.common.settings import AUTH_TOKEN_WHERE, load_settings, read_yaml, secret
+from services.common.settings import AUTH_TOKEN_WHERE, SAW_HIGH_WATER, load_settings, secret
 
 PLANES = ("http", "collective")
 
 
-def check_ack_window(checkpoint_every: int, batch_size: int, run_config: dict[str, Any]) -> None:
+def check_ack_window(checkpoint_every: int, batch_size: int, saw_high_water: int) -> None:
     """With checkpoints on, the learner acks items only at a checkpoint: up to
     ``checkpoint_every * batch_size`` trained items stay in the saw stream. Credit pauses while
     the stream holds ``saw_high_water`` items (its backpressure), so a larger window never
     fills: the learner waits for items credit will not write. Refuse that run config."""
-    from services.credit.main import CreditSettings
-
-    credit = run_config.get("credit") or {}
-    default = next(
-        f.default for f in dataclasses.fields(CreditSettings) if f.name == "saw_high_water"
-    )
-    hw = int(credit.get("saw_high_water", default))
     held = checkpoint_every * batch_size
-    if hw > 0 and held > hw:
+    if saw_high_water > 0 and held > saw_high_water:
         raise ValueError(
             f"learner checkpoint_every={checkpoint_every} x batch_size={batch_size} = {held} items "
-            f"stay un-acked between checkpoints, more than credit.saw_high_water={hw} (credit stops "
-            "writing at that backlog, so the run would stall); lower checkpoint_every or raise "
-            "credit.saw_high_water"
+            f"stay un-acked between checkpoints, more than credit.saw_high_water={saw_high_water} "
+            "(credit stops writing at that backlog, so the run would stall); lower "
+            "checkpoint_every or raise credit.saw_high_water"
         )
 
 
 @dataclass
 class LearnerSettings:
     # mapping field -> {its key: the flat field naming the same setting}
+    # credit's setting, read where credit reads it (its section of the run config, or
+    # LUDIC_SAW_HIGH_WATER), for the ack-window check below
+    FROM_SECTIONS: ClassVar[dict[str, tuple[str, str]]] = {
+        "saw_high_water": ("credit", "saw_high_water")
+    }
     NESTED: ClassVar[dict[str, dict[str, str]]] = {
         "trainer": {
             "lr": "lr",
@@ -203,7 +201,13 @@ class LearnerSettings:
     device: str = field(default="cuda", metadata={"help": "cuda | cpu (cuda falls back to cpu)"})
     seed: int = field(default=0, metadata={"help": "torch/python/numpy seed"})
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
-    config_path: str | None = field(default=None, metadata={"help": "set from --config"})
+    saw_high_water: int = field(
+        default=SAW_HIGH_WATER,
+        metadata={
+            "help": "credit's saw backlog bound (credit.saw_high_water): checkpoint_every x "
+            "batch_size must fit under it"
+        },
+    )
 
     def __post_init__(self) -> None:
         self.spec = AlgorithmSpec.from_mapping(self.algorithm)
@@ -231,8 +235,8 @@ class LearnerSettings:
             )
         self.trainer_config()  # validate now, with the field named in the error
         ck = self.checkpoint_config()
-        if ck is not None and self.config_path:
-            check_ack_window(ck.every_n_steps, self.batch_size, read_yaml(self.config_path))
+        if ck is not None:
+            check_ack_window(ck.every_n_steps, self.batch_size, self.saw_high_water)
 
     # ------------------------------------------------------------------ derived configs
 
@@ -291,10 +295,13 @@ class LearnerSettings:
         return CheckpointConfig(**d)
 
 
-def load(argv: Sequence[str] | None = None) -> LearnerSettings:
+def load(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> LearnerSettings:
     return load_settings(
         LearnerSettings,
         argv,
         service="learner",
         description="FSDP2 learner: saw stream -> Trainer -> publish to inference",
+        environ=environ,
     )

@@ -4,12 +4,14 @@ scored through the same parser as in training."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 import yaml
 
 from libludic.requests import ProtocolSpec
+from services.common.settings import load_settings
 from services.eval.heldout import eval_requests, evaluate_client
 from services.eval.worker import EvalSettings
 from services.launcher.config import UpSettings
@@ -56,11 +58,24 @@ def test_up_eval_protocol_is_checked_at_start_up():
 
 def test_eval_service_protocol_falls_back_to_up(tmp_path):
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(yaml.safe_dump({"up": {"eval_env": ENV, "eval_protocol": PROTOCOL}}))
-    assert EvalSettings(config_path=str(cfg)).protocol == PROTOCOL
-    own = {"kind": "single_agent", "kwargs": {"parser": "boxed"}}
-    assert EvalSettings(config_path=str(cfg), protocol=own).protocol == own
-    with pytest.raises(ValueError, match="eval protocol"):
-        EvalSettings(
-            config_path=str(cfg), protocol={"kind": "single_agent", "kwargs": {"parser": 3}}
+    cfg.write_text(
+        yaml.safe_dump({"up": {"eval_env": ENV, "eval_protocol": PROTOCOL, "eval_n": 7}})
+    )
+
+    def load(*argv: str, **env: str) -> EvalSettings:
+        return load_settings(
+            EvalSettings, ["--config", str(cfg), *argv], service="eval", environ=env
         )
+
+    s = load()
+    assert (s.protocol, s.env, s.n) == (PROTOCOL, ENV, 7)
+    assert s.every_steps == UpSettings().eval_every_steps  # not in up: the launcher's default
+    own = {"kind": "single_agent", "kwargs": {"parser": "boxed"}}
+    assert load("--protocol", json.dumps(own)).protocol == own  # a flag beats up:
+    assert load(LUDIC_N="9").n == 9  # so does the environment
+    cfg.write_text(
+        yaml.safe_dump({"up": {"eval_env": ENV, "eval_n": 7}, "eval": {"n": 5, "protocol": own}})
+    )
+    assert (load().n, load().protocol) == (5, own)  # eval's own section beats up:
+    with pytest.raises(ValueError, match="eval protocol"):
+        load("--protocol", json.dumps({"kind": "single_agent", "kwargs": {"parser": 3}}))

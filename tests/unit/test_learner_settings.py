@@ -2,6 +2,7 @@
 
 import pytest
 
+from services.credit.worker import CreditSettings
 from services.learner.settings import LearnerSettings
 
 
@@ -46,38 +47,28 @@ def test_the_lr_schedule_spans_the_learners_num_steps():
 
 
 def test_ack_window_larger_than_credits_high_water_is_refused(tmp_path):
+    from services.learner.settings import load
+
     cfg = tmp_path / "run.yaml"
     cfg.write_text("credit: {saw_high_water: 128}\n")
-    ok = LearnerSettings(
-        output_dir=str(tmp_path),
-        checkpoint_every=2,
-        batch_size=64,
-        device="cpu",
-        config_path=str(cfg),
-    )
-    assert ok.checkpoint_config().every_n_steps == 2  # 128 held <= 128
+    base = ["--config", str(cfg), "--output-dir", str(tmp_path), "--device", "cpu"]
+    base += ["--batch-size", "64"]
+    ok = load([*base, "--checkpoint-every", "2"], environ={})
+    # credit's value, read from credit's section of the same file
+    assert ok.saw_high_water == 128 and ok.checkpoint_config().every_n_steps == 2  # 128 <= 128
     with pytest.raises(
         ValueError, match=r"checkpoint_every=3 x batch_size=64 = 192 items.*saw_high_water=128"
     ):
-        LearnerSettings(
-            output_dir=str(tmp_path),
-            checkpoint_every=3,
-            batch_size=64,
-            device="cpu",
-            config_path=str(cfg),
-        )
+        load([*base, "--checkpoint-every", "3"], environ={})
+    # credit's environment variable is the learner's too
+    assert load([*base, "--checkpoint-every", "3"], environ={"LUDIC_SAW_HIGH_WATER": "192"})
     # without checkpoints items are acked after every step: no window
-    LearnerSettings(checkpoint_every=3, batch_size=64, device="cpu", config_path=str(cfg))
+    LearnerSettings(checkpoint_every=3, batch_size=64, device="cpu", saw_high_water=128)
     # credit's default high water (4096) applies when the config has no credit section
     cfg.write_text("learner: {}\n")
     with pytest.raises(ValueError, match="saw_high_water=4096"):
-        LearnerSettings(
-            output_dir=str(tmp_path),
-            checkpoint_every=65,
-            batch_size=64,
-            device="cpu",
-            config_path=str(cfg),
-        )
+        load([*base, "--checkpoint-every", "65"], environ={})
+    assert CreditSettings().saw_high_water == LearnerSettings().saw_high_water == 4096
 
 
 def test_a_flag_beats_the_yaml_trainer_map_and_one_source_may_not_say_it_twice(tmp_path):
@@ -110,8 +101,8 @@ def test_settings_read_pep604_optionals_from_env_and_yaml(tmp_path):
     assert coerce("xs", list[str] | None, "a,b") == ["a", "b"]
     with pytest.raises(ValueError, match="may not be empty"):
         coerce("n", int, None)
-    s = LearnerSettings(device="cpu", auth_token_file=None, config_path=None)
-    assert s.config_path is None
+    s = LearnerSettings(device="cpu", auth_token_file=None, max_lag=None)
+    assert s.auth_token_file is None and s.max_lag is None
 
 
 async def test_learner_health_follows_progress_not_the_event_loop() -> None:
