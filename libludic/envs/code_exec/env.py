@@ -267,11 +267,14 @@ _DEFAULT_LOCK = threading.Lock()
 
 
 def default_sandbox() -> SubprocessSandbox:
-    """One process-wide ``SubprocessSandbox`` (re-entrant), so many envs probe once."""
+    """One process-wide ``SubprocessSandbox`` (re-entrant), so many envs probe once.
+    ``LUDIC_SANDBOX_ALLOW`` (comma-separated guarantee names) lets it run without them."""
     global _DEFAULT_SANDBOX
     with _DEFAULT_LOCK:
         if _DEFAULT_SANDBOX is None:
-            _DEFAULT_SANDBOX = SubprocessSandbox()
+            raw = os.environ.get("LUDIC_SANDBOX_ALLOW", "")
+            allow = tuple(a.strip() for a in raw.split(",") if a.strip())
+            _DEFAULT_SANDBOX = SubprocessSandbox(allow=allow)
         return _DEFAULT_SANDBOX
 
 
@@ -293,6 +296,8 @@ class CodeExecEnv(SingleAgentEnv):
         self.problems = list(problems)
         self.config = config or CodeExecConfig()
         self.sandbox: Sandbox = sandbox if sandbox is not None else default_sandbox()
+        if isinstance(self.sandbox, SubprocessSandbox):
+            self.sandbox.describe()  # probed once per sandbox: a missing guarantee fails here
         self._system_prompt = system_prompt
         self.problem: CodeProblem | None = None
         self._index: int | None = None

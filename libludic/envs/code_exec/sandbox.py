@@ -62,7 +62,15 @@ family. The namespace mode's empty network namespace alone leaves unix sockets o
 filesystem reachable (a host service listening on a world-writable path); the plain mode
 has no namespace at all. ``socketpair(2)``, which reaches nothing, still works (asyncio
 needs it). Where the filter is unknown (another architecture) or a probe run shows it does
-not hold, the code runs without it and ``describe()`` says the network is reachable.
+not hold, the sandbox refuses to run (below) unless ``network_isolated`` is allowed; then
+the code runs without the filter and ``describe()`` says the network is reachable.
+
+Guarantees: two properties must hold in every mode, else the sandbox refuses to run
+(``RuntimeError`` naming the missing one) unless ``allow`` lists it (``default_sandbox``
+reads ``LUDIC_SANDBOX_ALLOW``, comma-separated): ``network_isolated`` (the code opens no
+socket: the seccomp filter holds) and ``environment_private`` (the code cannot read the host
+process's environment, where a service keeps its tokens: it runs as another uid, or the host
+is non-dumpable). ``describe()`` reports both.
 
 Thread-safety: ``run`` is re-entrant; concurrent runs get different dirs and uids. Callers
 in asyncio run it in a worker thread (``asyncio.to_thread``), see ``CodeExecEnv``.
@@ -498,6 +506,25 @@ def classify(
 # ---------------------------------------------------------------------------------------
 
 
+# what every run must ensure, and how (a missing one refuses to run unless allowed)
+GUARANTEES = {
+    "network_isolated": "the code cannot open a socket (the seccomp socket filter holds)",
+    "environment_private": "the code cannot read the host process's environment "
+    "(/proc/<pid>/environ): it runs as another uid, or the host process is non-dumpable "
+    "(every ludic service makes itself so)",
+}
+PR_GET_DUMPABLE = 3
+
+
+def host_dumpable() -> bool:
+    """Whether this process is dumpable (its /proc files readable by its own uid's
+    processes); True where prctl is unavailable (assume the worst)."""
+    try:
+        return bool(ctypes.CDLL(None, use_errno=True).prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) != 0)
+    except (OSError, AttributeError):
+        return True
+
+
 @dataclass(frozen=True)
 class _Plan:
     mode: str  # "namespace" | "plain"
@@ -505,6 +532,7 @@ class _Plan:
     drop_uid: bool
     note: str = ""
     block_network: bool = False  # plain mode: the seccomp socket filter (namespace: netns)
+    environment_private: bool = True  # runs as another uid, or the host is non-dumpable
 
 
 @dataclass
@@ -521,6 +549,8 @@ class SubprocessSandbox:
     # Parent of the run dirs (None: system temp dir); must be traversable by others when
     # the host is root, since the code runs as a fresh uid.
     work_root: str | None = None
+    # GUARANTEES this sandbox may run without (each named on purpose; default: none)
+    allow: tuple[str, ...] = ()
     _plan_cache: _Plan | None = field(default=None, init=False, repr=False)
     _plan_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -537,6 +567,12 @@ class SubprocessSandbox:
                 "SubprocessSandbox byte caps must be positive and tmpfs_bytes >= 1 MiB; got "
                 f"max_output_bytes={self.max_output_bytes} max_file_bytes={self.max_file_bytes} "
                 f"tmpfs_bytes={self.tmpfs_bytes}"
+            )
+        unknown = sorted(set(self.allow) - set(GUARANTEES))
+        if unknown:
+            raise ValueError(
+                f"SubprocessSandbox.allow names unknown guarantee(s) {unknown}; known: "
+                f"{sorted(GUARANTEES)}"
             )
         lo, hi = self.uid_range
         if not 1000 <= lo < hi <= 2**31:
@@ -557,8 +593,10 @@ class SubprocessSandbox:
             "mode": p.mode,
             "python": p.python,
             "runs_as_fresh_uid": p.drop_uid,
-            "network_isolated": p.mode == "namespace" or p.block_network,
+            "network_isolated": p.block_network,
+            "environment_private": p.environment_private,
             "filesystem_read_only_outside_cwd": p.mode == "namespace",
+            "allowed_without": sorted(self.allow),
             "note": p.note,
         }
 
@@ -579,7 +617,22 @@ class SubprocessSandbox:
     def _plan(self) -> _Plan:
         with self._plan_lock:
             if self._plan_cache is None:
-                self._plan_cache = self._resolve()
+                plan = self._resolve()
+                held = {
+                    "network_isolated": plan.block_network,
+                    "environment_private": plan.environment_private,
+                }
+                missing = [g for g, ok in held.items() if not ok and g not in self.allow]
+                if missing:
+                    raise RuntimeError(
+                        f"SubprocessSandbox ({plan.mode} mode) cannot guarantee "
+                        + "; ".join(f"{g}: {GUARANTEES[g]}" for g in missing)
+                        + (f" ({plan.note})" if plan.note else "")
+                        + f". Refusing to run untrusted code; to run anyway, allow it: "
+                        f"SubprocessSandbox(allow={tuple(missing)!r}) or "
+                        f"LUDIC_SANDBOX_ALLOW={','.join(missing)}"
+                    )
+                self._plan_cache = plan
             return self._plan_cache
 
     def _resolve(self) -> _Plan:
@@ -602,7 +655,14 @@ class SubprocessSandbox:
             note = f"namespace mode unavailable ({why})"
         else:
             note = "plain mode requested"
-        return self._with_socket_filter(_Plan("plain", self._pick_python(root), root, note))
+        plain = _Plan(
+            "plain",
+            self._pick_python(root),
+            root,
+            note,
+            environment_private=root or not host_dumpable(),
+        )
+        return self._with_socket_filter(plain)
 
     def _with_socket_filter(self, plan: _Plan) -> _Plan:
         """``plan`` with the socket filter when a probe run shows it holds (module

@@ -683,16 +683,42 @@ print(asyncio.run(main()))
         os.unlink(path)
 
 
-def test_without_a_filter_for_the_machine_the_network_is_reported_reachable(monkeypatch, work_root):
+def test_without_a_filter_for_the_machine_it_refuses_unless_allowed(monkeypatch, work_root):
     monkeypatch.setattr(sandbox_mod.platform, "machine", lambda: "riscv64")
     sandbox_mod.socket_filter_code.cache_clear()
     try:
-        sb = SubprocessSandbox(isolation="plain", work_root=work_root)
+        for isolation in ("plain", "auto"):  # the namespace mode too: unix sockets stay open
+            sb = SubprocessSandbox(isolation=isolation, work_root=work_root)
+            with pytest.raises(RuntimeError, match=r"cannot guarantee network_isolated.*riscv64"):
+                sb.run("print(1)")
+            with pytest.raises(RuntimeError, match="LUDIC_SANDBOX_ALLOW=network_isolated"):
+                sb.describe()
+        sb = SubprocessSandbox(isolation="plain", work_root=work_root, allow=("network_isolated",))
         d = sb.describe()
         assert not d["network_isolated"] and "no seccomp filter for riscv64" in d["note"], d
+        assert d["allowed_without"] == ["network_isolated"] and d["environment_private"]
         assert sb.run("print(1)").stdout == "1\n"  # runs, without the bootstrap
     finally:
         sandbox_mod.socket_filter_code.cache_clear()
+
+
+def test_plain_mode_as_a_dumpable_non_root_host_refuses_unless_allowed(monkeypatch, work_root):
+    """A non-root host runs the code as its own uid: the code could read the host's
+    /proc/<pid>/environ unless the host is non-dumpable (ludic's services make themselves
+    so). The check runs before any code does."""
+    monkeypatch.setattr(sandbox_mod.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(sandbox_mod, "host_dumpable", lambda: True)
+    with pytest.raises(RuntimeError, match=r"cannot guarantee environment_private"):
+        SubprocessSandbox(isolation="auto", work_root=work_root).describe()
+    with pytest.raises(ValueError, match=r"unknown guarantee\(s\) \['network'\]"):
+        SubprocessSandbox(allow=("network",))
+    monkeypatch.setattr(sandbox_mod, "host_dumpable", lambda: False)
+    plan = SubprocessSandbox(isolation="plain", work_root=work_root)._resolve()
+    assert plan.environment_private and not plan.drop_uid
+
+
+def test_this_process_is_dumpable_until_it_says_otherwise():
+    assert sandbox_mod.host_dumpable()  # pytest does not drop it
 
 
 def test_this_machine_gets_namespace_isolation_as_root():
