@@ -60,6 +60,7 @@ import httpx
 import torch
 
 from libludic.distributed import weight_sync as ws
+from libludic.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -173,9 +174,11 @@ class RetryPolicy:
         for name in ("attempt_timeout_s", "connect_timeout_s", "total_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be > 0")
+        Backoff(self.backoff_s, self.backoff_cap_s)  # validates them
 
     def delay(self, attempt: int) -> float:
-        return float(min(self.backoff_cap_s, self.backoff_s * (2 ** max(0, attempt - 1))))
+        """Seconds before the attempt after ``attempt`` (1-based): backoff_s doubling."""
+        return Backoff(self.backoff_s, self.backoff_cap_s).delay(attempt - 1)
 
 
 def _reason(resp: httpx.Response) -> str:

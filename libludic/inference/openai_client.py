@@ -6,7 +6,7 @@ logprobs in ``choices[0].logprobs.content[i].logprob``). The policy version come
 the body's ``policy_version`` or the ``X-Ludic-Policy-Version`` header.
 
 Failures: connection errors, timeouts, 429 and 5xx are retried ``max_retries`` times
-with exponential backoff (``backoff_s * 2**attempt``, capped at ``max_backoff_s``); other
+with exponential backoff (:class:`libludic.retry.Backoff`: ``backoff_s`` doubling, capped at ``max_backoff_s``); other
 4xx fail at once. Whatever still fails raises InferenceError naming the URL and cause.
 
 Coalescing (``coalesce=True``, the default). Calls of ``complete()`` made in the same
@@ -36,6 +36,7 @@ import httpx
 
 from libludic.inference.client import InferenceError
 from libludic.inference.request import ChatCompletionRequest
+from libludic.retry import Backoff
 from libludic.types import ChatResponse
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
@@ -103,8 +104,7 @@ class OpenAIChatClient:
         self.model = model
         self.auth_token = auth_token
         self.max_retries = max_retries
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
+        self.backoff = Backoff(backoff_s, max_backoff_s)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._model_lock: asyncio.Lock | None = None
         self._http = httpx.AsyncClient(
@@ -133,7 +133,7 @@ class OpenAIChatClient:
                     )
                 last = f"HTTP {resp.status_code}: {resp.text[:200]}"
             if attempt < self.max_retries:
-                await asyncio.sleep(min(self.max_backoff_s, self.backoff_s * 2**attempt))
+                await asyncio.sleep(self.backoff.delay(attempt))
         raise InferenceError(
             f"{method} {self.base_url}{path} failed after {self.max_retries + 1} attempts "
             f"(is the server up?): {last}"

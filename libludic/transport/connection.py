@@ -14,6 +14,8 @@ import redis.exceptions as rexc
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
+from libludic.retry import Backoff
+
 log = logging.getLogger("libludic.transport")
 
 #: Errors that mean "Redis cannot serve right now": unreachable, or full (maxmemory with
@@ -67,7 +69,9 @@ async def wait_event(ev: asyncio.Event, timeout: float) -> bool:
 
 
 async def backoff_sleep(attempt: int, stop: asyncio.Event | None = None, cap: float = 5.0) -> None:
-    delay = min(cap, 0.1 * (2 ** min(attempt, 10)))
+    """Wait :class:`~libludic.retry.Backoff` (0.1 s doubling, capped at ``cap``) after failed
+    attempt ``attempt``, or until ``stop`` is set."""
+    delay = Backoff(min(0.1, cap), cap).delay(attempt)
     if stop is None:
         await asyncio.sleep(delay)
         return

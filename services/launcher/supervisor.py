@@ -38,6 +38,7 @@ from pathlib import Path
 
 import httpx
 
+from libludic.retry import Backoff
 from services.launcher import probes
 from services.launcher.watchdog import HealthWatch
 
@@ -106,7 +107,7 @@ class Supervisor:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.specs: dict[str, ServiceSpec] = {}
         self.max_restarts = max_restarts
-        self.restart_backoff_s = restart_backoff_s
+        self.restart_backoff = Backoff(restart_backoff_s, max(restart_backoff_s, 60.0))
         self.stable_after_s = stable_after_s
         self.restarts: dict[str, int] = {}  # every restart of the run, per service
         self._streak: dict[str, int] = {}  # restarts since the service last ran stably
@@ -224,7 +225,7 @@ class Supervisor:
                     self._given_up.add(name)
                     final[name] = code
                     continue
-                delay = self.restart_backoff_s * 2**streak
+                delay = self.restart_backoff.delay(streak)
                 self._due[name] = now + delay
                 log.warning(
                     "%s exited with code %s; restart %d/%d in %.0f s (log: %s)",
