@@ -151,8 +151,8 @@ def run_baseline(cfg: dict[str, Any], model_dir: Path, seed: int = 0) -> dict[st
     from libludic.rollout.engine import RolloutEngine
     from libludic.training.batching.rollout_batch_source import RolloutBatchSource
     from libludic.training.trainer import Trainer, TrainerHooks
+    from services.common.heldout import evaluate_client
     from services.common.settings import load_settings
-    from services.eval.heldout import evaluate_client
     from services.feeder.worker import FeederSettings, make_request, pick_task
     from services.learner.settings import LearnerSettings
 

@@ -1,6 +1,6 @@
 """Greedy pass rate of a transformers model on arithmetic problems (in process, no server):
 what the SFT warm start checks and reports. The services measure the same quantity through
-inference (services/eval/heldout.py)."""
+inference (services/common/heldout.py)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ Watches the learner's ``ludic:{run}:learner_step`` and ``policy_version`` in Red
 ``every_steps``, and once more when the step has not moved for ``settle_s`` (the run's last
 step), it waits up to ``version_wait_s`` for the inference service to serve the learner's
 current policy version, then runs the same greedy pass as ``ludic up``
-(services/eval/heldout.py) and exports
+(services/common/heldout.py) and exports
 
     ludic_eval_pass_rate            pass rate of the last evaluation
     ludic_eval_step                 learner step it belongs to

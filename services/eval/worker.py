@@ -4,6 +4,7 @@ for inference to serve its version, run the greedy pass). ``main.py`` wires it i
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 import time
@@ -16,10 +17,9 @@ from prometheus_client import Counter, Gauge
 
 from libludic import transport
 from libludic.inference.openai_client import InferenceError, OpenAIChatClient
+from services.common import heldout
 from services.common.lifecycle import sleep_or_stop
 from services.common.settings import secret
-from services.eval import heldout
-from services.launcher.config import UpSettings
 
 log = logging.getLogger("ludic.eval")
 
@@ -86,10 +86,9 @@ class EvalSettings:
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
 
     def __post_init__(self) -> None:
-        defaults = UpSettings()
         for mine, theirs in _UP_FALLBACK.items():
             if getattr(self, mine) is None:
-                setattr(self, mine, getattr(defaults, theirs))
+                setattr(self, mine, copy.deepcopy(heldout.DEFAULTS[theirs]))
         n, every, most = self.n, self.every_steps, self.max_tokens
         assert n is not None and every is not None and most is not None  # filled above
         self.n, self.every_steps, self.max_tokens = int(n), int(every), int(most)

@@ -10,10 +10,12 @@ directory) through ``LUDIC_*`` environment variables.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.eval.heldout import protocol_spec
+from services.common import heldout
+from services.common.heldout import protocol_spec
 from services.launcher.cpus import PINNING_MODES
 
 
@@ -67,7 +69,7 @@ class UpSettings:
         },
     )
     eval_env: dict[str, Any] = field(
-        default_factory=lambda: {"kind": "arithmetic", "kwargs": {"split": "eval"}},
+        default_factory=lambda: copy.deepcopy(heldout.DEFAULTS["eval_env"]),
         metadata={"help": "env of the held-out greedy evaluation ({kind, kwargs})"},
     )
     eval_protocol: dict[str, Any] | None = field(
@@ -79,12 +81,17 @@ class UpSettings:
         },
     )
     eval_n: int = field(
-        default=200, metadata={"help": "held-out problems (env seeds 0..n-1); 0: no eval"}
+        default=heldout.DEFAULTS["eval_n"],
+        metadata={"help": "held-out problems (env seeds 0..n-1); 0: no eval"},
     )
     eval_every_steps: int = field(
-        default=10, metadata={"help": "learner steps between curve evaluations"}
+        default=heldout.DEFAULTS["eval_every_steps"],
+        metadata={"help": "learner steps between curve evaluations"},
     )
-    eval_max_tokens: int = field(default=8, metadata={"help": "max tokens of an eval answer"})
+    eval_max_tokens: int = field(
+        default=heldout.DEFAULTS["eval_max_tokens"],
+        metadata={"help": "max tokens of an eval answer"},
+    )
     eval_mode: str = field(
         default="live",
         metadata={

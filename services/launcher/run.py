@@ -226,7 +226,7 @@ class Run:
     def eval_snapshots(self, model_dir: Path) -> None:
         """Deferred curve: evaluate every snapshot the learner saved, in this process, after
         the RL phase; ``wall_s`` is when the learner had trained that step."""
-        from services.eval.heldout import evaluate_snapshot
+        from services.common.heldout import evaluate_snapshot
 
         index = self.run_dir / "learner" / "snapshots" / "snapshots.jsonl"
         if not index.exists():

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.eval import heldout
+from services.common import heldout
 from services.launcher import probes
 from services.launcher.supervisor import ServiceSpec
 
@@ -161,7 +161,7 @@ def evaluate(
     protocol: Mapping[str, Any] | None = None,
 ) -> dict[str, float]:
     """Greedy held-out evaluation against the inference service (its current weights);
-    the same pass as the ``ludic eval`` service (services/eval/heldout.py)."""
+    the same pass as the ``ludic eval`` service (services/common/heldout.py)."""
     return asyncio.run(heldout.evaluate(url, env, n, max_tokens, protocol=protocol))
 
 

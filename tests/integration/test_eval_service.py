@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from inference_server import InferenceServer  # noqa: E402
 
 from libludic import transport as t  # noqa: E402
-from services.eval import heldout  # noqa: E402
+from services.common import heldout  # noqa: E402
 from services.launcher.stack import free_port, scrape  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]

@@ -19,7 +19,7 @@ from libludic.eval.evaluator import Evaluator
 from libludic.inference.hf_client import HFChatClient
 from libludic.registry import build_registries
 from libludic.rollout.engine import RolloutEngine
-from services.eval.heldout import eval_requests
+from services.common.heldout import eval_requests
 from services.launcher.config import UpSettings
 from tests.integration.test_up import config, ludic_up
 

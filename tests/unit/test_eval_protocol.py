@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from libludic.requests import ProtocolSpec
+from services.common.heldout import eval_requests, evaluate_client
 from services.common.settings import load_settings
-from services.eval.heldout import eval_requests, evaluate_client
 from services.eval.worker import EvalSettings
 from services.launcher.config import UpSettings
 from tests.fakes import ScriptedClient
@@ -69,7 +69,7 @@ def test_eval_service_protocol_falls_back_to_up(tmp_path):
 
     s = load()
     assert (s.protocol, s.env, s.n) == (PROTOCOL, ENV, 7)
-    assert s.every_steps == UpSettings().eval_every_steps  # not in up: the launcher's default
+    assert s.every_steps == UpSettings().eval_every_steps == 10  # the launcher's default
     own = {"kind": "single_agent", "kwargs": {"parser": "boxed"}}
     assert load("--protocol", json.dumps(own)).protocol == own  # a flag beats up:
     assert load(LUDIC_N="9").n == 9  # so does the environment

@@ -9,7 +9,7 @@ import yaml
 from libludic.registry import build_registries
 from libludic.requests import RolloutRequest
 from libludic.rollout.engine import RolloutEngine
-from services.eval.heldout import eval_requests
+from services.common.heldout import eval_requests
 from services.feeder.worker import Task
 from services.launcher.config import UpSettings
 from tests.fakes import ScriptedClient

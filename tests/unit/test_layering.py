@@ -323,3 +323,28 @@ def test_nothing_outside_the_transport_package_reaches_into_its_objects() -> Non
                 ):
                     found.append(f"{f.relative_to(root)}:{n.lineno}: {ast.unparse(n)}")
     assert not found, found
+
+
+SERVICES_DIR = LIB.parent / "services"
+
+
+def test_no_service_imports_another() -> None:
+    """Each service imports the library, services.common and itself only (the launcher
+    starts the others as processes, by module name, never by import)."""
+    found = []
+    for path in sorted(SERVICES_DIR.rglob("*.py")):
+        own = path.relative_to(SERVICES_DIR).parts[0]
+        if own in ("common", "cli.py", "__init__.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "services" and len(parts) > 1 and parts[1] not in ("common", own):
+                    found.append(f"{path.relative_to(SERVICES_DIR.parent)}: imports {name}")
+    assert len(list(SERVICES_DIR.glob("*/main.py"))) >= 6  # the walk found the services
+    assert not found, found

@@ -4,9 +4,12 @@
 ``kwargs``, e.g. ``{"split": "eval"}``), temperature 0, against one inference service's
 current weights, run by ``protocol`` (``{kind, kwargs[, agent]}`` like a feeder task's: a
 task whose env prompts a chat model and whose parser extracts its answer is evaluated with
-the same parser; None: ``single_agent`` with the identity parser). Returns the Evaluator's figures (``eval/pass_rate``, ``eval/reward_mean``,
-``eval/num_episodes``) plus ``eval/policy_version``: the version the service reported
-right after the pass.
+the same parser; None: ``single_agent`` with the identity parser). Returns the
+Evaluator's figures (``eval/pass_rate``, ``eval/reward_mean``, ``eval/num_episodes``) plus
+``eval/policy_version``: the version the service reported right after the pass.
+
+:data:`DEFAULTS` are the launcher's ``up.eval_*`` defaults, which the eval service falls
+back to as well.
 """
 
 from __future__ import annotations
@@ -22,6 +25,15 @@ from libludic.parsers import make_parser
 from libludic.requests import EnvSpec, ProtocolSpec, RolloutRequest
 
 Protocol = Mapping[str, Any] | None
+
+# up.<key>: its default (UpSettings' fields, and the eval service's fallbacks)
+DEFAULTS: Mapping[str, Any] = {
+    "eval_env": {"kind": "arithmetic", "kwargs": {"split": "eval"}},
+    "eval_protocol": None,
+    "eval_n": 200,
+    "eval_every_steps": 10,
+    "eval_max_tokens": 8,
+}
 
 
 def protocol_spec(protocol: Protocol, where: str) -> ProtocolSpec:
