@@ -1,10 +1,12 @@
 """`ludic up` survives its workers crashing, and dies without leaving anything behind.
 
-One run (checkpoints every 2 steps) has, once training is under way, a SIGKILL of an actor,
-of credit, of the feeder, then of the learner, of redis-server and of the inference server:
-each is restarted (the learner resumes from its newest checkpoint, redis reloads its
+One run (checkpoints every 2 steps, the learner as two torchrun ranks) has, once training
+is under way, a SIGKILL of an actor, of credit, of the feeder, then of one learner rank, of
+redis-server and of the inference server: each is restarted (torchrun stops the surviving
+rank and exits, the learner resumes from its newest checkpoint, redis reloads its
 append-only file, inference is republished the learner's weights) and the run reaches its
-step count with the accounting consistent, no group lost and no item trained twice.
+step count with the accounting consistent, no group lost and no item trained twice. A
+second run does the same with SIGTERM, one learner process, and vLLM's engine core.
 Another ``ludic up`` is itself killed with SIGKILL: every service it started stops
 (PR_SET_PDEATHSIG).
 """
@@ -45,6 +47,23 @@ def service_pid(up_pid: int, service: str, consumer: str | None = None) -> int |
         if named and (consumer is None or f"LUDIC_CONSUMER={consumer}".encode() in env):
             return int(d.name)
     return None
+
+
+def child_pids(parent: int, word: bytes) -> list[int]:
+    """The pids of the children of ``parent`` with ``word`` among their argv (torchrun's
+    ranks)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and word in argv:
+            out.append(int(d.name))
+    return sorted(out)
 
 
 def trained_steps(run_dir: Path) -> int:
@@ -108,7 +127,9 @@ def recovered(run_dir: Path, run_id: str, steps: int) -> dict:
 
 def test_crashed_workers_and_learner_are_restarted_and_the_run_completes(tmp_path, tiny_model_dir):
     run_id = f"faults-{os.getpid()}"
-    cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=16, eval_n=0, actors=2)
+    cfg = config(
+        tmp_path, tiny_model_dir, run_id, num_steps=16, eval_n=0, actors=2, learner_nproc=2
+    )
     learner_section(cfg, checkpoint_every=2, trained_log=True)
     log = tmp_path / "up.log"
     proc = ludic_up(cfg, log)
@@ -125,8 +146,9 @@ def test_crashed_workers_and_learner_are_restarted_and_the_run_completes(tmp_pat
             assert pid is not None, name
             os.kill(pid, signal.SIGKILL)
             killed[name] = pid
-        # then one at a time, each once the run has made progress since the last: the learner
-        # (between two checkpoints or just after one), Redis, the inference API server
+        # then one at a time, each once the run has made progress since the last: one rank of
+        # the learner (between two checkpoints or just after one), Redis, the inference API
+        # server
         for svc in ("learner", "redis-server", "inference"):
             start = trained_steps(run_dir)
             wait(
@@ -138,6 +160,10 @@ def test_crashed_workers_and_learner_are_restarted_and_the_run_completes(tmp_pat
             )
             pid = service_pid(proc.pid, svc)
             assert pid is not None, svc
+            if svc == "learner":  # torchrun: kill one of its ranks, not the agent
+                ranks = child_pids(pid, b"learner")
+                assert len(ranks) == 2, f"torchrun {pid} runs ranks {ranks}, not 2"
+                pid = ranks[-1]
             os.kill(pid, signal.SIGKILL)
             killed["redis" if svc == "redis-server" else svc] = pid
         finished(proc, log)
