@@ -1,8 +1,8 @@
 """Served = trained: after a weight update, vLLM's logprobs equal a transformers forward.
 
-A real ``ludic inference`` (vLLM CPU, compiled as shipped) serves the tiny model; the test
-perturbs every matrix
-(``w + 0.3 * std(w) * noise``), pushes the result over HTTP and over the gloo collective
+A real ``ludic inference`` (vLLM CPU, compiled as shipped) serves the tiny model (in fp32,
+and as a bf16 checkpoint in bf16); the test perturbs every matrix (``w + 0.3 * std(w) *
+noise``), pushes the result over HTTP and over the gloo collective
 plane, then compares, token by token, against ``Qwen2ForCausalLM`` in fp32 on the same
 pushed weights:
 
@@ -47,14 +47,34 @@ TOL = {"float32": 1e-4, "bfloat16": 2e-2}  # derivation in the module docstring
 MAX_TOKENS = 24
 
 
+def bf16_checkpoint(src: Path, out: Path) -> Path:
+    """``src`` saved in bfloat16 (the weights vLLM serves with ``--dtype bfloat16`` either
+    way: it rounds an fp32 checkpoint the same), with its tokenizer."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
+    model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "generation")):
+            shutil.copy(f, out / f.name)
+    on_disk = load_file(str(out / "model.safetensors"))
+    assert {t.dtype for t in on_disk.values()} == {torch.bfloat16}
+    return out
+
+
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
 def served(
     request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[InferenceServer, str]]:
     dtype = request.param
-    log = tmp_path_factory.mktemp(f"served-{dtype}") / "server.log"
+    tmp = tmp_path_factory.mktemp(f"served-{dtype}")
+    model_dir = tiny_model_dir
+    if dtype == "bfloat16":  # the usual GPU setting: a bf16 checkpoint, served in bf16
+        model_dir = bf16_checkpoint(tiny_model_dir, tmp / "bf16")
     srv = InferenceServer(
-        tiny_model_dir, free_port(), TOKEN, log, ["--dtype", dtype], compiled=True
+        model_dir, free_port(), TOKEN, tmp / "server.log", ["--dtype", dtype], compiled=True
     )
     srv.start()
     yield srv, dtype
@@ -284,53 +304,32 @@ async def test_onpolicy_importance_ratio_is_one_at_the_sampling_temperature(
     assert stats["loss/ratio_mean"] == pytest.approx(1.0, abs=TOL[dtype])
 
 
-def test_bf16_checkpoint_served_in_bf16_takes_the_fp32_learners_publish(
-    tiny_model_dir: Path, tmp_path: Path
+def test_an_fp32_learners_publish_is_cast_to_the_served_dtype(
+    served: tuple[InferenceServer, str], tiny_model_dir: Path, base_sd: dict[str, torch.Tensor]
 ) -> None:
-    """The day-one bf16 setting: a bf16 checkpoint, ``--dtype bfloat16`` serving, and a
-    learner that trains fp32 master weights. Its publisher asks the replica which dtype it
-    serves, casts to it (half the bytes of fp32) and the update is swapped in and served:
-    served logprobs equal an fp32 forward of the bf16-rounded weights to the bf16 floor.
-    (The server refused such updates with 422 "dtype float32 not accepted" before.)"""
-    import shutil
-
-    from transformers import AutoModelForCausalLM
-
+    """The day-one bf16 setting (the bfloat16 server: a bf16 checkpoint served with
+    ``--dtype bfloat16``) and fp32: a learner training fp32 master weights publishes through
+    HttpPolicyPublisher, which asks the replica which dtype it serves and casts to it (half
+    the bytes in bf16); the update is swapped in and served: served logprobs equal an fp32
+    forward of the weights rounded to the served dtype, to that dtype's floor. (A bf16
+    server refused such updates with 422 "dtype float32 not accepted" before.)"""
     from libludic.distributed.publisher import HttpPolicyPublisher, ReplicaSet
     from libludic.distributed.weight_sync import to_safetensors_bytes
 
-    bf16_dir = tmp_path / "bf16"
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
-    model.to(torch.bfloat16).save_pretrained(bf16_dir, safe_serialization=True)
-    for f in tiny_model_dir.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "generation")):
-            shutil.copy(f, bf16_dir / f.name)
-    on_disk = load_file(str(bf16_dir / "model.safetensors"))
-    assert {t.dtype for t in on_disk.values()} == {torch.bfloat16}
-
-    srv = InferenceServer(
-        bf16_dir,
-        free_port(),
-        TOKEN,
-        tmp_path / "server.log",
-        ["--dtype", "bfloat16"],
-        compiled=True,
-    )
-    srv.start()
-    try:
-        trained = perturbed({k: v.float() for k, v in on_disk.items()}, seed=4)  # fp32 master
-        pub = HttpPolicyPublisher(ReplicaSet([srv.url]), TOKEN)
-        pub.publish(trained, 1)
-        assert pub.acked == {srv.url: 1} and version(srv) == 1
-        assert pub._auto_dtype == torch.bfloat16  # learnt from GET /v1/policy_version
-        sent = len(to_safetensors_bytes(trained, torch.bfloat16))
-        assert sent < 0.55 * len(to_safetensors_bytes(trained))
-        rounded = {k: v.to(torch.bfloat16).float() for k, v in trained.items()}
-        d = max_diffs(srv, tiny_model_dir, rounded)
-        print(f"\n[bf16 checkpoint] after the fp32 learner's publish: max |served - HF| = {d}")
-        assert max(d.values()) < TOL["bfloat16"], d
-        # the publish changed the served policy (perturbed weights differ by far more)
-        d0 = max_diffs(srv, tiny_model_dir, {k: v.float() for k, v in on_disk.items()})
-        assert max(d0.values()) > 5 * TOL["bfloat16"], d0
-    finally:
-        srv.stop()
+    srv, dtype = served
+    want = getattr(torch, dtype)
+    trained = perturbed(base_sd, seed=4)  # fp32 master weights
+    v = version(srv) + 1
+    pub = HttpPolicyPublisher(ReplicaSet([srv.url]), TOKEN)
+    pub.publish(trained, v)
+    assert pub.acked == {srv.url: v} and version(srv) == v
+    assert pub._auto_dtype == want  # learnt from GET /v1/policy_version
+    sent, full = len(to_safetensors_bytes(trained, want)), len(to_safetensors_bytes(trained))
+    assert sent < 0.55 * full if dtype == "bfloat16" else sent == full
+    rounded = {k: t.to(want).float() for k, t in trained.items()}
+    d = max_diffs(srv, tiny_model_dir, rounded)
+    print(f"\n[{dtype}] after the fp32 learner's publish v{v}: max |served - HF| = {d}")
+    assert max(d.values()) < TOL[dtype], d
+    # the publish changed the served policy (perturbed weights differ by far more)
+    d0 = max_diffs(srv, tiny_model_dir, base_sd)
+    assert max(d0.values()) > 5 * TOL[dtype], d0
