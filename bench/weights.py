@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from libludic.distributed.weight_sync import (
         CollectiveWeightSender,
+        post_weights,
         push_http,
         to_safetensors_bytes,
     )
@@ -149,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         # the baseline, with vLLM up: serialise the same state dict and move the bytes
         with httpx.Client() as c:
             raw_s = timed(
-                lambda: c.post(
-                    sink_url, content=to_safetensors_bytes(weights(1))
+                lambda: post_weights(
+                    sink_url, to_safetensors_bytes(weights(1)), 0, None, 600.0, client=c
                 ).raise_for_status(),
                 max(reps, 3),
             )
