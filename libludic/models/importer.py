@@ -402,6 +402,8 @@ def import_model(
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 is for the unfinished directory only
+        for f in tmp.iterdir():  # save_pretrained writes the weights 0600 (a temp file)
+            f.chmod(0o666 & ~umask)
         tmp.replace(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -4,6 +4,7 @@ nothing is downloaded), and a whole import of an HF directory (the tiny model, o
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import zipfile
 from pathlib import Path
@@ -208,6 +209,10 @@ def test_import_of_an_hf_directory_writes_the_same_model(tiny_dir, tmp_path, cap
     printed = capsys.readouterr().out
     assert f"wrote {out}" in printed and "largest logit difference from the source 0" in printed
     assert (out / "model.safetensors").exists() and (out / "config.json").exists()
+    # readable by the other users the umask allows (a service running as another uid)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {f.stat().st_mode & 0o777 for f in out.iterdir()} == {0o666 & ~umask}
     torch.testing.assert_close(logits(out), logits(tiny_dir), rtol=0, atol=0)
     from transformers import AutoTokenizer
 
