@@ -150,10 +150,10 @@ def post_weights(
 SEND_CHUNK = 1 << 20
 
 
-def _slices(body: bytes) -> Iterator[memoryview]:
+def _slices(body: bytes) -> Iterator[bytes]:
     view = memoryview(body)
     for i in range(0, len(view), SEND_CHUNK):
-        yield view[i : i + SEND_CHUNK]
+        yield bytes(view[i : i + SEND_CHUNK])
 
 
 # --------------------------------------------------------------------------- groups
