@@ -359,6 +359,10 @@ class LudicEngine:
 
         ``payload``: the same tensors already as safetensors bytes (the HTTP body), to
         avoid re-serialising. Returns the seconds admission was paused.
+
+        The payload is serialised (when it must be) and staged in a file off the event loop
+        and before any pause: the workers then read it from the page cache, and the pause
+        covers the reload RPC only (``ludic_inference_weight_pause_seconds``).
         """
         assert self.lock.locked(), "swap() must run under engine.lock"
         missing = complete_partial(tensors, self.spec)
@@ -368,25 +372,22 @@ class LudicEngine:
         if missing:
             full = dict(forwarded)
             full.update(self.spec.to_served(self.shadow.get(missing)))
-            payload = _to_payload(full)
+            payload = await asyncio.to_thread(_to_payload, full)
         elif payload is None or cast or len(forwarded) != len(tensors):
-            payload = _to_payload(forwarded)
-
-        if self.settings.update_mode == "keep":
-            return await self._swap_in_flight(version, payload, forwarded, missing)
-        return await self._swap_drained(version, payload, forwarded, missing)
-
-    async def _reload(self, payload: Any) -> float:
-        """Every worker reloads ``payload`` in place; the slowest worker's reload seconds.
-        The EngineCore runs the RPC between two scheduler steps: no step runs meanwhile, so
-        the bytes are staged in a file first (written off the event loop) and the RPC
-        carries its path: the workers read it from the page cache inside the pause instead
-        of receiving it through the RPC."""
+            payload = await asyncio.to_thread(_to_payload, forwarded)
         path = await asyncio.to_thread(_stage, payload, self.settings.weight_staging_dir)
         try:
-            reloads = await self.llm.collective_rpc("ludic_load_safetensors", args=(path,))
+            if self.settings.update_mode == "keep":
+                return await self._swap_in_flight(version, path, forwarded, missing)
+            return await self._swap_drained(version, path, forwarded, missing)
         finally:
             await asyncio.to_thread(_unlink, path)
+
+    async def _reload(self, path: str) -> float:
+        """Every worker reloads the staged safetensors file ``path`` in place; the slowest
+        worker's reload seconds. The EngineCore runs the RPC between two scheduler steps (no
+        step runs meanwhile), so it carries the file's path, not the bytes."""
+        reloads = await self.llm.collective_rpc("ludic_load_safetensors", args=(path,))
         return max((float(x) for x in reloads), default=0.0)
 
     async def _restore(
@@ -396,8 +397,11 @@ class LudicEngine:
         that fails too, the engine is ``broken``: generation is stopped and the server exits
         non-zero (its supervisor restarts it on the checkpoint; the learner republishes)."""
         old = self.spec.to_served(self.shadow.get(list(forwarded) + list(missing or ())))
+        path = ""
         try:
-            await self._reload(_to_payload(old))
+            payload = await asyncio.to_thread(_to_payload, old)
+            path = await asyncio.to_thread(_stage, payload, self.settings.weight_staging_dir)
+            await self._reload(path)
         except Exception as e:
             self.broken = (
                 f"a weight reload failed ({cause}) and restoring v{self.version} failed too "
@@ -407,6 +411,9 @@ class LudicEngine:
             with contextlib.suppress(Exception):
                 await self.llm.pause_generation(mode="abort", clear_cache=True)
             raise SwapError(f"{self.broken}; the server is shutting down", 500) from e
+        finally:
+            if path:
+                await asyncio.to_thread(_unlink, path)
 
     def _done(
         self,
@@ -433,7 +440,7 @@ class LudicEngine:
     async def _swap_in_flight(
         self,
         version: int,
-        payload: Any,
+        path: str,
         forwarded: dict[str, torch.Tensor],
         missing: list[str] | None,
     ) -> float:
@@ -444,7 +451,7 @@ class LudicEngine:
         new label is labelled with the previous version: older than it is, never newer."""
         t0 = time.monotonic()
         try:
-            reload_s = await self._reload(payload)
+            reload_s = await self._reload(path)
         except Exception as e:
             await self._restore(forwarded, missing, e)
             raise SwapError(f"reload failed, previous weights restored: {e}") from e
@@ -456,7 +463,7 @@ class LudicEngine:
     async def _swap_drained(
         self,
         version: int,
-        payload: Any,
+        path: str,
         forwarded: dict[str, torch.Tensor],
         missing: list[str] | None,
     ) -> float:
@@ -476,7 +483,7 @@ class LudicEngine:
                 503,
             ) from e
         try:
-            reload_s = await self._reload(payload)
+            reload_s = await self._reload(path)
             await self.llm.update_weight_version(str(version))
         except Exception as e:
             await self._restore(forwarded, missing, e)  # raises (and stays paused) if it fails
