@@ -1,0 +1,78 @@
+"""The seccomp socket filter of the code sandbox (``sandbox.py``, module docstring, Sockets):
+the BPF program that refuses ``socket(2)`` and ``io_uring_setup(2)``, the bootstrap the
+interpreter runs to install it before the code, and the probe that checks it holds."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import platform
+
+# classic BPF over struct seccomp_data {int nr; u32 arch; ...} (linux/seccomp.h, filter.h)
+_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x06
+_SECCOMP_RET_KILL_PROCESS, _SECCOMP_RET_ERRNO, _SECCOMP_RET_ALLOW = 0x80000000, 0x50000, 0x7FFF0000
+# machine -> (AUDIT_ARCH_*, __NR_socket, __NR_io_uring_setup, first number outside the ABI)
+_SYSCALLS = {
+    "x86_64": (0xC000003E, 41, 425, 0x40000000),  # from 0x40000000: the x32 ABI, refused
+    "aarch64": (0xC00000B7, 198, 425, 0xFFFFFFFF),
+}
+NETWORK_PROBE = """import socket
+try:
+    socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    print("open")
+except PermissionError:
+    print("blocked")
+"""
+# argv: [python, -I, -c, this, main.py]. PR_SET_NO_NEW_PRIVS = 38, PR_SET_SECCOMP = 22,
+# SECCOMP_MODE_FILTER = 2; exit 125 (the sandbox's set-up failure) when the kernel refuses.
+_BOOTSTRAP = """import ctypes as c, sys
+class F(c.Structure): _fields_ = [("code", c.c_ushort), ("jt", c.c_ubyte), ("jf", c.c_ubyte), ("k", c.c_uint32)]
+class P(c.Structure): _fields_ = [("len", c.c_ushort), ("filter", c.POINTER(F))]
+code = {code!r}
+prog = P(len(code), (F * len(code))(*(F(*i) for i in code)))
+prctl = c.CDLL(None, use_errno=True).prctl
+prctl.argtypes = [c.c_int, c.c_ulong, c.c_ulong, c.c_ulong, c.c_ulong]
+if prctl(38, 1, 0, 0, 0) != 0 or prctl(22, 2, c.addressof(prog), 0, 0) != 0:
+    sys.stderr.write("ludic-sandbox: setup failed: seccomp filter refused, errno %d\\n" % c.get_errno())
+    sys.exit(125)
+del c, F, P, code, prog, prctl
+sys.argv = sys.argv[1:]
+__import__("runpy").run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@functools.cache
+def socket_filter_code() -> tuple[tuple[int, int, int, int], ...] | None:
+    """The seccomp program (``(code, jt, jf, k)`` BPF instructions) that refuses sockets on
+    this machine, None where it has no syscall numbers:
+
+        arch != this machine's            -> kill the process (another ABI's numbers)
+        nr >= the ABI's end (x86_64: x32) -> EPERM
+        nr == socket or io_uring_setup    -> EPERM  (io_uring can open sockets too)
+        anything else                     -> allow
+    """
+    nums = _SYSCALLS.get(platform.machine())
+    if nums is None:
+        return None
+    arch, nr_socket, nr_uring, abi_end = nums
+    eperm = _SECCOMP_RET_ERRNO | errno.EPERM
+    return (
+        (_BPF_LD_W_ABS, 0, 0, 4),  # A = seccomp_data.arch
+        (_BPF_JEQ_K, 1, 0, arch),
+        (_BPF_RET_K, 0, 0, _SECCOMP_RET_KILL_PROCESS),
+        (_BPF_LD_W_ABS, 0, 0, 0),  # A = seccomp_data.nr
+        (_BPF_JGE_K, 2, 0, abi_end),
+        (_BPF_JEQ_K, 1, 0, nr_socket),
+        (_BPF_JEQ_K, 0, 1, nr_uring),
+        (_BPF_RET_K, 0, 0, eperm),
+        (_BPF_RET_K, 0, 0, _SECCOMP_RET_ALLOW),
+    )
+
+
+def python_argv(python: str, main: str, block_network: bool) -> list[str]:
+    """How the sandbox runs ``main``: ``python -I main``, through the socket-filter bootstrap
+    when ``block_network`` (module docstring, Sockets)."""
+    code = socket_filter_code() if block_network else None
+    if code is None:
+        return [python, "-I", main]
+    return [python, "-I", "-c", _BOOTSTRAP.format(code=code), main]
