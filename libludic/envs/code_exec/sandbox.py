@@ -47,8 +47,11 @@ sandbox by running a real program through it):
     drops to a fresh random uid (``Popen(user=, group=, extra_groups=[])``) and the run dir
     is chowned to it. As a non-root host the code runs as the host's uid: it cannot read
     the host's environment only if the host is non-dumpable (every ludic service makes
-    itself so, ``services/common/secrets.py``). Gaps, documented not hidden: the code can
-    write to world-writable dirs (/tmp, /dev/shm); as a non-root host RLIMIT_NPROC counts
+    itself so, ``services/common/secrets.py``). Writes: where the kernel has Landlock, the
+    code can write only beneath its run dir (``landlock.py``; from Landlock ABI 6 it also
+    cannot signal processes outside its own tree); a probe run checks it holds, and
+    ``describe()`` says whether it does. Gaps, documented not hidden: without Landlock the
+    code can write to world-writable dirs (/tmp, /dev/shm); as a non-root host RLIMIT_NPROC counts
     all of the host user's processes (we set it to current + ``max_processes``) and a child
     that ``setsid``s into a new session escapes the sweep; if the host process dies
     mid-run only the main child gets the parent-death SIGKILL, not its own children;
@@ -98,6 +101,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from libludic.envs.code_exec import landlock
 from libludic.envs.code_exec.seccomp import NETWORK_PROBE, python_argv, socket_filter_code
 
 STATUS_OK = "ok"
@@ -533,6 +537,7 @@ class _Plan:
     note: str = ""
     block_network: bool = False  # plain mode: the seccomp socket filter (namespace: netns)
     environment_private: bool = True  # runs as another uid, or the host is non-dumpable
+    confine_writes: bool = False  # plain mode: Landlock (namespace: read-only remounts)
 
 
 @dataclass
@@ -595,7 +600,7 @@ class SubprocessSandbox:
             "runs_as_fresh_uid": p.drop_uid,
             "network_isolated": p.block_network,
             "environment_private": p.environment_private,
-            "filesystem_read_only_outside_cwd": p.mode == "namespace",
+            "filesystem_read_only_outside_cwd": p.mode == "namespace" or p.confine_writes,
             "allowed_without": sorted(self.allow),
             "note": p.note,
         }
@@ -662,7 +667,21 @@ class SubprocessSandbox:
             note,
             environment_private=root or not host_dumpable(),
         )
-        return self._with_socket_filter(plain)
+        return self._with_socket_filter(self._with_write_confinement(plain))
+
+    def _with_write_confinement(self, plan: _Plan) -> _Plan:
+        """``plan`` confining the code's writes to its directory when Landlock is there and a
+        probe run shows it holds (module docstring, Writes), else ``plan`` with a note."""
+        if landlock.abi_version() < 1:
+            why = "no Landlock in this kernel"
+        else:
+            confined = replace(plan, confine_writes=True)
+            probe = self._run(confined, landlock.WRITE_PROBE, "", 10.0, 256)
+            if probe.ok and probe.stdout.strip() == "confined":
+                return confined
+            why = f"Landlock did not hold: {probe.reason} {probe.stdout[-200:]!r} {probe.stderr[-300:]!r}"
+        sep = "; " if plan.note else ""
+        return replace(plan, note=f"{plan.note}{sep}writes outside the run dir possible ({why})")
 
     def _with_socket_filter(self, plan: _Plan) -> _Plan:
         """``plan`` with the socket filter when a probe run shows it holds (module
@@ -720,7 +739,7 @@ class SubprocessSandbox:
                 )
                 home = os.path.join(workdir, "run")
             else:
-                argv = python_argv(plan.python, main, plan.block_network)
+                argv = python_argv(plan.python, main, plan.block_network, plan.confine_writes)
                 home = workdir
                 nproc = limits.nproc
                 if uid is not None:

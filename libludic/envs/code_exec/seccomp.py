@@ -1,12 +1,15 @@
 """The seccomp socket filter of the code sandbox (``sandbox.py``, module docstring, Sockets):
-the BPF program that refuses ``socket(2)`` and ``io_uring_setup(2)``, the bootstrap the
-interpreter runs to install it before the code, and the probe that checks it holds."""
+the BPF program that refuses ``socket(2)`` and ``io_uring_setup(2)``, the probe that checks
+it holds, and the bootstrap the interpreter runs before the code: ``no_new_privs``, then the
+Landlock confinement (``landlock.py``) when asked, then the filter."""
 
 from __future__ import annotations
 
 import errno
 import functools
 import platform
+
+from libludic.envs.code_exec import landlock
 
 # classic BPF over struct seccomp_data {int nr; u32 arch; ...} (linux/seccomp.h, filter.h)
 _BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x06
@@ -25,17 +28,24 @@ except PermissionError:
 """
 # argv: [python, -I, -c, this, main.py]. PR_SET_NO_NEW_PRIVS = 38, PR_SET_SECCOMP = 22,
 # SECCOMP_MODE_FILTER = 2; exit 125 (the sandbox's set-up failure) when the kernel refuses.
-_BOOTSTRAP = """import ctypes as c, sys
-class F(c.Structure): _fields_ = [("code", c.c_ushort), ("jt", c.c_ubyte), ("jf", c.c_ubyte), ("k", c.c_uint32)]
+_PRELUDE = """import ctypes as c, os, sys
+libc = c.CDLL(None, use_errno=True)
+libc.prctl.argtypes = [c.c_int, c.c_ulong, c.c_ulong, c.c_ulong, c.c_ulong]
+def fail(what):
+    sys.stderr.write("ludic-sandbox: setup failed: %s\\n" % what)
+    sys.exit(125)
+if libc.prctl(38, 1, 0, 0, 0) != 0:
+    fail("no_new_privs refused, errno %d" % c.get_errno())
+"""
+_SECCOMP = """class F(c.Structure): _fields_ = [("code", c.c_ushort), ("jt", c.c_ubyte), ("jf", c.c_ubyte), ("k", c.c_uint32)]
 class P(c.Structure): _fields_ = [("len", c.c_ushort), ("filter", c.POINTER(F))]
 code = {code!r}
 prog = P(len(code), (F * len(code))(*(F(*i) for i in code)))
-prctl = c.CDLL(None, use_errno=True).prctl
-prctl.argtypes = [c.c_int, c.c_ulong, c.c_ulong, c.c_ulong, c.c_ulong]
-if prctl(38, 1, 0, 0, 0) != 0 or prctl(22, 2, c.addressof(prog), 0, 0) != 0:
-    sys.stderr.write("ludic-sandbox: setup failed: seccomp filter refused, errno %d\\n" % c.get_errno())
-    sys.exit(125)
-del c, F, P, code, prog, prctl
+if libc.prctl(22, 2, c.addressof(prog), 0, 0) != 0:
+    fail("seccomp filter refused, errno %d" % c.get_errno())
+del F, P, code, prog
+"""
+_RUN = """del c, os, libc, fail
 sys.argv = sys.argv[1:]
 __import__("runpy").run_path(sys.argv[0], run_name="__main__")
 """
@@ -69,10 +79,18 @@ def socket_filter_code() -> tuple[tuple[int, int, int, int], ...] | None:
     )
 
 
-def python_argv(python: str, main: str, block_network: bool) -> list[str]:
-    """How the sandbox runs ``main``: ``python -I main``, through the socket-filter bootstrap
-    when ``block_network`` (module docstring, Sockets)."""
+def python_argv(
+    python: str, main: str, block_network: bool, confine_writes: bool = False
+) -> list[str]:
+    """How the sandbox runs ``main``: ``python -I main``, through a bootstrap that first
+    confines writes and signals (``landlock.BOOTSTRAP``) when ``confine_writes``, then
+    installs the socket filter when ``block_network`` (module docstring, Sockets)."""
     code = socket_filter_code() if block_network else None
-    if code is None:
+    if code is None and not confine_writes:
         return [python, "-I", main]
-    return [python, "-I", "-c", _BOOTSTRAP.format(code=code), main]
+    boot = _PRELUDE
+    if confine_writes:
+        boot += landlock.BOOTSTRAP
+    if code is not None:
+        boot += _SECCOMP.format(code=code)
+    return [python, "-I", "-c", boot + _RUN, main]

@@ -37,6 +37,7 @@ from libludic.envs.code_exec import (
     SubprocessSandbox,
     docker_available,
     extract_code,
+    landlock,
     load_problems,
     normalise_output,
     run_tests,
@@ -45,6 +46,7 @@ from libludic.envs.code_exec import (
 from libludic.envs.code_exec import docker as docker_mod
 from libludic.envs.code_exec import sandbox as sandbox_mod
 from libludic.envs.code_exec.sandbox import Limits, classify, namespace_command
+from libludic.envs.code_exec.seccomp import python_argv
 
 REPO = Path(__file__).resolve().parents[3]
 PROBLEMS = REPO / "examples" / "code_exec" / "problems.jsonl"
@@ -630,13 +632,16 @@ def test_writing_outside_its_dir_fails(sandbox, tmp_path):
     assert not target.exists()
 
 
-def test_namespace_mode_blocks_world_writable_dirs(sandbox):
-    if sandbox.mode != "namespace":
-        pytest.skip("plain mode leaves /tmp writable (a documented gap)")
-    target = f"/tmp/ludic-escape-{uuid.uuid4().hex}"
-    out, _ = run_one(sandbox, f"open({target!r}, 'w').write('x')", [ECHO_TEST])
-    assert "Read-only file system" in out.info["tests"][0]["reason"]
-    assert not os.path.exists(target)
+def test_every_mode_blocks_world_writable_dirs(sandbox):
+    # namespace mode: read-only remounts; plain mode: Landlock, which every kernel the
+    # project runs on has (a kernel without it makes the plain sandbox say so, below)
+    assert sandbox.describe()["filesystem_read_only_outside_cwd"], sandbox.describe()
+    for d in ("/tmp", "/dev/shm"):
+        target = f"{d}/ludic-escape-{uuid.uuid4().hex}"
+        out, _ = run_one(sandbox, f"open({target!r}, 'w').write('x')", [ECHO_TEST])
+        reason = out.info["tests"][0]["reason"]
+        assert "Read-only file system" in reason or "PermissionError" in reason, reason
+        assert not os.path.exists(target)
     # writes inside the cwd work and are capped by the tmpfs
     ok, _ = run_one(sandbox, "open('f', 'w').write('x')\nprint(input()[::-1])", [ECHO_TEST])
     assert ok.reward == 1.0
@@ -715,6 +720,47 @@ def test_plain_mode_as_a_dumpable_non_root_host_refuses_unless_allowed(monkeypat
     monkeypatch.setattr(sandbox_mod, "host_dumpable", lambda: False)
     plan = SubprocessSandbox(isolation="plain", work_root=work_root)._resolve()
     assert plan.environment_private and not plan.drop_uid
+
+
+def test_the_landlock_bootstrap_confines_writes_and_signals(tmp_path):
+    """The bootstrap alone, run by this (root) process: Landlock binds root too, so writes
+    outside the run dir and, from ABI 6, signals to a process of the same uid are refused,
+    while the run dir stays writable."""
+    abi = landlock.abi_version()
+    assert abi >= 1, "this machine kind's kernel has Landlock"
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    outside = f"/dev/shm/ludic-landlock-{uuid.uuid4().hex}"
+    (tmp_path / "main.py").write_text(
+        "import os, signal\n"
+        "open('inside', 'w').write('x')\n"
+        f"for what, fn in (('write', lambda: open({outside!r}, 'w')),\n"
+        f"                 ('signal', lambda: os.kill({victim.pid}, signal.SIGTERM))):\n"
+        "    try:\n"
+        "        fn()\n"
+        "        print(what, 'allowed')\n"
+        "    except PermissionError:\n"
+        "        print(what, 'denied')\n"
+    )
+    try:
+        argv = python_argv(sys.executable, str(tmp_path / "main.py"), False, confine_writes=True)
+        out = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert "write denied" in out.stdout.splitlines() and not os.path.exists(outside)
+        assert (tmp_path / "inside").read_text() == "x"
+        if abi >= 6:
+            assert "signal denied" in out.stdout.splitlines() and victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
+        if os.path.exists(outside):
+            os.unlink(outside)
+
+
+def test_plain_mode_without_landlock_says_writes_are_not_confined(monkeypatch, work_root):
+    monkeypatch.setattr(sandbox_mod.landlock, "abi_version", lambda: 0)
+    plan = SubprocessSandbox(isolation="plain", work_root=work_root)._resolve()
+    assert not plan.confine_writes
+    assert "writes outside the run dir possible (no Landlock in this kernel)" in plan.note
 
 
 def test_this_process_is_dumpable_until_it_says_otherwise():
