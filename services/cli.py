@@ -16,7 +16,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "the tiny offline model (init DIR) or a pretrained one (import SOURCE OUT)",
     ),
     "demo": ("libludic.demo:main", "run the local demo"),
-    "sft": ("libludic.training.sft_cli:main", "supervised warm start on the arithmetic task"),
+    "sft": (
+        "libludic.training.sft_cli:main",
+        "supervised fine-tuning on a JSONL file or a task's data",
+    ),
     "inference": ("services.inference.main:main", "vLLM inference service with weight updates"),
     "actor": ("services.actor.main:main", "stateless rollout worker"),
     "credit": ("services.credit.main:main", "credit-assignment worker: rollouts -> SAWItems"),

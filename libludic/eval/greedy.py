@@ -1,41 +1,57 @@
-"""Greedy pass rate of a transformers model on arithmetic problems (in process, no server):
-what the SFT warm start checks and reports. The services measure the same quantity through
-inference (services/common/heldout.py)."""
+"""Greedy pass rate of a transformers model (in process, no server): what an SFT run checks
+its target against and reports at the end. The services measure the same quantity through
+inference (services/common/heldout.py).
+
+A :class:`GreedyCheck` is a task's side of it: the problems as (user prompt, reference)
+pairs, the scorer of a decoded answer against its reference (1.0 = passed), and the answer's
+token budget. Any task provides one (``libludic/training/sft_tasks.py``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from libludic.envs.arithmetic import generate_problem, score_answer
+
+@dataclass(frozen=True)
+class GreedyCheck:
+    """Problems (user prompt, reference) scored by ``score(answer, reference)``, where the
+    answer is the greedy completion (at most ``max_new_tokens``) decoded without special
+    tokens."""
+
+    problems: Sequence[tuple[str, str]]
+    score: Callable[[str, str], float]
+    max_new_tokens: int
+
+    def __post_init__(self) -> None:
+        if not self.problems or self.max_new_tokens < 1:
+            raise ValueError(
+                f"a GreedyCheck needs problems and max_new_tokens >= 1 (got "
+                f"{len(self.problems)} problems, max_new_tokens={self.max_new_tokens})"
+            )
 
 
 @torch.no_grad()
 def greedy_pass_rate(
-    model: Any,
-    tokenizer: Any,
-    seeds: Sequence[int],
-    digits: int,
-    batch_size: int = 100,
-    split: str = "eval",
+    model: Any, tokenizer: Any, check: GreedyCheck, batch_size: int = 100
 ) -> float:
-    """Fraction of problems ``generate_problem(s, digits, split=split)`` whose greedy answer
-    (stripped) equals the target."""
+    """Fraction of ``check.problems`` whose greedy answer scores 1.0."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
     pad = tokenizer.pad_token_id
-    probs = [generate_problem(s, digits, split=split) for s in seeds]
     passed = 0
-    for start in range(0, len(probs), batch_size):
-        chunk = probs[start : start + batch_size]
+    problems = list(check.problems)
+    for start in range(0, len(problems), batch_size):
+        chunk = problems[start : start + batch_size]
         prompts = []
-        for p in chunk:
+        for prompt, _ in chunk:
             enc = tokenizer.apply_chat_template(
-                [{"role": "user", "content": p.question}], add_generation_prompt=True, tokenize=True
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
             )
             prompts.append(list(enc["input_ids"] if hasattr(enc, "keys") else enc))
         T = max(len(x) for x in prompts)
@@ -44,13 +60,13 @@ def greedy_pass_rate(
         out = model.generate(
             input_ids=ids,
             attention_mask=attn,
-            max_new_tokens=2 * digits + 3,
+            max_new_tokens=check.max_new_tokens,
             do_sample=False,
             eos_token_id=eos,
             pad_token_id=pad,
         )
-        for p, row in zip(chunk, out[:, T:].tolist(), strict=True):
+        for (_, reference), row in zip(chunk, out[:, T:].tolist(), strict=True):
             text = tokenizer.decode(row, skip_special_tokens=True)
-            passed += int(score_answer(text, p.answer) == 1.0)
+            passed += int(check.score(text, reference) == 1.0)
     model.train(was_training)
-    return passed / max(len(probs), 1)
+    return passed / len(problems)

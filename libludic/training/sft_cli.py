@@ -1,40 +1,50 @@
 """``ludic sft``: the command line of ``libludic.training.sft.run_sft`` (see its module
-docstring for the recipe).
+docstring), on a JSONL file or on a task's data (``libludic/training/sft_tasks.py``).
 
-    ludic sft --model DIR --out DIR [--steps 600] [--batch-size 64] [--lr 1e-3]
-              [--digits 2] [--seed 0] [--lr-schedule constant|linear]
+    ludic sft --model DIR --out DIR --data pairs.jsonl [--steps 600] [--batch-size 64]
+              [--lr 1e-3] [--seed 0] [--lr-schedule constant|linear]
+    ludic sft --model DIR --out DIR --task arithmetic [--digits 2] [--eval-n 200]
               [--target-pass-rate 0.55 --check-every 5]
+
+With ``--task`` the task writes ``<out>/sft_train.jsonl`` (``--steps x --batch-size``
+records), ``--target-pass-rate`` stops on its train-split check, and the held-out pass rate
+on its first ``--eval-n`` problems is reported at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from libludic.training.sft import run_sft
-from libludic.training.sft_data import EVAL_SEEDS
+from libludic.training.sft_tasks import TASKS
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="ludic sft",
-        description="supervised warm start of a model directory on the arithmetic task",
+        description="supervised fine-tuning of a model directory on a JSONL file or a task",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     ap.add_argument("--model", required=True, help="model directory (e.g. from `ludic model init`)")
     ap.add_argument("--out", required=True, help="where to save the trained model")
+    data = ap.add_mutually_exclusive_group(required=True)
+    data.add_argument("--data", help='JSONL: {"prompt", "completion"} or {"messages"} per line')
+    data.add_argument("--task", choices=sorted(TASKS), help="a task's training data and checks")
+    ap.add_argument("--digits", type=int, default=2, help="--task arithmetic: operand digits")
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--digits", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-every", type=int, default=50)
-    ap.add_argument("--eval-n", type=int, default=200, help="held-out problems (seeds 0..N-1)")
+    ap.add_argument("--eval-n", type=int, default=200, help="--task: held-out problems reported")
     ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     ap.add_argument("--lr-schedule", default="constant", choices=["constant", "linear"])
     ap.add_argument(
         "--target-pass-rate",
         type=float,
         default=0.0,
-        help="stop once the greedy pass rate on 200 train-split problems reaches this (0: off)",
+        help="--task: stop once the greedy pass rate on its train-split check reaches this (0: off)",
     )
     ap.add_argument(
         "--check-every", type=int, default=10, help="steps between --target-pass-rate checks"
@@ -42,21 +52,45 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.steps < 1 or a.batch_size < 1:
         ap.error("--steps and --batch-size must be >= 1")
-    if not 0 <= a.eval_n <= len(EVAL_SEEDS):
-        ap.error(f"--eval-n must be in [0, {len(EVAL_SEEDS)}]")
+    if a.data is not None:
+        if a.target_pass_rate:
+            ap.error("--target-pass-rate needs --task (a file brings no check to measure)")
+        if not Path(a.data).is_file():
+            ap.error(f"--data {a.data}: no such file")
+        run_sft(
+            a.model,
+            a.out,
+            a.data,
+            steps=a.steps,
+            batch_size=a.batch_size,
+            lr=a.lr,
+            seed=a.seed,
+            log_every=a.log_every,
+            device=a.device,
+            lr_schedule=a.lr_schedule,
+        )
+        return 0
+    task = TASKS[a.task](digits=a.digits)
+    if not 0 <= a.eval_n <= task.max_held_out:
+        ap.error(f"--eval-n must be in [0, {task.max_held_out}]")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data_path = out / "sft_train.jsonl"
+    task.write(data_path, a.steps * a.batch_size)
     run_sft(
         a.model,
-        a.out,
+        out,
+        data_path,
         steps=a.steps,
         batch_size=a.batch_size,
         lr=a.lr,
-        digits=a.digits,
         seed=a.seed,
         log_every=a.log_every,
-        eval_n=a.eval_n,
         device=a.device,
         lr_schedule=a.lr_schedule,
+        check=task.check,
         target_pass_rate=a.target_pass_rate,
         check_every=a.check_every,
+        held_out=task.held_out(a.eval_n) if a.eval_n else None,
     )
     return 0

@@ -44,6 +44,17 @@ class UpSettings:
     sft_check_every: int = field(
         default=5, metadata={"help": "SFT steps between sft_target_pass_rate checks"}
     )
+    sft_task: str = field(
+        default="arithmetic",
+        metadata={"help": "SFT data and checks: a task of libludic/training/sft_tasks.py"},
+    )
+    sft_data: str = field(
+        default="",
+        metadata={
+            "help": "SFT data as a JSONL file of prompt/completion pairs, instead of "
+            "sft_task's (no target stop: sft_target_pass_rate must be 0)"
+        },
+    )
     actors: int = field(default=2, metadata={"help": "actor processes"})
     learner_nproc: int = field(default=1, metadata={"help": "learner ranks (>1: torchrun, FSDP2)"})
     learner_threads: int = field(

@@ -68,6 +68,8 @@ def prepare_model(s: UpSettings, run_dir: Path) -> Path:
         "seed": s.sft_seed,
         "target_pass_rate": s.sft_target_pass_rate,
         "check_every": s.sft_check_every,
+        "task": "" if s.sft_data else s.sft_task,
+        "data": s.sft_data,
     }
     if marker.exists() and json.loads(marker.read_text()).get("args") == want:
         log.info("reusing SFT warm start in %s", out)
@@ -86,17 +88,37 @@ def prepare_model(s: UpSettings, run_dir: Path) -> Path:
         out,
     )
     from libludic.training.sft import run_sft
+    from libludic.training.sft_tasks import TASKS
 
+    out.mkdir(parents=True, exist_ok=True)
+    check = None
+    if s.sft_data:
+        if s.sft_target_pass_rate > 0:
+            raise ValueError(
+                f"up.sft_target_pass_rate={s.sft_target_pass_rate} needs a task's check; "
+                f"up.sft_data={s.sft_data} brings none (set it to 0, or use up.sft_task)"
+            )
+        data = Path(s.sft_data)
+        if not data.is_file():
+            raise FileNotFoundError(f"up.sft_data={s.sft_data}: no such file")
+    elif s.sft_task in TASKS:
+        task = TASKS[s.sft_task]()
+        data = out / "sft_train.jsonl"
+        task.write(data, s.sft_steps * s.sft_batch_size)
+        check = task.check
+    else:
+        raise ValueError(f"up.sft_task={s.sft_task!r}: use one of {sorted(TASKS)} or up.sft_data")
     res = run_sft(
-        model_dir=str(base),
-        out_dir=str(out),
+        base,
+        out,
+        data,
         steps=s.sft_steps,
         batch_size=s.sft_batch_size,
         lr=s.sft_lr,
         log_every=max(1, s.sft_steps // 6),
-        eval_n=0,
         lr_schedule=s.sft_lr_schedule,
         seed=s.sft_seed,
+        check=check,
         target_pass_rate=s.sft_target_pass_rate,
         check_every=s.sft_check_every,
     )

@@ -11,6 +11,8 @@ Each line is one of:
   (``<|im_end|>`` for Qwen-style templates) tokenised without special-token insertion.
   Chat samples are independent one-step rollouts (optional ``"reward"``, ``"group_id"``)
   tokenised lazily and cached, and credited one by one.
+* a pair ``{"prompt": ..., "completion": ...}``: the chat sample with one user message (the
+  prompt) and the completion as the assistant's answer.
 
 Batches: ``batch_size`` items per call; epochs are reshuffled with ``seed + epoch`` when
 ``shuffle``; the position (epoch, offset) is ``state_dict()`` for exact resumption.
@@ -35,6 +37,17 @@ def _ids(enc: Any) -> list[int]:
     if isinstance(enc, Mapping) or hasattr(enc, "keys"):
         enc = enc["input_ids"]
     return [int(t) for t in enc]
+
+
+def pair_to_chat(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``{"prompt", "completion"}`` pair as the chat sample it stands for (one user
+    message, one assistant message); its other keys (``reward``, ``group_id``) are kept."""
+    rest = {k: v for k, v in record.items() if k not in ("prompt", "completion")}
+    messages = [
+        {"role": "user", "content": str(record["prompt"])},
+        {"role": "assistant", "content": str(record["completion"])},
+    ]
+    return {**rest, "messages": messages}
 
 
 def chat_sample_to_rollout(record: Mapping[str, Any], tokenizer: Any, rollout_id: str) -> Rollout:
@@ -103,10 +116,13 @@ class OfflineBatchSource:
                 self._entries.append(("rollout", rollouts[-1].id))
             elif "messages" in rec:
                 self._entries.append(("chat", f"{name}:{i}", rec))
+            elif "prompt" in rec and "completion" in rec:
+                self._entries.append(("chat", f"{name}:{i}", pair_to_chat(rec)))
             else:
                 raise ValueError(
                     f"record {i} of {name} is neither a rollout (Rollout.to_dict()) nor a chat "
-                    f'sample ({{"messages": [...]}}); keys: {sorted(rec)}'
+                    f'sample ({{"messages": [...]}}) nor a pair ({{"prompt": ..., '
+                    f'"completion": ...}}); keys: {sorted(rec)}'
                 )
         if not self._entries:
             raise ValueError(f"OfflineBatchSource got no records from {name}")

@@ -1,4 +1,5 @@
-"""`ludic sft` on the tiny model: a few steps lower the loss; model saved; held-out split."""
+"""`ludic sft` on the tiny model: a few steps lower the loss; model saved; held-out split;
+any JSONL of prompt/completion pairs trains the same way."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import torch
 from safetensors.torch import load_file
 
 import libludic.training.sft as sft
-from libludic.envs.arithmetic import generate_problem
-from libludic.training.sft import EVAL_SEEDS, run_sft, write_train_jsonl
+from libludic.eval.greedy import GreedyCheck
+from libludic.training.sft import run_sft
 from libludic.training.sft_cli import main
+from libludic.training.sft_tasks import CHECK_SEEDS, HELD_OUT_SEEDS, arithmetic
 
 
 def test_sft_cli_lowers_loss_and_saves(tiny_model_dir, tmp_path, capsys) -> None:
@@ -23,6 +25,8 @@ def test_sft_cli_lowers_loss_and_saves(tiny_model_dir, tmp_path, capsys) -> None
             str(tiny_model_dir),
             "--out",
             str(out),
+            "--task",
+            "arithmetic",
             "--steps",
             "12",
             "--batch-size",
@@ -45,20 +49,73 @@ def test_sft_cli_lowers_loss_and_saves(tiny_model_dir, tmp_path, capsys) -> None
     assert len(losses) == 3
     # starts near log(259) = 5.56 (uniform); the digit/EOS distribution is learnt in a few steps
     assert losses[-1] < losses[0] - 1.0
-    m = re.search(r"greedy pass rate on 8 held-out problems \(seeds 0\.\.7\): ([0-9.]+)", text)
+    m = re.search(r"greedy pass rate on 8 held-out problems: ([0-9.]+)", text)
     assert m and 0.0 <= float(m.group(1)) <= 1.0
     for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert (out / f).exists(), f
 
 
 def test_training_data_excludes_eval_problems(tmp_path) -> None:
-    exclude = {generate_problem(s, 2).question for s in EVAL_SEEDS}
-    n = write_train_jsonl(tmp_path / "d.jsonl", 3000, 2, exclude)
-    qs = [json.loads(line)["messages"][0]["content"] for line in (tmp_path / "d.jsonl").open()]
-    assert len(qs) == n and 0 < n < 3000  # 3000 draws from 8100 problems hit some of the 200
+    task = arithmetic(digits=2)
+    exclude = {q for q, _ in task.held_out(len(HELD_OUT_SEEDS)).problems}
+    n = task.write(tmp_path / "d.jsonl", 3000)
+    recs = [json.loads(line) for line in (tmp_path / "d.jsonl").open()]
+    qs = [r["prompt"] for r in recs]
+    # split="train" never yields a held-out problem, so the guard drops none
+    assert len(qs) == n == 3000
     assert not exclude & set(qs)
-    rec = json.loads((tmp_path / "d.jsonl").open().readline())
-    assert rec["messages"][1]["role"] == "assistant"
+    assert all(int(r["completion"]) == sum(map(int, r["prompt"][:-1].split("+"))) for r in recs)
+    # the check looks at train-split problems only, never at the held-out ones
+    assert not exclude & {q for q, _ in task.check.problems}
+    assert len(task.check.problems) == len(CHECK_SEEDS)
+
+
+def test_a_jsonl_of_pairs_trains_like_the_chat_records_it_stands_for(
+    tiny_model_dir, tmp_path
+) -> None:
+    pairs = [{"prompt": f"{a}+{a}=", "completion": str(2 * a)} for a in range(10, 42)]
+    chats = [
+        {
+            "messages": [
+                {"role": "user", "content": r["prompt"]},
+                {"role": "assistant", "content": r["completion"]},
+            ]
+        }
+        for r in pairs
+    ]
+    for name, recs in (("pairs", pairs), ("chats", chats)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    kw = dict(steps=3, batch_size=8, lr=1e-2, quiet=True)
+    a = run_sft(tiny_model_dir, tmp_path / "a", tmp_path / "pairs.jsonl", **kw)
+    b = run_sft(tiny_model_dir, tmp_path / "b", tmp_path / "chats.jsonl", **kw)
+    assert a["num_samples"] == 32 and a["losses"] == b["losses"]
+    assert a["pass_rate"] != a["pass_rate"]  # NaN: no held-out check given
+
+
+def test_the_cli_takes_a_file_and_refuses_a_target_without_a_task(
+    tiny_model_dir, tmp_path, capsys
+) -> None:
+    data = tmp_path / "d.jsonl"
+    data.write_text(
+        "".join(json.dumps({"prompt": f"{a}?", "completion": "x"}) + "\n" for a in range(8))
+    )
+    base = [
+        "--model",
+        str(tiny_model_dir),
+        "--out",
+        str(tmp_path / "o"),
+        "--steps",
+        "2",
+        "--batch-size",
+        "4",
+    ]
+    assert main([*base, "--data", str(data)]) == 0
+    assert (tmp_path / "o" / "model.safetensors").exists()
+    with pytest.raises(SystemExit):
+        main([*base, "--data", str(data), "--target-pass-rate", "0.5"])
+    assert "--target-pass-rate needs --task" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(base)  # neither --data nor --task
 
 
 def _weights(d) -> dict:
@@ -66,10 +123,12 @@ def _weights(d) -> dict:
 
 
 def test_seed_changes_the_result_and_the_same_seed_reproduces_it(tiny_model_dir, tmp_path) -> None:
-    kw = dict(steps=4, batch_size=8, lr=1e-2, eval_n=0, quiet=True)
-    a = run_sft(tiny_model_dir, tmp_path / "a", seed=0, **kw)
-    b = run_sft(tiny_model_dir, tmp_path / "b", seed=0, **kw)
-    c = run_sft(tiny_model_dir, tmp_path / "c", seed=1, **kw)
+    data = tmp_path / "d.jsonl"
+    arithmetic().write(data, 32)
+    kw = dict(steps=4, batch_size=8, lr=1e-2, quiet=True)
+    a = run_sft(tiny_model_dir, tmp_path / "a", data, seed=0, **kw)
+    b = run_sft(tiny_model_dir, tmp_path / "b", data, seed=0, **kw)
+    c = run_sft(tiny_model_dir, tmp_path / "c", data, seed=1, **kw)
     assert a["losses"] == b["losses"]
     wa, wb, wc = _weights(tmp_path / "a"), _weights(tmp_path / "b"), _weights(tmp_path / "c")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
@@ -83,19 +142,23 @@ def test_target_pass_rate_stops_at_the_first_check_that_reaches_it(
 ) -> None:
     seen = []
     rates = iter([0.1, 0.52, 0.55, 0.58, 0.61, 0.9])
+    check = GreedyCheck([("1+1=", "2")], lambda answer, ref: float(answer == ref), 3)
 
-    def fake(model, tok, seeds, digits, batch_size=100, split="eval"):
-        seen.append((list(seeds), split))
+    def fake(model, tok, chk, batch_size=100):
+        seen.append(chk)
         return next(rates)
 
     monkeypatch.setattr(sft, "greedy_pass_rate", fake)
+    data = tmp_path / "d.jsonl"
+    arithmetic().write(data, 64)
     res = sft.run_sft(
         tiny_model_dir,
         tmp_path / "o",
+        data,
         steps=50,
         batch_size=4,
-        eval_n=0,
         quiet=True,
+        check=check,
         target_pass_rate=0.6,
         check_every=4,
     )
@@ -103,21 +166,26 @@ def test_target_pass_rate_stops_at_the_first_check_that_reaches_it(
     # every step (9: 0.55, 10: 0.58, 11: 0.61 >= 0.6): 11 steps ran
     assert [c["step"] for c in res["checks"]] == [4, 8, 9, 10, 11]
     assert res["steps_run"] == 11 and len(res["losses"]) == 11
-    # the checks look at train-split problems only, never at the held-out seeds
-    assert all(split == "train" and seeds == list(sft.CHECK_SEEDS) for seeds, split in seen)
+    assert all(c is check for c in seen)  # only the check given, never a held-out set
     assert (tmp_path / "o" / "model.safetensors").exists()
 
 
 def test_target_pass_rate_not_reached_is_an_error(tiny_model_dir, tmp_path) -> None:
     # the untrained tiny model answers no problem in 2 steps: 0.0 < 1.0
+    task = arithmetic()
+    data = tmp_path / "d.jsonl"
+    task.write(data, 8)
     with pytest.raises(ValueError, match="target_pass_rate=1.0 within steps=2"):
         run_sft(
             tiny_model_dir,
             tmp_path / "o",
+            data,
             steps=2,
             batch_size=4,
-            eval_n=0,
             quiet=True,
+            check=task.check,
             target_pass_rate=1.0,
             check_every=1,
         )
+    with pytest.raises(ValueError, match="target_pass_rate needs a check"):
+        run_sft(tiny_model_dir, tmp_path / "o", data, steps=2, target_pass_rate=0.5)
