@@ -165,7 +165,8 @@ def service_path(bs: int, steps: int, cfg: TrainerConfig, publish_steps: int = 3
     """The ``ludic learner`` data path: items XADDed to a real redis-server, read by
     PipelineBatchSource (consumer group, ack after each step as without checkpoints) into
     the same Trainer and model; plus the HTTP publish (safetensors of the full state dict)
-    to a local fake replica, seconds per publish. Returns (tokens/s, publish s/step), or
+    to the inference app around a fake engine (tests/fakes.py: validated as the service
+    does, no vLLM reload), seconds per publish. Returns (tokens/s, publish s/step), or
     None when no redis-server is on PATH."""
     import shutil
     import socket
@@ -175,8 +176,6 @@ def service_path(bs: int, steps: int, cfg: TrainerConfig, publish_steps: int = 3
     if exe is None:
         print("service path skipped: no redis-server on PATH", flush=True)
         return None
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
-    from learner_fake_replica import FakeReplica
     from transformers import AutoModelForCausalLM
 
     from libludic import transport as t
@@ -240,7 +239,10 @@ def service_path(bs: int, steps: int, cfg: TrainerConfig, publish_steps: int = 3
                 return sum(real[2:]) / dt, trainer
 
             tok_s, trainer = asyncio.run(go())
-            with FakeReplica() as fake:
+            from tests.fakes import ServedApp, TensorEngine
+
+            small = Path(d) / "small"
+            with ServedApp(TensorEngine.of_model(small), small) as fake:
                 pub = HttpPolicyPublisher(ReplicaSet([fake.url]))
                 t0 = time.perf_counter()
                 for v in range(1, publish_steps + 1):

@@ -1,5 +1,7 @@
-"""The fakes of the unit tier, in one module: a scripted ChatClient with byte-level token
-ids; hand-built rollouts, SAW items, a list batch source and a rollout engine."""
+"""The fakes of the tests, in one module: a scripted ChatClient with byte-level token ids;
+hand-built rollouts, SAW items, a list batch source and a rollout engine; and the weight
+side of an inference replica, the real app (services/inference/app.py) around an engine
+that holds tensors instead of vLLM (``TensorEngine``, served over HTTP by ``ServedApp``)."""
 
 from __future__ import annotations
 
@@ -182,3 +184,122 @@ class FakeEngine:
                 )
                 k += 1
         return out
+
+
+class TensorEngine:
+    """The weight-route surface of LudicEngine (services/inference/engine.py) over tensors
+    held in memory, no vLLM: ``create_app(settings, engine=...)`` answers the weight routes
+    as the service does (auth, body cap, validation against ``spec``, 409 for an old
+    version), and ``swap`` copies an update into ``served``. ``fail_first``: the first k
+    swaps fail as a drain that timed out (503); ``hang``: swaps never finish until
+    ``release()`` (a blackholed replica)."""
+
+    def __init__(self, spec: Any, tensors: dict[str, Any], fail_first: int = 0, hang: bool = False):
+        from services.inference.metrics import InferenceMetrics
+
+        self.spec = spec
+        self.served = tensors
+        self.version = 0
+        self.updates: list[int] = []  # every version applied, in order
+        self.last: dict[str, Any] = {}  # the tensors of the last update, as sent
+        self.fail_first = fail_first
+        self.hang = hang
+        self.released = False
+        self.lock = asyncio.Lock()
+        self.metrics = InferenceMetrics()
+        self.serving = None
+
+    @classmethod
+    def of_model(cls, model_dir: Any, **kw: Any) -> TensorEngine:
+        """Serving ``model_dir``'s weights (its safetensors), as the service would."""
+        from pathlib import Path
+
+        from safetensors.torch import load_file
+
+        from services.inference.validation import ParamSpec
+
+        tensors: dict[str, Any] = {}
+        for shard in sorted(Path(model_dir).glob("*.safetensors")):
+            tensors.update(load_file(str(shard)))
+        return cls(ParamSpec.from_model_dir(model_dir), tensors, **kw)
+
+    async def swap(self, version: int, tensors: dict[str, Any], payload: Any | None) -> float:
+        from services.inference.engine import SwapError
+
+        assert self.lock.locked()
+        while self.hang and not self.released:
+            await asyncio.sleep(0.05)
+        if self.fail_first > 0:
+            self.fail_first -= 1
+            raise SwapError("drain timed out", status=503)
+        for name, t in tensors.items():
+            self.served[self.spec.aliases.get(name, name)].copy_(t)
+        self.last = {k: v.clone() for k, v in tensors.items()}
+        self.version = version
+        self.updates.append(version)
+        return 0.0
+
+    async def probe(self) -> tuple[bool, str]:
+        return True, ""
+
+    def release(self) -> None:
+        self.released = True
+
+
+class ServedApp:
+    """``create_app(settings, engine)`` served by uvicorn on a free loopback port, in a
+    thread; ``peers`` holds the client (host, port) of every request. Without a token the
+    weight routes are open (``insecure_no_auth``)."""
+
+    def __init__(self, engine: TensorEngine, model_dir: Any, token: str | None = None) -> None:
+        import socket
+
+        from services.inference.app import create_app
+        from services.inference.settings import InferenceSettings
+
+        self.engine = engine
+        self.peers: set[tuple[str, int]] = set()
+        settings = InferenceSettings(
+            model_dir=str(model_dir), auth_token=token or "", insecure_no_auth=token is None
+        )
+        app = create_app(settings, engine=engine)
+
+        @app.middleware("http")
+        async def record_peer(request: Any, call_next: Any) -> Any:
+            if request.client is not None:
+                self.peers.add((request.client.host, request.client.port))
+            return await call_next(request)
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.app = app
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def __enter__(self) -> ServedApp:
+        import threading
+        import time
+
+        import uvicorn
+
+        config = uvicorn.Config(
+            self.app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.engine.release()
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.sock.close()

@@ -1,5 +1,6 @@
 """``ludic learner`` end to end: real redis-server, real torchrun (gloo, 2 ranks), a real
-``ludic inference`` (vLLM) for the publish path; the fault tests use a fake replica.
+``ludic inference`` (vLLM) for the publish path; the fault tests publish to the inference
+app around a fake engine (tests/fakes.py: ``ServedApp``, ``TensorEngine``).
 
 Run alone when vLLM is involved (one vLLM at a time on this machine):
 ``pytest -m integration tests/integration/test_learner.py``.
@@ -28,7 +29,6 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from inference_server import InferenceServer  # noqa: E402
-from learner_fake_replica import FakeReplica  # noqa: E402
 from learner_items import make_item, push_sync, random_items, redis_state_sync  # noqa: E402
 
 from libludic.distributed.publisher import (  # noqa: E402
@@ -37,6 +37,7 @@ from libludic.distributed.publisher import (  # noqa: E402
     ReplicaSet,
     RetryPolicy,
 )
+from tests.fakes import ServedApp, TensorEngine  # noqa: E402
 
 try:  # tests/ is on sys.path under pytest's default import mode
     from conftest import free_port  # type: ignore[import-not-found]
@@ -44,6 +45,7 @@ except ImportError:  # pragma: no cover
     from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration
+NORM = "model.norm.weight"  # a tensor of the tiny model, for publishes of one tensor
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "learner-test-token"
 PROMPT = b"hello world"
@@ -277,7 +279,7 @@ def test_stale_items_are_dropped_counted_acked_never_trained(
     )
     before = REGISTRY.get_sample_value("ludic_learner_stale_dropped_total") or 0.0
     out = tmp_path / "out"
-    with FakeReplica() as fake:
+    with ServedApp(TensorEngine.of_model(tiny_model_dir), tiny_model_dir) as fake:
         learner = asyncio.run(
             run_learner_inprocess(
                 redis_url=redis_server.url,
@@ -294,7 +296,7 @@ def test_stale_items_are_dropped_counted_acked_never_trained(
                 trainer={"async_publish": False},
             )
         )
-        assert fake.updates == [1, 2]
+        assert fake.engine.updates == [1, 2]
     assert learner.source.stale_dropped == 2
     assert REGISTRY.get_sample_value("ludic_learner_stale_dropped_total") - before == 2
     trained = [x["items"] for x in trained_log(out)]
@@ -440,21 +442,26 @@ def test_kill9_then_resume_trains_every_item_exactly_once(
 # ---------------------------------------------------------------------------- (d)
 
 
-def test_unreachable_replica_fails_publish_within_timeout() -> None:
+def test_unreachable_replica_fails_publish_within_timeout(tiny_model_dir: Path) -> None:
     """A closed port (connection refused) and a blackholed replica (accepts, never
     answers): publish raises PublishError naming the replica, inside the total timeout,
     while a healthy replica in the same publish still acks."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{s.getsockname()[1]}"
-    with FakeReplica() as good, FakeReplica(hang=True) as hole:
+    good_engine = TensorEngine.of_model(tiny_model_dir)
+    hole_engine = TensorEngine.of_model(tiny_model_dir, hang=True)
+    with (
+        ServedApp(good_engine, tiny_model_dir) as good,
+        ServedApp(hole_engine, tiny_model_dir) as hole,
+    ):
         pub = HttpPolicyPublisher(
             ReplicaSet([good.url, closed, hole.url]),
             retry=RetryPolicy(
                 max_attempts=2, attempt_timeout_s=1.0, total_timeout_s=4.0, backoff_s=0.1
             ),
         )
-        sd = {"w": torch.ones(3)}
+        sd = {NORM: torch.ones_like(good_engine.served[NORM])}
         t0 = time.monotonic()
         with pytest.raises(PublishError, match="2 replica") as ei:
             pub.publish(sd, 1)
@@ -463,22 +470,24 @@ def test_unreachable_replica_fails_publish_within_timeout() -> None:
         assert set(ei.value.failures) == {closed, hole.url}
         assert "ConnectError" in ei.value.failures[closed]
         assert "Timeout" in ei.value.failures[hole.url]
-        assert ei.value.acked == [good.url] and good.updates == [1]
+        assert ei.value.acked == [good.url] and good_engine.updates == [1]
         assert pub.acked == {good.url: 1}
 
 
-def test_publisher_reuses_one_connection_across_publishes() -> None:
+def test_publisher_reuses_one_connection_across_publishes(tiny_model_dir: Path) -> None:
     # each new HTTP client costs ~15 ms of CPU (its TLS context) on the training core: a
     # publisher keeps one, so successive versions travel over one kept-alive connection
-    with FakeReplica() as rep:
+    engine = TensorEngine.of_model(tiny_model_dir)
+    with ServedApp(engine, tiny_model_dir) as rep:
         pub = HttpPolicyPublisher(ReplicaSet([rep.url]), wire_dtype="none")
+        shape = engine.served[NORM].shape
         try:
             for v in (1, 2, 3):
-                pub.publish({"w": torch.full((3,), float(v))}, v)
+                pub.publish({NORM: torch.full(shape, float(v))}, v)
         finally:
             pub.close()
-        assert rep.updates == [1, 2, 3]
-        assert torch.equal(rep.last_tensors["w"], torch.full((3,), 3.0))
+        assert engine.updates == [1, 2, 3]
+        assert torch.equal(engine.served[NORM], torch.full(shape, 3.0))
         assert len(rep.peers) == 1, rep.peers
 
 
@@ -538,7 +547,8 @@ def test_a_run_whose_trained_policy_was_never_served_fails(
 
     push_sync(redis_server.url, "ns", random_items(4))
     out = tmp_path / "out"
-    with FakeReplica(fail_first=100) as refusing:  # every update answered 503
+    engine = TensorEngine.of_model(tiny_model_dir, fail_first=100)  # every update: 503
+    with ServedApp(engine, tiny_model_dir) as refusing:
         with pytest.raises(LearnerFatal, match=r"final policy \(step 2\) was never served.*503"):
             asyncio.run(
                 run_learner_inprocess(
@@ -556,7 +566,7 @@ def test_a_run_whose_trained_policy_was_never_served_fails(
                     algorithm={"name": "sft"},
                 )
             )
-        assert refusing.updates == [] and refusing.version == 0
+        assert engine.updates == [] and engine.version == 0
     final = json.loads((out / "learner_final.json").read_text())
     assert final["reason"] == "final_policy_not_served" and final["step"] == 2
     assert final["final_policy_served"] is False and final["policy_version"] == 0
@@ -575,23 +585,23 @@ def test_replica_restarted_on_old_weights_gets_republished_while_the_learner_wai
 
     push_sync(redis_server.url, "rr", random_items(2))
     before = REGISTRY.get_sample_value("ludic_learner_republishes_total") or 0.0
-    with FakeReplica() as fake:
+    engine = TensorEngine.of_model(tiny_model_dir)
+    with ServedApp(engine, tiny_model_dir) as fake:
 
         def restart_then_feed() -> None:
             deadline = time.monotonic() + 120
-            while fake.updates != [1] and time.monotonic() < deadline:
+            while engine.updates != [1] and time.monotonic() < deadline:
                 time.sleep(0.05)
-            with fake.lock:
-                fake.version = 0  # the replica restarted on its base weights
+            engine.version = 0  # the replica restarted on its base weights
             deadline = time.monotonic() + 30
-            while len(fake.updates) < 2 and time.monotonic() < deadline:
+            while len(engine.updates) < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
             # the actors resume once the replica is current; their items carry its version
             push_sync(
                 redis_server.url,
                 "rr",
                 [
-                    make_item(f"n{i}:0", b"abc", b"12", policy_version=fake.version)
+                    make_item(f"n{i}:0", b"abc", b"12", policy_version=engine.version)
                     for i in range(2)
                 ],
             )
@@ -613,8 +623,8 @@ def test_replica_restarted_on_old_weights_gets_republished_while_the_learner_wai
             )
         )
         th.join(5)
-        assert fake.updates == [1, 2, 3], fake.updates
-        assert fake.version == 3
+        assert engine.updates == [1, 2, 3], engine.updates
+        assert engine.version == 3
     assert REGISTRY.get_sample_value("ludic_learner_republishes_total") - before == 1
     st = redis_state_sync(redis_server.url, "rr")
     assert st["policy_version"] == 3 and st["learner_step"] == 2
@@ -646,7 +656,7 @@ def test_lora_learner_publishes_merged_full_weights(
 ) -> None:
     base = load_file(str(tiny_model_dir / "model.safetensors"))
     push_sync(redis_server.url, "rl", random_items(4))
-    with FakeReplica() as fake:
+    with ServedApp(TensorEngine.of_model(tiny_model_dir), tiny_model_dir) as fake:
         asyncio.run(
             run_learner_inprocess(
                 redis_url=redis_server.url,
@@ -660,8 +670,9 @@ def test_lora_learner_publishes_merged_full_weights(
                 lora_rank=4,
             )
         )
-        sent = fake.last_tensors
-    assert fake.updates == [1, 2]
+        sent = fake.engine.last
+    # the app validated every name against the served checkpoint: no LoRA tensor got in
+    assert fake.engine.updates == [1, 2]
     assert not [k for k in sent if "lora" in k or "base_layer" in k]
     assert set(base) <= set(sent)
     q = "model.layers.0.self_attn.q_proj.weight"

@@ -1,6 +1,6 @@
 """The learner's ``<output_dir>/final/`` is exactly the policy it last published, as a model
-directory transformers loads (real redis-server, the in-process learner, a fake replica that
-keeps the last weights it received)."""
+directory transformers loads (real redis-server, the in-process learner, the inference app
+around a fake engine that keeps the weights it received)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from learner_fake_replica import FakeReplica  # noqa: E402
 from learner_items import make_item, push_sync  # noqa: E402
+
+from tests.fakes import ServedApp, TensorEngine  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +35,7 @@ def test_final_dir_holds_the_last_published_weights(
         [make_item(f"i{k}:0", b"abc", b"12", policy_version=0) for k in range(4)],
     )
     out = tmp_path / "out"
-    with FakeReplica() as fake:
+    with ServedApp(TensorEngine.of_model(tiny_model_dir), tiny_model_dir) as fake:
         s = LearnerSettings(
             device="cpu",
             metrics_port=0,
@@ -51,8 +52,8 @@ def test_final_dir_holds_the_last_published_weights(
             algorithm={"name": "sft", "group_size": 1},
         )
         asyncio.run(learner_main.run(s))
-        assert fake.updates == [1, 2]
-        sent = {k: v.clone() for k, v in fake.last_tensors.items()}
+        assert fake.engine.updates == [1, 2]
+        sent = {k: v.clone() for k, v in fake.engine.last.items()}
     final = out / "final"
     assert not (out / "final.tmp").exists()
     saved = load_file(str(final / "model.safetensors"))
