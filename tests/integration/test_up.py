@@ -19,6 +19,8 @@ import httpx
 import pytest
 import yaml
 
+from services.launcher import procs
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.up]
 
 
@@ -65,16 +67,7 @@ def config(
 
 def procs_of_run(run_id: str) -> list[int]:
     """Pids whose environment carries this run's LUDIC_RUN_ID (every service we start)."""
-    needle = f"LUDIC_RUN_ID={run_id}".encode()
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if needle in (d / "environ").read_bytes():
-                    out.append(int(d.name))
-            except OSError:
-                pass
-    return out
+    return [p.pid for p in procs.of_run(run_id)]
 
 
 def ludic_up(cfg: Path | None, log: Path, *flags: str) -> subprocess.Popen[bytes]:
@@ -90,17 +83,30 @@ def ludic_up(cfg: Path | None, log: Path, *flags: str) -> subprocess.Popen[bytes
     )
 
 
-def test_up_completes_writes_summary_and_leaves_nothing_running(tmp_path, tiny_model_dir):
-    run_id = f"up-{os.getpid()}"
-    cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=3)
-    proc = ludic_up(cfg, tmp_path / "up.log")
+def finished(
+    proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 600, also: Path | None = None
+) -> str:
+    """Wait for `ludic up` to exit 0 (it is killed after ``timeout_s``) and return its log;
+    any other ending fails with the log's tail (and ``also``'s, e.g. the learner's log)."""
+    code = None
     try:
-        code = proc.wait(600)
+        code = proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
     finally:
         if proc.poll() is None:
             proc.kill()
-    log = (tmp_path / "up.log").read_text(errors="replace")
-    assert code == 0, log[-4000:]
+            proc.wait()
+    text = log.read_text(errors="replace")
+    extra = also.read_text(errors="replace")[-3000:] if also is not None and also.exists() else ""
+    assert code == 0, f"ludic up exited {code}:\n{text[-4000:]}\n{extra}"
+    return text
+
+
+def test_up_completes_writes_summary_and_leaves_nothing_running(tmp_path, tiny_model_dir):
+    run_id = f"up-{os.getpid()}"
+    cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=3)
+    finished(ludic_up(cfg, tmp_path / "up.log"), tmp_path / "up.log")
     run_dir = tmp_path / "runs" / run_id
     s = json.loads((run_dir / "summary.json").read_text())
     for k in (

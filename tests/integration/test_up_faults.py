@@ -24,46 +24,25 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_up import config, ludic_up, procs_of_run  # noqa: E402
+from test_up import config, finished, ludic_up, procs_of_run  # noqa: E402
+
+from services.launcher import procs  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.faults]
 
 
 def service_pid(up_pid: int, service: str, consumer: str | None = None) -> int | None:
     """The pid of `ludic <service>` started by the `ludic up` process ``up_pid``."""
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[1]) != up_pid:
-                continue
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-            env = (d / "environ").read_bytes()
-        except (OSError, ValueError, IndexError):
-            continue
-        # (redis-server rewrites its title: argv[0] becomes "/usr/bin/redis-server host:port")
-        named = service.encode() in argv or Path(argv[0].decode().split(" ")[0]).name == service
-        if named and (consumer is None or f"LUDIC_CONSUMER={consumer}".encode() in env):
-            return int(d.name)
+    for p in procs.children(up_pid):
+        if p.name == service and (consumer is None or p.env_has("LUDIC_CONSUMER", consumer)):
+            return p.pid
     return None
 
 
 def child_pids(parent: int, word: bytes) -> list[int]:
     """The pids of the children of ``parent`` with ``word`` among their argv (torchrun's
     ranks)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == parent and word in argv:
-            out.append(int(d.name))
-    return sorted(out)
+    return sorted(p.pid for p in procs.children(parent) if word in p.argv)
 
 
 def trained_steps(run_dir: Path) -> int:
@@ -97,16 +76,6 @@ def wait_gone(run_id: str, timeout_s: float = 60) -> list[int]:
     while procs_of_run(run_id) and time.monotonic() < deadline:
         time.sleep(0.5)
     return procs_of_run(run_id)
-
-
-def finished(proc, log: Path) -> None:
-    """Wait for ``ludic up`` to exit 0 (its log's tail otherwise)."""
-    try:
-        code = proc.wait(600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert code == 0, log.read_text(errors="replace")[-4000:]
 
 
 def recovered(run_dir: Path, run_id: str, steps: int) -> dict:
@@ -177,17 +146,9 @@ def test_crashed_workers_and_learner_are_restarted_and_the_run_completes(tmp_pat
 def engine_core_pid(up_pid: int) -> int | None:
     """The pid of vLLM's engine core process under the inference service of ``up_pid``."""
     api = service_pid(up_pid, "inference")
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            argv = (d / "cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == api and b"EngineCore" in argv:
-            return int(d.name)
-    return None
+    if api is None:
+        return None
+    return next((p.pid for p in procs.children(api) if b"EngineCore" in b" ".join(p.argv)), None)
 
 
 def test_services_stopped_by_sigterm_and_a_killed_engine_core_are_restarted(

@@ -21,7 +21,7 @@ from libludic.registry import build_registries
 from libludic.rollout.engine import RolloutEngine
 from services.common.heldout import eval_requests
 from services.launcher.config import UpSettings
-from tests.integration.test_up import config, ludic_up
+from tests.integration.test_up import config, finished, ludic_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.up]
 
@@ -60,14 +60,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     # start) compares the saved weights
     doc["inference"]["dtype"] = "float32"
     cfg.write_text(yaml.safe_dump(doc))
-    proc = ludic_up(cfg, tmp_path / "up.log")
-    try:
-        code = proc.wait(900)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    log = (tmp_path / "up.log").read_text(errors="replace")
-    assert code == 0, log[-4000:]
+    finished(ludic_up(cfg, tmp_path / "up.log"), tmp_path / "up.log", timeout_s=900)
     run_dir = tmp_path / "runs" / run_id
     return {"dir": run_dir, "summary": json.loads((run_dir / "summary.json").read_text())}
 

@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_up import config, ludic_up, procs_of_run  # noqa: E402
+from test_up import config, finished, ludic_up, procs_of_run  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.up]
 
@@ -24,16 +24,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.up]
 def test_up_trains_grpo_with_kl(tmp_path, tiny_model_dir):
     run_id = f"upkl-{os.getpid()}"
     cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=2, kwargs={"kl_coeff": 0.1}, eval_n=0)
-    proc = ludic_up(cfg, tmp_path / "up.log")
-    try:
-        code = proc.wait(600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    log = (tmp_path / "up.log").read_text(errors="replace")
     run_dir = tmp_path / "runs" / run_id
-    learner_log = (run_dir / "logs" / "learner.log").read_text(errors="replace")
-    assert code == 0, log[-3000:] + learner_log[-3000:]
+    learner = run_dir / "logs" / "learner.log"
+    finished(ludic_up(cfg, tmp_path / "up.log"), tmp_path / "up.log", also=learner)
+    learner_log = learner.read_text(errors="replace")
     assert '"kl_coeff": 0.1' in learner_log  # the learner ran the configured algorithm
     assert "ref_logprobs" not in learner_log
     s = json.loads((run_dir / "summary.json").read_text())
@@ -74,16 +68,10 @@ def test_up_trains_a_custom_algorithm_named_in_the_config(tmp_path, tiny_model_d
         },
     }
     cfg.write_text(yaml.safe_dump(data))
-    proc = ludic_up(cfg, tmp_path / "up.log")
-    try:
-        code = proc.wait(600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    log = (tmp_path / "up.log").read_text(errors="replace")
     run_dir = tmp_path / "runs" / run_id
-    learner_log = (run_dir / "logs" / "learner.log").read_text(errors="replace")
-    assert code == 0, log[-3000:] + learner_log[-3000:]
+    learner = run_dir / "logs" / "learner.log"
+    finished(ludic_up(cfg, tmp_path / "up.log"), tmp_path / "up.log", also=learner)
+    learner_log = learner.read_text(errors="replace")
     assert '"name": "custom"' in learner_log
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["steps"] >= 2 and s["samples_trained"] >= 2 * 8
