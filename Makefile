@@ -20,7 +20,7 @@ PIPQ := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || t
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv system-deps demo test test-unit test-integration test-deploy test-up test-faults test-fuzz lint typecheck bench clean
+.PHONY: venv system-deps demo test test-unit test-integration test-deploy test-up test-faults test-fuzz soak lint typecheck bench clean
 
 venv: $(STAMP)
 
@@ -73,6 +73,11 @@ test-fuzz: venv
 # SIGKILLs services of a running `ludic up` (and `ludic up` itself): restarts, resume, no orphans.
 test-faults: venv
 	$(PY) -m pytest tests -q -p no:cacheprovider -ra -m faults
+
+# 10 minutes of `ludic up` with 4 actors: streams, Redis memory and every RSS stay bounded
+# (scripts/soak.py; the fault tier runs 2 minutes of it).
+soak: venv
+	$(PY) scripts/soak.py
 
 # The main job: SFT warm start, then GRPO through the real services (see README).
 demo: venv

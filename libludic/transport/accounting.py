@@ -60,7 +60,7 @@ import redis.asyncio as aioredis
 
 from libludic.transport.connection import as_str, connect
 from libludic.transport.consumer import COMMIT_FN, DEADLETTER_FN, Entry, StreamConsumer
-from libludic.transport.keys import Keys
+from libludic.transport.keys import DONE_TTL_S, Keys
 from libludic.transport.state import SET_MAX_LUA
 
 #: counters of the ``acct`` hash
@@ -263,8 +263,6 @@ return {redis.call('HGET', KEYS[1], 'items_trained'), redis.call('HLEN', KEYS[2]
         redis.call('HGET', KEYS[5], 'served_step'), redis.call('HGET', KEYS[5], 'batch_size')}
 """
 
-DEFAULT_TTL_S = 7 * 24 * 3600
-
 
 async def _run(r: aioredis.Redis, script: str, keys: list[str], args: list[Any]) -> Any:
     """EVALSHA ``script`` (redis-py's Script loads it on a NOSCRIPT reply: a new or restarted
@@ -276,7 +274,7 @@ async def add_requests(
     r: aioredis.Redis,
     keys: Keys,
     requests: Sequence[tuple[str, bytes]],
-    ttl_s: int = DEFAULT_TTL_S,
+    ttl_s: int = DONE_TTL_S,
 ) -> int:
     """XADD each (request id, payload) not added before and count it requested, atomically.
     Returns the number added (a retried call adds nothing twice)."""
@@ -358,7 +356,7 @@ async def ack_items(sc: StreamConsumer, entry_ids: Sequence[str], outcome: str) 
 
 
 async def group_failed(
-    r: aioredis.Redis, keys: Keys, group_id: str, ttl_s: int = DEFAULT_TTL_S
+    r: aioredis.Redis, keys: Keys, group_id: str, ttl_s: int = DONE_TTL_S
 ) -> bool:
     """Credit could not process group ``group_id`` (its rollouts were dead-lettered): mark it
     done and count it dead-lettered, once. True if this call counted it."""

@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 import redis.exceptions as rexc
 
 from libludic.transport.connection import as_str, wait_event
+from libludic.transport.keys import DONE_TTL_S
 
 log = logging.getLogger("libludic.transport")
 
@@ -188,7 +189,7 @@ class StreamConsumer:
     # peer's entries come back within ~4/3 claim_idle_ms without a scan per read
     claim_every_s: float | None = None
     max_deliveries: int = 5
-    done_ttl_s: int = 7 * 24 * 3600
+    done_ttl_s: int = DONE_TTL_S
     # the dead-letter stream keeps about this many entries (the oldest go first), each with
     # its payload when it is at most deadletter_payload_bytes (else only its size, d_bytes)
     deadletter_maxlen: int = 10_000

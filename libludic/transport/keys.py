@@ -14,6 +14,15 @@ GROUP_ACTORS = "actors"
 GROUP_CREDIT = "credit"
 GROUP_LEARNER = "learner"
 
+#: lifetime of a de-dup marker (``done:{role}:{id}``, ``Keys.done``): how long after an
+#: input's commit a redelivery or a late duplicate of it is still recognised. It must outlast
+#: the longest a consumer can still commit an input it has lost to a claimer (claim_idle_ms
+#: plus a stalled process's pause) and the latest a group's last rollout can reach credit.
+#: Markers are written for every input, so Redis holds rate x DONE_TTL_S of them: the soak
+#: (scripts/soak.py: the demo, 4 actors) writes 202 a second at about 157 bytes each, which a
+#: week-long TTL would make 19 GB, past the embedded Redis's 2 GB maxmemory within 19 hours.
+DONE_TTL_S = 3600
+
 # --------------------------------------------------------------------------------------
 # keys
 
