@@ -52,35 +52,20 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.steps < 1 or a.batch_size < 1:
         ap.error("--steps and --batch-size must be >= 1")
+    task = None
     if a.data is not None:
         if a.target_pass_rate:
             ap.error("--target-pass-rate needs --task (a file brings no check to measure)")
         if not Path(a.data).is_file():
             ap.error(f"--data {a.data}: no such file")
-        run_sft(
-            a.model,
-            a.out,
-            a.data,
-            steps=a.steps,
-            batch_size=a.batch_size,
-            lr=a.lr,
-            seed=a.seed,
-            log_every=a.log_every,
-            device=a.device,
-            lr_schedule=a.lr_schedule,
-        )
-        return 0
-    task = TASKS[a.task](digits=a.digits)
-    if not 0 <= a.eval_n <= task.max_held_out:
-        ap.error(f"--eval-n must be in [0, {task.max_held_out}]")
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    data_path = out / "sft_train.jsonl"
-    task.write(data_path, a.steps * a.batch_size)
+    else:
+        task = TASKS[a.task](digits=a.digits)
+        if not 0 <= a.eval_n <= task.max_held_out:
+            ap.error(f"--eval-n must be in [0, {task.max_held_out}]")
     run_sft(
         a.model,
-        out,
-        data_path,
+        a.out,
+        a.data if task is None else task.data_in(Path(a.out), a.steps * a.batch_size),
         steps=a.steps,
         batch_size=a.batch_size,
         lr=a.lr,
@@ -88,9 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         log_every=a.log_every,
         device=a.device,
         lr_schedule=a.lr_schedule,
-        check=task.check,
+        check=None if task is None else task.check,
         target_pass_rate=a.target_pass_rate,
         check_every=a.check_every,
-        held_out=task.held_out(a.eval_n) if a.eval_n else None,
+        held_out=task.held_out(a.eval_n) if task is not None and a.eval_n else None,
     )
     return 0

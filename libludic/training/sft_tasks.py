@@ -41,6 +41,13 @@ class SFTTask:
     held_out: Callable[[int], GreedyCheck]
     max_held_out: int
 
+    def data_in(self, out_dir: Path, n: int) -> Path:
+        """Write up to ``n`` training records to ``out_dir/sft_train.jsonl``; its path."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / "sft_train.jsonl"
+        self.write(path, n)
+        return path
+
 
 def record(prompt: str, completion: str) -> dict[str, str]:
     return {"prompt": prompt, "completion": completion}

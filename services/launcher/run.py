@@ -90,7 +90,6 @@ def prepare_model(s: UpSettings, run_dir: Path) -> Path:
     from libludic.training.sft import run_sft
     from libludic.training.sft_tasks import TASKS
 
-    out.mkdir(parents=True, exist_ok=True)
     check = None
     if s.sft_data:
         if s.sft_target_pass_rate > 0:
@@ -103,8 +102,7 @@ def prepare_model(s: UpSettings, run_dir: Path) -> Path:
             raise FileNotFoundError(f"up.sft_data={s.sft_data}: no such file")
     elif s.sft_task in TASKS:
         task = TASKS[s.sft_task]()
-        data = out / "sft_train.jsonl"
-        task.write(data, s.sft_steps * s.sft_batch_size)
+        data = task.data_in(out, s.sft_steps * s.sft_batch_size)
         check = task.check
     else:
         raise ValueError(f"up.sft_task={s.sft_task!r}: use one of {sorted(TASKS)} or up.sft_data")

@@ -9,7 +9,6 @@ lock was never left held). ``LUDIC_FUZZ_N`` bodies per route, ``LUDIC_FUZZ_SEED`
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 import struct
@@ -27,38 +26,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hostile import FUZZ_N, FUZZ_SEED  # noqa: E402
 
 from services.inference.app import create_app  # noqa: E402
-from services.inference.metrics import InferenceMetrics  # noqa: E402
 from services.inference.settings import InferenceSettings  # noqa: E402
 from services.inference.validation import ParamSpec  # noqa: E402
+from tests.fakes import TensorEngine  # noqa: E402
 
 pytestmark = pytest.mark.fuzz
 TOKEN = "fuzz-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 MAX_BYTES = 1 << 20
 NORM = "model.norm.weight"
-
-
-class TensorEngine:
-    """The weight-route surface of LudicEngine over real tensors: ``swap`` copies an update
-    into them, so what is served can be compared after the fuzz."""
-
-    def __init__(self, spec: ParamSpec, tensors: dict[str, torch.Tensor]):
-        self.spec = spec
-        self.served = tensors
-        self.version = 0
-        self.lock = asyncio.Lock()
-        self.metrics = InferenceMetrics()
-        self.serving = None
-
-    async def swap(self, version: int, tensors: dict[str, Any], payload: Any | None) -> float:
-        assert self.lock.locked()
-        for name, t in tensors.items():
-            self.served[self.spec.aliases.get(name, name)].copy_(t)
-        self.version = version
-        return 0.0
-
-    async def probe(self) -> tuple[bool, str]:
-        return True, ""
 
 
 def raw(header: Any, data: bytes, *, text: str | None = None) -> bytes:
