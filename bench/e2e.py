@@ -153,7 +153,8 @@ def run_baseline(cfg: dict[str, Any], model_dir: Path, seed: int = 0) -> dict[st
     from libludic.training.trainer import Trainer, TrainerHooks
     from services.common.heldout import evaluate_client
     from services.common.settings import load_settings
-    from services.feeder.worker import FeederSettings, make_request, pick_task
+    from services.feeder.settings import FeederSettings
+    from services.feeder.worker import make_request, pick_task
     from services.learner.settings import LearnerSettings
 
     torch.manual_seed(seed)  # each rep its own sampling and problems, as the services' reps
@@ -366,8 +367,8 @@ def main() -> int:
         cfg["learner"].update(num_steps=4, batch_size=16)
         workloads, reps = ["demo"], 1
     else:
-        from services.launcher.config import UpSettings
-        from services.launcher.run import prepare_model
+        from services.launcher.settings import UpSettings
+        from services.launcher.worker import prepare_model
 
         s = UpSettings(
             **{k: v for k, v in cfg["up"].items() if k in UpSettings.__dataclass_fields__}

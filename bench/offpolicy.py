@@ -90,8 +90,8 @@ def main() -> int:
         cfg["learner"].update(num_steps=4, batch_size=16)
         reps = 1
     else:
-        from services.launcher.config import UpSettings
-        from services.launcher.run import prepare_model
+        from services.launcher.settings import UpSettings
+        from services.launcher.worker import prepare_model
 
         s = UpSettings(
             **{k: v for k, v in cfg["up"].items() if k in UpSettings.__dataclass_fields__}

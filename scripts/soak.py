@@ -110,10 +110,10 @@ def sample(
 def stream_high_waters(cfg: Path) -> dict[str, int]:
     """The backlog each producer waits below (its backpressure), as the run's services read
     it from ``cfg``: a stream swinging up to it is working, not growing."""
-    from services.actor.worker import ActorSettings
+    from services.actor.settings import ActorSettings
     from services.common.settings import load_settings
-    from services.credit.worker import CreditSettings
-    from services.feeder.worker import FeederSettings
+    from services.credit.settings import CreditSettings
+    from services.feeder.settings import FeederSettings
 
     env = {"LUDIC_CONFIG": str(cfg)}
     feeder = load_settings(FeederSettings, [], service="feeder", environ=env)

@@ -187,7 +187,7 @@ class FakeEngine:
 
 
 class TensorEngine:
-    """The weight-route surface of LudicEngine (services/inference/engine.py) over tensors
+    """The weight-route surface of LudicEngine (services/inference/worker.py) over tensors
     held in memory, no vLLM: ``create_app(settings, engine=...)`` answers the weight routes
     as the service does (auth, body cap, validation against ``spec``, 409 for an old
     version), and ``swap`` copies an update into ``served``. ``fail_first``: the first k
@@ -224,7 +224,7 @@ class TensorEngine:
         return cls(ParamSpec.from_model_dir(model_dir), tensors, **kw)
 
     async def swap(self, version: int, tensors: dict[str, Any], payload: Any | None) -> float:
-        from services.inference.engine import SwapError
+        from services.inference.worker import SwapError
 
         assert self.lock.locked()
         while self.hang and not self.released:

@@ -26,10 +26,10 @@ import asyncio
 import logging
 from typing import Any
 
+from services.actor.settings import ActorSettings
 from services.actor.worker import (  # noqa: F401 (re-exported for callers of main)
     ERRORS,
     Actor,
-    ActorSettings,
     ActorStats,
 )
 from services.common.skeleton import service_main, serving

@@ -1,4 +1,4 @@
-"""The actor's worker: settings, metrics and ``Actor`` (claim requests, run episodes, commit
+"""The actor's worker: metrics and ``Actor`` (claim requests, run episodes, commit
 rollouts, hand back on drain). ``main.py`` wires it into a process."""
 
 from __future__ import annotations
@@ -8,18 +8,18 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import redis.exceptions as rexc
 from prometheus_client import Counter, Gauge, Histogram
 
-from libludic import staleness, transport
+from libludic import transport
 from libludic.inference.client import InferenceError
 from libludic.requests import RolloutRequest
 from libludic.transport import accounting
+from services.actor.settings import ActorSettings
 from services.common.lifecycle import update_stream_gauges
-from services.common.settings import secret
 
 # a request that failed on these is left pending and retried (anything else is dead-lettered)
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (InferenceError, *transport.REDIS_DOWN_ERRORS)
@@ -59,48 +59,6 @@ COMMIT = Histogram(
     "Time to commit a request's rollouts to Redis",
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
 )
-
-
-@dataclass
-class ActorSettings:
-    redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={"help": "Redis URL"})
-    run_id: str = field(default="default", metadata={"help": "run namespace of the Redis keys"})
-    inference_urls: list[str] = field(
-        default_factory=lambda: ["http://127.0.0.1:8000"],
-        metadata={"help": "comma-separated inference base URLs (round-robin)"},
-    )
-    api_key: str | None = secret("bearer token for inference", "set LUDIC_API_KEY")
-    max_head_offpolicyness: int | None = field(
-        default=staleness.DEFAULT_MAX_HEAD_OFFPOLICYNESS,
-        metadata={
-            "help": "admission bound (top-level key): start no episode while the inference "
-            "replica is more than this many versions behind the learner (null off)"
-        },
-    )
-    concurrency: int = field(default=4, metadata={"help": "requests run at once"})
-    episode_concurrency: int = field(default=8, metadata={"help": "episodes at once per request"})
-    max_steps: int = field(default=8, metadata={"help": "max steps per episode"})
-    claim_idle_ms: int = field(
-        default=30_000, metadata={"help": "idle time after which a peer's entry is claimed"}
-    )
-    max_deliveries: int = field(default=5, metadata={"help": "deliveries before dead-letter"})
-    rollouts_high_water: int = field(
-        default=1024, metadata={"help": "pause while the rollouts backlog is this long (0 off)"}
-    )
-    block_ms: int = field(default=1000, metadata={"help": "XREADGROUP block time"})
-    heartbeat_ttl_s: float = field(default=10.0, metadata={"help": "liveness key TTL"})
-    drain_grace_s: float = field(default=30.0, metadata={"help": "SIGTERM: time to finish work"})
-    inference_timeout_s: float = field(default=120.0, metadata={"help": "per-call timeout"})
-    metrics_port: int = field(default=9101, metadata={"help": "/metrics and /health (0 off)"})
-    consumer: str | None = field(default=None, metadata={"help": "consumer name (default auto)"})
-    log_level: str = field(default="INFO", metadata={"help": "logging level"})
-
-    def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise ValueError(f"actor concurrency={self.concurrency} must be >= 1")
-        staleness.check_bound("max_head_offpolicyness", self.max_head_offpolicyness)
-        if self.claim_idle_ms < 100:
-            raise ValueError(f"claim_idle_ms={self.claim_idle_ms} must be >= 100")
 
 
 @dataclass

@@ -42,8 +42,8 @@ import asyncio
 import logging
 
 from services.common.skeleton import service_main, serving
+from services.credit.settings import CreditSettings
 from services.credit.worker import (  # noqa: F401 (re-exported for callers of main)
-    CreditSettings,
     CreditWorker,
 )
 

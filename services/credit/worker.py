@@ -1,4 +1,4 @@
-"""The credit worker: settings, metrics and ``CreditWorker`` (rollouts -> groups -> credit ->
+"""The credit worker: metrics and ``CreditWorker`` (rollouts -> groups -> credit ->
 SAWItems, leader lease, timeouts). ``main.py`` wires it into a process."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from libludic import transport
 from libludic.transport import accounting
 from libludic.types import Rollout
 from services.common.lifecycle import sleep_or_stop, update_stream_gauges
-from services.common.settings import SAW_HIGH_WATER
+from services.credit.settings import CreditSettings
 
 log = logging.getLogger("ludic.credit")
 MAX_GROUP_ROLLOUTS = 65536
@@ -50,46 +50,6 @@ DUP_ROLLOUTS = Counter(
 )
 BUFFERED = Gauge("ludic_credit_buffered_groups", "Incomplete groups held in memory")
 LEADER = Gauge("ludic_credit_leader", "1 while this worker holds the credit lease")
-
-
-@dataclass
-class CreditSettings:
-    redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={"help": "Redis URL"})
-    run_id: str = field(default="default", metadata={"help": "run namespace of the Redis keys"})
-    algorithm: dict[str, Any] = field(
-        default_factory=dict,
-        metadata={
-            "help": "the run's algorithm {name, group_size, kwargs}: the top-level algorithm: "
-            "section (JSON here)"
-        },
-    )
-    group_timeout_s: float = field(default=120.0, metadata={"help": "incomplete-group timeout"})
-    min_partial_group: int = field(
-        default=2, metadata={"help": "timed-out groups at least this big are processed as-is"}
-    )
-    filters: list[str] = field(
-        default_factory=list,
-        metadata={"help": "sample filters by name: drop_truncated,drop_incomplete_completions,..."},
-    )
-    batch: int = field(default=64, metadata={"help": "rollout entries read per call"})
-    block_ms: int = field(default=1000, metadata={"help": "XREADGROUP block time"})
-    claim_idle_ms: int = field(default=30_000, metadata={"help": "idle time before claiming"})
-    max_deliveries: int = field(default=10, metadata={"help": "deliveries before dead-letter"})
-    saw_high_water: int = field(
-        default=SAW_HIGH_WATER,
-        metadata={"help": "pause while the saw backlog is this long (0 off)"},
-    )
-    lease_ttl_ms: int = field(default=10_000, metadata={"help": "leader lease TTL"})
-    metrics_port: int = field(default=9102, metadata={"help": "/metrics and /health (0 off)"})
-    consumer: str | None = field(default=None, metadata={"help": "consumer name (default auto)"})
-    log_level: str = field(default="INFO", metadata={"help": "logging level"})
-
-    def __post_init__(self) -> None:
-        from libludic.training.presets import AlgorithmSpec
-
-        self.spec = AlgorithmSpec.from_mapping(self.algorithm)
-        if self.min_partial_group < 1:
-            raise ValueError(f"min_partial_group={self.min_partial_group} must be >= 1")
 
 
 def make_filter(names: list[str]) -> Callable[[Any], bool] | None:

@@ -27,9 +27,9 @@ import asyncio
 import logging
 
 from services.common.skeleton import service_main, serving
+from services.eval.settings import EvalSettings
 from services.eval.worker import (  # noqa: F401 (re-exported for callers of main)
     EvalService,
-    EvalSettings,
 )
 
 log = logging.getLogger("ludic.eval")

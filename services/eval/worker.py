@@ -1,16 +1,14 @@
-"""The held-out evaluator: settings, metrics and ``EvalService`` (watch the learner step, wait
+"""The held-out evaluator: metrics and ``EvalService`` (watch the learner step, wait
 for inference to serve its version, run the greedy pass). ``main.py`` wires it into a process."""
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import httpx
 from prometheus_client import Counter, Gauge
@@ -19,7 +17,7 @@ from libludic import transport
 from libludic.inference.openai_client import InferenceError, OpenAIChatClient
 from services.common import heldout
 from services.common.lifecycle import sleep_or_stop
-from services.common.settings import secret
+from services.eval.settings import EvalSettings
 
 log = logging.getLogger("ludic.eval")
 
@@ -30,79 +28,6 @@ REWARD = Gauge("ludic_eval_reward_mean", "Held-out mean reward of the last evalu
 DURATION = Gauge("ludic_eval_duration_seconds", "Wall time of the last evaluation")
 RUNS = Counter("ludic_eval_runs_total", "Evaluations completed")
 ERRORS = Counter("ludic_eval_errors_total", "Failed evaluations / Redis errors", ["kind"])
-
-_UP_FALLBACK = {
-    "env": "eval_env",
-    "n": "eval_n",
-    "every_steps": "eval_every_steps",
-    "max_tokens": "eval_max_tokens",
-    "protocol": "eval_protocol",
-}
-
-
-@dataclass
-class EvalSettings:
-    # a field left unset takes the launcher's value in the run config's up: section, then
-    # the launcher's default
-    FROM_SECTIONS: ClassVar[dict[str, tuple[str, str]]] = {
-        mine: ("up", theirs) for mine, theirs in _UP_FALLBACK.items()
-    }
-
-    redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={"help": "Redis URL"})
-    run_id: str = field(default="default", metadata={"help": "run namespace of the Redis keys"})
-    inference_urls: list[str] = field(
-        default_factory=lambda: ["http://127.0.0.1:8000"],
-        metadata={"help": "inference base URLs; the first one is evaluated"},
-    )
-    api_key: str | None = secret("bearer token for inference", "set LUDIC_API_KEY")
-    env: dict[str, Any] | None = field(
-        default=None, metadata={"help": "held-out env {kind, kwargs} (default: up.eval_env)"}
-    )
-    protocol: dict[str, Any] | None = field(
-        default=None,
-        metadata={"help": "protocol {kind, kwargs} of the evaluation (default: up.eval_protocol)"},
-    )
-    n: int | None = field(default=None, metadata={"help": "held-out problems (default: up.eval_n)"})
-    every_steps: int | None = field(
-        default=None,
-        metadata={"help": "learner steps between evaluations (default: up.eval_every_steps)"},
-    )
-    max_tokens: int | None = field(
-        default=None, metadata={"help": "max tokens of an answer (default: up.eval_max_tokens)"}
-    )
-    at_start: bool = field(default=True, metadata={"help": "evaluate step 0 (the starting policy)"})
-    settle_s: float = field(
-        default=60.0, metadata={"help": "evaluate a step the learner stayed at this long (0 off)"}
-    )
-    version_wait_s: float = field(
-        default=60.0,
-        metadata={"help": "wait this long for inference to serve the learner's version"},
-    )
-    poll_s: float = field(
-        default=2.0, metadata={"help": "seconds between looks at the learner step"}
-    )
-    output_file: str = field(default="", metadata={"help": "append each result as JSON here"})
-    metrics_port: int = field(default=9105, metadata={"help": "/metrics and /health (0 off)"})
-    log_level: str = field(default="INFO", metadata={"help": "logging level"})
-
-    def __post_init__(self) -> None:
-        for mine, theirs in _UP_FALLBACK.items():
-            if getattr(self, mine) is None:
-                setattr(self, mine, copy.deepcopy(heldout.DEFAULTS[theirs]))
-        n, every, most = self.n, self.every_steps, self.max_tokens
-        assert n is not None and every is not None and most is not None  # filled above
-        self.n, self.every_steps, self.max_tokens = int(n), int(every), int(most)
-        if self.n < 1:
-            raise ValueError(f"eval n={self.n} must be >= 1 (set eval.n or up.eval_n)")
-        if self.every_steps < 0:
-            raise ValueError(
-                f"eval every_steps={self.every_steps} must be >= 0 (0: start/settle only)"
-            )
-        if not self.inference_urls:
-            raise ValueError("eval needs an inference URL: set LUDIC_INFERENCE_URLS")
-        if not isinstance(self.env, dict) or "kind" not in self.env:
-            raise ValueError(f"eval env={self.env!r} must be a mapping with 'kind' (and 'kwargs')")
-        heldout.protocol_spec(self.protocol, "eval protocol")
 
 
 class EvalService:

@@ -25,7 +25,8 @@ from libludic import transport
 from libludic.transport import accounting
 from services.common.lifecycle import sleep_or_stop, update_stream_gauges
 from services.common.skeleton import service_main, serving
-from services.feeder.worker import ERRORS, FeederSettings, top_up
+from services.feeder.settings import FeederSettings
+from services.feeder.worker import ERRORS, top_up
 
 log = logging.getLogger("ludic.feeder")
 

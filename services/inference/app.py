@@ -24,7 +24,6 @@ from pydantic import ValidationError
 
 from libludic.distributed.weight_sync import WIRE_DTYPES
 from services.inference.collective import CollectiveReceiver
-from services.inference.engine import COLLECTOR, LudicEngine, SwapError, VersionCollector
 from services.inference.metrics import InferenceMetrics
 from services.inference.schemas import (
     CollectiveInitRequest,
@@ -36,6 +35,7 @@ from services.inference.schemas import (
 from services.inference.settings import InferenceSettings
 from services.inference.token_text import decodes_once, fill_text
 from services.inference.validation import WeightValidationError, decode_and_validate
+from services.inference.worker import COLLECTOR, LudicEngine, SwapError, VersionCollector
 
 log = logging.getLogger("ludic.inference")
 VERSION_HEADER = "X-Ludic-Policy-Version"

@@ -93,8 +93,8 @@ async def run(settings: InferenceSettings, *, stop: asyncio.Event | None = None)
     import uvicorn
 
     from services.inference.app import create_app
-    from services.inference.engine import LudicEngine
     from services.inference.metrics import InferenceMetrics
+    from services.inference.worker import LudicEngine
 
     stop = stop or asyncio.Event()
     try:

@@ -29,8 +29,8 @@ import yaml
 
 from services.common.secrets import keep_secrets_in
 from services.common.settings import load_settings, log_settings, setup_logging
-from services.launcher.config import UpSettings
-from services.launcher.run import (  # noqa: F401 (re-exported for callers of main)
+from services.launcher.settings import UpSettings
+from services.launcher.worker import (  # noqa: F401 (re-exported for callers of main)
     SAVED_CONFIG,
     Interrupted,
     Run,

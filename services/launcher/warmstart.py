@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from services.common.settings import load_settings, setup_logging
-from services.launcher.config import UpSettings
 from services.launcher.main import prepare_model
+from services.launcher.settings import UpSettings
 
 log = logging.getLogger("ludic.warmstart")
 

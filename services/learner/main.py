@@ -56,12 +56,12 @@ import torch.distributed as dist
 from libludic.training import parallel
 from services.common.http import start_http
 from services.common.skeleton import service_main
-from services.learner.learner import (  # noqa: F401 (re-exported for callers of main)
+from services.learner.settings import LearnerSettings
+from services.learner.worker import (  # noqa: F401 (re-exported for callers of main)
     Learner,
     LearnerFatal,
     init_distributed,
 )
-from services.learner.settings import LearnerSettings
 
 log = logging.getLogger("ludic.learner")
 

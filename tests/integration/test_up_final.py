@@ -20,7 +20,7 @@ from libludic.inference.hf_client import HFChatClient
 from libludic.registry import build_registries
 from libludic.rollout.engine import RolloutEngine
 from services.common.heldout import eval_requests
-from services.launcher.config import UpSettings
+from services.launcher.settings import UpSettings
 from tests.integration.test_up import config, finished, ludic_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.up]

@@ -9,8 +9,8 @@ import pytest
 
 from libludic.training.presets import ALGORITHMS, AlgorithmSpec
 from services.common.settings import load_settings
-from services.credit.main import CreditSettings
-from services.feeder.worker import FeederSettings
+from services.credit.settings import CreditSettings
+from services.feeder.settings import FeederSettings
 from services.learner.settings import LearnerSettings
 
 ROOT = Path(__file__).resolve().parents[2]

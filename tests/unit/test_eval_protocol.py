@@ -13,8 +13,8 @@ import yaml
 from libludic.requests import ProtocolSpec
 from services.common.heldout import eval_requests, evaluate_client
 from services.common.settings import load_settings
-from services.eval.worker import EvalSettings
-from services.launcher.config import UpSettings
+from services.eval.settings import EvalSettings
+from services.launcher.settings import UpSettings
 from tests.fakes import ScriptedClient
 
 LAST_INTEGER = {"kind": "regex", "pattern": r"(-?\d+)\D*$"}

@@ -10,8 +10,8 @@ from libludic.registry import build_registries
 from libludic.requests import RolloutRequest
 from libludic.rollout.engine import RolloutEngine
 from services.common.heldout import eval_requests
-from services.feeder.worker import Task
-from services.launcher.config import UpSettings
+from services.feeder.settings import Task
+from services.launcher.settings import UpSettings
 from tests.fakes import ScriptedClient
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -382,7 +382,7 @@ def test_health_and_metrics_without_vllm(model_dir: Path, spec: ParamSpec) -> No
 
 
 def test_chunked_prefill_is_off_by_default_on_cpu_only() -> None:
-    from services.inference.engine import platform_default_args
+    from services.inference.worker import platform_default_args
 
     assert platform_default_args([], is_cpu=True) == ["--no-enable-chunked-prefill"]
     assert platform_default_args([], is_cpu=False) == []
@@ -449,7 +449,7 @@ def test_api_port_is_bound_before_vllm_starts_and_a_taken_port_fails_fast() -> N
 
 
 def test_only_a_bf16_cpu_engine_is_warmed_up_before_serving() -> None:
-    from services.inference.engine import needs_warmup
+    from services.inference.worker import needs_warmup
 
     assert needs_warmup(True, torch.bfloat16)
     assert not needs_warmup(True, torch.float32) and not needs_warmup(False, torch.bfloat16)
@@ -490,8 +490,8 @@ class FlakyLlm:
 async def test_a_failed_reload_rolls_back_or_stops_the_server(
     model_dir: Path, spec: ParamSpec, mode: str, fail: int, tmp_path: Path
 ) -> None:
-    from services.inference.engine import LudicEngine, SwapError
     from services.inference.main import engine_failure
+    from services.inference.worker import LudicEngine, SwapError
 
     staging = tmp_path / "staging"
     staging.mkdir()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.launcher.config import UpSettings
 from services.launcher.cpus import CpuPlan, plan_cpus, spare_cores
+from services.launcher.settings import UpSettings
 
 
 def test_auto_gives_the_learner_the_last_cores_and_the_others_the_rest() -> None:

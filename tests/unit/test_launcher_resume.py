@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from services.common.settings import load_settings
-from services.launcher.config import UpSettings
 from services.launcher.main import main, resume_settings
-from services.launcher.run import PID_FILE, SAVED_CONFIG, Run
+from services.launcher.settings import UpSettings
+from services.launcher.worker import PID_FILE, SAVED_CONFIG, Run
 
 
 def _start(tmp_path: Path, *flags: str, checkpoint_every: int = 2) -> tuple[UpSettings, Path]:

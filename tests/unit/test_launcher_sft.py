@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 
 from services.common.settings import load_settings
 from services.inference.settings import InferenceSettings
-from services.launcher.config import UpSettings
 from services.launcher.main import Run, prepare_model
+from services.launcher.settings import UpSettings
 
 
 def test_sft_seed_and_schedule_reach_the_warm_start(tiny_model_dir, tmp_path) -> None:

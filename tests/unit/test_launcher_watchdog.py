@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from services.launcher.config import UpSettings
-from services.launcher.run import Run
+from services.launcher.settings import UpSettings
 from services.launcher.stack import free_port
 from services.launcher.supervisor import ServiceSpec, Supervisor
+from services.launcher.worker import Run
 
 LIMIT_S, INTERVAL_S, SLACK_S = 2.0, 0.25, 5.0
 
@@ -148,7 +148,7 @@ def test_a_stuck_service_without_restart_is_an_exit_for_good_with_its_group(tmp_
         finals: dict[str, int] = {}
         _until(lambda: finals.update(sup.restart_exited()) or finals, INTERVAL_S + LIMIT_S + 30)
         assert time.monotonic() - stuck_at < INTERVAL_S + LIMIT_S + SLACK_S
-        # the path of any service that exited and may not restart: run.py stops the run
+        # the path of any service that exited and may not restart: the launcher stops the run
         assert finals == {"svc": -signal.SIGKILL}
         assert sup.restarts == {} and sup.watchdog_kills == {"svc": 1}
         _until(lambda: _gone(child), 10)  # its whole process group

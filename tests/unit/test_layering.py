@@ -285,6 +285,28 @@ def test_every_service_main_is_wiring_on_the_shared_skeleton() -> None:
     assert not problems, problems
 
 
+def test_every_service_has_one_layout() -> None:
+    """Every service directory holds the same three rooms: ``main.py`` (the process: settings
+    in, ``run()`` wiring Redis/HTTP to the worker, exit codes), ``settings.py`` (its settings
+    dataclass, the one thing ``ludic <service> --help`` reads) and ``worker.py`` (what the
+    service does); anything else is a helper module of that worker. The settings class lives
+    in settings.py and nowhere else."""
+    root = LIB.parent / "services"
+    problems = []
+    for name in (*SERVICES, "launcher"):
+        d = root / name
+        for room in ("main.py", "settings.py", "worker.py"):
+            if not (d / room).is_file():
+                problems.append(f"{name}: no {room}")
+        for f in d.glob("*.py"):
+            if f.name == "settings.py":
+                continue
+            for node in ast.walk(ast.parse(f.read_text())):
+                if isinstance(node, ast.ClassDef) and node.name.endswith("Settings"):
+                    problems.append(f"{name}: {f.name} defines {node.name} (settings.py does)")
+    assert not problems, problems
+
+
 def transport_private_names() -> set[str]:
     """``_x`` attributes the transport package's classes keep for themselves."""
     names: set[str] = set()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.credit.worker import CreditSettings
+from services.credit.settings import CreditSettings
 from services.learner.settings import LearnerSettings
 
 
@@ -109,7 +109,7 @@ async def test_learner_health_follows_progress_not_the_event_loop() -> None:
     import time
     from types import SimpleNamespace
 
-    from services.learner.learner import Learner
+    from services.learner.worker import Learner
 
     now = time.monotonic()
     fake = SimpleNamespace(

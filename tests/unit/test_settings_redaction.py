@@ -9,11 +9,11 @@ import logging
 
 import pytest
 
-from services.actor.worker import ActorSettings
+from services.actor.settings import ActorSettings
 from services.common.settings import log_settings, redact_url, redacted
-from services.credit.worker import CreditSettings
-from services.eval.worker import EvalSettings
-from services.feeder.worker import FeederSettings
+from services.credit.settings import CreditSettings
+from services.eval.settings import EvalSettings
+from services.feeder.settings import FeederSettings
 from services.learner.settings import LearnerSettings
 
 PASSWORD = "pw-5f3c9e"

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from services.inference import vllm_plugin
-from services.inference.engine import cpu_linear_env, idle_wait_env
 from services.inference.settings import InferenceSettings, SettingsError
+from services.inference.worker import cpu_linear_env, idle_wait_env
 
 
 class FakeCondition:

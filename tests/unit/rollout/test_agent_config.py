@@ -14,7 +14,8 @@ from libludic.envs.arithmetic import generate_problem
 from libludic.registry import build_registries
 from libludic.requests import AgentSpec, EnvSpec, ProtocolSpec, RolloutRequest
 from libludic.rollout.engine import RolloutEngine
-from services.feeder.worker import FeederSettings, Task, make_request
+from services.feeder.settings import FeederSettings, Task
+from services.feeder.worker import make_request
 from tests.fakes import ScriptedClient
 
 

@@ -21,9 +21,9 @@ import yaml
 
 from libludic.transport import accounting
 from services.launcher import cpus, stack
-from services.launcher.config import UpSettings
 from services.launcher.live import LiveView
 from services.launcher.report import write_report
+from services.launcher.settings import UpSettings
 from services.launcher.supervisor import ServiceError, ServiceSpec, Supervisor
 
 log = logging.getLogger("ludic.up")
