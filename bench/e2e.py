@@ -23,8 +23,9 @@ Figures per run, with one definition each:
 * samples/s: trained items per second of RL wall, evaluation excluded
   (``Trainer.rl_wall_s``: the time inside train steps; the services' learner reports it in
   ``learner_final.json``, the summary's ``samples_per_second``);
-* time to target: RL wall at the first curve point whose held-out pass rate reaches the
-  target (default: the start's pass rate + 0.10); every contestant's curve is measured with
+* time to target: RL wall (the same clock as samples/s, for every contestant) at the first
+  curve point whose held-out pass rate reaches the target (default: the start's pass rate
+  + 0.10); every contestant's curve is measured with
   the same greedy evaluation on weight snapshots taken every ``eval_every_steps`` steps,
   evaluated outside the RL wall (``up.eval_mode: deferred``; the baseline pauses its clock);
 * final pass rate (held-out, greedy, 200 problems) and stale fraction (items dropped stale
@@ -128,7 +129,7 @@ def run_services(cfg: dict[str, Any], name: str, work: Path, sync: bool) -> dict
         "pass_before": s["pass_rate_before"],
         "pass_after": s["pass_rate_after"],
         "curve": [
-            (e["step"], e["wall_s"], e["eval/pass_rate"])
+            (e["step"], e["rl_wall_s"], e["eval/pass_rate"])
             for e in s["evals"]
             if 0 < e["step"] < s["steps"]
         ],

@@ -245,7 +245,8 @@ class Run:
 
     def eval_snapshots(self, model_dir: Path) -> None:
         """Deferred curve: evaluate every snapshot the learner saved, in this process, after
-        the RL phase; ``wall_s`` is when the learner had trained that step."""
+        the RL phase; ``wall_s`` is when the learner had trained that step, ``rl_wall_s`` its
+        RL wall then (the Trainer's time inside train steps: the clock of samples/s)."""
         from services.common.heldout import evaluate_snapshot
 
         index = self.run_dir / "learner" / "snapshots" / "snapshots.jsonl"
@@ -266,6 +267,7 @@ class Run:
             res.update(
                 step=float(snap["step"]),
                 wall_s=snap["time"] - self.rl_t0_wall,
+                rl_wall_s=float(snap.get("rl_wall_s", snap["time"] - self.rl_t0_wall)),
                 eval_s=time.monotonic() - t,
             )
             self.evals.append(res)

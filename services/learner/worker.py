@@ -371,7 +371,7 @@ class Learner:
     def _snapshot(self, step: int) -> None:
         """Every ``snapshot_every`` steps (collective: every rank gathers), rank 0 writes
         ``<output_dir>/snapshots/step_N.safetensors`` and a line of ``snapshots.jsonl``
-        (step, wall-clock time, served version) for evaluating the run afterwards."""
+        (step, wall-clock time, RL wall, served version) for evaluating the run afterwards."""
         s, tr = self.s, self.trainer
         if not s.snapshot_every or not s.output_dir or tr is None or step % s.snapshot_every:
             return
@@ -390,6 +390,7 @@ class Learner:
                     {
                         "step": step,
                         "time": time.time(),
+                        "rl_wall_s": round(tr.rl_wall_s, 4),
                         "path": path.name,
                         "policy_version": tr.policy_version,
                     }
