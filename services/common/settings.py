@@ -21,9 +21,9 @@ is an error whose text is this value, where to set it). A class attribute ``RETI
 error naming the fix.
 
 The algorithm is configured once, in the top-level ``algorithm:`` section
-(``{name, group_size, kwargs}``, libludic.training.presets.AlgorithmSpec), read by feeder
-(group_size), credit and learner through their ``algorithm`` field (env ``LUDIC_ALGORITHM``
-as JSON). A per-service copy (``credit.algorithm``, ``learner.algorithm_kwargs``,
+(``{name, group_size, kwargs}`` and the optimisation options the learner reads,
+libludic.training.presets.AlgorithmSpec), read by feeder (group_size), credit and learner
+through their ``algorithm`` field (env ``LUDIC_ALGORITHM`` as JSON). A per-service copy (``credit.algorithm``, ``learner.algorithm_kwargs``,
 ``feeder.group_size``, ...) is an error naming the fix, so the services cannot disagree.
 """
 
@@ -368,6 +368,23 @@ def check_staleness_keys(data: Mapping[str, Any], path: str | Path) -> None:
             f"config file {path}: learner.max_lag={lag} < max_head_offpolicyness={head}: "
             f"samples admitted {head} versions ahead would be dropped as stale; raise "
             "learner.max_lag or lower max_head_offpolicyness"
+        )
+
+
+def check_ack_window(checkpoint_every: int, batch_size: int, saw_high_water: int) -> None:
+    """The learner's checkpoint window against credit's backpressure. With checkpoints on,
+    the learner acks items only at a checkpoint: up to ``checkpoint_every * batch_size``
+    trained items stay in the saw stream. Credit pauses while the stream holds
+    ``saw_high_water`` items, so a larger window never fills: the learner waits for items
+    credit will not write. Refuse that run config (the learner checks it with its resolved
+    settings, credit's ``saw_high_water`` read from the ``credit:`` section)."""
+    held = checkpoint_every * batch_size
+    if saw_high_water > 0 and held > saw_high_water:
+        raise ValueError(
+            f"learner checkpoint_every={checkpoint_every} x batch_size={batch_size} = {held} items "
+            f"stay un-acked between checkpoints, more than credit.saw_high_water={saw_high_water} "
+            "(credit stops writing at that backlog, so the run would stall); lower "
+            "checkpoint_every or raise credit.saw_high_water"
         )
 
 
