@@ -430,9 +430,9 @@ class Learner:
                 else (),
             )
             M.UNCOMMITTED.set(self.source.uncommitted)
+            await self._status()  # reads the run accounting
             if self.logger is not None:
-                self.logger.step(stats)
-            await self._status()
+                self.logger.step(M.logged_stats(stats, self.accounting))
 
     def _log_trained(self, step: int, ids: list[str]) -> None:
         if self.rank != 0 or self.trained_log is None:
