@@ -439,7 +439,7 @@ class TokenClippedSurrogateLoss:
 
     r_bt = exp(logp_bt - logp_old_bt),  A_b = weight_b
     obj  = min(r A, clip(r, 1 - eps_clip, 1 + eps_clip_higher) A)
-    dual clip (``dual_clip_c`` = c > 1): for A < 0, obj = max(obj, c A)
+    dual clip (``c_clip`` = c > 1): for A < 0, obj = max(obj, c A)
     L    = -agg(w * obj).   ``eps_clip_higher=None`` means symmetric (= eps_clip).
     pi_old and the detached weight w (1 unless corrected) come from ``off_policy``.
 
@@ -451,7 +451,7 @@ class TokenClippedSurrogateLoss:
 
     eps_clip: float = 0.2
     eps_clip_higher: float | None = None
-    dual_clip_c: float | None = None
+    c_clip: float | None = None
     aggregation: str = "token-mean"
     max_new_tokens: int | None = None  # C of aggregation "seq-mean-token-sum-norm"
     off_policy: OffPolicyCorrection = field(default_factory=OffPolicyCorrection)
@@ -482,8 +482,8 @@ class TokenClippedSurrogateLoss:
             raise ValueError(f"eps_clip={self.eps_clip} must be in [0, 1)")
         if self.eps_clip_higher is not None and self.eps_clip_higher < 0:
             raise ValueError(f"eps_clip_higher={self.eps_clip_higher} must be >= 0")
-        if self.dual_clip_c is not None and self.dual_clip_c <= 1.0:
-            raise ValueError(f"dual_clip_c={self.dual_clip_c} must be > 1 (or None)")
+        if self.c_clip is not None and self.c_clip <= 1.0:
+            raise ValueError(f"c_clip={self.c_clip} must be > 1 (or None)")
 
     @checked_loss
     def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> tuple[Tensor, Stats]:
@@ -498,8 +498,8 @@ class TokenClippedSurrogateLoss:
         surr2 = ratio.clamp(1.0 - self.eps_clip, hi) * adv
         obj = torch.minimum(surr1, surr2)
         dual = torch.zeros_like(obj, dtype=torch.bool)
-        if self.dual_clip_c is not None:
-            floor = self.dual_clip_c * adv
+        if self.c_clip is not None:
+            floor = self.c_clip * adv
             dual = (adv < 0) & (obj < floor)
             obj = torch.where(dual, floor.expand_as(obj), obj)
         loss = aggregate(-w * obj, m, batch, self.aggregation, self.max_new_tokens)

@@ -163,7 +163,9 @@ def _no_std(preset: str, name: str, cfg: NormArg) -> NormArg:
 
 def _with_kl(loss: Loss, kl_coeff: float, name: str, kl_estimator: str = "k3") -> Loss:
     """``loss`` plus ``kl_coeff`` x the KL estimate to the reference policy (TokenKLLoss:
-    k1, k2 or k3, AReaL's ``kl_estimator``; ours defaults to k3, the spec's)."""
+    k1, k2 or k3, AReaL's ``kl_estimator``). The default is k3, not AReaL's k1: the estimate
+    is a loss term on tokens sampled from pi, where k1's gradient, grad log pi, is zero in
+    expectation, while k3's expected gradient is that of KL(ref || pi)."""
     if kl_coeff < 0:
         raise ValueError(f"kl_coeff={kl_coeff} must be >= 0")
     if kl_estimator not in KL_ESTIMATORS:
@@ -222,7 +224,7 @@ def make_grpo(
     positive_only: bool = False,
     eps_clip: float = 0.2,
     eps_clip_higher: float | None = None,
-    dual_clip_c: float | None = None,
+    c_clip: float | None = None,
     kl_coeff: float = 0.0,
     kl_estimator: str = "k3",
     aggregation: str = "token-mean",
@@ -266,7 +268,7 @@ def make_grpo(
     loss = TokenClippedSurrogateLoss(
         eps_clip=eps_clip,
         eps_clip_higher=eps_clip_higher,
-        dual_clip_c=dual_clip_c,
+        c_clip=c_clip,
         aggregation=aggregation,
         max_new_tokens=max_new_tokens,
         off_policy=OffPolicyCorrection(
@@ -525,7 +527,7 @@ def make_dr_grpo(
     group_size: int = 8,
     eps_clip: float = 0.2,
     eps_clip_higher: float | None = None,
-    dual_clip_c: float | None = None,
+    c_clip: float | None = None,
     kl_coeff: float = 0.0,
     kl_estimator: str = "k3",
     aggregation: str = "seq-mean-token-sum-norm",
@@ -564,7 +566,7 @@ def make_dr_grpo(
     loss = TokenClippedSurrogateLoss(
         eps_clip=eps_clip,
         eps_clip_higher=eps_clip_higher,
-        dual_clip_c=dual_clip_c,
+        c_clip=c_clip,
         aggregation=aggregation,
         max_new_tokens=max_new_tokens,
         off_policy=OffPolicyCorrection(

@@ -135,12 +135,12 @@ def test_clip_higher_is_asymmetric() -> None:
 
 def test_dual_clip_bounds_negative_advantage() -> None:
     logits, batch = uniform_batch(weights=(-1.0,), action_lens=(1,), ratio=(5.0,))
-    loss, stats = L.TokenClippedSurrogateLoss(dual_clip_c=3.0).compute(logits, batch)
+    loss, stats = L.TokenClippedSurrogateLoss(c_clip=3.0).compute(logits, batch)
     # obj = min(-5, -1.2) = -5, floored at c*A = -3 -> loss 3
     assert float(loss.detach()) == pytest.approx(3.0, rel=1e-5)
     assert float(stats["dual_clip_frac"]) == 1.0
-    with pytest.raises(ValueError, match="dual_clip_c"):
-        L.TokenClippedSurrogateLoss(dual_clip_c=0.5)
+    with pytest.raises(ValueError, match="c_clip"):
+        L.TokenClippedSurrogateLoss(c_clip=0.5)
 
 
 def test_cispo_value_and_stop_gradient() -> None:
