@@ -562,6 +562,8 @@ class Learner:
                 "taken_back": tr.spare.taken_back_total,
                 "stopped": tr.spare.broken,
             },
+            # the model as trained: activations recomputed (algorithm.gradient_checkpointing)
+            "gradient_checkpointing": bool(getattr(tr.model, "is_gradient_checkpointing", False)),
             "publish_failures": tr.publish_failures,
             "last_publish_error": tr.last_publish_error,
             "final_policy_served": self.final_policy_served(),
