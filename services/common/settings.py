@@ -259,7 +259,8 @@ _ORIGIN_NAME = {_YAML: "the YAML", _ENV: "the environment", _FLAG: "a flag"}
 
 def _resolve_nested(cls: type, out: dict[str, Any], origin: Mapping[str, int]) -> None:
     """One precedence for settings reachable two ways. ``cls.NESTED`` maps a mapping field
-    (``trainer``) to {its key: the flat field that sets the same thing} (``lr: lr``). A key
+    (the learner's ``checkpoint``, CheckpointConfig's names) to {its key: the flat field that
+    sets the same thing} (``every_n_steps: checkpoint_every``). A key
     and its flat field both set: the one from the higher source (flags > env > YAML) wins
     (the key is dropped here when the flat field's source is higher; the mapping's value
     beats the flat one where the settings derive their config); both from the same source
