@@ -89,6 +89,16 @@ class RLAlgorithm:
         current weights per micro-batch, before the update."""
         return bool(getattr(self.loss, "needs_prox_logprobs", False))
 
+    def prox_logprobs_needed(self, n_minibatches: int) -> bool:
+        """The Trainer computes ``batch["prox_logprobs"]``: the loss reads them
+        (``needs_prox_logprobs``), or its pi_old is the trainer's own logprob (TIS/MIS:
+        ``pi_old_is_trained``) and a step takes ``n_minibatches`` > 1 optimizer steps,
+        where pi_old must be the policy the step starts from, not the one the previous
+        minibatch left (else the ratio is 1 at every minibatch)."""
+        return self.needs_prox_logprobs or (
+            n_minibatches > 1 and bool(getattr(self.loss, "pi_old_is_trained", False))
+        )
+
     @property
     def has_batch_stage(self) -> bool:
         """The credit assigner has statistics over the whole training batch."""

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -56,6 +57,22 @@ LOSSES: dict[str, type] = {
 }
 
 
+def _off_policy(what: str, spec: Any) -> OffPolicyCorrection:
+    """A loss's ``off_policy`` mapping of OffPolicyCorrection fields."""
+    if isinstance(spec, OffPolicyCorrection):
+        return spec
+    known = [f.name for f in dataclasses.fields(OffPolicyCorrection)]
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"{what}: off_policy must be a mapping of {known}, got {spec!r}")
+    unknown = sorted(set(spec) - set(known))
+    if unknown:
+        raise ValueError(f"{what}: unknown off_policy key(s) {unknown}; known: {known}")
+    try:
+        return OffPolicyCorrection(**spec)
+    except ValueError as e:
+        raise ValueError(f"{what}: off_policy: {e}") from e
+
+
 def build_component(what: str, spec: Any, registry: Mapping[str, type], **defaults: Any) -> Any:
     """``registry[spec.kind](**spec.kwargs)`` with ``defaults`` for parameters it has and the
     spec leaves unset; a misspelt kind, key or keyword lists the known ones."""
@@ -78,8 +95,8 @@ def build_component(what: str, spec: Any, registry: Mapping[str, type], **defaul
     for k, v in defaults.items():
         if k in params and k not in kwargs:
             kwargs[k] = v
-    if isinstance(kwargs.get("off_policy"), Mapping):
-        kwargs["off_policy"] = OffPolicyCorrection(**kwargs["off_policy"])
+    if "off_policy" in kwargs:
+        kwargs["off_policy"] = _off_policy(f"{what} {kind}", kwargs["off_policy"])
     for k in ("reward_norm", "adv_norm"):  # NormalizedReturn's NormConfig mappings
         if cls is NormalizedReturn and kwargs.get(k) is not None:
             kwargs[k] = NormConfig.parse(kwargs[k], k)

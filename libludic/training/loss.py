@@ -227,12 +227,16 @@ class OffPolicyCorrection:
     """The gap between the behaviour policy (the server's) and the trainer's policy.
 
     b_bt = ``actor_logprobs`` (what the inference engine sampled from). t_bt = the trainer's
-    logprob of the same token under the weights being updated: ``batch["prox_logprobs"]``
-    (the proximal policy, recomputed by the Trainer with a no-grad forward before the update)
-    when ``needs_prox_logprobs``, else sg(logp_bt) (the same weights: the Trainer takes one
-    optimizer step per batch). t and b differ by the train/inference mismatch (kernels,
-    precision, batching of the engine) and, for an item sampled by an older policy version,
-    by the policy lag. Per action token lr_bt = t_bt - b_bt,  rho = exp(lr) = pi_t / pi_b.
+    logprob of the same token under the weights the step starts from:
+    ``batch["prox_logprobs"]`` (the proximal policy, recomputed by the Trainer with a
+    no-grad forward before the step's first update) when the batch has them, else
+    sg(logp_bt) (the same weights while a step takes one optimizer step). The Trainer puts
+    them in when ``needs_prox_logprobs``, and when ``pi_old_is_trained`` and a step takes
+    several optimizer steps (PPO minibatches): there sg(logp) of a later minibatch is the
+    weights the earlier ones left, the ratio against it is always 1 and w would absorb the
+    drift. t and b differ by the train/inference mismatch (kernels, precision, batching of
+    the engine) and, for an item sampled by an older policy version, by the policy lag. Per
+    action token lr_bt = t_bt - b_bt,  rho = exp(lr) = pi_t / pi_b.
 
     Default: the loss's pi_old is b, no weight (w = 1).
 
@@ -319,21 +323,26 @@ class OffPolicyCorrection:
         """The loss reads ``batch["prox_logprobs"]`` (the Trainer then computes them)."""
         return self.recompute_logprob or self.use_decoupled_loss
 
+    @property
+    def pi_old_is_trained(self) -> bool:
+        """pi_old is the trainer's own logprob t, not the behaviour's (recompute, decoupled,
+        TIS/MIS): with several optimizer steps per batch the Trainer supplies t as
+        ``prox_logprobs``, taken before the first."""
+        return self.needs_prox_logprobs or self.mismatch_correction is not None
+
     def terms(
         self, logp: Tensor, m: Tensor, batch: Mapping[str, Any], who: str
     ) -> tuple[Tensor, Tensor, Stats]:
         """(pi_old logprobs [B, T-1], the detached weight w [B, T-1], the mismatch stats)."""
         behav = _old_logprobs(batch, who).to(logp.dtype)
-        if self.needs_prox_logprobs:
-            if batch.get(PROX_LOGPROBS_KEY) is None:
-                raise KeyError(
-                    f"{who} with recompute_logprob/use_decoupled_loss needs "
-                    f"batch[{PROX_LOGPROBS_KEY!r}] (the current weights' logprobs aligned to "
-                    "input_ids); the Trainer computes them when algo.needs_prox_logprobs"
-                )
-            trained = batch[PROX_LOGPROBS_KEY][:, 1:].to(logp.dtype)
-        else:
-            trained = logp.detach()
+        prox = batch.get(PROX_LOGPROBS_KEY)
+        if prox is None and self.needs_prox_logprobs:
+            raise KeyError(
+                f"{who} with recompute_logprob/use_decoupled_loss needs "
+                f"batch[{PROX_LOGPROBS_KEY!r}] (the current weights' logprobs aligned to "
+                "input_ids); the Trainer computes them when algo.needs_prox_logprobs"
+            )
+        trained = logp.detach() if prox is None else prox[:, 1:].to(logp.dtype)
         lr = (trained - behav) * m  # 0 off the action tokens: exp stays finite there
         mode, level, cap = self.mismatch_correction, self.mismatch_level, self.mismatch_cap
         if self.use_decoupled_loss:
@@ -341,7 +350,7 @@ class OffPolicyCorrection:
             mode, level = "mis", "token"
         w = torch.ones_like(lr)
         capped = torch.zeros_like(lr)
-        old = trained if mode is not None or self.needs_prox_logprobs else behav
+        old = trained if self.pi_old_is_trained else behav
         if mode is not None:
             log_rho = lr if level == "token" else lr.sum(-1, keepdim=True).expand_as(lr)
             log_cap = math.log(cap)
@@ -430,7 +439,7 @@ class TokenClippedSurrogateLoss:
 
     r_bt = exp(logp_bt - logp_old_bt),  A_b = weight_b
     obj  = min(r A, clip(r, 1 - eps_clip, 1 + eps_clip_higher) A)
-    dual clip (``dual_clip_c`` = c > 1): for A < 0, obj = max(obj, c A)
+    dual clip (``c_clip`` = c > 1): for A < 0, obj = max(obj, c A)
     L    = -agg(w * obj).   ``eps_clip_higher=None`` means symmetric (= eps_clip).
     pi_old and the detached weight w (1 unless corrected) come from ``off_policy``.
 
@@ -442,7 +451,7 @@ class TokenClippedSurrogateLoss:
 
     eps_clip: float = 0.2
     eps_clip_higher: float | None = None
-    dual_clip_c: float | None = None
+    c_clip: float | None = None
     aggregation: str = "token-mean"
     max_new_tokens: int | None = None  # C of aggregation "seq-mean-token-sum-norm"
     off_policy: OffPolicyCorrection = field(default_factory=OffPolicyCorrection)
@@ -463,14 +472,18 @@ class TokenClippedSurrogateLoss:
     def needs_prox_logprobs(self) -> bool:
         return self.off_policy.needs_prox_logprobs
 
+    @property
+    def pi_old_is_trained(self) -> bool:
+        return self.off_policy.pi_old_is_trained
+
     def __post_init__(self) -> None:
         _check_agg(self)
         if not 0.0 <= self.eps_clip < 1.0:
             raise ValueError(f"eps_clip={self.eps_clip} must be in [0, 1)")
         if self.eps_clip_higher is not None and self.eps_clip_higher < 0:
             raise ValueError(f"eps_clip_higher={self.eps_clip_higher} must be >= 0")
-        if self.dual_clip_c is not None and self.dual_clip_c <= 1.0:
-            raise ValueError(f"dual_clip_c={self.dual_clip_c} must be > 1 (or None)")
+        if self.c_clip is not None and self.c_clip <= 1.0:
+            raise ValueError(f"c_clip={self.c_clip} must be > 1 (or None)")
 
     @checked_loss
     def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> tuple[Tensor, Stats]:
@@ -485,8 +498,8 @@ class TokenClippedSurrogateLoss:
         surr2 = ratio.clamp(1.0 - self.eps_clip, hi) * adv
         obj = torch.minimum(surr1, surr2)
         dual = torch.zeros_like(obj, dtype=torch.bool)
-        if self.dual_clip_c is not None:
-            floor = self.dual_clip_c * adv
+        if self.c_clip is not None:
+            floor = self.c_clip * adv
             dual = (adv < 0) & (obj < floor)
             obj = torch.where(dual, floor.expand_as(obj), obj)
         loss = aggregate(-w * obj, m, batch, self.aggregation, self.max_new_tokens)
@@ -534,6 +547,10 @@ class CISPOLoss:
     @property
     def needs_prox_logprobs(self) -> bool:
         return self.off_policy.needs_prox_logprobs
+
+    @property
+    def pi_old_is_trained(self) -> bool:
+        return self.off_policy.pi_old_is_trained
 
     def __post_init__(self) -> None:
         _check_agg(self)
@@ -601,6 +618,10 @@ class GSPOLoss:
     @property
     def needs_prox_logprobs(self) -> bool:
         return self.off_policy.needs_prox_logprobs
+
+    @property
+    def pi_old_is_trained(self) -> bool:
+        return self.off_policy.pi_old_is_trained
 
     def __post_init__(self) -> None:
         _check_agg(self)
@@ -737,6 +758,10 @@ class CompositeLoss:
     @property
     def needs_prox_logprobs(self) -> bool:
         return any(getattr(t.loss, "needs_prox_logprobs", False) for t in self.terms)
+
+    @property
+    def pi_old_is_trained(self) -> bool:
+        return any(getattr(t.loss, "pi_old_is_trained", False) for t in self.terms)
 
     @property
     def stat_keys(self) -> tuple[str, ...]:

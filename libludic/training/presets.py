@@ -3,9 +3,9 @@
 
 Presets cover the common algorithms; anything else is a new composition
 (libludic.training.algorithm.RLAlgorithm). ``ALGORITHMS`` maps each preset's name to its
-factory; ``AlgorithmSpec`` (name, group_size, kwargs) is the one place a run configures its
-algorithm (the services read it from the top-level ``algorithm:`` section of the run
-config).
+factory; ``AlgorithmSpec`` (name, group_size, kwargs, and the optimisation options
+:data:`TRAINER_OPTIONS`) is the one place a run configures its algorithm (the services read
+it from the top-level ``algorithm:`` section of the run config).
 
 Reward options, kwargs of every RL preset (reinforce, grpo, cispo, gspo, dr_grpo, scalerl)
 with AReaL's names and defaults, applied in this order before credit:
@@ -43,6 +43,7 @@ mean_leave1out: true, std_level: null}``. Both unset: the preset's credit assign
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ from typing import Any
 
 from libludic.training.algorithm import RLAlgorithm
 from libludic.training.components import CREDIT_ASSIGNERS, LOSSES, build_component
+from libludic.training.config import TrainerConfig
 from libludic.training.credit_assignment import (
     ConstantCredit,
     CreditAssigner,
@@ -74,6 +76,7 @@ from libludic.training.loss import (
 )
 from libludic.training.normalization import NormConfig
 from libludic.training.rewards import RewardShaping
+from libludic.training.schedule import check_shape
 
 
 def _dynamic_sampling(dynamic_sampling: bool) -> PreprocessFn | None:
@@ -160,7 +163,9 @@ def _no_std(preset: str, name: str, cfg: NormArg) -> NormArg:
 
 def _with_kl(loss: Loss, kl_coeff: float, name: str, kl_estimator: str = "k3") -> Loss:
     """``loss`` plus ``kl_coeff`` x the KL estimate to the reference policy (TokenKLLoss:
-    k1, k2 or k3, AReaL's ``kl_estimator``; ours defaults to k3, the spec's)."""
+    k1, k2 or k3, AReaL's ``kl_estimator``). The default is k3, not AReaL's k1: the estimate
+    is a loss term on tokens sampled from pi, where k1's gradient, grad log pi, is zero in
+    expectation, while k3's expected gradient is that of KL(ref || pi)."""
     if kl_coeff < 0:
         raise ValueError(f"kl_coeff={kl_coeff} must be >= 0")
     if kl_estimator not in KL_ESTIMATORS:
@@ -219,7 +224,7 @@ def make_grpo(
     positive_only: bool = False,
     eps_clip: float = 0.2,
     eps_clip_higher: float | None = None,
-    dual_clip_c: float | None = None,
+    c_clip: float | None = None,
     kl_coeff: float = 0.0,
     kl_estimator: str = "k3",
     aggregation: str = "token-mean",
@@ -263,7 +268,7 @@ def make_grpo(
     loss = TokenClippedSurrogateLoss(
         eps_clip=eps_clip,
         eps_clip_higher=eps_clip_higher,
-        dual_clip_c=dual_clip_c,
+        c_clip=c_clip,
         aggregation=aggregation,
         max_new_tokens=max_new_tokens,
         off_policy=OffPolicyCorrection(
@@ -522,7 +527,7 @@ def make_dr_grpo(
     group_size: int = 8,
     eps_clip: float = 0.2,
     eps_clip_higher: float | None = None,
-    dual_clip_c: float | None = None,
+    c_clip: float | None = None,
     kl_coeff: float = 0.0,
     kl_estimator: str = "k3",
     aggregation: str = "seq-mean-token-sum-norm",
@@ -561,7 +566,7 @@ def make_dr_grpo(
     loss = TokenClippedSurrogateLoss(
         eps_clip=eps_clip,
         eps_clip_higher=eps_clip_higher,
-        dual_clip_c=dual_clip_c,
+        c_clip=c_clip,
         aggregation=aggregation,
         max_new_tokens=max_new_tokens,
         off_policy=OffPolicyCorrection(
@@ -666,20 +671,47 @@ ALGORITHMS: dict[str, Callable[..., RLAlgorithm]] = {
 }
 
 
+#: the optimisation options of the ``algorithm:`` section: TrainerConfig fields under
+#: AReaL's names (``actor.ppo_n_minibatches``, ``actor.gradient_checkpointing``,
+#: ``actor.optimizer.{lr_scheduler_type, warmup_steps_proportion, min_lr_ratio}``), read by
+#: the learner; their defaults are TrainerConfig's
+TRAINER_OPTIONS = (
+    "lr_scheduler_type",
+    "warmup_steps_proportion",
+    "min_lr_ratio",
+    "ppo_n_minibatches",
+    "gradient_checkpointing",
+)
+_TRAINER_DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in dataclasses.fields(TrainerConfig) if f.name in TRAINER_OPTIONS
+}
+SPEC_KEYS = ("name", "group_size", "kwargs", *TRAINER_OPTIONS)
+
+
 @dataclass(frozen=True)
 class AlgorithmSpec:
-    """The run's algorithm, configured once: ``ALGORITHMS[name](group_size=..., **kwargs)``.
+    """The run's algorithm, configured once: ``ALGORITHMS[name](group_size=..., **kwargs)``
+    and the optimisation options of :data:`TRAINER_OPTIONS`.
 
     ``group_size`` is also the feeder's episodes per request and the credit worker's group
     size, so it lives here and not in ``kwargs``; presets without a group (reinforce, sft)
-    ignore it in the factory.
+    ignore it in the factory. The optimisation options (the learning-rate schedule of
+    libludic.training.schedule, PPO minibatches, gradient checkpointing) are the learner's
+    TrainerConfig fields of the same names (``trainer_options``); the schedule's horizon is
+    the learner's ``num_steps``.
     """
 
     name: str = "grpo"
     group_size: int = 8
     kwargs: dict[str, Any] = field(default_factory=dict)
+    lr_scheduler_type: str = _TRAINER_DEFAULTS["lr_scheduler_type"]
+    warmup_steps_proportion: float = _TRAINER_DEFAULTS["warmup_steps_proportion"]
+    min_lr_ratio: float = _TRAINER_DEFAULTS["min_lr_ratio"]
+    ppo_n_minibatches: int = _TRAINER_DEFAULTS["ppo_n_minibatches"]
+    gradient_checkpointing: bool = _TRAINER_DEFAULTS["gradient_checkpointing"]
 
     def __post_init__(self) -> None:
+        self._check_trainer_options()
         if self.name not in ALGORITHMS:
             raise ValueError(f"algorithm.name={self.name!r}; use one of {sorted(ALGORITHMS)}")
         if (
@@ -696,6 +728,12 @@ class AlgorithmSpec:
                 "algorithm.group_size (one value for feeder, credit and learner)"
             )
         params = inspect.signature(ALGORITHMS[self.name]).parameters
+        misplaced = sorted(set(self.kwargs) & set(TRAINER_OPTIONS))
+        if misplaced:
+            raise ValueError(
+                f"algorithm.kwargs {misplaced} are optimisation options, not preset arguments: "
+                f"move them up one level, to algorithm.{misplaced[0]}"
+            )
         unknown = sorted(set(self.kwargs) - set(params))
         if unknown:
             known = sorted(p for p in params if p != "group_size")
@@ -709,9 +747,28 @@ class AlgorithmSpec:
                 "or algorithm.kwargs.dynamic_sampling: false"
             )
 
+    def _check_trainer_options(self) -> None:
+        try:
+            check_shape(self.lr_scheduler_type, self.warmup_steps_proportion, self.min_lr_ratio)
+        except ValueError as e:
+            raise ValueError(f"algorithm.{e}") from None
+        n = self.ppo_n_minibatches
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"algorithm.ppo_n_minibatches={n!r} must be an integer >= 1")
+        if not isinstance(self.gradient_checkpointing, bool):
+            raise ValueError(
+                f"algorithm.gradient_checkpointing={self.gradient_checkpointing!r} must be "
+                "true or false"
+            )
+
+    def trainer_options(self) -> dict[str, Any]:
+        """The optimisation options as TrainerConfig keyword arguments."""
+        return {k: getattr(self, k) for k in TRAINER_OPTIONS}
+
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any] | None) -> AlgorithmSpec:
-        """The ``algorithm:`` section ({name, group_size, kwargs}); None/empty = defaults."""
+        """The ``algorithm:`` section ({name, group_size, kwargs} and the optimisation
+        options); None/empty = defaults."""
         if d is None:
             return cls()
         if not isinstance(d, Mapping):
@@ -719,15 +776,16 @@ class AlgorithmSpec:
                 f"algorithm: must be a mapping like {{name: grpo, group_size: 8, kwargs: {{}}}}, "
                 f"got {d!r}"
             )
-        unknown = sorted(set(d) - {"name", "group_size", "kwargs"})
+        unknown = sorted(set(d) - set(SPEC_KEYS))
         if unknown:
             raise ValueError(
-                f"unknown key(s) {unknown} in the algorithm: section; known: name, group_size, "
-                "kwargs (preset arguments such as kl_coeff go under kwargs)"
+                f"unknown key(s) {unknown} in the algorithm: section; known: "
+                f"{', '.join(SPEC_KEYS)} (preset arguments such as kl_coeff go under kwargs)"
             )
         kw: dict[str, Any] = dict(d)
-        if "group_size" in kw and isinstance(kw["group_size"], str) and kw["group_size"].isdigit():
-            kw["group_size"] = int(kw["group_size"])
+        for k in ("group_size", "ppo_n_minibatches"):
+            if k in kw and isinstance(kw[k], str) and kw[k].isdigit():
+                kw[k] = int(kw[k])
         if kw.get("kwargs") is None:
             kw.pop("kwargs", None)
         return cls(**kw)

@@ -22,12 +22,27 @@ import math
 SCHEDULES = ("constant", "linear", "cosine")
 
 
+def check_shape(kind: str, warmup_steps_proportion: float, min_lr_ratio: float) -> None:
+    """ValueError naming the first bad setting of the schedule's shape (its horizon aside)."""
+    if kind not in SCHEDULES:
+        raise ValueError(f"lr_scheduler_type={kind!r}; use one of {list(SCHEDULES)}")
+    for name, v in (
+        ("warmup_steps_proportion", warmup_steps_proportion),
+        ("min_lr_ratio", min_lr_ratio),
+    ):
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ValueError(f"{name}={v!r} must be a number")
+    if not 0.0 <= warmup_steps_proportion < 1.0:
+        raise ValueError(f"warmup_steps_proportion={warmup_steps_proportion!r} must be in [0, 1)")
+    if not 0.0 <= min_lr_ratio <= 1.0:
+        raise ValueError(f"min_lr_ratio={min_lr_ratio!r} must be in [0, 1]")
+
+
 def check_schedule(
     kind: str, total_steps: int | None, warmup_steps_proportion: float, min_lr_ratio: float
 ) -> None:
     """ValueError naming the first bad setting."""
-    if kind not in SCHEDULES:
-        raise ValueError(f"lr_scheduler_type={kind!r}; use one of {list(SCHEDULES)}")
+    check_shape(kind, warmup_steps_proportion, min_lr_ratio)
     if total_steps is not None and total_steps < 1:
         raise ValueError(f"total_steps={total_steps!r} must be >= 1 or None (no horizon)")
     if kind != "constant" and total_steps is None:
@@ -35,10 +50,6 @@ def check_schedule(
             f"lr_scheduler_type={kind!r} decays over a horizon: set total_steps (the learner "
             "sets it to its num_steps), or use 'constant'"
         )
-    if not 0.0 <= warmup_steps_proportion < 1.0:
-        raise ValueError(f"warmup_steps_proportion={warmup_steps_proportion!r} must be in [0, 1)")
-    if not 0.0 <= min_lr_ratio <= 1.0:
-        raise ValueError(f"min_lr_ratio={min_lr_ratio!r} must be in [0, 1]")
 
 
 def lr_factor(

@@ -71,7 +71,9 @@ reference is the policy's own forward with its adapters off (``ref_is_base``), t
 base. ``ref_time_s`` in the step stats is the time spent in it.
 
 Proximal policy. When the loss needs ``prox_logprobs`` (``algo.needs_prox_logprobs``: AReaL's
-``recompute_logprob`` / ``use_decoupled_loss``), every micro-batch first gets a no-grad
+``recompute_logprob`` / ``use_decoupled_loss``; or a TIS/MIS correction, whose pi_old is the
+trainer's logprob, with ``ppo_n_minibatches`` > 1: ``algo.prox_logprobs_needed``), every
+micro-batch first gets a no-grad
 forward of the current weights (eval mode, before the update: the logprobs of the policy
 this step starts from) under ``batch["prox_logprobs"]``; ``prox_time_s`` in the step stats
 is its time. Off by default: no extra forward.
@@ -170,6 +172,7 @@ class Trainer:
         self.cfg = cfg if cfg is not None else TrainerConfig()
         self.hooks = hooks if hooks is not None else TrainerHooks()
         self.algo = algo
+        self.needs_prox = algo.prox_logprobs_needed(self.cfg.ppo_n_minibatches)
         self.batch_source = batch_source
         # items to acknowledge once trained (Redis entries): the source says what it trained
         self._committing = batch_source if isinstance(batch_source, CommittingBatchSource) else None
@@ -338,7 +341,7 @@ class Trainer:
         prepared = self._prepare(items)
         prox_time = self._add_proximal(prepared)
         out = self._forward_backward(prepared)
-        if self.algo.needs_prox_logprobs:
+        if self.needs_prox:
             out["prox_time_s"] = prox_time
         return out
 
@@ -382,7 +385,7 @@ class Trainer:
     def _add_proximal(self, prepared: _Prepared) -> float:
         """Put the current weights' logprobs in every micro-batch of ``prepared`` (if the
         loss needs them and they are not there yet); returns the seconds it took."""
-        if not self.algo.needs_prox_logprobs:
+        if not self.needs_prox:
             return 0.0
         t = time.perf_counter()
         for b in prepared.batches:
@@ -504,8 +507,8 @@ class Trainer:
         ``cfg.ppo_n_minibatches`` = n > 1: the items are split into n minibatches
         (``split_minibatches``; fewer when a rank holds fewer than n items, the same number
         on every rank), each with its own loss normalisers and its own optimizer step, all
-        at this trainer step's learning rate. The proximal logprobs a decoupled loss needs
-        are taken for every minibatch before the first update: they are the policy this
+        at this trainer step's learning rate. The proximal logprobs a decoupled loss (or a
+        TIS/MIS correction) needs are taken for every minibatch before the first update: they are the policy this
         step starts from, not the one the previous minibatch left. Stats: ``loss`` and
         ``grad_norm`` are means over the minibatches, the loss stats token-weighted means
         (maxima for a ``_max`` key), counts and times sums; ``num_minibatches`` says how
@@ -529,7 +532,7 @@ class Trainer:
             st["grad_norm"] = self.optimizer_step()
             parts.append(st)
         out = combine_minibatch_stats(parts)
-        if self.algo.needs_prox_logprobs:
+        if self.needs_prox:
             out["prox_time_s"] = prox_time
         return out
 

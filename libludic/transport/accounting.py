@@ -22,6 +22,7 @@ actor dead-letters     :data:`_DEADLETTER_LUA` (sets ``done:actor``: no late    
 credit commits group   :data:`_COMMIT_LUA` (SAW XADD, rollouts XACK/XDEL)          -> ``open``
                        ... timed out with too few rollouts                         dropped_incomplete
                        ... 0 items after preprocess/filters                        dropped_empty
+                       ... 0 items, dropped by dynamic sampling                    (+ zero_variance)
 credit error           :func:`group_failed` (``done:credit`` marker)               deadlettered
 learner acks item      :data:`_ACK_LUA` (XACK/XDEL of the saw entry)               items_trained|stale
 learner dead-letters   :data:`_DEADLETTER_LUA`                                     items_deadlettered
@@ -79,6 +80,10 @@ ITEM_FIELDS = (
     "items_trained_twice",
     "rollouts_deadlettered",
 )
+#: counters of the ``acct`` hash that say why a group met its fate (a part of that fate's
+#: count, outside the identity): ``groups_zero_variance``, the groups dynamic sampling
+#: dropped (all rewards equal; counted in ``groups_dropped_empty`` too)
+DETAIL_FIELDS = ("groups_zero_variance",)
 
 
 @dataclass(frozen=True)
@@ -159,7 +164,8 @@ return added
 # with the counters moved by its hooks, in the same script.
 # KEYS[1] in, KEYS[2] out, KEYS[3] done marker, KEYS[4] acct, KEYS[5] rolling, KEYS[6] open,
 # KEYS[7] items. ARGV[1] group, ARGV[2] ttl, ARGV[3] stage (actor|credit), ARGV[4] group id,
-# ARGV[5] counter when nothing is written, ARGV[6] n input ids, ids..., (item id, payload)*
+# ARGV[5] counter when nothing is written, ARGV[6] a detail counter moved with it ('' none),
+# ARGV[7] n input ids, ids..., (item id, payload)*
 _COMMIT_LUA = (
     COMMIT_FN
     + """
@@ -180,9 +186,12 @@ local function on_written(written)
   elseif written > 0 then
     redis.call('HINCRBY', KEYS[5], gid, written)
   end
-  if written == 0 then redis.call('HINCRBY', KEYS[4], ARGV[5], 1) end
+  if written == 0 then
+    redis.call('HINCRBY', KEYS[4], ARGV[5], 1)
+    if ARGV[6] ~= '' then redis.call('HINCRBY', KEYS[4], ARGV[6], 1) end
+  end
 end
-return commit(6, on_output, on_written)
+return commit(7, on_output, on_written)
 """
 )
 
@@ -298,17 +307,21 @@ async def commit(
     stage: str,
     group_id: str,
     if_empty: str = "groups_dropped_empty",
+    empty_because: str = "",
 ) -> int:
     """:meth:`transport.StreamConsumer.commit` plus the accounting of ``stage``
     (``actor``: the group's rollouts; ``credit``: its SAWItems, ``if_empty`` counted when
-    none). Same return value: outputs written, or -1 for a redelivery."""
+    none, and with it ``empty_because``, one of :data:`DETAIL_FIELDS`, when given). Same
+    return value: outputs written, or -1 for a redelivery."""
     if stage not in ("actor", "credit"):
         raise ValueError(f"accounting commit stage={stage!r}; use 'actor' or 'credit'")
     if if_empty not in GROUP_FATES:
         raise ValueError(f"if_empty={if_empty!r}; use one of {GROUP_FATES}")
+    if empty_because and empty_because not in DETAIL_FIELDS:
+        raise ValueError(f"empty_because={empty_because!r}; use one of {DETAIL_FIELDS} or ''")
     ak = AcctKeys(Keys(_run_of(sc.stream)))
     ks, args = sc.commit_call(
-        entries, outputs, out_stream, done_key, extra=[stage, group_id, if_empty]
+        entries, outputs, out_stream, done_key, extra=[stage, group_id, if_empty, empty_because]
     )
     ks += [ak.counters, ak.rolling, ak.open, ak.items]
     return int(await _run(sc.redis, _COMMIT_LUA, ks, args))
@@ -378,7 +391,10 @@ def compute(counters: dict[str, int], observed: dict[str, int]) -> dict[str, Any
 
     ``observed``: ``requests_backlog`` (XLEN requests), ``rolling`` / ``open`` (HLEN of the
     accounting hashes), ``saw_backlog`` (XLEN saw)."""
-    c = {k: int(counters.get(k, 0)) for k in ("groups_requested", *GROUP_FATES, *ITEM_FIELDS)}
+    c = {
+        k: int(counters.get(k, 0))
+        for k in ("groups_requested", *GROUP_FATES, *ITEM_FIELDS, *DETAIL_FIELDS)
+    }
     done = sum(c[k] for k in GROUP_FATES)
     in_flight = c["groups_requested"] - done
     in_flight_observed = observed["requests_backlog"] + observed["rolling"] + observed["open"]

@@ -21,9 +21,9 @@ is an error whose text is this value, where to set it). A class attribute ``RETI
 error naming the fix.
 
 The algorithm is configured once, in the top-level ``algorithm:`` section
-(``{name, group_size, kwargs}``, libludic.training.presets.AlgorithmSpec), read by feeder
-(group_size), credit and learner through their ``algorithm`` field (env ``LUDIC_ALGORITHM``
-as JSON). A per-service copy (``credit.algorithm``, ``learner.algorithm_kwargs``,
+(``{name, group_size, kwargs}`` and the optimisation options the learner reads,
+libludic.training.presets.AlgorithmSpec), read by feeder (group_size), credit and learner
+through their ``algorithm`` field (env ``LUDIC_ALGORITHM`` as JSON). A per-service copy (``credit.algorithm``, ``learner.algorithm_kwargs``,
 ``feeder.group_size``, ...) is an error naming the fix, so the services cannot disagree.
 """
 
@@ -259,7 +259,8 @@ _ORIGIN_NAME = {_YAML: "the YAML", _ENV: "the environment", _FLAG: "a flag"}
 
 def _resolve_nested(cls: type, out: dict[str, Any], origin: Mapping[str, int]) -> None:
     """One precedence for settings reachable two ways. ``cls.NESTED`` maps a mapping field
-    (``trainer``) to {its key: the flat field that sets the same thing} (``lr: lr``). A key
+    (the learner's ``checkpoint``, CheckpointConfig's names) to {its key: the flat field that
+    sets the same thing} (``every_n_steps: checkpoint_every``). A key
     and its flat field both set: the one from the higher source (flags > env > YAML) wins
     (the key is dropped here when the flat field's source is higher; the mapping's value
     beats the flat one where the settings derive their config); both from the same source
@@ -368,6 +369,23 @@ def check_staleness_keys(data: Mapping[str, Any], path: str | Path) -> None:
             f"config file {path}: learner.max_lag={lag} < max_head_offpolicyness={head}: "
             f"samples admitted {head} versions ahead would be dropped as stale; raise "
             "learner.max_lag or lower max_head_offpolicyness"
+        )
+
+
+def check_ack_window(checkpoint_every: int, batch_size: int, saw_high_water: int) -> None:
+    """The learner's checkpoint window against credit's backpressure. With checkpoints on,
+    the learner acks items only at a checkpoint: up to ``checkpoint_every * batch_size``
+    trained items stay in the saw stream. Credit pauses while the stream holds
+    ``saw_high_water`` items, so a larger window never fills: the learner waits for items
+    credit will not write. Refuse that run config (the learner checks it with its resolved
+    settings, credit's ``saw_high_water`` read from the ``credit:`` section)."""
+    held = checkpoint_every * batch_size
+    if saw_high_water > 0 and held > saw_high_water:
+        raise ValueError(
+            f"learner checkpoint_every={checkpoint_every} x batch_size={batch_size} = {held} items "
+            f"stay un-acked between checkpoints, more than credit.saw_high_water={saw_high_water} "
+            "(credit stops writing at that backlog, so the run would stall); lower "
+            "checkpoint_every or raise credit.saw_high_water"
         )
 
 

@@ -233,6 +233,8 @@ class CreditWorker:
                 self.keys.done("credit", g.gid),
                 stage="credit",
                 group_id=g.gid,
+                # dynamic sampling dropped the group: the run accounting counts it apart
+                empty_because="groups_zero_variance" if stats.groups_zero_variance else "",
             ),
             on_error=lambda e: ERRORS.labels(kind="redis").inc(),
         )

@@ -79,11 +79,10 @@ def spare_cores(
     without; asynchronous (generation keeps that core busy) 220.3 with it, 238.4 without,
     within the runs' spread. None when the run config's learner section sets ``spare_cores``
     itself (that value is used as it is)."""
-    trainer = learner_section.get("trainer") or {}
     on = synchronous if enabled is None else enabled
     if not on or plan is None or learner_nproc != 1:
         return ()
-    if "spare_cores" in learner_section or "spare_cores" in trainer:
+    if "spare_cores" in learner_section:
         return ()
     return plan.others
 

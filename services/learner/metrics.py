@@ -90,6 +90,10 @@ RUN_GROUPS = {
         ("groups_deadlettered", "dead-lettered (request or credit error)"),
     )
 }
+RUN_ZERO_VARIANCE = Gauge(
+    "ludic_run_groups_zero_variance_total",
+    "Groups dynamic sampling dropped (all rewards equal; part of groups_dropped_empty), whole run",
+)
 RUN_IN_FLIGHT = Gauge(
     "ludic_run_groups_in_flight", "Groups requested and not finished (requested - the rest)"
 )
@@ -103,9 +107,14 @@ TRAINED_TWICE = Gauge(
 )
 
 
+#: run accounting figures logged with every step (TensorBoard / wandb name -> accounting key)
+RUN_STEP_SIGNALS = {"run/dynamic_sampling_dropped_total": "groups_zero_variance"}
+
+
 def export_accounting(a: dict[str, Any]) -> None:
     for name, g in RUN_GROUPS.items():
         g.set(a[name])
+    RUN_ZERO_VARIANCE.set(a.get("groups_zero_variance", 0))
     RUN_IN_FLIGHT.set(a["groups_in_flight"])
     RUN_IN_FLIGHT_OBSERVED.set(a["groups_in_flight_observed"])
     RUN_CONSISTENT.set(1 if a["consistent"] else 0)
@@ -168,10 +177,23 @@ def export_step(stats: dict[str, float], signals: tuple[str, ...] = ()) -> None:
         PUBLISH_WAIT_SECONDS.observe(stats["publish_wait_s"])
 
 
+def logged_stats(stats: dict[str, float], accounting: dict[str, Any] | None) -> dict[str, float]:
+    """What :class:`StepLogger` writes for a step: the Trainer's step stats and the run
+    accounting's :data:`RUN_STEP_SIGNALS` as read after the step (the credit stage's
+    figures, such as the groups dynamic sampling dropped, reach the learner only there)."""
+    out = dict(stats)
+    if accounting is not None:
+        for name, key in RUN_STEP_SIGNALS.items():
+            if key in accounting:
+                out[name] = float(accounting[key])
+    return out
+
+
 class StepLogger:
-    """Every step's stats to wandb when ``WANDB_PROJECT`` is set and wandb is installed, and
-    to TensorBoard when ``tensorboard_dir`` is set and it is installed. (The console line is
-    the Trainer's, every ``log_every`` steps.)"""
+    """Every step's stats (:func:`logged_stats`) to wandb when ``WANDB_PROJECT`` is set and
+    wandb is installed, and to TensorBoard when ``tensorboard_dir`` is set (one scalar per
+    key and step; ``pip install tensorboard``, in the dev extras). (The console line is the
+    Trainer's, every ``log_every`` steps.)"""
 
     def __init__(self, tensorboard_dir: str = "", config: dict[str, Any] | None = None):
         self.wandb: Any = None

@@ -1,15 +1,21 @@
 """LearnerSettings: flags > ``LUDIC_*`` env > YAML (``learner:`` section, or top-level keys
 that name a field, e.g. a shared ``checkpoint:`` block) > defaults.
 
-TrainerConfig fields are reachable two ways: the common ones as flat settings (``lr``,
-``micro_token_budget``, ...) and any field through the nested ``trainer:`` mapping;
-``checkpoint:`` is a CheckpointConfig mapping (``output_dir``, ``every_n_steps``,
-``max_to_keep``) beside ``output_dir`` / ``checkpoint_every`` / ``max_to_keep``. Where both
-name one setting (:data:`LearnerSettings.NESTED`), the value from the higher source wins
-(``--lr`` beats a YAML ``trainer: {lr: ...}``), and both in one source is an error.
+One name per TrainerConfig field: the common ones are flat settings (``lr``,
+``micro_token_budget``, ``device`` for ``model_device``, ``mixed_precision`` for
+``mixed_precision_dtype``, ...: :data:`FLAT_TRAINER`), the optimisation options are the run's
+``algorithm:`` section (``lr_scheduler_type``, ``warmup_steps_proportion``, ``min_lr_ratio``,
+``ppo_n_minibatches``, ``gradient_checkpointing``: presets.TRAINER_OPTIONS), the schedule's
+horizon ``total_steps`` is ``num_steps``, and the nested ``trainer:`` mapping holds the rest
+(``betas``, ``eps``, ``pad_token_id``, ...). A field given under another name is an error
+naming the one to use. ``checkpoint:`` is a CheckpointConfig mapping (``output_dir``,
+``every_n_steps``, ``max_to_keep``) beside ``output_dir`` / ``checkpoint_every`` /
+``max_to_keep``; where both name one setting (:data:`LearnerSettings.NESTED`), the value
+from the higher source wins, and both in one source is an error.
 
-The algorithm is the run's top-level ``algorithm:`` section ({name, group_size, kwargs}),
-the same one the credit worker reads; a ``learner.algorithm`` copy is an error.
+The algorithm is the run's top-level ``algorithm:`` section ({name, group_size, kwargs} and
+the optimisation options), the same one the credit worker reads; a ``learner.algorithm``
+copy is an error.
 """
 
 from __future__ import annotations
@@ -23,25 +29,45 @@ from typing import Any, ClassVar
 from libludic import staleness
 from libludic.training.checkpoint import CheckpointConfig
 from libludic.training.config import TrainerConfig
-from libludic.training.presets import AlgorithmSpec
-from services.common.settings import AUTH_TOKEN_WHERE, SAW_HIGH_WATER, load_settings, secret
+from libludic.training.presets import TRAINER_OPTIONS, AlgorithmSpec
+from services.common.settings import (
+    AUTH_TOKEN_WHERE,
+    SAW_HIGH_WATER,
+    check_ack_window,
+    load_settings,
+    secret,
+)
 
 PLANES = ("http", "collective")
 
+#: TrainerConfig field -> the learner setting that is its one name
+FLAT_TRAINER = {
+    "lr": "lr",
+    "weight_decay": "weight_decay",
+    "max_grad_norm": "max_grad_norm",
+    "micro_token_budget": "micro_token_budget",
+    "max_seq_len": "max_seq_len",
+    "sync_every_steps": "sync_every_steps",
+    "mixed_precision_dtype": "mixed_precision",
+    "lora_rank": "lora_rank",
+    "log_every": "log_every",
+    "max_lag": "max_lag",
+    "max_publish_failures": "max_publish_failures",
+    "model_device": "device",
+    "spare_cores": "spare_cores",
+    "total_steps": "num_steps",
+}
 
-def check_ack_window(checkpoint_every: int, batch_size: int, saw_high_water: int) -> None:
-    """With checkpoints on, the learner acks items only at a checkpoint: up to
-    ``checkpoint_every * batch_size`` trained items stay in the saw stream. Credit pauses while
-    the stream holds ``saw_high_water`` items (its backpressure), so a larger window never
-    fills: the learner waits for items credit will not write. Refuse that run config."""
-    held = checkpoint_every * batch_size
-    if saw_high_water > 0 and held > saw_high_water:
-        raise ValueError(
-            f"learner checkpoint_every={checkpoint_every} x batch_size={batch_size} = {held} items "
-            f"stay un-acked between checkpoints, more than credit.saw_high_water={saw_high_water} "
-            "(credit stops writing at that backlog, so the run would stall); lower "
-            "checkpoint_every or raise credit.saw_high_water"
-        )
+
+def _where_instead(key: str) -> str | None:
+    """Where a TrainerConfig field given in ``learner.trainer`` is set instead (None: there)."""
+    if key == "learning_rate":  # TrainerConfig's init-only alias of lr
+        return "learner.lr"
+    if key in FLAT_TRAINER:
+        return f"learner.{FLAT_TRAINER[key]}"
+    if key in TRAINER_OPTIONS:
+        return f"algorithm.{key} (the top-level algorithm: section)"
+    return None
 
 
 @dataclass
@@ -53,22 +79,6 @@ class LearnerSettings:
         "saw_high_water": ("credit", "saw_high_water")
     }
     NESTED: ClassVar[dict[str, dict[str, str]]] = {
-        "trainer": {
-            "lr": "lr",
-            "learning_rate": "lr",
-            "weight_decay": "weight_decay",
-            "max_grad_norm": "max_grad_norm",
-            "micro_token_budget": "micro_token_budget",
-            "max_seq_len": "max_seq_len",
-            "sync_every_steps": "sync_every_steps",
-            "mixed_precision_dtype": "mixed_precision",
-            "lora_rank": "lora_rank",
-            "log_every": "log_every",
-            "max_lag": "max_lag",
-            "max_publish_failures": "max_publish_failures",
-            "model_device": "device",
-            "spare_cores": "spare_cores",
-        },
         "checkpoint": {
             "output_dir": "output_dir",
             "every_n_steps": "checkpoint_every",
@@ -106,8 +116,10 @@ class LearnerSettings:
     algorithm: dict[str, Any] = field(
         default_factory=dict,
         metadata={
-            "help": "the run's algorithm {name, group_size, kwargs}: the top-level algorithm: "
-            "section (JSON here)"
+            "help": "the run's algorithm {name, group_size, kwargs} and its optimisation "
+            "options (lr_scheduler_type, warmup_steps_proportion, min_lr_ratio, "
+            "ppo_n_minibatches, gradient_checkpointing): the top-level algorithm: section "
+            "(JSON here)"
         },
     )
     batch_size: int = field(
@@ -142,7 +154,10 @@ class LearnerSettings:
     lora_rank: int = field(default=0, metadata={"help": "LoRA rank (0 = full fine-tuning)"})
     trainer: dict[str, Any] = field(
         default_factory=dict,
-        metadata={"help": "any TrainerConfig field (a flat one from a higher source wins)"},
+        metadata={
+            "help": "TrainerConfig fields without a name of their own here or in algorithm: "
+            "(betas, eps, pad_token_id, cast_logits_to_fp32, lora_alpha, ...)"
+        },
     )
     checkpoint_every: int = field(default=0, metadata={"help": "checkpoint every N steps (0 off)"})
     snapshot_every: int = field(
@@ -251,34 +266,37 @@ class LearnerSettings:
         return None
 
     def trainer_config(self) -> TrainerConfig:
-        # learning_rate: TrainerConfig's init-only alias of lr (the spec uses both names)
-        known = {f.name for f in dataclasses.fields(TrainerConfig)} | {"learning_rate"}
+        """TrainerConfig from the flat settings (:data:`FLAT_TRAINER`), the algorithm's
+        optimisation options and ``trainer:`` (the fields with no other name)."""
+        for key in self.trainer:
+            instead = _where_instead(key)
+            if instead is not None:
+                raise ValueError(
+                    f"learner.trainer.{key}: set it as {instead}, its one name "
+                    "(one name per setting)"
+                )
+        known = {f.name for f in dataclasses.fields(TrainerConfig)}
         unknown = sorted(set(self.trainer) - known)
         if unknown:
+            own = sorted(k for k in known if _where_instead(k) is None)
             raise ValueError(
-                f"learner trainer: unknown TrainerConfig key(s) {unknown}; known: {sorted(known)}"
+                f"learner.trainer: unknown TrainerConfig key(s) {unknown}; known: {own}"
             )
-        over = dict(self.trainer)
-        if "learning_rate" in over:
-            if "lr" in over:
-                raise ValueError(
-                    "learner trainer: both lr and learning_rate are set; they name the same "
-                    "setting, keep one"
-                )
-            over["lr"] = over.pop("learning_rate")
-        # the flat settings under their TrainerConfig names (NESTED is the one map of both)
-        kw: dict[str, Any] = {
-            key: getattr(self, name)
-            for key, name in self.NESTED["trainer"].items()
-            if key != "learning_rate"
-        }
+        kw: dict[str, Any] = {key: getattr(self, name) for key, name in FLAT_TRAINER.items()}
         # the flat forms write "off" as 0 / "", TrainerConfig as None
         kw["max_grad_norm"] = kw["max_grad_norm"] if kw["max_grad_norm"] > 0 else None
         kw["mixed_precision_dtype"] = kw["mixed_precision_dtype"] or None
         kw["lora_rank"] = kw["lora_rank"] or None
-        kw["total_steps"] = self.num_steps or None  # the lr schedule's horizon
+        kw["total_steps"] = kw["total_steps"] or None  # the lr schedule's horizon; 0: none
         kw["spare_cores"] = tuple(kw["spare_cores"])
-        kw.update(over)
+        kw.update(self.spec.trainer_options())
+        kw.update(self.trainer)
+        if kw["lr_scheduler_type"] != "constant" and kw["total_steps"] is None:
+            raise ValueError(
+                f"algorithm.lr_scheduler_type={kw['lr_scheduler_type']!r} decays over the "
+                "run: set learner.num_steps (its horizon; 0 trains until stopped), or use "
+                "lr_scheduler_type: constant"
+            )
         return TrainerConfig(**kw)
 
     def checkpoint_config(self) -> CheckpointConfig | None:

@@ -431,9 +431,9 @@ class Learner:
                 else (),
             )
             M.UNCOMMITTED.set(self.source.uncommitted)
+            await self._status()  # reads the run accounting
             if self.logger is not None:
-                self.logger.step(stats)
-            await self._status()
+                self.logger.step(M.logged_stats(stats, self.accounting))
 
     def _log_trained(self, step: int, ids: list[str]) -> None:
         if self.rank != 0 or self.trained_log is None:
@@ -563,6 +563,8 @@ class Learner:
                 "taken_back": tr.spare.taken_back_total,
                 "stopped": tr.spare.broken,
             },
+            # the model as trained: activations recomputed (algorithm.gradient_checkpointing)
+            "gradient_checkpointing": bool(getattr(tr.model, "is_gradient_checkpointing", False)),
             "publish_failures": tr.publish_failures,
             "last_publish_error": tr.last_publish_error,
             "final_policy_served": self.final_policy_served(),

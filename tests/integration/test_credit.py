@@ -331,6 +331,7 @@ async def test_dynamic_sampling_drops_zero_variance_groups_and_frees_their_admis
     assert zero_variance_total() - before == 1
     a = await accounting.snapshot(r, keys)
     assert (a["groups_requested"], a["groups_dropped_empty"], a["items_written"]) == (2, 1, 2)
+    assert a["groups_zero_variance"] == 1  # the empty group, dropped by dynamic sampling
     assert a["groups_in_flight"] == 1 and a["consistent"], a
     # outstanding is now the 2 items in the saw stream (nothing trained yet): room = 4 - 2 =
     # 2 samples = 1 group, the replacement of the dropped one; credit woke the feeder

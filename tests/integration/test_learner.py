@@ -329,7 +329,7 @@ def test_items_the_model_cannot_train_are_dead_lettered_not_fatal(
             num_steps=2,
             lr=1e-3,
             algorithm={"name": "sft"},
-            trainer={"max_seq_len": 32},
+            max_seq_len=32,
         )
     )
     assert learner.trainer.step == 2

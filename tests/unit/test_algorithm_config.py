@@ -100,6 +100,20 @@ def test_algorithm_section_values_are_checked_with_the_key_named(tmp_path) -> No
         "algorithm: {name: grpo, kl_coeff: 0.1}\n",
         "preset arguments such as kl_coeff go under kwargs",
     )
+    # the optimisation options: one level up from kwargs, each value checked
+    bad(
+        "algorithm: {name: grpo, kwargs: {ppo_n_minibatches: 2}}\n",
+        r"algorithm.kwargs \['ppo_n_minibatches'\] are optimisation options.*to "
+        "algorithm.ppo_n_minibatches",
+    )
+    bad(
+        "algorithm: {lr_scheduler_type: step}\n",
+        r"algorithm.lr_scheduler_type='step'; use one of \['constant', 'linear', 'cosine'\]",
+    )
+    bad("algorithm: {warmup_steps_proportion: 1.0}\n", "algorithm.warmup_steps_proportion=1.0")
+    bad("algorithm: {min_lr_ratio: 2}\n", r"algorithm.min_lr_ratio=2 must be in \[0, 1\]")
+    bad("algorithm: {ppo_n_minibatches: 0}\n", "algorithm.ppo_n_minibatches=0 must be an integer")
+    bad("algorithm: {gradient_checkpointing: 1}\n", "algorithm.gradient_checkpointing=1 must be")
 
 
 def test_spec_builds_the_preset_with_the_group_size_once() -> None:

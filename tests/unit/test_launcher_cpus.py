@@ -55,7 +55,6 @@ PLAN = CpuPlan(learner=(1,), others=(0,))
         (PLAN, 2, True, {}, True, ()),  # FSDP2 ranks
         (PLAN, 1, False, {}, True, ()),  # up.spare_core_training: false
         (PLAN, 1, True, {"spare_cores": []}, True, ()),  # the run config's own choice
-        (PLAN, 1, True, {"trainer": {"spare_cores": [0]}}, True, ()),
     ],
 )
 def test_the_learner_gets_the_generation_cores_as_spare_ones_only_when_pinned_alone(

@@ -93,3 +93,44 @@ def test_the_batchs_advantage_mean_and_std_are_exported_as_training_signals() ->
 
     assert M.STEP_SIGNALS == ("adv_mean", "adv_std")
     assert signal("adv_mean") == 0.25 and signal("adv_std") == 1.5 and signal("entropy") == 2.0
+
+
+def test_the_step_stats_and_dynamic_sampling_drops_reach_tensorboard(tmp_path) -> None:
+    """StepLogger writes one scalar per key and step; read back with TensorBoard's own
+    reader. The groups dynamic sampling dropped come from the run accounting, read after
+    each step, as a running total."""
+    pytest.importorskip("tensorboard", reason="pip install tensorboard (the dev extras)")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logger = M.StepLogger(str(tmp_path))
+    steps = [
+        ({"step": 1.0, "lr": 1e-4, "loss/entropy": 2.5, "num_minibatches": 2.0}, 3),
+        ({"step": 2.0, "lr": 5e-5, "loss/entropy": 2.0, "num_minibatches": 2.0}, 7),
+    ]
+    for stats, dropped in steps:
+        logger.step(M.logged_stats(stats, {"groups_zero_variance": dropped, "other": 1}))
+    logger.close()
+    ev = EventAccumulator(str(tmp_path))
+    ev.Reload()
+
+    def series(tag: str) -> list[tuple[int, float]]:
+        return [(e.step, e.value) for e in ev.Scalars(tag)]
+
+    assert series("lr") == [(1, pytest.approx(1e-4)), (2, pytest.approx(5e-5))]
+    assert series("loss/entropy") == [(1, 2.5), (2, 2.0)]
+    assert series("num_minibatches") == [(1, 2.0), (2, 2.0)]
+    assert series("run/dynamic_sampling_dropped_total") == [(1, 3.0), (2, 7.0)]
+    assert "other" not in ev.Tags()["scalars"]  # only the accounting's RUN_STEP_SIGNALS
+
+
+def test_the_run_accounting_exports_the_dynamic_sampling_drops() -> None:
+    from libludic.transport import accounting
+
+    a = accounting.compute(
+        {"groups_requested": 5, "groups_dropped_empty": 3, "groups_zero_variance": 2},
+        {"requests_backlog": 2, "rolling": 0, "open": 0, "saw_backlog": 0},
+    )
+    # 5 requested - 3 dropped empty = 2 in flight, both waiting as requests: consistent
+    assert a["groups_zero_variance"] == 2 and a["consistent"]
+    M.export_accounting(a)
+    assert REGISTRY.get_sample_value("ludic_run_groups_zero_variance_total") == 2

@@ -22,28 +22,53 @@ def test_resume_needs_periodic_checkpoints(tmp_path):
         LearnerSettings(output_dir=str(tmp_path), checkpoint_every=0, resume=True, device="cpu")
 
 
-def test_trainer_section_accepts_the_specs_learning_rate_alias():
-    s = LearnerSettings(device="cpu", trainer={"learning_rate": 3e-4})
-    assert s.trainer_config().lr == 3e-4
-    assert LearnerSettings(device="cpu", trainer={"lr": 2e-4}).trainer_config().lr == 2e-4
-    with pytest.raises(ValueError, match="both lr and learning_rate"):
-        LearnerSettings(device="cpu", trainer={"lr": 1e-4, "learning_rate": 3e-4}).trainer_config()
+@pytest.mark.parametrize(
+    "key, fix",
+    [
+        ("lr", r"learner.trainer.lr: set it as learner.lr, its one name"),
+        ("learning_rate", r"learner.trainer.learning_rate: set it as learner.lr"),
+        ("model_device", r"set it as learner.device"),
+        ("mixed_precision_dtype", r"set it as learner.mixed_precision"),
+        ("total_steps", r"set it as learner.num_steps"),
+        ("ppo_n_minibatches", r"set it as algorithm.ppo_n_minibatches \(the top-level"),
+        ("lr_scheduler_type", r"set it as algorithm.lr_scheduler_type"),
+        ("gradient_checkpointing", r"set it as algorithm.gradient_checkpointing"),
+    ],
+)
+def test_a_trainer_field_has_one_name_and_another_spelling_names_it(key, fix):
+    with pytest.raises(ValueError, match=fix):
+        LearnerSettings(device="cpu", trainer={key: 1})
+
+
+def test_the_trainer_map_holds_the_fields_without_another_name():
+    s = LearnerSettings(device="cpu", trainer={"betas": [0.9, 0.95], "pad_token_id": 3})
+    assert s.trainer_config().betas == (0.9, 0.95) and s.trainer_config().pad_token_id == 3
     with pytest.raises(ValueError, match=r"unknown TrainerConfig key\(s\) \['learnig_rate'\]"):
-        LearnerSettings(device="cpu", trainer={"learnig_rate": 3e-4}).trainer_config()
+        LearnerSettings(device="cpu", trainer={"learnig_rate": 3e-4})
 
 
-def test_the_lr_schedule_spans_the_learners_num_steps():
+def test_the_optimisation_options_come_from_the_algorithm_section():
     s = LearnerSettings(
         device="cpu",
         num_steps=40,
-        trainer={"lr_scheduler_type": "cosine", "warmup_steps_proportion": 0.1},
+        algorithm={
+            "name": "grpo",
+            "lr_scheduler_type": "cosine",
+            "warmup_steps_proportion": 0.1,
+            "min_lr_ratio": 0.5,
+            "ppo_n_minibatches": 2,
+            "gradient_checkpointing": True,
+        },
     )
     cfg = s.trainer_config()
-    assert cfg.total_steps == 40
-    # W = int(0.1 * 40) = 4 warmup steps at 1/4 .. 4/4 of lr, then the cosine from lr to 0
-    assert cfg.lr_at(0) == s.lr / 4 and cfg.lr_at(4) == s.lr and cfg.lr_at(40) == 0.0
-    with pytest.raises(ValueError, match="decays over a horizon"):  # num_steps 0: until stopped
-        LearnerSettings(device="cpu", trainer={"lr_scheduler_type": "linear"}).trainer_config()
+    assert cfg.total_steps == 40 and cfg.ppo_n_minibatches == 2 and cfg.gradient_checkpointing
+    # W = int(0.1 * 40) = 4 warmup steps at 1/4 .. 4/4 of lr, then the cosine from lr down to
+    # min_lr_ratio * lr: half-way through the decay (step 4 + 18 = 22 of 36 decay steps,
+    # p = 0.5) the factor is 0.5 + 0.5 * (1 + cos(pi / 2)) / 2 = 0.75
+    assert cfg.lr_at(0) == s.lr / 4 and cfg.lr_at(4) == s.lr
+    assert cfg.lr_at(22) == pytest.approx(0.75 * s.lr) and cfg.lr_at(40) == 0.5 * s.lr
+    with pytest.raises(ValueError, match=r"lr_scheduler_type='linear' decays over the run: set"):
+        LearnerSettings(device="cpu", algorithm={"lr_scheduler_type": "linear"})
 
 
 def test_ack_window_larger_than_credits_high_water_is_refused(tmp_path):
@@ -71,25 +96,26 @@ def test_ack_window_larger_than_credits_high_water_is_refused(tmp_path):
     assert CreditSettings().saw_high_water == LearnerSettings().saw_high_water == 4096
 
 
-def test_a_flag_beats_the_yaml_trainer_map_and_one_source_may_not_say_it_twice(tmp_path):
+def test_the_optimisation_options_follow_one_precedence(tmp_path):
+    """The algorithm: section, with its optimisation options, comes from one source: the
+    YAML's, replaced whole by LUDIC_ALGORITHM, replaced whole by --algorithm."""
     from services.learner.settings import load
 
     cfg = tmp_path / "run.yaml"
-    cfg.write_text("learner: {device: cpu, trainer: {lr: 2.0e-4, max_seq_len: 64}}\n")
-    assert load(["--config", str(cfg)]).trainer_config().lr == 2e-4  # the map, alone
-    s = load(["--config", str(cfg), "--lr", "5e-5"])
-    assert s.trainer_config().lr == 5e-5  # flags > YAML, whichever form the YAML used
-    assert s.trainer_config().max_seq_len == 64  # the map's other keys still apply
-    assert s.trainer == {"max_seq_len": 64}
-    # the map from a higher source than the flat field: the map
-    s = load(["--config", str(cfg), "--trainer", '{"lr": 7e-5}'])
-    assert s.trainer_config().lr == 7e-5
-    cfg.write_text("learner: {device: cpu, lr: 1.0e-4, trainer: {learning_rate: 2.0e-4}}\n")
-    with pytest.raises(ValueError, match=r"lr and trainer.learning_rate are both set in the YAML"):
-        load(["--config", str(cfg)])
+    cfg.write_text(
+        "algorithm: {name: grpo, ppo_n_minibatches: 2}\n"
+        "learner: {device: cpu, num_steps: 10, trainer: {eps: 1.0e-6}}\n"
+    )
+    assert load(["--config", str(cfg)], environ={}).trainer_config().ppo_n_minibatches == 2
+    env = {"LUDIC_ALGORITHM": '{"name": "grpo", "ppo_n_minibatches": 3}'}
+    assert load(["--config", str(cfg)], environ=env).trainer_config().ppo_n_minibatches == 3
+    flag = ["--algorithm", '{"ppo_n_minibatches": 4}']
+    s = load(["--config", str(cfg), *flag], environ=env)
+    assert s.trainer_config().ppo_n_minibatches == 4
+    assert s.trainer_config().eps == 1e-6  # the trainer map still applies
     cfg.write_text("learner: {device: cpu, checkpoint_every: 2, checkpoint: {every_n_steps: 4}}\n")
     with pytest.raises(ValueError, match="checkpoint_every and checkpoint.every_n_steps"):
-        load(["--config", str(cfg)])
+        load(["--config", str(cfg)], environ={})
 
 
 def test_settings_read_pep604_optionals_from_env_and_yaml(tmp_path):

@@ -67,6 +67,28 @@ def test_normalisation_mappings_reach_normalized_return() -> None:
     assert ca.reward_norm.std_level is None
 
 
+def test_a_misspelt_off_policy_key_lists_the_known_ones() -> None:
+    loss = {
+        "kind": "TokenClippedSurrogateLoss",
+        "kwargs": {"off_policy": {"mismatch_corection": "tis"}},
+    }
+    with pytest.raises(
+        ValueError,
+        match=r"algorithm.kwargs.loss TokenClippedSurrogateLoss: unknown off_policy key\(s\) "
+        r"\['mismatch_corection'\]; known: \['mismatch_correction', 'mismatch_level', "
+        r"'mismatch_cap', 'recompute_logprob', 'use_decoupled_loss', 'behav_imp_weight_cap'\]",
+    ):
+        spec(credit="MonteCarloReturn", loss=loss)
+    loss["kwargs"] = {"off_policy": "tis"}
+    with pytest.raises(
+        ValueError, match=r"off_policy must be a mapping of \['mismatch_correction'"
+    ):
+        spec(credit="MonteCarloReturn", loss=loss)
+    loss["kwargs"] = {"off_policy": {"mismatch_correction": "ois"}}
+    with pytest.raises(ValueError, match="off_policy: mismatch_correction='ois'; use one of"):
+        spec(credit="MonteCarloReturn", loss=loss)
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [

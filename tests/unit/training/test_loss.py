@@ -135,12 +135,12 @@ def test_clip_higher_is_asymmetric() -> None:
 
 def test_dual_clip_bounds_negative_advantage() -> None:
     logits, batch = uniform_batch(weights=(-1.0,), action_lens=(1,), ratio=(5.0,))
-    loss, stats = L.TokenClippedSurrogateLoss(dual_clip_c=3.0).compute(logits, batch)
+    loss, stats = L.TokenClippedSurrogateLoss(c_clip=3.0).compute(logits, batch)
     # obj = min(-5, -1.2) = -5, floored at c*A = -3 -> loss 3
     assert float(loss.detach()) == pytest.approx(3.0, rel=1e-5)
     assert float(stats["dual_clip_frac"]) == 1.0
-    with pytest.raises(ValueError, match="dual_clip_c"):
-        L.TokenClippedSurrogateLoss(dual_clip_c=0.5)
+    with pytest.raises(ValueError, match="c_clip"):
+        L.TokenClippedSurrogateLoss(c_clip=0.5)
 
 
 def test_cispo_value_and_stop_gradient() -> None:
@@ -459,6 +459,28 @@ def test_recompute_logprob_replaces_the_behaviour_logprobs_without_weights() -> 
     # pi_old = prox: obj 1.2, 1.2, 0.5 as above, w = 1: L = -(1.2 + 1.2 + 0.5) / 3
     assert float(loss.detach()) == pytest.approx(-2.9 / 3, rel=1e-5)
     assert float(stats["mismatch_weight_mean"]) == 1.0
+
+
+def test_a_mismatch_correction_takes_pi_old_from_the_prox_logprobs_the_batch_carries() -> None:
+    """TIS with several minibatches: the Trainer puts the step's starting policy in the batch
+    (prox), which is then pi_old and the t of rho; without it pi_old is sg(logp)."""
+    # per action token exp(logp - prox) = 1.5, 1.5, 0.5 and exp(prox - b) = 3, 3, 0.5
+    logits, batch = decoupled_batch()
+    loss_obj = L.TokenClippedSurrogateLoss(eps_clip=0.2, off_policy=off("tis"))
+    assert loss_obj.pi_old_is_trained and not loss_obj.needs_prox_logprobs
+    loss, stats = loss_obj.compute(logits, batch)
+    # r against prox: min(1.5, 1.2) = 1.2 (x2), min(0.5, 0.8) = 0.5; w = min(rho, 2) with
+    # rho = exp(prox - b) = 3, 3, 0.5 -> 2, 2, 0.5: L = -(2 * 1.2 * 2 + 0.5 * 0.5) / 3
+    assert float(loss.detach()) == pytest.approx(-5.05 / 3, rel=1e-5)
+    assert float(stats["ratio_mean"]) == pytest.approx(3.5 / 3, rel=1e-5)
+    assert float(stats["mismatch_weight_mean"]) == pytest.approx(4.5 / 3, rel=1e-5)
+    # the same batch without prox: pi_old = sg(logp), r = 1; rho = exp(logp - b) = 1.5 * 3
+    # = 4.5 -> 2 (x2), 0.5 * 0.5 = 0.25: L = -(2 + 2 + 0.25) / 3, the drift in w, not in r
+    del batch[L.PROX_LOGPROBS_KEY]
+    loss, stats = loss_obj.compute(logits, batch)
+    assert float(loss.detach()) == pytest.approx(-4.25 / 3, rel=1e-5)
+    assert float(stats["ratio_mean"]) == pytest.approx(1.0)
+    assert not L.TokenClippedSurrogateLoss().pi_old_is_trained  # pi_old = b: no prox needed
 
 
 def test_decoupled_cispo() -> None:

@@ -97,16 +97,24 @@ async def test_more_minibatches_than_items_is_one_per_item(base_model) -> None:
     assert st["num_minibatches"] == 3
 
 
-def test_the_proximal_policy_is_the_one_the_step_starts_from(base_model) -> None:
-    """Decoupled loss, two minibatches: the second minibatch's prox logprobs are the weights
+@pytest.mark.parametrize(
+    "correction",
+    [
+        OffPolicyCorrection(use_decoupled_loss=True),
+        # pi_old is the trainer's logprob: without prox the second minibatch's ratio is 1
+        OffPolicyCorrection(mismatch_correction="tis"),
+        OffPolicyCorrection(mismatch_correction="mis", mismatch_level="sequence"),
+    ],
+    ids=["decoupled", "tis", "mis-sequence"],
+)
+def test_the_proximal_policy_is_the_one_the_step_starts_from(base_model, correction) -> None:
+    """Two minibatches: the second minibatch's prox logprobs (its pi_old) are the weights
     before the first update, although the first update has changed the weights."""
     items = [
         sampled_at(base_model, make_item(s, a, weight=w, seed=i), 1.0)
         for i, (s, a, w) in enumerate([(5, 3, 1.0), (9, 6, -0.5), (3, 4, 0.5), (6, 2, 1.5)])
     ]
-    spy = SpyLoss(
-        TokenClippedSurrogateLoss(off_policy=OffPolicyCorrection(use_decoupled_loss=True))
-    )
+    spy = SpyLoss(TokenClippedSurrogateLoss(off_policy=correction))
     tr = Trainer(
         model=copy.deepcopy(base_model),
         algo=RLAlgorithm("t", ConstantCredit(), spy),
@@ -127,6 +135,26 @@ def test_the_proximal_policy_is_the_one_the_step_starts_from(base_model) -> None
     # the second minibatch trains against the starting policy, whose ratio to the server's
     # (identical) logprobs is 1 at the start of every minibatch: r = pi/pi_prox moved off 1
     assert st["loss/ratio_mean"] != pytest.approx(1.0, abs=1e-6)
+
+
+async def test_one_minibatch_with_a_mismatch_correction_takes_no_extra_forward(base_model):
+    """With one optimizer step per batch, sg(logp) is the policy the step starts from: no
+    prox forward for TIS (the decoupled loss always takes one)."""
+    algo = RLAlgorithm(
+        "t",
+        ConstantCredit(),
+        TokenClippedSurrogateLoss(off_policy=OffPolicyCorrection(mismatch_correction="tis")),
+    )
+    assert not algo.prox_logprobs_needed(1) and algo.prox_logprobs_needed(2)
+    items = [sampled_at(base_model, it, 1.0) for it in items6()]
+    tr = Trainer(
+        model=copy.deepcopy(base_model),
+        algo=algo,
+        cfg=cfg(),
+        batch_source=ListBatchSource([items]),
+    )
+    (st,) = await tr.train(num_steps=1)
+    assert "prox_time_s" not in st and st["num_minibatches"] == 1
 
 
 def test_stats_of_minibatches_combine_by_their_kind() -> None:

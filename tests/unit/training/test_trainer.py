@@ -177,6 +177,10 @@ class SpyLoss:
     def needs_prox_logprobs(self) -> bool:
         return self.inner.needs_prox_logprobs
 
+    @property
+    def pi_old_is_trained(self) -> bool:
+        return self.inner.pi_old_is_trained
+
     def compute(self, logits, batch):
         self.batches.append(dict(batch))
         return self.inner.compute(logits, batch)
