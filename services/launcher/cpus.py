@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
 PINNING_MODES = frozenset({"auto", "off"})
 
@@ -67,7 +66,7 @@ def spare_cores(
     plan: CpuPlan | None,
     learner_nproc: int,
     enabled: bool | None,
-    learner_section: dict[str, Any],
+    configured: tuple[int, ...],
     synchronous: bool,
 ) -> tuple[int, ...]:
     """The cores the learner's second training thread may use at idle priority
@@ -77,13 +76,10 @@ def spare_cores(
     ``python bench/e2e.py --workload demo --reps 1`` three times each way: synchronous
     (generation idles while the learner trains) 144.9 samples/s median with it, 127.9
     without; asynchronous (generation keeps that core busy) 220.3 with it, 238.4 without,
-    within the runs' spread. None when the run config's learner section sets ``spare_cores``
-    itself (that value is used as it is)."""
-    trainer = learner_section.get("trainer") or {}
+    within the runs' spread. None when the learner's own settings give ``spare_cores``
+    (``configured``, from its run config section or environment: used as it is)."""
     on = synchronous if enabled is None else enabled
-    if not on or plan is None or learner_nproc != 1:
-        return ()
-    if "spare_cores" in learner_section or "spare_cores" in trainer:
+    if not on or plan is None or learner_nproc != 1 or configured:
         return ()
     return plan.others
 

@@ -23,6 +23,13 @@ from services.launcher.cpus import PINNING_MODES
 class UpSettings:
     name: str = field(default="run", metadata={"help": "run name: files go to <runs_dir>/<name>"})
     runs_dir: str = field(default="runs", metadata={"help": "parent directory of run directories"})
+    run_id: str = field(
+        default="",
+        metadata={
+            "help": "namespace of the run's Redis keys, given to every service (top-level "
+            "key; empty: <name>-<start time>)"
+        },
+    )
     model: str = field(
         default="", metadata={"help": "starting policy dir (empty: build one with init_size)"}
     )

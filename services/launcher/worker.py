@@ -3,7 +3,6 @@ services, evaluate, supervise, report). ``main.py`` is the command line."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import logging
@@ -20,9 +19,11 @@ from typing import Any
 import yaml
 
 from libludic.transport import accounting
+from services.common.settings import read_yaml
 from services.launcher import cpus, stack
 from services.launcher.live import LiveView
 from services.launcher.report import write_report
+from services.launcher.resolved import Resolved
 from services.launcher.settings import UpSettings
 from services.launcher.supervisor import ServiceError, ServiceSpec, Supervisor
 
@@ -129,7 +130,7 @@ def prepare_model(s: UpSettings, run_dir: Path) -> Path:
 SAVED_CONFIG = "run.yaml"  # the config a run started with, for ``ludic up --resume``
 PID_FILE = "up.pid"  # the pid of the ``ludic up`` running the run
 # settings of how this invocation runs, not of the run itself: never saved
-_NOT_SAVED = ("config_path", "resume", "fresh", "live", "log_level")
+_NOT_SAVED = ("config_path", "resume", "fresh", "live", "log_level", "run_id")
 
 
 def running_launcher(run_dir: Path) -> int | None:
@@ -145,9 +146,11 @@ def running_launcher(run_dir: Path) -> int | None:
 
 
 class Run:
-    def __init__(self, s: UpSettings, cfg: dict[str, Any]) -> None:
+    def __init__(self, s: UpSettings, resolved: Resolved | None = None) -> None:
+        """``resolved``: the learner's and feeder's settings (``Resolved.of(s)`` when not
+        given)."""
         self.s = s
-        self.cfg = cfg
+        self.services = Resolved.of(s) if resolved is None else resolved
         self.run_dir = Path(s.runs_dir) / s.name
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.sup = Supervisor(
@@ -157,7 +160,7 @@ class Run:
             watchdog_interval_s=s.watchdog_interval_s,
             restart_startup_s=s.startup_timeout_s,
         )
-        self.run_id = str(cfg.get("run_id") or f"{s.name}-{int(time.time())}")
+        self.run_id = s.run_id or f"{s.name}-{int(time.time())}"
         self.token = secrets.token_hex(24)
         self.metrics: dict[str, str] = {}  # service -> /metrics URL
         self.curve: list[dict[str, float]] = []
@@ -169,13 +172,12 @@ class Run:
         self.curve_eval_s = 0.0  # seconds of curve evaluations (live or deferred)
         self.cpu_plan: cpus.CpuPlan | None = None
         self.resuming = bool(s.resume)
-        # the learner's step count (0 or absent: until stopped), for the live view's ETA
-        self.total_steps = int((cfg.get("learner") or {}).get("num_steps") or 0) or None
+        self.total_steps = self.services.num_steps  # for the live view's ETA
 
     def save_config(self) -> None:
         """``<run>/run.yaml``: the run config with its run id and every ``up:`` setting this
         run uses (flags and environment included), what ``ludic up --resume`` reads."""
-        cfg = copy.deepcopy(self.cfg)
+        cfg = read_yaml(self.s.config_path) if self.s.config_path else {}
         cfg["run_id"] = self.run_id
         up = {k: v for k, v in dataclasses.asdict(self.s).items() if k not in _NOT_SAVED}
         cfg["up"] = {**(cfg.get("up") or {}), **up}
@@ -370,20 +372,19 @@ class Run:
             self.cpu_plan,
             self.s.learner_nproc,
             self.s.spare_core_training,
-            self.cfg.get("learner") or {},
-            synchronous=self.cfg.get("max_head_offpolicyness") == 0,
+            self.services.learner_spare_cores,
+            synchronous=self.services.synchronous,
         )
         if spare:
             learner_env["LUDIC_SPARE_CORES"] = ",".join(str(c) for c in spare)
         # with checkpoints a crashed learner resumes from its newest one and replays the items
         # it had not committed; without, its weights since the start would be lost: fatal
-        checkpoints = int((self.cfg.get("learner") or {}).get("checkpoint_every") or 0) > 0
         add(
             "learner",
             learner,
             may_finish=True,
             finished=self.learner_done,
-            restart=checkpoints,
+            restart=self.services.checkpoints,
             restart_env={"LUDIC_RESUME": "true"},
             LUDIC_INFERENCE_URLS=self.inference_url,
             LUDIC_AUTH_TOKEN=self.token,
