@@ -1,4 +1,4 @@
-"""InferencePool.sync_weights pushes to every replica (it used to raise NotImplementedError)."""
+"""InferencePool.sync_weights pushes to every replica."""
 
 from __future__ import annotations
 
