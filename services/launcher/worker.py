@@ -89,7 +89,7 @@ def prepare_model(s: UpSettings, run_dir: Path) -> Path:
         out,
     )
     from libludic.training.sft import run_sft
-    from libludic.training.sft_tasks import TASKS
+    from libludic.training.sft_tasks import make_task
 
     check = None
     if s.sft_data:
@@ -101,12 +101,10 @@ def prepare_model(s: UpSettings, run_dir: Path) -> Path:
         data = Path(s.sft_data)
         if not data.is_file():
             raise FileNotFoundError(f"up.sft_data={s.sft_data}: no such file")
-    elif s.sft_task in TASKS:
-        task = TASKS[s.sft_task]()
+    else:
+        task = make_task(s.sft_task)
         data = task.data_in(out, s.sft_steps * s.sft_batch_size)
         check = task.check
-    else:
-        raise ValueError(f"up.sft_task={s.sft_task!r}: use one of {sorted(TASKS)} or up.sft_data")
     res = run_sft(
         base,
         out,
