@@ -70,7 +70,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("interaction", "eval"),
     ("rollout",),
     ("transport", "registry"),
-    ("training", "demo"),
+    ("training",),
 )
 
 
