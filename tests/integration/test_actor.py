@@ -321,16 +321,47 @@ async def _xlen_positive(r: Any, key: str) -> bool:
     return int(await r.xlen(key)) > 0
 
 
+def scrape(body: str) -> dict[str, float]:
+    """``{'name{label="v"}': value}`` of a Prometheus text exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return out
+
+
+ACTOR_SERIES = (
+    "ludic_actor_episodes_total",
+    "ludic_actor_tokens_total",
+    "ludic_actor_reward_count",
+    "ludic_actor_reward_sum",
+    "ludic_actor_stale_admission_waits_total",
+)
+
+
 async def test_metrics_and_health_endpoints(redis_url: str) -> None:
+    """After N episodes the actor's /metrics says N: the counters and the reward histogram
+    move by what the written rollouts hold (read back from the stream), not only exist
+    (prometheus_client exports every name from import time). The registry is the test
+    process's, shared with the other in-process actors above: the test reads deltas."""
     try:
         from conftest import free_port  # type: ignore[import-not-found]
     except ImportError:  # pragma: no cover
         from tests.conftest import free_port
     import httpx
 
+    # FlakyClient answers "42"; with partial credit (score_answer: 0.5 x matching digits /
+    # length, for an answer of the target's length) seed 714 (24+18=42) earns 1.0, seed 15
+    # (36+11=47) 0.5 x 1/2 = 0.25, seed 0 (59+63=122, three digits) 0: 1.25 in all
+    seeds, reward_sum = (714, 15, 0), 1.25
+    n = len(seeds)
     keys = t.Keys("act4")
     r = t.connect(redis_url)
-    await feed(r, keys, [request(0)])
+    env = EnvSpec("arithmetic", {"digits": 2, "partial_credit": True})
+    await feed(r, keys, [request(i, env=env) for i in seeds])
     port = free_port()
     settings = actor_main.ActorSettings(
         redis_url=redis_url,
@@ -340,23 +371,30 @@ async def test_metrics_and_health_endpoints(redis_url: str) -> None:
         block_ms=100,
         heartbeat_ttl_s=1.0,
     )
+    before = {k: REGISTRY.get_sample_value(k) or 0.0 for k in ACTOR_SERIES}
     stop = asyncio.Event()
     task = asyncio.create_task(actor_main.run(settings, client=FlakyClient(fail=0), stop=stop))
-    await wait_for(lambda: _xlen_positive(r, keys.rollouts), 10, "one rollout")
+
+    async def all_written() -> bool:
+        return int(await r.xlen(keys.rollouts)) == n
+
+    await wait_for(all_written, 10, f"{n} rollouts")
     await asyncio.sleep(0.5)  # one keepalive tick refreshes the gauges
     async with httpx.AsyncClient() as http:
-        body = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+        after = scrape((await http.get(f"http://127.0.0.1:{port}/metrics")).text)
         health = await http.get(f"http://127.0.0.1:{port}/health")
     assert health.status_code == 200
-    for name in (
-        "ludic_actor_episodes_total",
-        "ludic_actor_reward_bucket",
-        "ludic_actor_tokens_total",
-        "ludic_actor_claim_seconds_bucket",
-        "ludic_actor_stale_admission_waits_total",
-        'ludic_stream_length{stream="rollouts"}',
-    ):
-        assert name in body, name
+    delta = {k: after[k] - before[k] for k in ACTOR_SERIES}
+    ros = await rollouts(r, keys)
+    # each episode is one step whose completion is FlakyClient's 3 token ids [52, 50, 258]
+    assert delta["ludic_actor_episodes_total"] == n
+    assert delta["ludic_actor_tokens_total"] == 3 * n
+    assert delta["ludic_actor_reward_count"] == n
+    assert sorted(ro.total_reward for ro in ros) == [0.0, 0.25, 1.0]
+    assert delta["ludic_actor_reward_sum"] == pytest.approx(reward_sum)
+    assert delta["ludic_actor_stale_admission_waits_total"] == 0  # admission off
+    assert after['ludic_stream_length{stream="rollouts"}'] == n
+    assert after["ludic_actor_inflight_requests"] == 0
     assert len(await t.alive(r, keys, "actor")) == 1
     stop.set()
     await asyncio.wait_for(task, 10)
