@@ -56,7 +56,8 @@ PROBLEMS = REPO / "examples" / "code_exec" / "problems.jsonl"
 
 
 class FakeSandbox:
-    """Runs nothing: the "program" is a dict stdin -> stdout; records every call."""
+    """Runs nothing: the "program" is a dict stdin -> stdout; records every call (kept here:
+    the code_exec env's scoring tests are its only users)."""
 
     def __init__(self, answers: dict[str, str]):
         self.answers = answers
