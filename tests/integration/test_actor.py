@@ -232,21 +232,29 @@ def scrape(body: str) -> dict[str, float]:
     """``{'name{label="v"}': value}`` of a Prometheus text exposition."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    out = {}
-    for family in text_string_to_metric_families(body):
-        for sample in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return out
+    return {
+        series(sample.name, sample.labels): sample.value
+        for family in text_string_to_metric_families(body)
+        for sample in family.samples
+    }
 
 
-ACTOR_SERIES = (
-    "ludic_actor_episodes_total",
-    "ludic_actor_tokens_total",
-    "ludic_actor_reward_count",
-    "ludic_actor_reward_sum",
-    "ludic_actor_stale_admission_waits_total",
+# (sample, labels); the reward histogram has negative buckets, so prometheus_client exports
+# no _sum for it (a sum could fall): its cumulative buckets carry the values
+REWARD_BUCKETS = ("0.0", "0.25", "0.9", "1.0")
+ACTOR_SERIES: tuple[tuple[str, dict[str, str]], ...] = (
+    ("ludic_actor_episodes_total", {}),
+    ("ludic_actor_tokens_total", {}),
+    ("ludic_actor_reward_count", {}),
+    *(("ludic_actor_reward_bucket", {"le": le}) for le in REWARD_BUCKETS),
+    ("ludic_actor_stale_admission_waits_total", {}),
 )
+
+
+def series(name: str, labels: dict[str, str]) -> str:
+    """The key ``scrape`` gives the sample."""
+    text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{text}}}" if text else name
 
 
 async def test_metrics_and_health_endpoints(redis_url: str) -> None:
@@ -262,8 +270,8 @@ async def test_metrics_and_health_endpoints(redis_url: str) -> None:
 
     # the client answers "42"; with partial credit (score_answer: 0.5 x matching digits /
     # length, for an answer of the target's length) seed 714 (24+18=42) earns 1.0, seed 15
-    # (36+11=47) 0.5 x 1/2 = 0.25, seed 0 (59+63=122, three digits) 0: 1.25 in all
-    seeds, reward_sum = (714, 15, 0), 1.25
+    # (36+11=47) 0.5 x 1/2 = 0.25, seed 0 (59+63=122, three digits) 0
+    seeds = (714, 15, 0)
     n = len(seeds)
     keys = t.Keys("act4")
     r = t.connect(redis_url)
@@ -278,7 +286,7 @@ async def test_metrics_and_health_endpoints(redis_url: str) -> None:
         block_ms=100,
         heartbeat_ttl_s=1.0,
     )
-    before = {k: REGISTRY.get_sample_value(k) or 0.0 for k in ACTOR_SERIES}
+    before = {series(*k): REGISTRY.get_sample_value(*k) or 0.0 for k in ACTOR_SERIES}
     stop = asyncio.Event()
     task = asyncio.create_task(actor_main.run(settings, client=flaky(0), stop=stop))
 
@@ -291,14 +299,16 @@ async def test_metrics_and_health_endpoints(redis_url: str) -> None:
         after = scrape((await http.get(f"http://127.0.0.1:{port}/metrics")).text)
         health = await http.get(f"http://127.0.0.1:{port}/health")
     assert health.status_code == 200
-    delta = {k: after[k] - before[k] for k in ACTOR_SERIES}
+    delta = {k: after[k] - v for k, v in before.items()}
     ros = await rollouts(r, keys)
     # each episode is one step whose completion is the client's 3 token ids [52, 50, 258]
     assert delta["ludic_actor_episodes_total"] == n
     assert delta["ludic_actor_tokens_total"] == 3 * n
-    assert delta["ludic_actor_reward_count"] == n
     assert sorted(ro.total_reward for ro in ros) == [0.0, 0.25, 1.0]
-    assert delta["ludic_actor_reward_sum"] == pytest.approx(reward_sum)
+    # rewards 0, 0.25, 1 -> cumulative buckets: <= 0: 1, <= 0.25: 2, <= 0.9: 2, <= 1: 3
+    bucket = {le: delta[series("ludic_actor_reward_bucket", {"le": le})] for le in REWARD_BUCKETS}
+    assert bucket == {"0.0": 1, "0.25": 2, "0.9": 2, "1.0": 3}
+    assert delta["ludic_actor_reward_count"] == n
     assert delta["ludic_actor_stale_admission_waits_total"] == 0  # admission off
     assert after['ludic_stream_length{stream="rollouts"}'] == n
     assert after["ludic_actor_inflight_requests"] == 0
