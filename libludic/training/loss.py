@@ -709,7 +709,7 @@ class MaskedCausalLMCrossEntropyLoss:
 @dataclass
 class LossTerm:
     name: str
-    loss: Any  # a Loss
+    loss: Loss
     coeff: float = 1.0
 
 
@@ -742,7 +742,8 @@ class CompositeLoss:
     def stat_keys(self) -> tuple[str, ...]:
         keys = ["loss"]
         for t in self.terms:
-            keys += [f"{t.name}/{k}" for k in t.loss.stat_keys]
+            # the built-in losses declare theirs; a user's Loss needs only compute()
+            keys += [f"{t.name}/{k}" for k in getattr(t.loss, "stat_keys", ())]
         return tuple(keys)
 
     @checked_loss
