@@ -183,7 +183,7 @@ class DatasetQAEnv(SingleAgentEnv):
         config_name="main", answer_extractor=gsm8k_extract_answer,
         verifier=numeric_verifier)``. Needs the optional ``datasets`` package."""
         try:
-            import datasets
+            import datasets  # optional (the datasets extra): only this constructor needs it
         except ImportError as e:
             raise ImportError(
                 "DatasetQAEnv.from_hf needs the 'datasets' package: pip install datasets"

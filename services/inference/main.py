@@ -90,6 +90,8 @@ def _one_line(e: BaseException) -> str:
 
 async def run(settings: InferenceSettings, *, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` (graceful) or until vLLM's engine dies (``InferenceFailed``)."""
+    # the server and the engine (vLLM, seconds to import) load here: `--help` and refused
+    # settings answer without them
     import uvicorn
 
     from services.inference.app import create_app

@@ -60,7 +60,7 @@ def settings() -> tuple[float, int] | None:
 
 def plain_linear(x: Any, weight: Any, bias: Any) -> Any:
     """A layer's ``cpu_linear`` under the plugin: the layer's own weight, read at each call."""
-    import torch
+    import torch  # vLLM imports this plugin in every process: torch and vLLM only once active
 
     return torch.nn.functional.linear(x, weight, bias)
 
@@ -71,7 +71,7 @@ def uses_plain_linear(module: Any) -> bool:
 
 
 def _patch_cpu_linear() -> None:
-    try:
+    try:  # vLLM's modules once the plugin is active (see plain_linear); absent in old vLLMs
         from vllm.model_executor.layers import utils
     except ImportError:
         return
@@ -98,7 +98,7 @@ def register() -> None:
     conf = settings()
     if conf is None:
         return
-    try:
+    try:  # vLLM's modules once the plugin is active (see plain_linear)
         from vllm.distributed.device_communicators import shm_broadcast
     except ImportError:  # a vLLM without the shared-memory queue: nothing to bound
         return

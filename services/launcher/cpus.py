@@ -86,7 +86,7 @@ def usable_cores() -> list[int]:
 
 
 def cuda_visible() -> bool:
-    import torch
+    import torch  # for this question only: the CPU plan itself is plain data
 
     return bool(torch.cuda.is_available())
 

@@ -18,7 +18,10 @@ from typing import Any
 
 import yaml
 
+from libludic.models.tiny import init_model
+from libludic.training.sft_tasks import make_task
 from libludic.transport import accounting
+from services.common.heldout import evaluate_snapshot
 from services.common.settings import read_yaml
 from services.launcher import cpus, stack
 from services.launcher.live import LiveView
@@ -41,8 +44,6 @@ def _on_signal(signum: int, frame: Any) -> None:
 
 def prepare_model(s: UpSettings, run_dir: Path) -> Path:
     """The starting policy: given, or built, then SFT'd when sft_steps > 0."""
-    from libludic.models.tiny import init_model
-
     if s.model:
         base = Path(s.model)
         if not (base / "config.json").exists():
@@ -88,8 +89,8 @@ def prepare_model(s: UpSettings, run_dir: Path) -> Path:
         stop,
         out,
     )
+    # the Trainer and transformers (seconds to import) for a warm start only
     from libludic.training.sft import run_sft
-    from libludic.training.sft_tasks import make_task
 
     check = None
     if s.sft_data:
@@ -246,8 +247,6 @@ class Run:
     def eval_snapshots(self, model_dir: Path) -> None:
         """Deferred curve: evaluate every snapshot the learner saved, in this process, after
         the RL phase; ``wall_s`` is when the learner had trained that step."""
-        from services.common.heldout import evaluate_snapshot
-
         index = self.run_dir / "learner" / "snapshots" / "snapshots.jsonl"
         if not index.exists():
             return
