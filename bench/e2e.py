@@ -33,7 +33,7 @@ Figures per run, with one definition each:
 
 The overlap bound ``(t_gen + t_train) / max(t_gen, t_train)`` is measured on the baseline
 of each run (its generation and its training time): the most any pipelining of the two can
-gain on this machine at this batch size, before contention for the cores.
+gain on the host it runs on at this batch size, before contention for the cores.
 
 Full mode repeats each contestant ``--reps`` times (default 3), alternating, and reports
 medians; rep ``k`` of the baseline seeds its sampling and its problems with ``k`` (the

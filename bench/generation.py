@@ -7,8 +7,8 @@ model, then sends rounds of the actors' traffic: ``--groups`` concurrent chat re
 temperature 1, seeded, chosen-token logprobs and token ids. Two request shapes, alternating
 round by round under the same conditions:
 
-* ``per_token``: the request as it was sent before (``top_logprobs: 1``, logprob entries
-  naming tokens by text): vLLM detokenizes every token for the text and for each logprob
+* ``per_token``: vLLM's usual request shape (``top_logprobs: 1``, logprob entries naming
+  tokens by text): vLLM detokenizes every token for the text and for each logprob
   entry;
 * ``rollout``: the request ``OpenAIChatClient`` sends for a rollout (no alternatives, tokens
   named by id): the server runs it without per-token detokenization and decodes each

@@ -24,6 +24,11 @@ from libludic.agents.config import build_agent
 from libludic.context.base import ContextStrategy
 from libludic.context.full_dialog import FullDialog
 from libludic.context.truncated_thinking import TruncatedThinkingContext
+from libludic.envs import dataset_qa_env as dq
+from libludic.envs.arithmetic import ArithmeticEnv
+from libludic.envs.code_exec.config import CodeExecConfig
+from libludic.envs.code_exec.env import DEFAULT_SYSTEM_PROMPT, CodeExecEnv, load_problems
+from libludic.envs.tic_tac_toe import TicTacToeEnv, TwoPlayerTicTacToeEnv
 from libludic.inference.client import ChatClient
 from libludic.inference.request import InferenceSpec
 from libludic.interaction.multi_agent import MultiAgentProtocol
@@ -70,9 +75,6 @@ def code_exec_env(
     problems_path: str, config: dict[str, Any] | None = None, system_prompt: str | None = None
 ) -> Any:
     """CodeExecEnv from plain data: a JSONL of problems and CodeExecConfig fields."""
-    from libludic.envs.code_exec.config import CodeExecConfig
-    from libludic.envs.code_exec.env import DEFAULT_SYSTEM_PROMPT, CodeExecEnv, load_problems
-
     if problems_path not in _PROBLEM_CACHE:
         _PROBLEM_CACHE[problems_path] = load_problems(problems_path)
     return CodeExecEnv(
@@ -92,8 +94,6 @@ def dataset_qa_env(
     """DatasetQAEnv from plain data: a local file (``path``) or a HF dataset (``hf``:
     {name, split, config_name}); ``format="gsm8k"`` takes the answer after ``####`` and
     compares numbers; ``verifier`` is ``"exact"`` or ``"numeric"``."""
-    from libludic.envs import dataset_qa_env as dq
-
     if format not in ("plain", "gsm8k"):
         raise ValueError(f"dataset_qa format={format!r}: use 'plain' or 'gsm8k'")
     verifiers = {"exact": dq.exact_match_verifier, "numeric": dq.numeric_verifier}
@@ -116,9 +116,6 @@ def dataset_qa_env(
 
 
 def default_env_registry() -> dict[str, EnvFactory]:
-    from libludic.envs.arithmetic import ArithmeticEnv
-    from libludic.envs.tic_tac_toe import TicTacToeEnv, TwoPlayerTicTacToeEnv
-
     return {
         "arithmetic": ArithmeticEnv,
         "tic_tac_toe": TicTacToeEnv,

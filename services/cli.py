@@ -15,7 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "libludic.models.cli:main",
         "the tiny offline model (init DIR) or a pretrained one (import SOURCE OUT)",
     ),
-    "demo": ("libludic.demo:main", "run the local demo"),
+    "demo": ("services.demo:main", "rollouts of the tiny model in-process (no services)"),
     "sft": (
         "libludic.training.sft_cli:main",
         "supervised fine-tuning on a JSONL file or a task's data",

@@ -115,7 +115,7 @@ def _ping(port: int, timeout_s: float, what: str) -> None:
 class RedisContainer:
     """Redis in a container (testcontainers), same interface as :class:`RedisServer`.
 
-    Host networking (this machine's dockerd runs without the default bridge) on a free port;
+    Host networking (a dockerd may run without the default bridge) on a free port;
     the AOF lives in the container's /data, so ``kill()`` (SIGKILL) + ``start()`` restarts the
     same server on the same port with its data, like the process variant."""
 

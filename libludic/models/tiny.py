@@ -66,6 +66,7 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 def build_tokenizer() -> Any:  # a tokenizers.Tokenizer
+    # where used: `ludic model --help` (and the tests' token constants) load no tokenizers
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     b2u = bytes_to_unicode()
@@ -111,7 +112,7 @@ def save_tokenizer(out_dir: str | Path) -> None:
 
 def init_model(out_dir: str | Path, size: str = "tiny", seed: int = 0) -> Path:
     """Write a randomly initialised (seeded) Qwen2 model and its tokenizer to ``out_dir``."""
-    import torch
+    import torch  # torch and transformers where used, as build_tokenizer's import
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     if size not in SIZES:

@@ -77,6 +77,7 @@ def full_training_state(
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The model's and the optimizer's whole state on the host, unsharded (collective under
     FSDP2: every rank calls it), as ``CheckpointManager.save`` takes them."""
+    # torch.distributed.checkpoint takes ~0.6 s to import: only a learner with checkpoints
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -94,6 +95,7 @@ def restore_training_state(
 ) -> None:
     """Load ``ck``'s model and optimizer state into ``model`` and ``optimizer`` (sharded or
     not; collective under FSDP2)."""
+    # see full_training_state: a heavy import, for a resume only
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         set_model_state_dict,

@@ -7,16 +7,9 @@ Trainer falls back to CPU with a warning instead of failing. ``mixed_precision_d
 
 Fields beyond the spec table (LoRA, ``cpu_autocast``, ``seed``) default to off.
 
-Learning rate: the spec's table names it ``lr`` and its example writes
-``TrainerConfig(learning_rate=...)``; both are accepted. ``lr`` is the one stored field
-(``to_dict`` and the optimizer use it); ``learning_rate`` is an init-only alias, and
-giving both with different values is an error.
-
-``runtime_device`` (the spec's "device for serving") must be None or equal to
-``model_device``: in Ludic the policy is served by the inference service (vLLM, its own
-process and device, see services/inference), never by the Trainer, so a different
-serving device here could only be silently ignored. It is kept so spec-style configs
-that pass it still construct.
+The spec's other spellings (``learning_rate`` for ``lr``, ``runtime_device``) are accepted
+as libludic/training/compat.py describes; ``lr`` is the one stored field (``to_dict`` and
+the optimizer use it).
 """
 
 from __future__ import annotations
@@ -26,22 +19,16 @@ from typing import Any
 
 import torch
 
+from libludic.training.compat import DEFAULT_LR, check_runtime_device, resolve_learning_rate
 from libludic.training.schedule import check_schedule, lr_factor
 
 MIXED_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 
 
-class _DefaultLR(float):
-    """The default ``lr``, typed apart so ``__post_init__`` can tell it was not given."""
-
-
-DEFAULT_LR = _DefaultLR(1e-5)
-
-
 @dataclass
 class TrainerConfig:
     model_device: str = "cuda"
-    runtime_device: str | None = None  # serving device; None = model_device
+    runtime_device: str | None = None  # the spec's serving device: None or model_device (compat)
     lr: float = DEFAULT_LR
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
@@ -90,38 +77,19 @@ class TrainerConfig:
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-    # the spec example's name for lr; init-only, stored in lr
+    # the spec example's name for lr; init-only, stored in lr (compat)
     learning_rate: InitVar[float | None] = None
 
     def __post_init__(self, learning_rate: float | None) -> None:
         def bad(name: str, why: str) -> ValueError:
             return ValueError(f"TrainerConfig.{name}={getattr(self, name)!r} {why}")
 
-        if learning_rate is not None:
-            if type(self.lr) is not _DefaultLR and float(self.lr) != float(learning_rate):
-                raise ValueError(
-                    f"TrainerConfig got lr={self.lr!r} and learning_rate={learning_rate!r}; they name "
-                    "the same setting: pass one of them"
-                )
-            self.lr = float(learning_rate)
-        self.lr = float(self.lr)
-
+        self.lr = resolve_learning_rate(self.lr, learning_rate)
         try:
             torch.device(self.model_device)
         except (RuntimeError, TypeError) as e:
             raise bad("model_device", "is not a torch device (use 'cuda', 'cuda:1', 'cpu')") from e
-        if self.runtime_device is not None:
-            try:
-                same = torch.device(self.runtime_device) == torch.device(self.model_device)
-            except (RuntimeError, TypeError) as e:
-                raise bad("runtime_device", "is not a torch device") from e
-            if not same:
-                raise bad(
-                    "runtime_device",
-                    f"differs from model_device={self.model_device!r}; the policy is served by the "
-                    "inference service (choose its device there: the inference process's "
-                    "CUDA_VISIBLE_DEVICES), so leave runtime_device unset",
-                )
+        check_runtime_device(self.runtime_device, self.model_device)
         if not self.lr > 0:
             raise bad("lr", "must be > 0")
         if self.weight_decay < 0:

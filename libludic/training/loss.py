@@ -52,6 +52,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import Tensor
 
+from libludic.training.compat import AGGREGATION_ALIASES, canonical_aggregation
 from libludic.training.typecheck import checked_loss
 
 NUM_ACTION_TOKENS_KEY = "num_action_tokens_total"
@@ -63,7 +64,6 @@ AGGREGATIONS = (
     "seq-mean-token-sum",
     "seq-mean-token-sum-norm",
 )
-AGGREGATION_ALIASES = {"token": "token-mean", "sequence": "seq-mean-token-mean"}
 MAX_STAT_SUFFIX = "_max"
 # the elements (rows x V) of one chunk of token_entropy: 64 MB per fp32 temporary
 ENTROPY_CHUNK_ELEMENTS = 2**24
@@ -122,7 +122,7 @@ def aggregate(
     max_new_tokens: int | None = None,
 ) -> Tensor:
     """Reduce [B, T-1] per-token losses to a scalar (see module docstring)."""
-    mode = AGGREGATION_ALIASES.get(mode, mode)
+    mode = canonical_aggregation(mode)
     if mode == "token-mean":
         n = _scalar(batch, NUM_ACTION_TOKENS_KEY, mask.sum())
         return (per_token * mask).sum() / n.clamp(min=1.0)
@@ -186,7 +186,7 @@ def token_entropy(
 
 def _check_agg(obj: Any) -> None:
     """``obj.aggregation`` is known; the sum-norm aggregation has its constant C."""
-    mode = AGGREGATION_ALIASES.get(obj.aggregation, obj.aggregation)
+    mode = canonical_aggregation(obj.aggregation)
     if mode not in AGGREGATIONS:
         raise ValueError(
             f"{type(obj).__name__}.aggregation={obj.aggregation!r}; use one of {AGGREGATIONS} "
@@ -730,7 +730,7 @@ class MaskedCausalLMCrossEntropyLoss:
 @dataclass
 class LossTerm:
     name: str
-    loss: Any  # a Loss
+    loss: Loss
     coeff: float = 1.0
 
 
@@ -767,7 +767,8 @@ class CompositeLoss:
     def stat_keys(self) -> tuple[str, ...]:
         keys = ["loss"]
         for t in self.terms:
-            keys += [f"{t.name}/{k}" for k in t.loss.stat_keys]
+            # the built-in losses declare theirs; a user's Loss needs only compute()
+            keys += [f"{t.name}/{k}" for k in getattr(t.loss, "stat_keys", ())]
         return tuple(keys)
 
     @checked_loss

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from libludic.training.config import TrainerConfig
 
@@ -69,7 +70,7 @@ def apply_lora(model: nn.Module, cfg: TrainerConfig) -> nn.Module:
     if cfg.lora_rank is None:
         return model
     try:
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig, get_peft_model  # optional: the lora extra
     except ImportError as e:  # pragma: no cover - peft is in the dev/lora extras
         raise ImportError("TrainerConfig.lora_rank needs peft: pip install 'libludic[lora]'") from e
     lcfg = LoraConfig(
@@ -99,8 +100,6 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def apply_fsdp2(model: nn.Module, mp_dtype: torch.dtype | None = None) -> nn.Module:
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
     kw: dict[str, Any] = {}
     if mp_dtype is not None:
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=mp_dtype, reduce_dtype=torch.float32)
@@ -153,7 +152,7 @@ def full_state_dict(
 
     out: dict[str, torch.Tensor] = {}
     if is_peft(model):
-        from peft.tuners.lora import LoraLayer
+        from peft.tuners.lora import LoraLayer  # optional (lora extra): a peft model has it
 
         base = model.get_base_model()  # type: ignore[operator]
         for name, t in untied(base.state_dict(keep_vars=True)):

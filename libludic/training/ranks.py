@@ -23,7 +23,10 @@ def all_sum(xs: list[float], device: torch.device) -> list[float]:
 
 
 def any_rank(flag: bool, device: torch.device) -> bool:
-    """True on every rank once ``flag`` is true on one."""
+    """True on every rank once ``flag`` is true on one (all-reduce MAX); ``flag`` itself
+    without a process group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
     t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())

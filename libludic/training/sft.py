@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from libludic.eval.greedy import GreedyCheck, greedy_pass_rate
 from libludic.training.batching.offline import OfflineBatchSource
@@ -72,8 +73,6 @@ def run_sft(
         raise ValueError("target_pass_rate needs a check (the problems it is measured on)")
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps={steps} and batch_size={batch_size} must be >= 1")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     torch.manual_seed(seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,32 +1,48 @@
 """What a task gives supervised training (``run_sft``): prompt/completion pairs to train on,
 and greedy checks (``GreedyCheck``) for the target stop and the held-out report.
 
-``TASKS`` names the tasks ``ludic sft --task`` and ``ludic up``'s warm start know. Any other
-dataset is a JSONL file (``ludic sft --data``): one ``{"prompt": ..., "completion": ...}`` or
-``{"messages": [...]}`` record per line.
+A task is any env that states its reference completion (``ReferenceEnv``,
+libludic/envs/reference.py) built from the env registry (``env_task``):
 
-``arithmetic`` (the demo, ``libludic.envs.arithmetic``): two-digit addition has only 8100
-distinct problems, so the problem space itself is split (``split="train"`` never yields a
-held-out problem). Training pairs are ``generate_problem(TRAIN_SEED_BASE + i,
-split="train")`` minus any question among the held-out ones (a second guard);
-``held_out(n)`` is ``split="eval"`` seeds ``0..n-1``, the problems ``ludic up`` evaluates
-on; ``check`` is 200 train-split problems (``CHECK_SEEDS``), so a target stop never looks
-at the held-out set.
+- training pairs: ``env`` at seeds ``train_seed_base + i``, its observation as the prompt
+  and ``reference_completion()`` as the completion, minus any prompt among the held-out
+  problems (so no seed arithmetic can leak one into training);
+- ``check`` (what a target stop measures): ``env`` at ``check_seeds``, never the held-out
+  problems;
+- ``held_out(n)``: ``held_out_env`` (default ``env``) at seeds ``0..n-1``, the seeds
+  ``ludic up`` and ``ludic eval`` evaluate on; give it its own split or file when the two
+  envs would otherwise share problems;
+- scored by the env's ``score_completion`` (1.0 = passed).
+
+``TASKS`` names what ``ludic sft --task KIND --task-arg K=V`` and ``up.sft_task`` (a kind, or
+``{kind, kwargs}``) accept: ``env`` takes ``env_task``'s arguments as they are, and an env
+may name its own task with defaults (``arithmetic``, the demo's:
+``libludic.envs.arithmetic.sft_task``). Any other dataset is a JSONL file (``ludic sft
+--data``): one ``{"prompt": ..., "completion": ...}`` or ``{"messages": [...]}`` record
+per line.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from libludic.envs.arithmetic import generate_problem, score_answer
+import yaml
+
+from libludic.envs import arithmetic
+from libludic.envs.reference import ReferenceEnv
 from libludic.eval.greedy import GreedyCheck
+from libludic.registry import default_env_registry
+from libludic.requests import EnvSpec
 
 TRAIN_SEED_BASE = 10_000_000
-HELD_OUT_SEEDS = range(0, 200)
 CHECK_SEEDS = range(20_000_000, 20_000_200)
+MAX_HELD_OUT = 200  # held-out problems a task keeps out of its training data
+# a greedy answer's budget beyond its reference's UTF-8 bytes (a token is at least a byte)
+ANSWER_SLACK_TOKENS = 3
 
 
 @dataclass(frozen=True)
@@ -53,34 +69,112 @@ def record(prompt: str, completion: str) -> dict[str, str]:
     return {"prompt": prompt, "completion": completion}
 
 
-def arithmetic(digits: int = 2) -> SFTTask:
-    """The demo's task (module docstring)."""
+def build_env(spec: Mapping[str, Any], where: str) -> ReferenceEnv:
+    """The env ``spec`` ({kind, kwargs}) names, from the built-in registry; it must state
+    its reference completions."""
+    env_spec = EnvSpec.from_dict(dict(spec))
+    registry = default_env_registry()
+    if env_spec.kind not in registry:
+        raise ValueError(f"{where}: unknown env kind {env_spec.kind!r}; known: {sorted(registry)}")
+    env = registry[env_spec.kind](**env_spec.kwargs)
+    if not isinstance(env, ReferenceEnv):
+        env.close()
+        raise ValueError(
+            f"{where}: env {env_spec.kind!r} states no reference completion, so it gives no "
+            "supervised data; give the env reference_completion() and score_completion() "
+            "(libludic/envs/reference.py) or train on a JSONL file"
+        )
+    return env
 
-    def check_of(seeds: range, split: str) -> GreedyCheck:
-        probs = [generate_problem(s, digits, split=split) for s in seeds]
-        return GreedyCheck([(p.question, p.answer) for p in probs], score_answer, 2 * digits + 3)
+
+def pairs(env: ReferenceEnv, seeds: Sequence[int]) -> Iterator[tuple[str, str]]:
+    """(prompt, reference completion) of ``env`` at each seed."""
+    for s in seeds:
+        obs, _ = env.env_reset(seed=s)
+        yield str(obs), env.reference_completion()
+
+
+def env_task(
+    env: Mapping[str, Any],
+    held_out_env: Mapping[str, Any] | None = None,
+    *,
+    name: str | None = None,
+    max_new_tokens: int | None = None,
+    train_seed_base: int = TRAIN_SEED_BASE,
+    check_seeds: Sequence[int] = CHECK_SEEDS,
+    max_held_out: int = MAX_HELD_OUT,
+) -> SFTTask:
+    """The supervised task of the env ``env`` ({kind, kwargs}; module docstring).
+    ``max_new_tokens``, a greedy answer's budget, defaults to the longest check reference in
+    UTF-8 bytes plus ``ANSWER_SLACK_TOKENS``."""
+    train = build_env(env, "sft task env")
+    held = build_env(held_out_env if held_out_env is not None else env, "sft task held_out_env")
+    check_problems = list(pairs(train, check_seeds))
+    if max_new_tokens is None:
+        longest = max(len(ref.encode()) for _, ref in check_problems)
+        max_new_tokens = longest + ANSWER_SLACK_TOKENS
+    budget = max_new_tokens
 
     def held_out(n: int) -> GreedyCheck:
-        return check_of(HELD_OUT_SEEDS[:n], "eval")
+        if not 0 < n <= max_held_out:
+            raise ValueError(f"held-out problems: n={n} must be in [1, {max_held_out}]")
+        return GreedyCheck(list(pairs(held, range(n))), held.score_completion, budget)
 
     def write(path: Path, n: int) -> int:
-        exclude = {q for q, _ in held_out(len(HELD_OUT_SEEDS)).problems}
+        exclude = {q for q, _ in held_out(max_held_out).problems}
         written = 0
         with open(path, "w", encoding="utf-8") as f:
-            for i in range(n):
-                p = generate_problem(TRAIN_SEED_BASE + i, digits, split="train")
-                if p.question not in exclude:
-                    f.write(json.dumps(record(p.question, p.answer)) + "\n")
+            for prompt, completion in pairs(train, range(train_seed_base, train_seed_base + n)):
+                if prompt not in exclude:
+                    f.write(json.dumps(record(prompt, completion)) + "\n")
                     written += 1
         return written
 
     return SFTTask(
-        name=f"arithmetic ({digits}-digit addition)",
+        name=name or f"env {EnvSpec.from_dict(dict(env)).kind}",
         write=write,
-        check=check_of(CHECK_SEEDS, "train"),
+        check=GreedyCheck(check_problems, train.score_completion, budget),
         held_out=held_out,
-        max_held_out=len(HELD_OUT_SEEDS),
+        max_held_out=max_held_out,
     )
 
 
-TASKS: dict[str, Callable[..., SFTTask]] = {"arithmetic": arithmetic}
+def _as_given(**kwargs: Any) -> dict[str, Any]:
+    return kwargs
+
+
+#: task kind -> its kwargs as env_task's arguments
+TASKS: dict[str, Callable[..., Mapping[str, Any]]] = {
+    "env": _as_given,
+    "arithmetic": arithmetic.sft_task,  # the demo's, kept with its env
+}
+
+
+def task_spec(spec: str | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(kind, kwargs) of a task named by ``spec``: a kind, ``{kind, kwargs}``, or that
+    mapping as YAML/JSON text (``LUDIC_SFT_TASK``); errors name the valid kinds."""
+    if isinstance(spec, str) and spec.strip().startswith("{"):
+        spec = yaml.safe_load(spec)
+    if isinstance(spec, str):
+        kind, kwargs = spec, {}
+    elif isinstance(spec, Mapping) and "kind" in spec and set(spec) <= {"kind", "kwargs"}:
+        kind, kwargs = str(spec["kind"]), dict(spec.get("kwargs") or {})
+    else:
+        raise ValueError(
+            f"sft task {spec!r}: give a kind or {{kind, kwargs}}, e.g. {{kind: arithmetic, "
+            "kwargs: {digits: 3}}"
+        )
+    if kind not in TASKS:
+        raise ValueError(f"sft task kind {kind!r}: use one of {sorted(TASKS)}")
+    return kind, kwargs
+
+
+def make_task(spec: str | Mapping[str, Any]) -> SFTTask:
+    """The task ``spec`` names (``task_spec``), built; a kwarg its kind does not take is an
+    error naming the kind."""
+    kind, kwargs = task_spec(spec)
+    try:
+        args = TASKS[kind](**kwargs)
+        return env_task(**args)
+    except TypeError as e:
+        raise ValueError(f"sft task {kind!r} with kwargs {kwargs}: {e}") from e

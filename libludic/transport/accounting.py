@@ -53,6 +53,7 @@ no actor committed opens no group, its items count at item level only.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -506,7 +507,6 @@ async def wait_admission(r: aioredis.Redis, keys: Keys, timeout_s: float) -> boo
 
 def snapshot_sync(redis_url: str, run_id: str) -> dict[str, Any]:
     """:func:`snapshot` for synchronous callers (launcher, tests)."""
-    import asyncio
 
     async def go() -> dict[str, Any]:
         r = connect(redis_url)

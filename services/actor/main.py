@@ -26,6 +26,7 @@ import asyncio
 import logging
 from typing import Any
 
+from libludic.inference.pool import InferencePool
 from services.actor.settings import ActorSettings
 from services.actor.worker import (  # noqa: F401 (re-exported for callers of main)
     ERRORS,
@@ -44,8 +45,6 @@ async def run(
     stop = stop or asyncio.Event()
     own_client = client is None
     if client is None:
-        from libludic.inference.pool import InferencePool
-
         client = InferencePool(
             settings.inference_urls,
             api_key=settings.api_key,

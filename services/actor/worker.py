@@ -16,7 +16,9 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from libludic import transport
 from libludic.inference.client import InferenceError
+from libludic.registry import build_registries
 from libludic.requests import RolloutRequest
+from libludic.rollout.engine import RolloutEngine
 from libludic.transport import accounting
 from services.actor.settings import ActorSettings
 from services.common.lifecycle import update_stream_gauges
@@ -75,9 +77,6 @@ class ActorStats:
 
 class Actor:
     def __init__(self, settings: ActorSettings, client: Any, r: Any, stop: asyncio.Event):
-        from libludic.registry import build_registries
-        from libludic.rollout.engine import RolloutEngine
-
         self.s = settings
         self.client = client
         self.r = r

@@ -14,15 +14,20 @@ back to as well.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from libludic.agents.config import validate_agent_config
+from libludic.eval.evaluator import Evaluator
 from libludic.inference.openai_client import OpenAIChatClient
 from libludic.inference.request import InferenceSpec
 from libludic.inference.sampling import SamplingConfig
 from libludic.parsers import make_parser
+from libludic.registry import build_registries
 from libludic.requests import EnvSpec, ProtocolSpec, RolloutRequest
+from libludic.rollout.engine import RolloutEngine
 
 Protocol = Mapping[str, Any] | None
 
@@ -39,8 +44,6 @@ DEFAULTS: Mapping[str, Any] = {
 def protocol_spec(protocol: Protocol, where: str) -> ProtocolSpec:
     """``protocol`` as a ProtocolSpec, its parser and agent built once so that a bad one
     stops the start-up (``where`` names the setting in the error)."""
-    from libludic.agents.config import validate_agent_config
-
     if protocol is None:
         return ProtocolSpec()
     try:
@@ -80,10 +83,6 @@ async def evaluate_client(
 ) -> dict[str, float]:
     """One greedy pass over the held-out problems with any ChatClient (the inference
     service's, or an in-process HFChatClient on a weight snapshot)."""
-    from libludic.eval.evaluator import Evaluator
-    from libludic.registry import build_registries
-    from libludic.rollout.engine import RolloutEngine
-
     engine = RolloutEngine(*build_registries(client))
     reqs = eval_requests(env, n, max_tokens, protocol)
     ev = Evaluator(engine=engine, requests=reqs, concurrency=64)
@@ -120,8 +119,8 @@ def evaluate_snapshot(
     """The same pass in this process on a saved weight snapshot (fp32 transformers, the
     learner's dtype: what fp32 serving serves, to ~5e-7 nats). ``ludic up``'s deferred
     curve evaluation, run after the RL phase so it takes nothing from it."""
-    import asyncio
-
+    # torch and transformers for this in-process pass only: the eval service and the
+    # settings that import this module evaluate through inference
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer

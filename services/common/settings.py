@@ -42,6 +42,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
+
 from libludic.staleness import DEFAULT_MAX_HEAD_OFFPOLICYNESS
 
 T = TypeVar("T")
@@ -284,8 +286,6 @@ def _resolve_nested(cls: type, out: dict[str, Any], origin: Mapping[str, int]) -
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    import yaml
-
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"config file {p} does not exist (from --config / LUDIC_CONFIG)")

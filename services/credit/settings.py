@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from libludic.training.presets import AlgorithmSpec
 from services.common.settings import SAW_HIGH_WATER
 
 
@@ -41,8 +42,6 @@ class CreditSettings:
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
 
     def __post_init__(self) -> None:
-        from libludic.training.presets import AlgorithmSpec
-
         self.spec = AlgorithmSpec.from_mapping(self.algorithm)
         if self.min_partial_group < 1:
             raise ValueError(f"min_partial_group={self.min_partial_group} must be >= 1")

@@ -14,6 +14,8 @@ import redis.exceptions as rexc
 from prometheus_client import Counter, Gauge
 
 from libludic import transport
+from libludic.training import filters as flt
+from libludic.training.algorithm import CreditStats
 from libludic.transport import accounting
 from libludic.types import Rollout
 from services.common.lifecycle import sleep_or_stop, update_stream_gauges
@@ -55,8 +57,6 @@ LEADER = Gauge("ludic_credit_leader", "1 while this worker holds the credit leas
 def make_filter(names: list[str]) -> Callable[[Any], bool] | None:
     if not names:
         return None
-    from libludic.training import filters as flt
-
     fs = []
     for n in names:
         f = getattr(flt, n, None)
@@ -206,8 +206,6 @@ class CreditWorker:
     async def _process_group(self, g: Group, outcome: str) -> None:
         rollouts = list(g.rollouts.values())
         entries = list(g.entries.values())
-        from libludic.training.algorithm import CreditStats
-
         stats = CreditStats()
         try:
             items = self.algo(len(rollouts)).to_saw_items(

@@ -189,6 +189,8 @@ def create_app(
     async def _openai(raw_request: Request, endpoint: str) -> Response:
         e = eng()
         if endpoint == "completions":
+            # vLLM's request models where a generation route runs: the weight routes and
+            # their tests (tests/fakes.py's TensorEngine) build the app without vLLM
             from vllm.entrypoints.openai.completion.protocol import CompletionRequest as Req
 
             handler = e.serving.openai_serving_completion
@@ -220,7 +222,7 @@ def create_app(
             )
         finally:
             COLLECTOR.reset(token)
-        from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+        from vllm.entrypoints.serve.engine.protocol import ErrorResponse  # as Req, above
 
         if isinstance(gen, ErrorResponse):
             metrics.requests.labels(endpoint, str(gen.error.code)).inc()

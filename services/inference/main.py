@@ -70,7 +70,7 @@ async def exit_on_stop(stop: asyncio.Event, server: object) -> None:
 def listen(host: str, port: int) -> socket.socket:
     """Bind the API port before vLLM starts. vLLM's start-up (tens of seconds) opens many
     ephemeral sockets of its own; a port chosen by a launcher and bound only after it can be
-    taken in between ("address already in use", seen in CI)."""
+    taken in between, and the server would then fail with "address already in use"."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -90,6 +90,8 @@ def _one_line(e: BaseException) -> str:
 
 async def run(settings: InferenceSettings, *, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` (graceful) or until vLLM's engine dies (``InferenceFailed``)."""
+    # the server and the engine (vLLM, seconds to import) load here: `--help` and refused
+    # settings answer without them
     import uvicorn
 
     from services.inference.app import create_app

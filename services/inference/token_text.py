@@ -23,6 +23,7 @@ request served the usual way.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 
@@ -45,8 +46,7 @@ def fill_text(data: dict[str, Any], endpoint: str, tokenizer: Any, req: Any) -> 
     through vLLM's own incremental detokenizer in one go, primed with the prompt's ids as
     vLLM primes it, so spacing after the prompt, special tokens and an incomplete UTF-8
     sequence at the end come out exactly as vLLM would have written them."""
-    from types import SimpleNamespace
-
+    # vLLM where used: the response model's tests import this module without it
     from vllm import SamplingParams
     from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 

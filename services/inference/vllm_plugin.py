@@ -9,9 +9,7 @@ Why: vLLM 0.32's shared-memory message queue between the EngineCore and its work
 busy-loops (``sched_yield``) for ``SpinCondition.busy_loop_s`` = 1 s after every read before
 it sleeps on a notification socket. A GPU box has host cores to spare for that; on a small
 CPU machine the two spinning processes take the cores the API server, the actors and the
-learner need. Measured on a 2-core machine serving 64 concurrent 8-token chat completions
-(86% of the worker's samples in the spin loop, 3% in the model): 54 samples/s with the spin,
-219 with ``busy_loop_s = 0`` and the socket wait capped at 20 ms.
+learner need (DEVELOPERS.md has the figures).
 
 The cap: with no spin at all, vLLM's reader sometimes misses the writer's notification
 (a ZMQ PUB socket with a high-water mark of 1 feeding a CONFLATE subscriber) and sleeps for
@@ -24,11 +22,8 @@ each linear layer's weight with a oneDNN-packed copy at load time
 (``dispatch_cpu_unquantized_gemm``), so every weight update has to go through vLLM's
 layerwise reload, which rebuilds the layer's parameters and packs each weight again. With the
 plugin, a 2-D weight stays as it is and the layer multiplies with ``torch.nn.functional.linear``;
-an update is then a copy into those tensors (``worker_ext.LudicWorkerExtension``). Measured on
-a 2-core machine with the demo's 2.4M-parameter float32 model, vLLM's offline engine, in one
-process: an update took 58.5 ms in the worker packed and 7.3 ms plain, and a round of 64
-sampled 8-token completions 296 ms packed and 285 ms plain (the same within noise).
-Other layers (3-D MoE or conv weights) keep vLLM's dispatch.
+an update is then a copy into those tensors (``worker_ext.LudicWorkerExtension``), with
+generation as fast as packed for small models (DEVELOPERS.md has the figures). Other layers (3-D MoE or conv weights) keep vLLM's dispatch.
 """
 
 from __future__ import annotations
@@ -65,7 +60,7 @@ def settings() -> tuple[float, int] | None:
 
 def plain_linear(x: Any, weight: Any, bias: Any) -> Any:
     """A layer's ``cpu_linear`` under the plugin: the layer's own weight, read at each call."""
-    import torch
+    import torch  # vLLM imports this plugin in every process: torch and vLLM only once active
 
     return torch.nn.functional.linear(x, weight, bias)
 
@@ -76,7 +71,7 @@ def uses_plain_linear(module: Any) -> bool:
 
 
 def _patch_cpu_linear() -> None:
-    try:
+    try:  # vLLM's modules once the plugin is active (see plain_linear); absent in old vLLMs
         from vllm.model_executor.layers import utils
     except ImportError:
         return
@@ -103,7 +98,7 @@ def register() -> None:
     conf = settings()
     if conf is None:
         return
-    try:
+    try:  # vLLM's modules once the plugin is active (see plain_linear)
         from vllm.distributed.device_communicators import shm_broadcast
     except ImportError:  # a vLLM without the shared-memory queue: nothing to bound
         return

@@ -31,6 +31,7 @@ import contextlib
 import contextvars
 import logging
 import os
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
@@ -38,7 +39,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save
 
+from services.inference import vllm_plugin
 from services.inference.metrics import InferenceMetrics
 from services.inference.settings import InferenceSettings
 from services.inference.validation import ParamSpec, complete_partial
@@ -99,8 +103,6 @@ class WeightShadow:
         self.overrides: dict[str, torch.Tensor] = {}
 
     def get(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
-        from safetensors import safe_open
-
         out: dict[str, torch.Tensor] = {}
         by_file: dict[Any, list[str]] = {}
         for n in names:
@@ -119,15 +121,11 @@ class WeightShadow:
 
 
 def _to_payload(tensors: dict[str, torch.Tensor]) -> bytes:
-    from safetensors.torch import save
-
     return save({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()})
 
 
 def _stage(payload: Any, directory: str | None) -> str:
     """Write a safetensors payload to a fresh file (private to this process's user)."""
-    import tempfile
-
     fd, path = tempfile.mkstemp(prefix="ludic-weights-", suffix=".safetensors", dir=directory)
     with os.fdopen(fd, "wb") as f:
         f.write(payload)
@@ -163,8 +161,6 @@ def idle_wait_env(settings: InferenceSettings, is_cpu: bool) -> dict[str, str]:
     """Environment for vLLM's processes read by ``services.inference.vllm_plugin``: how long
     the EngineCore and worker spin between messages (0 on CPU unless configured), and the
     longest sleep after that. Empty (vLLM's own behaviour) on GPUs unless configured."""
-    from services.inference import vllm_plugin
-
     spin = settings.engine_idle_spin_s
     if spin is None:
         if not is_cpu:
@@ -180,8 +176,6 @@ def cpu_linear_env(settings: InferenceSettings, is_cpu: bool) -> dict[str, str]:
     """Environment for vLLM's processes read by ``services.inference.vllm_plugin``: whether
     the CPU backend keeps plain weights (``cpu_linear``: plain, or auto with float32) so a
     weight update is a copy (``worker_ext``). Empty on GPUs."""
-    from services.inference import vllm_plugin
-
     if not is_cpu:
         return {}
     mode = settings.cpu_linear
@@ -203,6 +197,7 @@ def needs_warmup(is_cpu: bool, served_dtype: torch.dtype) -> bool:
 
 async def warm_up(llm: Any, vocab_size: int, max_model_len: int) -> None:
     """One greedy 1-token generation from a ``WARMUP_PROMPT_TOKENS``-token prompt."""
+    # vLLM where used: the unit tests drive LudicEngine and its helpers without loading it
     from vllm import SamplingParams
 
     n = max(1, min(WARMUP_PROMPT_TOKENS, max_model_len - 1))
@@ -243,6 +238,7 @@ class LudicEngine:
     # ------------------------------------------------------------------ start/stop
     @classmethod
     async def start(cls, settings: InferenceSettings, metrics: InferenceMetrics) -> LudicEngine:
+        # vLLM where used (see warm_up)
         from starlette.datastructures import State
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
@@ -265,7 +261,7 @@ class LudicEngine:
             argv += ["--enforce-eager"]
         if settings.served_model_name:
             argv += ["--served-model-name", settings.served_model_name]
-        from vllm.platforms import current_platform
+        from vllm.platforms import current_platform  # vLLM where used (see warm_up)
 
         argv += platform_default_args(list(settings.vllm_args), current_platform.is_cpu())
         # inherited by the EngineCore and worker processes vLLM spawns below
@@ -333,7 +329,7 @@ class LudicEngine:
         return result
 
     async def _probe_once(self) -> None:
-        from vllm import SamplingParams
+        from vllm import SamplingParams  # vLLM where used (see warm_up)
 
         if self.llm.errored:
             raise RuntimeError("vLLM engine is dead")

@@ -24,6 +24,9 @@ import time
 from typing import Any
 
 import torch
+from safetensors.torch import load, load_file
+
+from services.inference.vllm_plugin import uses_plain_linear
 
 
 def shared_parameter_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -63,8 +66,6 @@ def copy_reload_applies(model: torch.nn.Module, vllm_config: Any) -> bool:
     kernel multiplying by its own weight (``vllm_plugin`` plain linear layers; tied weights
     are then one tensor). Otherwise vLLM's layerwise ``reload_weights`` redoes the
     post-processing."""
-    from services.inference.vllm_plugin import uses_plain_linear
-
     if getattr(vllm_config.model_config, "quantization", None) is not None:
         return False
     if str(getattr(vllm_config.cache_config, "cache_dtype", "auto")) != "auto":
@@ -80,8 +81,6 @@ class LudicWorkerExtension:
         the EngineCore serves between two steps: generation waits for it). Returns the
         seconds it took in this worker (the in-place reload time the swap's pause is
         measured against)."""
-        from safetensors.torch import load, load_file
-
         t0 = time.perf_counter()
         tensors = load_file(payload) if isinstance(payload, str) else load(bytes(payload))
         model = self.model_runner.get_model()  # type: ignore[attr-defined]

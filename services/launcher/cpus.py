@@ -4,10 +4,8 @@ On a machine without a GPU the learner trains on CPU cores that generation also 
 binds its worker to cores of its own choosing (all but one, by its "auto" rule) and the
 API server, EngineCore, actors, credit, feeder and Redis go wherever the kernel puts them.
 Every few milliseconds one of them wakes on the learner's core, and the learner's step,
-which is one long chain of small tensor ops, waits behind it. Measured on a 2-core machine,
-demo config, 60 steps (``python bench/step_profile.py``, ``up.cpu_pinning`` off then auto,
-back to back): the learner's train time per step was 303 ms unpinned and 234 ms with the
-learner alone on one core and the rest on the other; samples/s went from 187 to 226.
+which is one long chain of small tensor ops, waits behind it (DEVELOPERS.md has the
+figures, ``bench/step_profile.py`` measures them).
 
 ``auto`` (the default) therefore gives the learner ``learner_nproc * learner_threads`` cores
 of its own (the last of the cores ``ludic up`` may use) and every other service the rest,
@@ -24,7 +22,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
 PINNING_MODES = frozenset({"auto", "off"})
 
@@ -67,22 +64,18 @@ def spare_cores(
     plan: CpuPlan | None,
     learner_nproc: int,
     enabled: bool | None,
-    learner_section: dict[str, Any],
+    configured: tuple[int, ...],
     synchronous: bool,
 ) -> tuple[int, ...]:
     """The cores the learner's second training thread may use at idle priority
     (libludic/training/spare_core.py): the generation cores, when the learner is pinned apart
     from them and runs one rank, and ``up.spare_core_training`` is true, or unset and the
-    run is synchronous (``max_head_offpolicyness`` 0). Measured on 2 cores, demo config,
-    ``python bench/e2e.py --workload demo --reps 1`` three times each way: synchronous
-    (generation idles while the learner trains) 144.9 samples/s median with it, 127.9
-    without; asynchronous (generation keeps that core busy) 220.3 with it, 238.4 without,
-    within the runs' spread. None when the run config's learner section sets ``spare_cores``
-    itself (that value is used as it is)."""
+    run is synchronous (``max_head_offpolicyness`` 0: generation idles while the learner
+    trains, so those cores are free; in an asynchronous run generation keeps them busy and
+    the thread gains nothing; DEVELOPERS.md has the figures). None when the learner's own settings give ``spare_cores``
+    (``configured``, from its run config section or environment: used as it is)."""
     on = synchronous if enabled is None else enabled
-    if not on or plan is None or learner_nproc != 1:
-        return ()
-    if "spare_cores" in learner_section:
+    if not on or plan is None or learner_nproc != 1 or configured:
         return ()
     return plan.others
 
@@ -93,7 +86,7 @@ def usable_cores() -> list[int]:
 
 
 def cuda_visible() -> bool:
-    import torch
+    import torch  # for this question only: the CPU plan itself is plain data
 
     return bool(torch.cuda.is_available())
 

@@ -25,10 +25,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-
 from services.common.secrets import keep_secrets_in
 from services.common.settings import load_settings, log_settings, setup_logging
+from services.launcher.resolved import Resolved
 from services.launcher.settings import UpSettings
 from services.launcher.worker import (  # noqa: F401 (re-exported for callers of main)
     SAVED_CONFIG,
@@ -61,8 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         s = resumed
     assert s.config_path is not None
     cfg_path = Path(s.config_path)
-    cfg = yaml.safe_load(cfg_path.read_text()) or {}
-    if s.resume and not int((cfg.get("learner") or {}).get("checkpoint_every") or 0):
+    try:  # fail before starting anything: a service would refuse the config minutes later
+        resolved = Resolved.of(s)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"ludic up: {s.config_path}: {e}", file=sys.stderr)
+        return 2
+    if s.resume and not resolved.checkpoints:
         print(
             f"ludic up --resume {s.resume}: the run kept no learner checkpoints "
             "(learner.checkpoint_every is 0): its weights since the start are gone; start "
@@ -70,17 +73,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    from libludic.training.presets import AlgorithmSpec
-
-    try:  # fail before starting anything: credit and learner would refuse it minutes later
-        AlgorithmSpec.from_mapping(cfg.get("algorithm"))
-    except ValueError as e:
-        print(f"ludic up: {s.config_path}: {e}", file=sys.stderr)
-        return 2
     s.config_path = str(cfg_path.resolve())
     log_settings(log, "up", s)
     try:
-        return Run(s, cfg).execute()
+        return Run(s, resolved).execute()
     except subprocess.SubprocessError as e:
         log.error("%s", e)
         return 1

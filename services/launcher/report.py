@@ -69,10 +69,10 @@ def build_summary(
 
 
 def plot(summary: dict[str, Any], path: Path) -> None:
-    import matplotlib
+    import matplotlib  # the plot only, and its Agg backend chosen before pyplot loads
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after the backend is chosen
 
     fig, ax1 = plt.subplots(figsize=(7, 4))
     curve = [c for c in summary["curve"] if not math.isnan(c.get("reward_mean", float("nan")))]

@@ -14,6 +14,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from libludic.training.sft_tasks import task_spec
 from services.common import heldout
 from services.common.heldout import protocol_spec
 from services.launcher.cpus import PINNING_MODES
@@ -23,6 +24,13 @@ from services.launcher.cpus import PINNING_MODES
 class UpSettings:
     name: str = field(default="run", metadata={"help": "run name: files go to <runs_dir>/<name>"})
     runs_dir: str = field(default="runs", metadata={"help": "parent directory of run directories"})
+    run_id: str = field(
+        default="",
+        metadata={
+            "help": "namespace of the run's Redis keys, given to every service (top-level "
+            "key; empty: <name>-<start time>)"
+        },
+    )
     model: str = field(
         default="", metadata={"help": "starting policy dir (empty: build one with init_size)"}
     )
@@ -44,9 +52,13 @@ class UpSettings:
     sft_check_every: int = field(
         default=5, metadata={"help": "SFT steps between sft_target_pass_rate checks"}
     )
-    sft_task: str = field(
+    sft_task: Any = field(
         default="arithmetic",
-        metadata={"help": "SFT data and checks: a task of libludic/training/sft_tasks.py"},
+        metadata={
+            "help": "SFT data and checks: a task kind or {kind, kwargs} "
+            "(libludic/training/sft_tasks.py: arithmetic, or env with any env that states "
+            "its reference completion)"
+        },
     )
     sft_data: str = field(
         default="",
@@ -181,6 +193,10 @@ class UpSettings:
                 f"up.cpu_pinning={self.cpu_pinning!r}; use one of {sorted(PINNING_MODES)}"
             )
         protocol_spec(self.eval_protocol, "up.eval_protocol")
+        try:
+            task_spec(self.sft_task)
+        except ValueError as e:
+            raise ValueError(f"up.sft_task: {e}") from e
         if self.eval_mode not in EVAL_MODES:
             raise ValueError(f"up.eval_mode={self.eval_mode!r}; use one of {sorted(EVAL_MODES)}")
 

@@ -3,7 +3,6 @@ services, evaluate, supervise, report). ``main.py`` is the command line."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import logging
@@ -19,10 +18,15 @@ from typing import Any
 
 import yaml
 
+from libludic.models.tiny import init_model
+from libludic.training.sft_tasks import make_task
 from libludic.transport import accounting
+from services.common.heldout import evaluate_snapshot
+from services.common.settings import read_yaml
 from services.launcher import cpus, stack
 from services.launcher.live import LiveView
 from services.launcher.report import write_report
+from services.launcher.resolved import Resolved
 from services.launcher.settings import UpSettings
 from services.launcher.supervisor import ServiceError, ServiceSpec, Supervisor
 
@@ -40,8 +44,6 @@ def _on_signal(signum: int, frame: Any) -> None:
 
 def prepare_model(s: UpSettings, run_dir: Path) -> Path:
     """The starting policy: given, or built, then SFT'd when sft_steps > 0."""
-    from libludic.models.tiny import init_model
-
     if s.model:
         base = Path(s.model)
         if not (base / "config.json").exists():
@@ -87,8 +89,8 @@ def prepare_model(s: UpSettings, run_dir: Path) -> Path:
         stop,
         out,
     )
+    # the Trainer and transformers (seconds to import) for a warm start only
     from libludic.training.sft import run_sft
-    from libludic.training.sft_tasks import TASKS
 
     check = None
     if s.sft_data:
@@ -100,12 +102,10 @@ def prepare_model(s: UpSettings, run_dir: Path) -> Path:
         data = Path(s.sft_data)
         if not data.is_file():
             raise FileNotFoundError(f"up.sft_data={s.sft_data}: no such file")
-    elif s.sft_task in TASKS:
-        task = TASKS[s.sft_task]()
+    else:
+        task = make_task(s.sft_task)
         data = task.data_in(out, s.sft_steps * s.sft_batch_size)
         check = task.check
-    else:
-        raise ValueError(f"up.sft_task={s.sft_task!r}: use one of {sorted(TASKS)} or up.sft_data")
     res = run_sft(
         base,
         out,
@@ -129,7 +129,7 @@ def prepare_model(s: UpSettings, run_dir: Path) -> Path:
 SAVED_CONFIG = "run.yaml"  # the config a run started with, for ``ludic up --resume``
 PID_FILE = "up.pid"  # the pid of the ``ludic up`` running the run
 # settings of how this invocation runs, not of the run itself: never saved
-_NOT_SAVED = ("config_path", "resume", "fresh", "live", "log_level")
+_NOT_SAVED = ("config_path", "resume", "fresh", "live", "log_level", "run_id")
 
 
 def running_launcher(run_dir: Path) -> int | None:
@@ -145,9 +145,11 @@ def running_launcher(run_dir: Path) -> int | None:
 
 
 class Run:
-    def __init__(self, s: UpSettings, cfg: dict[str, Any]) -> None:
+    def __init__(self, s: UpSettings, resolved: Resolved | None = None) -> None:
+        """``resolved``: the learner's and feeder's settings (``Resolved.of(s)`` when not
+        given)."""
         self.s = s
-        self.cfg = cfg
+        self.services = Resolved.of(s) if resolved is None else resolved
         self.run_dir = Path(s.runs_dir) / s.name
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.sup = Supervisor(
@@ -157,7 +159,7 @@ class Run:
             watchdog_interval_s=s.watchdog_interval_s,
             restart_startup_s=s.startup_timeout_s,
         )
-        self.run_id = str(cfg.get("run_id") or f"{s.name}-{int(time.time())}")
+        self.run_id = s.run_id or f"{s.name}-{int(time.time())}"
         self.token = secrets.token_hex(24)
         self.metrics: dict[str, str] = {}  # service -> /metrics URL
         self.curve: list[dict[str, float]] = []
@@ -169,13 +171,12 @@ class Run:
         self.curve_eval_s = 0.0  # seconds of curve evaluations (live or deferred)
         self.cpu_plan: cpus.CpuPlan | None = None
         self.resuming = bool(s.resume)
-        # the learner's step count (0 or absent: until stopped), for the live view's ETA
-        self.total_steps = int((cfg.get("learner") or {}).get("num_steps") or 0) or None
+        self.total_steps = self.services.num_steps  # for the live view's ETA
 
     def save_config(self) -> None:
         """``<run>/run.yaml``: the run config with its run id and every ``up:`` setting this
         run uses (flags and environment included), what ``ludic up --resume`` reads."""
-        cfg = copy.deepcopy(self.cfg)
+        cfg = read_yaml(self.s.config_path) if self.s.config_path else {}
         cfg["run_id"] = self.run_id
         up = {k: v for k, v in dataclasses.asdict(self.s).items() if k not in _NOT_SAVED}
         cfg["up"] = {**(cfg.get("up") or {}), **up}
@@ -247,8 +248,6 @@ class Run:
         """Deferred curve: evaluate every snapshot the learner saved, in this process, after
         the RL phase; ``wall_s`` is when the learner had trained that step, ``rl_wall_s`` its
         RL wall then (the Trainer's time inside train steps: the clock of samples/s)."""
-        from services.common.heldout import evaluate_snapshot
-
         index = self.run_dir / "learner" / "snapshots" / "snapshots.jsonl"
         if not index.exists():
             return
@@ -372,20 +371,19 @@ class Run:
             self.cpu_plan,
             self.s.learner_nproc,
             self.s.spare_core_training,
-            self.cfg.get("learner") or {},
-            synchronous=self.cfg.get("max_head_offpolicyness") == 0,
+            self.services.learner_spare_cores,
+            synchronous=self.services.synchronous,
         )
         if spare:
             learner_env["LUDIC_SPARE_CORES"] = ",".join(str(c) for c in spare)
         # with checkpoints a crashed learner resumes from its newest one and replays the items
         # it had not committed; without, its weights since the start would be lost: fatal
-        checkpoints = int((self.cfg.get("learner") or {}).get("checkpoint_every") or 0) > 0
         add(
             "learner",
             learner,
             may_finish=True,
             finished=self.learner_done,
-            restart=checkpoints,
+            restart=self.services.checkpoints,
             restart_env={"LUDIC_RESUME": "true"},
             LUDIC_INFERENCE_URLS=self.inference_url,
             LUDIC_AUTH_TOKEN=self.token,

@@ -199,7 +199,7 @@ class StepLogger:
         self.wandb: Any = None
         if os.environ.get("WANDB_PROJECT"):
             try:
-                import wandb
+                import wandb  # optional: only with WANDB_PROJECT set
 
                 self.wandb = wandb
                 wandb.init(project=os.environ["WANDB_PROJECT"], config=config or {})
@@ -208,7 +208,7 @@ class StepLogger:
         self.tb: Any = None
         if tensorboard_dir:
             try:
-                from torch.utils.tensorboard import SummaryWriter
+                from torch.utils.tensorboard import SummaryWriter  # optional (tensorboard)
 
                 self.tb = SummaryWriter(tensorboard_dir)
             except ImportError:

@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import redis
 import torch
 import torch.distributed as dist
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from libludic import transport
 from libludic.distributed.publisher import (
@@ -28,6 +30,7 @@ from libludic.distributed.publisher import (
     RetryPolicy,
     replica_versions,
 )
+from libludic.distributed.weight_sync import to_safetensors_bytes
 from libludic.training import parallel
 from libludic.training.batching.pipeline import PipelineBatchSource
 from libludic.training.checkpoint import CheckpointManager
@@ -86,8 +89,6 @@ class Learner:
     # ------------------------------------------------------------------ setup
 
     def _build(self) -> None:
-        from transformers import AutoModelForCausalLM
-
         s = self.s
         if not s.model_dir or not Path(s.model_dir).exists():
             raise ValueError(
@@ -257,8 +258,6 @@ class Learner:
     def _on_served(self, version: int, step: int) -> None:
         """Rank 0's publish thread, right at the ack: actors and the feeder may use the new
         weights at once (the Trainer applies the outcome only at its next publish)."""
-        import redis
-
         if self._sync_redis is None:
             self._sync_redis = redis.Redis.from_url(
                 self.s.redis_url, socket_timeout=10.0, socket_connect_timeout=5.0
@@ -375,8 +374,6 @@ class Learner:
         s, tr = self.s, self.trainer
         if not s.snapshot_every or not s.output_dir or tr is None or step % s.snapshot_every:
             return
-        from libludic.distributed.weight_sync import to_safetensors_bytes
-
         sd = tr.full_state_dict(rank0_only=True)
         if self.rank != 0:
             return
@@ -519,8 +516,6 @@ class Learner:
         sd = tr.full_state_dict(rank0_only=True)
         if self.rank != 0:
             return
-        from transformers import AutoTokenizer
-
         out = Path(self.s.output_dir) / "final"
         tmp = out.with_name("final.tmp")
         shutil.rmtree(tmp, ignore_errors=True)

@@ -34,9 +34,9 @@ pytestmark = pytest.mark.containers
 ROOT = Path(__file__).resolve().parents[2]
 PROM = "http://127.0.0.1:9090"
 # Short run for CI: enough steps that every fault lands mid-run (each recovery is seconds to
-# ~2 min for inference on 2 cores). Measured in CI: the learner fault at step 118 and the
-# credit fault at step 203, and a run of 300 steps ended during the actor fault (the
-# pipeline trains 2-4 steps/s here), so 1200 steps outlast the scale step and five faults.
+# ~2 min for inference on 2 cores). At the 2-4 steps/s the pipeline trains on 2 cores the
+# learner fault lands near step 120 and the credit fault near step 200, and a 300-step run
+# ends during the actor fault: 1200 steps outlast the scale step and the five faults.
 NUM_STEPS = int(os.environ.get("NUM_STEPS", "1200"))
 REPORT: dict[str, Any] = {"faults": []}
 

@@ -1,11 +1,11 @@
 """`make venv` on a machine with no pip configuration gets torch's CPU build from the extra
 index.
 
-On this machine pip's own configuration lists a local wheel directory that holds
+A development host's pip configuration may list a local wheel directory holding
 torch 2.13.0+cpu, which hides the path a user's fresh machine takes. Here the Makefile's own
 torch line (read from `make -n venv`, not copied) runs in a clean container of the local
-Debian base image: no /etc/pip.conf, no user config, no find-links. The PyTorch CPU index is
-unreachable from this machine, so a PEP 503 index serving the same wheel file stands in for
+Debian base image: no /etc/pip.conf, no user config, no find-links. The PyTorch CPU index may
+be unreachable from the test host, so a PEP 503 index serving the same wheel file stands in for
 it (`TORCH_INDEX=http://127.0.0.1:<port>/simple`, exactly how a user would point the Makefile
 at a mirror). pip must resolve `torch==2.13.0+cpu` from that extra index; PyPI, the default
 index, has only the CUDA build (and is not trusted in the container here: no CA bundle).
@@ -33,7 +33,7 @@ IMAGE = "ludic-local/python:bookworm"
 def test_make_venv_torch_line_resolves_the_cpu_build_from_the_extra_index(tmp_path: Path) -> None:
     wheels = sorted(glob.glob("/opt/wheels/torch-2.13.0+cpu-*.whl"))
     if not wheels:
-        pytest.fail("no torch-2.13.0+cpu wheel in /opt/wheels: this machine kind ships one")
+        pytest.fail("no torch-2.13.0+cpu wheel in /opt/wheels: the test serves it as the index")
     port = free_port()
     index = f"http://127.0.0.1:{port}/simple"
     dry = subprocess.run(

@@ -413,7 +413,7 @@ def test_dashboard_training_signal_panels_select_only_emitted_stats(dashboard):
 
 
 def test_dashboard_signal_panels_show_entropy_weight_maxima_and_advantage_spread(dashboard):
-    """Issue #21 point 9: the exact entropy, the importance weights' means and maxima and the
+    """The exact entropy, the importance weights' means and maxima and the
     batch's advantage mean and std each have their panel, under the names the code emits."""
     from libludic.training.loss import OffPolicyCorrection, TokenClippedSurrogateLoss
     from services.learner.metrics import STEP_SIGNALS

@@ -41,7 +41,7 @@ from hostile import (  # noqa: E402
 
 from libludic import transport as t  # noqa: E402
 from libludic.transport import accounting  # noqa: E402
-from libludic.types import ChatResponse  # noqa: E402
+from tests.fakes import ScriptedClient  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.fuzz]
 Entry = tuple[str, bytes, Hostile | None]  # (item id, payload, None for a valid entry)
@@ -183,22 +183,6 @@ async def assert_consistent(r: Any, keys: t.Keys, entries: Sequence[Entry]) -> d
 # ------------------------------------------------------------------------------ actor
 
 
-class FakeClient:
-    """Answers every call with the same three tokens: the engine, not inference, is fuzzed."""
-
-    async def complete(self, request: Any) -> Any:
-        return ChatResponse(
-            text="42",
-            prompt_token_ids=[1, 2],
-            completion_token_ids=[52, 50, 258],
-            completion_logprobs=[-0.1, -0.2, -0.3],
-            policy_version=0,
-        ), {}
-
-    async def get_policy_version(self) -> int:
-        return 0
-
-
 async def test_actor_survives_hostile_requests(redis_url: str, fuzz_summary: list[Any]) -> None:
     from services.actor import main as actor_main
 
@@ -212,7 +196,8 @@ async def test_actor_survives_hostile_requests(redis_url: str, fuzz_summary: lis
         max_head_offpolicyness=None, block_ms=100, concurrency=4, max_steps=2,
     )  # fmt: skip
     stop = asyncio.Event()
-    task = asyncio.create_task(actor_main.run(settings, client=FakeClient(), stop=stop))
+    client = ScriptedClient(["42"])  # every call the same answer: the streams are fuzzed
+    task = asyncio.create_task(actor_main.run(settings, client=client, stop=stop))
     try:
         await wait_for(lambda: drained(r, keys.requests, t.GROUP_ACTORS), 120, "requests", task)
         tail = [(f"tail{i}", encode_valid("requests", f"tail{i}", seed=i), None) for i in range(3)]

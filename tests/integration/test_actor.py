@@ -1,21 +1,19 @@
 """`ludic actor` against a real redis-server and a fake OpenAI-compatible HTTP server.
 
-The fake server answers like `ludic inference` (token ids, chosen-token logprobs,
-policy_version) after a configurable delay, so actors can be killed while they hold work.
+The fake server (tests/fakes.py: FakeOpenAIServer) answers like `ludic inference` (token
+ids, chosen-token logprobs, policy_version) after a configurable delay, so actors can be
+killed while they hold work; in-process actors get a ScriptedClient.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,90 +21,20 @@ import pytest
 from prometheus_client import REGISTRY
 
 from libludic import transport as t
-from libludic.inference.client import InferenceError
 from libludic.inference.request import InferenceSpec
 from libludic.inference.sampling import SamplingConfig
 from libludic.requests import EnvSpec, RolloutRequest
-from libludic.types import ChatResponse
 from services.actor import main as actor_main
+from tests.fakes import FakeOpenAIServer, ScriptedClient
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
-class FakeOpenAI:
-    """OpenAI-compatible endpoint: answers "42" (+ EOS) with logprobs -0.1, -0.2, -0.3."""
-
-    def __init__(self, delay_s: float = 0.0, version: int = 0):
-        self.delay_s = delay_s
-        self.version = version
-        self.calls = 0
-        fake = self
-
-        class H(BaseHTTPRequestHandler):
-            def log_message(self, *a: Any) -> None:
-                pass
-
-            def _send(self, obj: dict[str, Any], code: int = 200) -> None:
-                body = json.dumps(obj).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self) -> None:
-                if self.path == "/v1/models":
-                    self._send({"data": [{"id": "fake"}]})
-                elif self.path == "/v1/policy_version":
-                    self._send({"policy_version": fake.version})
-                elif self.path == "/health":
-                    self._send({"ok": True})
-                else:
-                    self._send({"error": "not found"}, 404)
-
-            def do_POST(self) -> None:
-                n = int(self.headers.get("Content-Length", 0))
-                body = json.loads(self.rfile.read(n))
-                fake.calls += 1
-                time.sleep(fake.delay_s)
-                prompt = body["messages"][-1]["content"].encode()[:200]
-                ids = [52, 50, 258]
-                self._send(
-                    {
-                        "choices": [
-                            {
-                                "message": {"role": "assistant", "content": "42"},
-                                "finish_reason": "stop",
-                                "token_ids": ids,
-                                "logprobs": {
-                                    "content": [
-                                        {"logprob": -0.1 * (i + 1)} for i in range(len(ids))
-                                    ]
-                                },
-                            }
-                        ],
-                        "prompt_token_ids": list(prompt),
-                        "policy_version": fake.version,
-                    }
-                )
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture
-def fake_openai() -> Iterator[FakeOpenAI]:
-    f = FakeOpenAI()
-    yield f
-    f.close()
+def fake_openai() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer() as f:
+        yield f
 
 
 def request(i: int, **kw: Any) -> RolloutRequest:
@@ -174,7 +102,7 @@ async def wait_for(cond: Any, timeout: float, what: str) -> None:
 
 
 async def test_kill9_actor_then_peer_finishes_all_and_sigterm_drains(
-    redis_url: str, fake_openai: FakeOpenAI
+    redis_url: str, fake_openai: FakeOpenAIServer
 ) -> None:
     fake_openai.delay_s = 1.0
     keys = t.Keys("act1")
@@ -225,30 +153,9 @@ async def test_kill9_actor_then_peer_finishes_all_and_sigterm_drains(
         await r.aclose()
 
 
-class FlakyClient:
-    """A ChatClient whose first ``fail`` calls raise InferenceError."""
-
-    def __init__(self, fail: int):
-        self.fail = fail
-        self.calls = 0
-
-    async def complete(self, request: Any) -> Any:
-        self.calls += 1
-        if self.calls <= self.fail:
-            raise InferenceError("replica restarting")
-        return ChatResponse(
-            text="42",
-            prompt_token_ids=[1, 2],
-            completion_token_ids=[52, 50, 258],
-            completion_logprobs=[-0.1, -0.2, -0.3],
-            policy_version=0,
-        ), {}
-
-    async def get_policy_version(self) -> int:
-        return 0
-
-    def sync_weights(self, *a: Any, **k: Any) -> str:
-        raise NotImplementedError
+def flaky(fail: int) -> ScriptedClient:
+    """Answers "42" (3 token ids: "4", "2", EOS) after ``fail`` calls that raise InferenceError."""
+    return ScriptedClient(["42"], fail_first=fail)
 
 
 async def test_actor_deadletters_bad_requests_and_retries_inference_errors(redis_url: str) -> None:
@@ -266,7 +173,7 @@ async def test_actor_deadletters_bad_requests_and_retries_inference_errors(redis
         concurrency=2,
     )
     stop = asyncio.Event()
-    task = asyncio.create_task(actor_main.run(settings, client=FlakyClient(fail=1), stop=stop))
+    task = asyncio.create_task(actor_main.run(settings, client=flaky(1), stop=stop))
 
     async def settled() -> bool:
         return await r.xlen(keys.requests) == 0
@@ -286,7 +193,7 @@ async def test_actor_waits_while_inference_is_stale(redis_url: str) -> None:
     keys = t.Keys("act3")
     r = t.connect(redis_url)
     await feed(r, keys, [request(0)])
-    await t.set_policy_version(r, keys, 5)  # learner at 5, inference (FlakyClient) at 0
+    await t.set_policy_version(r, keys, 5)  # learner at 5, inference (the client) at 0
     settings = actor_main.ActorSettings(
         redis_url=redis_url,
         run_id="act3",
@@ -296,7 +203,7 @@ async def test_actor_waits_while_inference_is_stale(redis_url: str) -> None:
     )
     before = stale_waits()
     stop = asyncio.Event()
-    client = FlakyClient(fail=0)
+    client = flaky(0)
     fake_inference_version = {"v": 0}
 
     async def version() -> int:
@@ -321,16 +228,55 @@ async def _xlen_positive(r: Any, key: str) -> bool:
     return int(await r.xlen(key)) > 0
 
 
+def scrape(body: str) -> dict[str, float]:
+    """``{'name{label="v"}': value}`` of a Prometheus text exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        series(sample.name, sample.labels): sample.value
+        for family in text_string_to_metric_families(body)
+        for sample in family.samples
+    }
+
+
+# (sample, labels); the reward histogram has negative buckets, so prometheus_client exports
+# no _sum for it (a sum could fall): its cumulative buckets carry the values
+REWARD_BUCKETS = ("0.0", "0.25", "0.9", "1.0")
+ACTOR_SERIES: tuple[tuple[str, dict[str, str]], ...] = (
+    ("ludic_actor_episodes_total", {}),
+    ("ludic_actor_tokens_total", {}),
+    ("ludic_actor_reward_count", {}),
+    *(("ludic_actor_reward_bucket", {"le": le}) for le in REWARD_BUCKETS),
+    ("ludic_actor_stale_admission_waits_total", {}),
+)
+
+
+def series(name: str, labels: dict[str, str]) -> str:
+    """The key ``scrape`` gives the sample."""
+    text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{text}}}" if text else name
+
+
 async def test_metrics_and_health_endpoints(redis_url: str) -> None:
+    """After N episodes the actor's /metrics says N: the counters and the reward histogram
+    move by what the written rollouts hold (read back from the stream), not only exist
+    (prometheus_client exports every name from import time). The registry is the test
+    process's, shared with the other in-process actors above: the test reads deltas."""
     try:
         from conftest import free_port  # type: ignore[import-not-found]
     except ImportError:  # pragma: no cover
         from tests.conftest import free_port
     import httpx
 
+    # the client answers "42"; with partial credit (score_answer: 0.5 x matching digits /
+    # length, for an answer of the target's length) seed 714 (24+18=42) earns 1.0, seed 15
+    # (36+11=47) 0.5 x 1/2 = 0.25, seed 0 (59+63=122, three digits) 0
+    seeds = (714, 15, 0)
+    n = len(seeds)
     keys = t.Keys("act4")
     r = t.connect(redis_url)
-    await feed(r, keys, [request(0)])
+    env = EnvSpec("arithmetic", {"digits": 2, "partial_credit": True})
+    await feed(r, keys, [request(i, env=env) for i in seeds])
     port = free_port()
     settings = actor_main.ActorSettings(
         redis_url=redis_url,
@@ -340,23 +286,32 @@ async def test_metrics_and_health_endpoints(redis_url: str) -> None:
         block_ms=100,
         heartbeat_ttl_s=1.0,
     )
+    before = {series(*k): REGISTRY.get_sample_value(*k) or 0.0 for k in ACTOR_SERIES}
     stop = asyncio.Event()
-    task = asyncio.create_task(actor_main.run(settings, client=FlakyClient(fail=0), stop=stop))
-    await wait_for(lambda: _xlen_positive(r, keys.rollouts), 10, "one rollout")
+    task = asyncio.create_task(actor_main.run(settings, client=flaky(0), stop=stop))
+
+    async def all_written() -> bool:
+        return int(await r.xlen(keys.rollouts)) == n
+
+    await wait_for(all_written, 10, f"{n} rollouts")
     await asyncio.sleep(0.5)  # one keepalive tick refreshes the gauges
     async with httpx.AsyncClient() as http:
-        body = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+        after = scrape((await http.get(f"http://127.0.0.1:{port}/metrics")).text)
         health = await http.get(f"http://127.0.0.1:{port}/health")
     assert health.status_code == 200
-    for name in (
-        "ludic_actor_episodes_total",
-        "ludic_actor_reward_bucket",
-        "ludic_actor_tokens_total",
-        "ludic_actor_claim_seconds_bucket",
-        "ludic_actor_stale_admission_waits_total",
-        'ludic_stream_length{stream="rollouts"}',
-    ):
-        assert name in body, name
+    delta = {k: after[k] - v for k, v in before.items()}
+    ros = await rollouts(r, keys)
+    # each episode is one step whose completion is the client's 3 token ids [52, 50, 258]
+    assert delta["ludic_actor_episodes_total"] == n
+    assert delta["ludic_actor_tokens_total"] == 3 * n
+    assert sorted(ro.total_reward for ro in ros) == [0.0, 0.25, 1.0]
+    # rewards 0, 0.25, 1 -> cumulative buckets: <= 0: 1, <= 0.25: 2, <= 0.9: 2, <= 1: 3
+    bucket = {le: delta[series("ludic_actor_reward_bucket", {"le": le})] for le in REWARD_BUCKETS}
+    assert bucket == {"0.0": 1, "0.25": 2, "0.9": 2, "1.0": 3}
+    assert delta["ludic_actor_reward_count"] == n
+    assert delta["ludic_actor_stale_admission_waits_total"] == 0  # admission off
+    assert after['ludic_stream_length{stream="rollouts"}'] == n
+    assert after["ludic_actor_inflight_requests"] == 0
     assert len(await t.alive(r, keys, "actor")) == 1
     stop.set()
     await asyncio.wait_for(task, 10)
@@ -367,7 +322,7 @@ async def test_inference_pool_round_robin_and_failover() -> None:
     from libludic.inference.pool import InferencePool
     from libludic.inference.request import ChatCompletionRequest
 
-    a, b = FakeOpenAI(version=3), FakeOpenAI(version=2)
+    a, b = FakeOpenAIServer(version=3), FakeOpenAIServer(version=2)
     downs: list[str] = []
     pool = InferencePool([a.url, b.url], max_retries=0, down_for_s=30, on_replica_down=downs.append)
     req = ChatCompletionRequest(messages=[{"role": "user", "content": "1+1="}])
@@ -400,7 +355,7 @@ async def test_an_entry_claimed_back_while_in_flight_runs_once(redis_url: str) -
     settings = actor_main.ActorSettings(
         redis_url=redis_url, run_id="act5", metrics_port=0, max_head_offpolicyness=None
     )
-    actor = Actor(settings, FlakyClient(fail=0), r, asyncio.Event())
+    actor = Actor(settings, flaky(0), r, asyncio.Event())
     (entry,) = await actor.consumer.read(1, block_ms=100)
     actor._spawn(entry)
     actor._spawn(t.Entry(entry.id, dict(entry.fields), claimed=True))  # the claim-back
@@ -427,7 +382,7 @@ async def test_a_request_whose_body_names_another_id_is_dead_lettered(redis_url:
         block_ms=100,
     )  # fmt: skip
     stop = asyncio.Event()
-    task = asyncio.create_task(actor_main.run(settings, client=FlakyClient(fail=0), stop=stop))
+    task = asyncio.create_task(actor_main.run(settings, client=flaky(0), stop=stop))
     await wait_for(lambda: _xlen_zero(r, keys.requests), 30, "every request settled")
     stop.set()
     stats = await asyncio.wait_for(task, 30)

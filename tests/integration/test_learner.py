@@ -2,7 +2,8 @@
 ``ludic inference`` (vLLM) for the publish path; the fault tests publish to the inference
 app around a fake engine (tests/fakes.py: ``ServedApp``, ``TensorEngine``).
 
-Run alone when vLLM is involved (one vLLM at a time on this machine):
+Run alone when vLLM is involved (one vLLM server at a time: two compete for a CPU host's
+cores):
 ``pytest -m integration tests/integration/test_learner.py``.
 """
 
@@ -91,7 +92,7 @@ def wait_for_no_vllm(timeout_s: float = 900) -> None:
         ):
             return
         time.sleep(5)
-    pytest.skip("another vLLM kept running; one vLLM at a time on this machine")
+    pytest.skip("another vLLM kept running; one vLLM server at a time on a CPU host")
 
 
 def greedy(url: str) -> tuple[list[int], int]:
@@ -540,9 +541,9 @@ def test_learner_keeps_training_on_failed_publish_then_exits_after_limit(
 def test_a_run_whose_trained_policy_was_never_served_fails(
     redis_server: Any, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """Fewer failed publishes than max_publish_failures used to end with exit 0 and "2/2
-    steps" although inference never served a trained weight. Now the learner still saves its
-    final policy and checkpoint, then fails naming the last publish error."""
+    """Fewer failed publishes than max_publish_failures still fail the run when inference
+    never served a trained weight (not exit 0 with "2/2 steps"): the learner saves its final
+    policy and checkpoint, then fails naming the last publish error."""
     from services.learner.main import LearnerFatal
 
     push_sync(redis_server.url, "ns", random_items(4))

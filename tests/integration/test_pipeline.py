@@ -2,8 +2,8 @@
 must be the sampling policy's log pi(token | prefix), recomputed here with the model.
 
 The default test runs the tiny model in-process (HFChatClient). The ``vllm`` test runs
-the same pipeline against a real `ludic inference` server; run it alone (one vLLM at a
-time on this machine): ``pytest -m vllm tests/integration/test_pipeline.py``.
+the same pipeline against a real `ludic inference` server; run it alone (one vLLM server at
+a time: two compete for a CPU host's cores): ``pytest -m vllm tests/integration/test_pipeline.py``.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 A reply to XREADGROUP lost on the wire and retried by the client leaves entries pending
 on the learner's consumer that it never saw, older than entries it then trains and
 checkpoints. On ``--resume`` exactly the checkpoint's trained-but-unacked entries are acked
-without training; the unseen ones are trained (they used to be acked as trained because
-their ids were below the last trained id).
+without training; the unseen ones are trained, although their ids are below the last
+trained id (an id bound would ack them as trained).
 """
 
 from __future__ import annotations

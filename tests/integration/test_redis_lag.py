@@ -49,7 +49,7 @@ def test_group_lag_is_null_while_xlen_stays_the_unacked_backlog(redis_url):
     r.xadd(STREAM, {"i": "3"})
     r.xadd(STREAM, {"i": "4"})
     info = group_info(r)
-    # the reproduced bug: the group's last-delivered id is a tombstone and earlier entries are
+    # the case this test is about: the group's last-delivered id is a tombstone and earlier entries are
     # still in the stream, so Redis cannot count the entries after it and reports lag NULL --
     # although 2 requests are waiting for an actor
     assert info["lag"] is None, info

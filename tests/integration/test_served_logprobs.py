@@ -11,16 +11,16 @@ pushed weights:
   ``log_softmax(logits / T)`` (the served logprob is that of the distribution actually
   sampled: vLLM's ``processed_logprobs``, see services/inference/README.md).
 
-Tolerances (max |served - HF| over all positions, nats), measured on this machine with
+Tolerances (max |served - HF| over all positions, nats), from the figures of
 ``pytest tests/integration/test_served_logprobs.py -s`` (it prints every figure):
 
 - float32 serving: measured 4.8e-7 on every check, before and after updates on both planes
   (one float32 ulp of a logprob of magnitude ~4: 2^-23 * 4). Tolerance 1e-4: 200x that
-  floor, 1000x below the defects this test exists for (old code: stale tied head 0.11-0.17
-  after an update; untempered logprobs at T=0.6 off by 0.31-0.50).
+  floor, 1000x below the defects this test exists for (a stale tied head after an update:
+  0.11-0.17; untempered logprobs at T=0.6: off by 0.31-0.50).
 - bfloat16 serving: weights/activations rounded to 8 mantissa bits; measured 2.3e-3..5.3e-3
   (T=0.6 amplifies by 1/T). Tolerance 2e-2: ~4x that floor, still 5x below the defects
-  (0.11-0.50 in bf16 on the old code).
+  (0.11-0.50 in bf16).
 """
 
 from __future__ import annotations
@@ -238,7 +238,7 @@ async def test_onpolicy_importance_ratio_is_one_at_the_sampling_temperature(
     the Trainer, holding the same weights, computes GRPO's clipped surrogate. Every action
     token's log ratio ``logp - actor_logprob`` must be 0 to the serving dtype's floor (the
     same tolerance as above: both sides compute log_softmax(logits / T) of the same fp32
-    weights). On the old code (untempered trainer logprobs) T=0.6 is off by ~0.3 nats."""
+    weights). Untempered trainer logprobs would be off by ~0.3 nats at T=0.6."""
     from transformers import AutoModelForCausalLM
 
     from libludic.inference.openai_client import OpenAIChatClient

@@ -80,10 +80,9 @@ def test_final_policy_is_saved_and_is_the_trained_one(run) -> None:
     assert got["eval/num_episodes"] == 200 and got["eval/pass_rate"] > 0
 
 
-# Before services/inference refreshed vLLM's tied output head after an in-place update, the
-# served policy after RL was final/ with the start's lm_head and this failed (0.115 served vs
-# 0.125 final on one run). Served fp32 equals transformers fp32 to ~5e-7 nats, so greedy
-# answers (and the pass rate) agree exactly.
+# An in-place update refreshes vLLM's tied output head too: a served policy keeping the start's
+# lm_head scores apart from final/ (e.g. 0.115 against 0.125). Served fp32 equals
+# transformers fp32 to ~5e-7 nats, so greedy answers (and the pass rate) agree exactly.
 def test_final_policy_scores_the_summarys_pass_rate_after(run) -> None:
     s = run["summary"]
     assert s["pass_rate_after"] > 0, (

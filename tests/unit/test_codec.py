@@ -265,7 +265,7 @@ def test_rejects_saw_missing_field(drop: str) -> None:
 
 def test_rejects_token_ids_as_int_list() -> None:
     d = msgpack.unpackb(t.encode_saw_item(make_item()), raw=False)["body"]
-    d["input_ids"] = list(range(16))  # the old list form is not accepted
+    d["input_ids"] = list(range(16))  # token ids travel as packed arrays only
     with pytest.raises(t.CodecError, match="bad_field"):
         t.decode_saw_item(_env(d, kind="saw_item"))
 

@@ -1,6 +1,7 @@
 """Weight-update validation, settings and the auth/version rules of the inference app.
 
-No vLLM: the app is built around a fake engine that records swaps.
+No vLLM: the app is built around tests/fakes.py's TensorEngine, which holds the served
+tensors and records every update it applies.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 from fastapi.testclient import TestClient
-from safetensors.torch import save, save_file
+from safetensors.torch import load_file, save, save_file
 
 from services.common.settings import load_settings
 from services.inference.app import create_app
@@ -29,6 +30,7 @@ from services.inference.validation import (
     module_of,
     parse_safetensors_header,
 )
+from tests.fakes import TensorEngine
 
 REPO = Path(__file__).resolve().parents[2]
 SHAPES = {
@@ -282,29 +284,9 @@ def test_shipped_run_configs_reach_inference_only_through_its_section(
 # ---------------------------------------------------------------------------- app rules (fake engine)
 
 
-class FakeEngine:
-    """Same surface as LudicEngine for the weight endpoints; records swaps."""
-
-    def __init__(self, spec: ParamSpec):
-        self.spec = spec
-        self.version = 0
-        self.lock = asyncio.Lock()
-        self.swaps: list[tuple[int, list[str]]] = []
-        self.metrics = InferenceMetrics()
-        self.serving = None
-
-    async def swap(self, version: int, tensors: dict[str, Any], payload: Any | None) -> float:
-        assert self.lock.locked()
-        self.swaps.append((version, sorted(tensors)))
-        self.version = version
-        return 0.0
-
-    async def probe(self) -> tuple[bool, str]:
-        return True, ""
-
-
-def client(model_dir: Path, spec: ParamSpec, **kw: Any) -> tuple[TestClient, FakeEngine]:
-    eng = FakeEngine(spec)
+def client(model_dir: Path, spec: ParamSpec, **kw: Any) -> tuple[TestClient, TensorEngine]:
+    """The real app around a TensorEngine serving ``model_dir``'s tensors (tests/fakes.py)."""
+    eng = TensorEngine(spec, load_file(str(model_dir / "model.safetensors")))
     settings = InferenceSettings(model_dir=str(model_dir), **kw)
     return TestClient(create_app(settings, engine=eng)), eng
 
@@ -322,7 +304,7 @@ def test_update_ok_and_version_rules(model_dir: Path, spec: ParamSpec) -> None:
     for v in (3, 2, 0):
         r = c.post(f"/v1/weights?version={v}", content=GOOD, headers=h)
         assert r.status_code == 409 and "not greater" in r.json()["detail"]
-    assert eng.swaps == [(3, ["model.norm.weight"])]
+    assert eng.updates == [3] and sorted(eng.last) == ["model.norm.weight"]
 
 
 @pytest.mark.parametrize("header", [None, "Bearer wrong", "Basic s3cret", "s3cret"])
@@ -333,7 +315,7 @@ def test_wrong_or_missing_token_is_401(
     h = {"Authorization": header} if header else {}
     assert c.post("/v1/weights?version=1", content=GOOD, headers=h).status_code == 401
     assert c.post("/v1/weights/collective/init", json={}, headers=h).status_code == 401
-    assert eng.swaps == [] and eng.version == 0
+    assert eng.updates == [] and eng.version == 0
 
 
 def test_no_token_configured_refuses_updates(model_dir: Path, spec: ParamSpec) -> None:
@@ -342,7 +324,7 @@ def test_no_token_configured_refuses_updates(model_dir: Path, spec: ParamSpec) -
     assert r.status_code == 403 and "LUDIC_AUTH_TOKEN" in r.json()["detail"]
     c2, eng2 = client(model_dir, spec, insecure_no_auth=True)
     assert c2.post("/v1/weights?version=1", content=GOOD).status_code == 200
-    assert eng.swaps == [] and eng2.version == 1
+    assert eng.updates == [] and eng2.version == 1
 
 
 def test_invalid_body_never_reaches_the_engine(model_dir: Path, spec: ParamSpec) -> None:
@@ -351,13 +333,13 @@ def test_invalid_body_never_reaches_the_engine(model_dir: Path, spec: ParamSpec)
     assert c.post("/v1/weights?version=1", content=bad).status_code == 422
     assert c.post("/v1/weights?version=1", content=GOOD[:-1]).status_code == 400
     assert c.post("/v1/weights?version=-1", content=GOOD).status_code == 422
-    assert eng.swaps == [] and eng.version == 0
+    assert eng.updates == [] and eng.version == 0
 
 
 def test_body_over_limit_is_413(model_dir: Path, spec: ParamSpec) -> None:
     c, eng = client(model_dir, spec, insecure_no_auth=True, max_weight_bytes=16)
     assert c.post("/v1/weights?version=1", content=GOOD).status_code == 413
-    assert eng.swaps == []
+    assert eng.updates == []
 
 
 def test_collective_update_validates_metadata(model_dir: Path, spec: ParamSpec) -> None:
@@ -369,7 +351,7 @@ def test_collective_update_validates_metadata(model_dir: Path, spec: ParamSpec) 
     assert r.status_code == 400 and "collective/init" in r.json()["detail"]
     bad_init = {"master_address": "127.0.0.1", "master_port": 1, "world_size": 2, "rank": 2}
     assert c.post("/v1/weights/collective/init", json=bad_init).status_code == 422
-    assert eng.swaps == []
+    assert eng.updates == []
 
 
 def test_health_and_metrics_without_vllm(model_dir: Path, spec: ParamSpec) -> None:
@@ -456,7 +438,8 @@ def test_only_a_bf16_cpu_engine_is_warmed_up_before_serving() -> None:
 
 
 class FlakyLlm:
-    """The AsyncLLM calls LudicEngine.swap makes; the worker reload fails ``fail`` times."""
+    """The AsyncLLM calls LudicEngine.swap makes; the worker reload fails ``fail`` times (kept
+    here: only this file drives LudicEngine itself, below the app's engine surface)."""
 
     def __init__(self, fail: int) -> None:
         self.fail = fail
@@ -659,4 +642,4 @@ def test_collective_bodies_with_infinity_or_lax_types_are_422(
     ]:
         r = c.post(route, content=body.encode(), headers=h)
         assert r.status_code == 422, (route, body[:80], r.status_code)
-    assert eng.swaps == []
+    assert eng.updates == []

@@ -9,8 +9,8 @@ from typing import Any
 
 import yaml
 
-from services.common import heldout
 from services.common.settings import load_settings
+from services.launcher import worker
 from services.launcher.settings import UpSettings
 from services.launcher.worker import Run
 
@@ -20,7 +20,7 @@ def test_a_deferred_curve_point_holds_the_learners_rl_wall(tmp_path: Path, monke
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
     s = load_settings(UpSettings, ["--config", str(path)], service="up", environ={})
-    run = Run(s, cfg)
+    run = Run(s)
     snaps = run.run_dir / "learner" / "snapshots"
     snaps.mkdir(parents=True)
     # step 10 was trained 12.5 s of wall clock after the RL phase began, 7.25 s of it inside
@@ -34,7 +34,7 @@ def test_a_deferred_curve_point_holds_the_learners_rl_wall(tmp_path: Path, monke
         seen.append(snapshot.name)
         return {"eval/pass_rate": 0.5}
 
-    monkeypatch.setattr(heldout, "evaluate_snapshot", fake_eval)
+    monkeypatch.setattr(worker, "evaluate_snapshot", fake_eval)
     run.eval_snapshots(tmp_path / "model")
     assert seen == ["step_000010.safetensors"]
     (point,) = run.evals

@@ -28,7 +28,7 @@ def _start(tmp_path: Path, *flags: str, checkpoint_every: int = 2) -> tuple[UpSe
     path = tmp_path / "grpo.yaml"
     path.write_text(yaml.safe_dump(cfg))
     s = load_settings(UpSettings, ["--config", str(path), *flags], service="up", environ={})
-    Run(s, cfg).save_config()
+    Run(s).save_config()
     return s, tmp_path / "runs" / "r1" / SAVED_CONFIG
 
 

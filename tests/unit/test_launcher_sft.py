@@ -36,7 +36,7 @@ def test_inference_gets_the_inference_section_of_the_run_config(tiny_model_dir, 
     cfg = {"run_id": "r", "inference": {"max_model_len": 96}, "learner": {"batch_size": 8}}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
     s = UpSettings(runs_dir=str(tmp_path), config_path=str(tmp_path / "run.yaml"))
-    run = Run(s, cfg)
+    run = Run(s)
     run.redis_url = "redis://127.0.0.1:1/0"
     spec = run.inference_spec(tiny_model_dir, 8123)
     assert "LUDIC_INFERENCE_CONFIG" not in spec.env

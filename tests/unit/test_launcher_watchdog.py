@@ -191,7 +191,7 @@ def test_watchdog_settings_are_checked_and_reach_the_supervisor(tmp_path) -> Non
     with pytest.raises(ValueError, match=r"up.watchdog_interval_s=0 must be > 0"):
         UpSettings(watchdog_interval_s=0)
     s = UpSettings(runs_dir=str(tmp_path), watchdog_timeout_s=90, watchdog_interval_s=3)
-    sup = Run(s, {}).sup
+    sup = Run(s).sup
     assert (sup.watchdog_timeout_s, sup.watchdog_interval_s) == (90, 3)
     # 0 turns it off: no watch even for a service with a health URL
     off = Supervisor(tmp_path, watchdog_timeout_s=0)

@@ -1,5 +1,6 @@
 """Layering: the library never depends on its services, its imports run down its layers
-only, and no two of its modules import each other, however lazily.
+only, no two modules (of the library or of the services) import each other, however lazily,
+and an import inside a function says why it is not at the top.
 
 ``libludic`` is usable without ``services/`` (a pip install of the library, a notebook);
 the services import the library, never the other way. Checked on the source: every import
@@ -70,7 +71,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("interaction", "eval"),
     ("rollout",),
     ("transport", "registry"),
-    ("training", "demo"),
+    ("training",),
 )
 
 
@@ -80,9 +81,9 @@ def module_name(path: Path) -> str:
 
 
 def library_imports(path: Path, modules: set[str]) -> set[str]:
-    """The ``libludic`` modules ``path`` imports anywhere in it: import statements at any
-    depth (inside functions too) and lazy re-exports (module names held in a dict or passed
-    to ``import_module``)."""
+    """The ``modules`` (of ``libludic``, and of ``services`` for the cycle check) ``path``
+    imports anywhere in it: import statements at any depth (inside functions too) and lazy
+    re-exports (module names held in a dict or passed to ``import_module``)."""
     me = module_name(path)
     package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
     out: set[str] = set()
@@ -107,8 +108,9 @@ def library_imports(path: Path, modules: set[str]) -> set[str]:
     return {m for m in out if m in modules and m != me}
 
 
-def import_graph() -> dict[str, set[str]]:
-    files = {module_name(f): f for f in LIB.rglob("*.py")}
+def import_graph(packages: tuple[str, ...] = ("libludic",)) -> dict[str, set[str]]:
+    """module -> the modules of ``packages`` it imports (``packages`` beside ``libludic``)."""
+    files = {module_name(f): f for p in packages for f in (LIB.parent / p).rglob("*.py")}
     return {m: library_imports(f, set(files)) for m, f in files.items()}
 
 
@@ -169,7 +171,11 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_modules_import_each_other_even_lazily() -> None:
-    assert not cycles(import_graph()), cycles(import_graph())
+    """Neither in the library nor in the services (whose modules also import the library's):
+    a lazy import that closes a cycle hides a type in the wrong room."""
+    graph = import_graph(("libludic", "services"))
+    assert sum(m.startswith("services.") for m in graph) > 40  # the walk found the services
+    assert not cycles(graph), cycles(graph)
 
 
 def test_the_checks_see_lazy_imports_cycles_and_layers(tmp_path: Path) -> None:
@@ -190,6 +196,17 @@ def test_the_checks_see_lazy_imports_cycles_and_layers(tmp_path: Path) -> None:
         }
         assert cycles(graph) == [["libludic.training.trainer", "libludic.types"]]
         assert layer_of("libludic.types") == 1 and layer_of("libludic.training.trainer") == 7
+        # a services module that imports another only inside a function still closes a cycle
+        (LIB.parent / "services" / "common").mkdir(parents=True)
+        (LIB.parent / "services" / "a.py").write_text(
+            "from services.common import b\nfrom libludic import types\n"
+        )
+        (LIB.parent / "services" / "common" / "b.py").write_text(
+            "def f():\n    import services.a\n"
+        )
+        both = import_graph(("libludic", "services"))
+        assert both["services.a"] == {"services.common.b", "libludic.types"}
+        assert ["services.a", "services.common.b"] in cycles(both)
     finally:
         LIB = saved
 
@@ -350,14 +367,21 @@ def test_nothing_outside_the_transport_package_reaches_into_its_objects() -> Non
 SERVICES_DIR = LIB.parent / "services"
 
 
+# the one module that reads other services' settings classes (and nothing else of them):
+# the launcher resolves the knobs it acts on exactly as the services it starts resolve them
+READS_SETTINGS_OF_OTHERS = "launcher/resolved.py"
+
+
 def test_no_service_imports_another() -> None:
     """Each service imports the library, services.common and itself only (the launcher
-    starts the others as processes, by module name, never by import)."""
+    starts the others as processes, by module name, never by import; its
+    :data:`READS_SETTINGS_OF_OTHERS` module imports their ``settings`` modules only)."""
     found = []
     for path in sorted(SERVICES_DIR.rglob("*.py")):
         own = path.relative_to(SERVICES_DIR).parts[0]
         if own in ("common", "cli.py", "__init__.py"):
             continue
+        settings_only = path.relative_to(SERVICES_DIR).as_posix() == READS_SETTINGS_OF_OTHERS
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             names = []
             if isinstance(node, ast.Import):
@@ -367,6 +391,68 @@ def test_no_service_imports_another() -> None:
             for name in names:
                 parts = name.split(".")
                 if parts[0] == "services" and len(parts) > 1 and parts[1] not in ("common", own):
+                    if settings_only and parts[2:] == ["settings"]:
+                        continue
                     found.append(f"{path.relative_to(SERVICES_DIR.parent)}: imports {name}")
     assert len(list(SERVICES_DIR.glob("*/main.py"))) >= 6  # the walk found the services
     assert not found, found
+
+
+def _statement_lists(node: ast.AST) -> list[list[ast.stmt]]:
+    """Every statement list under ``node`` (bodies, else and finally blocks, handlers)."""
+    out = []
+    for n in ast.walk(node):
+        for name in ("body", "orelse", "finalbody"):
+            block = getattr(n, name, None)
+            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                out.append(block)
+    return out
+
+
+def lazy_imports_without_a_reason(path: Path) -> list[str]:
+    """Imports inside functions whose group (consecutive import statements) has no comment
+    on any of its lines or on the line above it."""
+    lines = path.read_text().splitlines()
+    found = []
+    for fn in ast.walk(ast.parse("\n".join(lines))):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for block in _statement_lists(fn):
+            run: list[ast.stmt] = []
+            for stmt in [*block, None]:
+                if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                    run.append(stmt)
+                    continue
+                if run:
+                    start, end = run[0].lineno - 2, run[-1].end_lineno or run[-1].lineno
+                    if not any("#" in line for line in lines[max(start, 0) : end]):
+                        found.append(f"{path.relative_to(LIB.parent)}:{run[0].lineno}")
+                run = []
+    return sorted(set(found))
+
+
+def test_every_lazy_import_says_why() -> None:
+    """An import inside a function says why it is not at the top, in a comment on its line
+    or the line above (an optional dependency; a heavy one an entry point must not load,
+    e.g. torch for ``--help``; vLLM's modules in a plugin vLLM loads everywhere). Without a
+    reason it belongs at the top, where a cycle it would close shows at once."""
+    files = [f for d in ("libludic", "services") for f in sorted((LIB.parent / d).rglob("*.py"))]
+    found = [hit for f in files for hit in lazy_imports_without_a_reason(f)]
+    assert not found, found
+
+
+def test_the_lazy_import_check_sees_a_group_without_a_reason(tmp_path: Path) -> None:
+    global LIB
+    saved, LIB = LIB, tmp_path / "libludic"
+    try:
+        LIB.mkdir()
+        p = LIB / "m.py"
+        p.write_text(
+            "def f():\n    import os\n    import sys\n\n"
+            "def g():\n    # optional dependency\n    import yaml\n    import json\n\n"
+            "def h():\n    try:\n        import datasets  # optional\n    except ImportError:\n"
+            "        import csv\n"
+        )
+        assert lazy_imports_without_a_reason(p) == ["libludic/m.py:14", "libludic/m.py:2"]
+    finally:
+        LIB = saved

@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 SECRET = "tok-3c41d9"
 
 # the "service": holds a secret in its environment, hardens itself (or not), then runs the
-# "agent code" as a child of the same uid, which tries what the issue reproduced
+# "agent code" as a child of the same uid, which tries to read the service's environment
+# through /proc/<parent>/environ
 HOST = """
 import subprocess, sys
 from services.common.secrets import keep_secrets_in
@@ -46,7 +47,7 @@ def run_host(mode: str) -> str:
 
 @pytest.mark.skipif(
     os.geteuid() != 0 or not sys.platform.startswith("linux"),
-    reason="runs the service as an unprivileged uid: needs root (CI and this machine run as root)",
+    reason="runs the service as an unprivileged uid: needs root",
 )
 def test_code_of_the_same_uid_cannot_read_a_hardened_services_environment() -> None:
     assert SECRET in run_host("plain")  # the hole: same uid, dumpable service

@@ -27,7 +27,10 @@ from services.common import secrets
 from services.common import settings as common
 
 # services/ commands that are tools, not services: why each has no settings object
-NOT_SERVICES = {"status": "a one-shot look at Redis (--redis-url, --run-id, --json)"}
+NOT_SERVICES = {
+    "status": "a one-shot look at Redis (--redis-url, --run-id, --json)",
+    "demo": "a one-process script of the library (--run-dir, --size, --groups, --group-size)",
+}
 SERVICES = sorted(
     name
     for name, (target, _) in cli.COMMANDS.items()

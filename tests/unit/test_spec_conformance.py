@@ -1,5 +1,6 @@
-"""The public API keeps the names and shapes of /work/shared/spec (ludic-training.md,
-ludic-architecture.md, ludic-configuration.md)."""
+"""The public API keeps the names and shapes the library's API spec documents
+(ludic-training.md, ludic-architecture.md, ludic-configuration.md); each test quotes the
+spec's line it holds to. tests/unit/test_spec_examples.py runs the spec's example code."""
 
 import inspect
 

@@ -18,7 +18,7 @@ from services.launcher.supervisor import ServiceError, ServiceSpec, Supervisor
 
 def test_a_finished_job_is_not_a_failed_start(tmp_path) -> None:
     """A short run's learner can train all its steps and exit 0 before the launcher's first
-    health poll (seen in CI: 3 steps in 0.5 s); that is success. Any other early exit, or a
+    health poll (a tiny model trains 3 steps in half a second); that is success. Any other early exit, or a
     non-job service exiting, is a failed start."""
     sup = Supervisor(tmp_path)
     closed = "http://127.0.0.1:9/metrics"  # nothing listens: the poll never passes

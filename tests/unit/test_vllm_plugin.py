@@ -16,7 +16,8 @@ from services.inference.worker import cpu_linear_env, idle_wait_env
 
 
 class FakeCondition:
-    """The attributes of vLLM's SpinCondition the plugin touches, recording each wait."""
+    """The attributes of vLLM's SpinCondition the plugin touches, recording each wait (kept
+    here, not in tests/fakes.py: only the plugin's tests stand in for vLLM's queue)."""
 
     def __init__(self, is_reader: bool = True):
         self.is_reader = is_reader

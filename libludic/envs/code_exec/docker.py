@@ -23,6 +23,7 @@ is reported as ``memory``.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import shutil
@@ -283,8 +284,6 @@ def select_sandbox(docker: DockerSandboxConfig | None = None) -> Sandbox:
 
 def main(argv: list[str] | None = None) -> int:
     """``ludic sandbox build [--base IMAGE] [--python-version V]`` (services/cli.py)."""
-    import argparse
-
     p = argparse.ArgumentParser(prog="ludic sandbox")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build the DockerSandbox image locally (deploy/sandbox)")

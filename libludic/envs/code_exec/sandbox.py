@@ -592,7 +592,7 @@ class SubprocessSandbox:
         return self._plan().mode
 
     def describe(self) -> dict[str, object]:
-        """What this sandbox enforces on this machine (for logs and run metadata)."""
+        """What this sandbox enforces on this host (for logs and run metadata)."""
         p = self._plan()
         return {
             "mode": p.mode,

@@ -54,9 +54,9 @@ __import__("runpy").run_path(sys.argv[0], run_name="__main__")
 @functools.cache
 def socket_filter_code() -> tuple[tuple[int, int, int, int], ...] | None:
     """The seccomp program (``(code, jt, jf, k)`` BPF instructions) that refuses sockets on
-    this machine, None where it has no syscall numbers:
+    the host's architecture, None where it has no syscall numbers for it:
 
-        arch != this machine's            -> kill the process (another ABI's numbers)
+        arch != the host's                -> kill the process (another ABI's numbers)
         nr >= the ABI's end (x86_64: x32) -> EPERM
         nr == socket or io_uring_setup    -> EPERM  (io_uring can open sockets too)
         anything else                     -> allow

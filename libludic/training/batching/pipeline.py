@@ -71,6 +71,7 @@ import torch.distributed as dist
 
 from libludic import staleness, transport
 from libludic.saw import SAWBatch, SAWItem
+from libludic.training.ranks import any_rank
 from libludic.training.types import SourceStopped
 from libludic.transport import accounting
 
@@ -110,15 +111,6 @@ def broadcast_bytes(data: bytes | None, device: torch.device, src: int = 0) -> b
     if size:
         dist.broadcast(buf, src)
     return bytes(buf.cpu().numpy().tobytes()) if me != src else (data or b"")
-
-
-def any_rank(flag: bool, device: torch.device) -> bool:
-    """True on every rank if ``flag`` is True on any rank (all-reduce MAX)."""
-    if not _dist():
-        return flag
-    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
 
 
 def shard_bounds(n: int, world: int, rank: int) -> tuple[int, int]:

@@ -1,7 +1,7 @@
 """CodeExecEnv and its sandboxes.
 
 Scoring logic runs against a fake sandbox (no processes). The hostile cases run real code
-in the real ``SubprocessSandbox``: in every isolation mode this machine supports ("auto"
+in the real ``SubprocessSandbox``: in every isolation mode the host supports ("auto"
 resolves to "namespace" as root with util-linux, and "plain" always works), each must end
 as a failed test with the right reason within a bounded time and leave nothing behind.
 """
@@ -56,7 +56,8 @@ PROBLEMS = REPO / "examples" / "code_exec" / "problems.jsonl"
 
 
 class FakeSandbox:
-    """Runs nothing: the "program" is a dict stdin -> stdout; records every call."""
+    """Runs nothing: the "program" is a dict stdin -> stdout; records every call (kept here:
+    the code_exec env's scoring tests are its only users)."""
 
     def __init__(self, answers: dict[str, str]):
         self.answers = answers
@@ -305,7 +306,7 @@ def test_docker_image_build_command():
 
 
 # LUDIC_REQUIRE_DOCKER=1 (set by .ci/run after scripts/docker-host.sh) turns the skip into a
-# failure: on this machine kind an engine must answer, so a skip would hide a regression.
+# failure: where CI provides an engine it must answer, so a skip would hide a regression.
 needs_engine = pytest.mark.skipif(
     not docker_available() and os.environ.get("LUDIC_REQUIRE_DOCKER") != "1",
     reason="no reachable Docker engine (`docker info` fails here)",
@@ -727,7 +728,7 @@ def test_the_landlock_bootstrap_confines_writes_and_signals(tmp_path):
     outside the run dir and, from ABI 6, signals to a process of the same uid are refused,
     while the run dir stays writable."""
     abi = landlock.abi_version()
-    assert abi >= 1, "this machine kind's kernel has Landlock"
+    assert abi >= 1, "the kernel has no Landlock (Linux >= 5.13 with it enabled)"
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     outside = f"/dev/shm/ludic-landlock-{uuid.uuid4().hex}"
     (tmp_path / "main.py").write_text(

@@ -160,7 +160,7 @@ def test_from_hf_without_datasets_says_how_to_install(monkeypatch):
 
 
 def test_accepts_a_dataset_like_object_with_column_names():
-    class FakeDataset(list):
+    class FakeDataset(list):  # a datasets.Dataset's column_names, for this check alone
         column_names = ["question", "answer"]
 
     env = DatasetQAEnv(FakeDataset(ROWS))

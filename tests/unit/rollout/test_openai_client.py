@@ -1,117 +1,19 @@
-"""OpenAIChatClient against a local fake OpenAI server (uvicorn on a free port)."""
-
-import threading
-import time
-from typing import Any
+"""OpenAIChatClient against a fake OpenAI-compatible replica (tests/fakes.py) on a free port."""
 
 import pytest
-import uvicorn
-from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse, PlainTextResponse
 
 from libludic.inference.client import InferenceError
 from libludic.inference.openai_client import OpenAIChatClient
 from libludic.inference.request import ChatCompletionRequest, ReturnSpec
 from tests.conftest import free_port
-
-
-class FakeServer:
-    def __init__(self) -> None:
-        self.app = FastAPI()
-        self.bodies: list[dict[str, Any]] = []
-        self.fail_next: list[int] = []  # status codes to answer before succeeding
-        self.mode = "ok"
-        app = self.app
-
-        self.model_gets = 0
-
-        @app.get("/v1/models")
-        async def models() -> dict[str, Any]:
-            self.model_gets += 1
-            return {"data": [{"id": "tiny"}]}
-
-        @app.get("/v1/policy_version")
-        async def pv() -> dict[str, Any]:
-            return {"policy_version": 7}
-
-        @app.post("/v1/chat/completions")
-        async def chat(req: Request) -> Response:
-            body = await req.json()
-            self.bodies.append(body)
-            if self.fail_next:
-                code = self.fail_next.pop(0)
-                return JSONResponse({"error": "boom"}, status_code=code)
-            if self.mode == "malformed":
-                return PlainTextResponse("{not json", media_type="application/json")
-            if self.mode == "no_ids":
-                return JSONResponse(
-                    {"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}]}
-                )
-            n = int(body.get("n", 1))
-            if n > 1:  # choice i carries token id 100 + seed + i (vLLM: seed + i per choice)
-                base = 100 + int(body.get("seed", 0))
-                return JSONResponse(
-                    {
-                        "policy_version": 4,
-                        "prompt_token_ids": [257, 49],
-                        "choices": [
-                            {
-                                "index": i,
-                                "message": {"role": "assistant", "content": chr(base + i)},
-                                "finish_reason": "stop",
-                                "token_ids": [base + i],
-                                "logprobs": {"content": [{"token": "x", "logprob": -0.5 - i}]},
-                            }
-                            for i in reversed(range(n))  # order on the wire must not matter
-                        ],
-                    }
-                )
-            return JSONResponse(
-                {
-                    "policy_version": 4,
-                    "prompt_token_ids": [257, 49],
-                    "choices": [
-                        {
-                            "message": {"role": "assistant", "content": "hi"},
-                            "finish_reason": "length",
-                            "token_ids": [104, 105],
-                            "logprobs": {
-                                "content": [
-                                    {"token": "h", "logprob": -0.25},
-                                    {"token": "i", "logprob": -1.5},
-                                ]
-                            },
-                        }
-                    ],
-                },
-                headers={"X-Ludic-Policy-Version": "4"},
-            )
-
-        self.port = free_port()
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> "FakeServer":
-        self.thread.start()
-        deadline = time.time() + 10
-        while not self.server.started and time.time() < deadline:
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *a: Any) -> None:
-        self.server.should_exit = True
-        self.thread.join(5)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+from tests.fakes import Choice, FakeOpenAIServer
 
 
 @pytest.fixture(scope="module")
 def server():
-    with FakeServer() as s:
+    # a reply cut at max_tokens; responses say version 4, /v1/policy_version 7 (read apart)
+    hi = Choice("hi", token_ids=(104, 105), logprobs=(-0.25, -1.5), finish_reason="length")
+    with FakeOpenAIServer(hi, version=4, endpoint_version=7, health=False) as s:
         yield s
 
 

@@ -1,4 +1,4 @@
-"""InferencePool.sync_weights pushes to every replica (it used to raise NotImplementedError)."""
+"""InferencePool.sync_weights pushes to every replica."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from libludic.inference.pool import InferencePool
 
 
 class Client:
+    """A replica's client recording the weights it was sent, or refusing them (kept here:
+    the pool's fan-out is the only user of a client that records sync_weights)."""
+
     def __init__(self, url: str, fail: bool = False) -> None:
         self.url, self.fail, self.got = url, fail, []
 

@@ -346,8 +346,8 @@ def test_dynamic_sampling_defaults_and_scalerls_filter_zvp() -> None:
 def test_item_problem_names_meta_a_step_would_fail_on(
     make: Any, meta: dict[str, Any], match: str
 ) -> None:
-    # each of these raised inside Trainer.train_step (float(reward), apply_batch_stage),
-    # taking the learner down with every batch-mate; now the source dead-letters the item
+    # each of these would raise inside Trainer.train_step (float(reward), apply_batch_stage),
+    # taking the learner down with every batch-mate: the source dead-letters the item first
     it = make_item(3, 2)
     it.meta.update(meta)
     assert re.search(match, make().item_problem(it) or "")

@@ -29,7 +29,7 @@ from tests.fakes import ListBatchSource, make_rollout
 STD_BATCH = math.sqrt(19.5 / 8)
 WANT_A = [-0.25 / STD_BATCH] * 3 + [0.75 / STD_BATCH]
 WANT_B = [-1.25 / STD_BATCH] * 3 + [3.75 / STD_BATCH]
-# One group alone (what the credit worker used to compute): group a's std is
+# One group alone (a per-group statistic, what credit alone can compute): group a's std is
 # sqrt((3(0.0625) + 0.5625) / 4) = sqrt(0.1875) = 0.4330 -> -0.577, 1.732 (and the same for
 # group b, whose c is 5x larger and so is its std): the batch-level statistic is lost.
 PER_GROUP = [-0.25 / math.sqrt(0.1875)] * 3 + [0.75 / math.sqrt(0.1875)]

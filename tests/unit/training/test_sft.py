@@ -14,7 +14,7 @@ import libludic.training.sft as sft
 from libludic.eval.greedy import GreedyCheck
 from libludic.training.sft import run_sft
 from libludic.training.sft_cli import main
-from libludic.training.sft_tasks import CHECK_SEEDS, HELD_OUT_SEEDS, arithmetic
+from libludic.training.sft_tasks import CHECK_SEEDS, MAX_HELD_OUT, make_task
 
 
 def test_sft_cli_lowers_loss_and_saves(tiny_model_dir, tmp_path, capsys) -> None:
@@ -33,8 +33,8 @@ def test_sft_cli_lowers_loss_and_saves(tiny_model_dir, tmp_path, capsys) -> None
             "16",
             "--lr",
             "1e-2",
-            "--digits",
-            "2",
+            "--task-arg",
+            "digits=2",
             "--seed",
             "1",
             "--log-every",
@@ -56,8 +56,8 @@ def test_sft_cli_lowers_loss_and_saves(tiny_model_dir, tmp_path, capsys) -> None
 
 
 def test_training_data_excludes_eval_problems(tmp_path) -> None:
-    task = arithmetic(digits=2)
-    exclude = {q for q, _ in task.held_out(len(HELD_OUT_SEEDS)).problems}
+    task = make_task({"kind": "arithmetic", "kwargs": {"digits": 2}})
+    exclude = {q for q, _ in task.held_out(MAX_HELD_OUT).problems}
     n = task.write(tmp_path / "d.jsonl", 3000)
     recs = [json.loads(line) for line in (tmp_path / "d.jsonl").open()]
     qs = [r["prompt"] for r in recs]
@@ -124,7 +124,7 @@ def _weights(d) -> dict:
 
 def test_seed_changes_the_result_and_the_same_seed_reproduces_it(tiny_model_dir, tmp_path) -> None:
     data = tmp_path / "d.jsonl"
-    arithmetic().write(data, 32)
+    make_task("arithmetic").write(data, 32)
     kw = dict(steps=4, batch_size=8, lr=1e-2, quiet=True)
     a = run_sft(tiny_model_dir, tmp_path / "a", data, seed=0, **kw)
     b = run_sft(tiny_model_dir, tmp_path / "b", data, seed=0, **kw)
@@ -150,7 +150,7 @@ def test_target_pass_rate_stops_at_the_first_check_that_reaches_it(
 
     monkeypatch.setattr(sft, "greedy_pass_rate", fake)
     data = tmp_path / "d.jsonl"
-    arithmetic().write(data, 64)
+    make_task("arithmetic").write(data, 64)
     res = sft.run_sft(
         tiny_model_dir,
         tmp_path / "o",
@@ -172,7 +172,7 @@ def test_target_pass_rate_stops_at_the_first_check_that_reaches_it(
 
 def test_target_pass_rate_not_reached_is_an_error(tiny_model_dir, tmp_path) -> None:
     # the untrained tiny model answers no problem in 2 steps: 0.0 < 1.0
-    task = arithmetic()
+    task = make_task("arithmetic")
     data = tmp_path / "d.jsonl"
     task.write(data, 8)
     with pytest.raises(ValueError, match="target_pass_rate=1.0 within steps=2"):

@@ -1,4 +1,8 @@
-"""`make demo` / `ludic demo`: arithmetic episodes end to end against a locally built model.
+"""`ludic demo`: arithmetic episodes end to end against a locally built model, in one process.
+
+A command-line tool beside ``ludic status``, not a service and not library code: it wires
+the library's engine, registries and in-process client together the way a user's script
+would (`make demo` is the whole stack instead: ``ludic up`` on examples/arith/grpo.yaml).
 
 Builds the tiny model if needed (runs/<name>/model), runs grouped arithmetic episodes
 through the RolloutEngine with the in-process transformers backend, and prints a table
