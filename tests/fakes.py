@@ -337,15 +337,81 @@ class FakeEngine:
         return out
 
 
+class ServedModel:
+    """What the ``ludic`` weight-transfer engine (services/inference/weight_transfer.py)
+    loads into, in place of a vLLM model: ``load_weights`` copies HF-named tensors into
+    ``served``; one plain CPU linear layer (vllm_plugin.plain_linear) makes an update a copy
+    (``worker_ext.copy_reload_applies``)."""
+
+    def __init__(self, tensors: dict[str, Any]) -> None:
+        import torch
+
+        from services.inference.vllm_plugin import plain_linear
+
+        self.served = {k: v.clone() for k, v in tensors.items()}
+        self.layer = torch.nn.Module()
+        self.layer.cpu_linear = plain_linear  # type: ignore[assignment]
+        self.loads = 0
+
+    def modules(self) -> list[Any]:
+        return [self.layer]
+
+    def load_weights(self, weights: Any) -> None:
+        for name, t in weights:
+            self.served[name].copy_(t)
+        self.loads += 1
+
+
+def worker_vllm_config(rank: int, workers: int) -> Any:
+    """The parts of vLLM's ``VllmConfig`` the ``ludic`` weight-transfer engine reads, for
+    worker ``rank`` of ``workers`` (tensor parallel), serving float32."""
+    from types import SimpleNamespace
+
+    import torch
+
+    return SimpleNamespace(
+        parallel_config=SimpleNamespace(data_parallel_index=0, world_size=workers, rank=rank),
+        model_config=SimpleNamespace(dtype=torch.float32, quantization=None),
+        cache_config=SimpleNamespace(cache_dtype="auto"),
+    )
+
+
+def transfer_worker(tensors: dict[str, Any], rank: int, workers: int) -> Any:
+    """A ``LudicTransferEngine`` as vLLM builds it in worker ``rank`` of ``workers``, over a
+    ``ServedModel`` of ``tensors``, on the CPU."""
+    import torch
+    from vllm.config.weight_transfer import WeightTransferConfig
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    from services.inference.vllm_plugin import TRANSFER_BACKEND, register_transfer_engine
+
+    register_transfer_engine()
+    return WeightTransferEngineFactory.create_engine(
+        WeightTransferConfig(backend=TRANSFER_BACKEND),
+        worker_vllm_config(rank, workers),
+        torch.device("cpu"),
+        ServedModel(tensors),
+    )
+
+
 class TensorEngine:
     """The weight-route surface of LudicEngine (services/inference/worker.py) over tensors
     held in memory, no vLLM: ``create_app(settings, engine=...)`` answers the weight routes
     as the service does (auth, body cap, validation against ``spec``, 409 for an old
     version), and ``swap`` copies an update into ``served``. ``fail_first``: the first k
     swaps fail as a drain that timed out (503); ``hang``: swaps never finish until
-    ``release()`` (a blackholed replica)."""
+    ``release()`` (a blackholed replica). The collective plane runs the real ``ludic``
+    weight-transfer engine in ``workers`` (``transfer_workers`` of them, as many vLLM workers
+    as a tensor-parallel replica has), called in this process where vLLM would make RPCs."""
 
-    def __init__(self, spec: Any, tensors: dict[str, Any], fail_first: int = 0, hang: bool = False):
+    def __init__(
+        self,
+        spec: Any,
+        tensors: dict[str, Any],
+        fail_first: int = 0,
+        hang: bool = False,
+        transfer_workers: int = 1,
+    ):
         from services.inference.metrics import InferenceMetrics
 
         self.spec = spec
@@ -359,6 +425,34 @@ class TensorEngine:
         self.lock = asyncio.Lock()
         self.metrics = InferenceMetrics()
         self.serving = None
+        self.transfer_workers = transfer_workers
+        self.transfer_backends = ("gloo",)
+        self.workers: list[Any] = []  # built at the first init (importing vLLM takes seconds)
+
+    async def transfer_init(self, info: dict[str, Any]) -> None:
+        if not self.workers:
+            n = self.transfer_workers
+            self.workers = [transfer_worker(self.served, i, n) for i in range(n)]
+        for w in self.workers:
+            w.init_transfer_engine(w.parse_init_info(info))
+
+    async def transfer_receive(self, rnd: int, meta: dict[str, Any]) -> None:
+        for w in self.workers:
+            w.update_weights({"phase": "recv", "round": rnd, **meta})
+
+    async def transfer_discard(self, rnd: int) -> None:
+        for w in self.workers:
+            w.update_weights({"phase": "discard", "round": rnd})
+
+    async def transfer_swap(
+        self, version: int, rnd: int, reload_seconds: Callable[[], Awaitable[float]]
+    ) -> float:
+        for w in self.workers:
+            w.update_weights({"phase": "apply", "round": rnd})
+        await reload_seconds()
+        self.version = version
+        self.updates.append(version)
+        return 0.0
 
     @classmethod
     def of_model(cls, model_dir: Any, **kw: Any) -> TensorEngine:

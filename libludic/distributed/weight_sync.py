@@ -6,18 +6,27 @@ safetensors bytes (HF parameter names) and POSTs them to ``/v1/weights?version=N
 Collective plane: ``CollectiveWeightSender`` builds a process group that is *separate* from
 the learner's default one (its own TCPStore + ``ProcessGroupGloo``, or vLLM's
 ``PyNcclCommunicator`` over a ``StatelessProcessGroup`` for NCCL). The learner's rank 0 is
-rank 0 of that group; replica ``i`` of ``urls`` is rank ``i + 1``. One update is a round::
+rank 0 of that group; the other ranks are the replicas' vLLM workers (vLLM's weight-transfer
+engine ``ludic``, services/inference/weight_transfer.py): replica ``i`` runs ``n_i`` workers
+(``GET /v1/weights/collective`` -> ``workers``: tensor x pipeline parallel) at ranks
+``r_i .. r_i + n_i - 1``, ``r_0 = 1``, ``r_{i+1} = r_i + n_i``. One update is a round::
 
-    learner                                   replica r (HTTP handler)
-    POST /collective/update {names,dtypes,    validate names/dtypes/shapes + version,
-          shapes, round}  ------------------> take the update lock, store ack/{round}/{r}
-    wait for every ack (or HTTP error)
-    store go/{round} = "go" | "abort"  ----->  read go/{round}
-    broadcast tensor_0 .. tensor_k  -------->  receive, check finite, reload, reply 200
+    learner                        replica API server            its vLLM workers
+    POST /collective/update  --->  validate names/dtypes/shapes,
+      {names,dtypes,shapes,        version; take the update lock;
+       round}                      start the receive  ---------> a thread per worker
+                                   store ack/{round}/{r_i}        waits for go/{round}
+    wait for every ack
+    store go/{round} = go|abort -------------------------------> read go/{round}
+    broadcast tensor_0..k  ------------------------------------> receive into fresh buffers,
+                                                                 check finite; store
+                                   wait recvd/{round}/{rank} <-- recvd/{round}/{rank}
+                                   apply (the pause)  ---------> copy into the served weights
+                                   relabel, reply 200
 
 A replica that rejects the metadata never enters the broadcast, so the learner aborts the
 round instead of hanging. Control keys travel through the group's TCPStore as plain strings
-(no pickle).
+(no pickle); :func:`ack_key` and its siblings name them.
 """
 
 from __future__ import annotations
@@ -55,6 +64,38 @@ DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in WIRE_DTYPES.items()}
 ACK_OK = "ok"
 GO = "go"
 ABORT = "abort"
+#: a worker's recvd/{round}/{rank} after an aborted round (it never entered the broadcast)
+ABORTED = "aborted"
+#: prefixes of a refusal in recvd/{round}/{rank}: the update does not fit (422), the
+#: transfer itself failed (502)
+REJECTED = "rejected: "
+FAILED = "error: "
+
+
+def ack_key(rnd: int, rank: int) -> str:
+    """A replica's answer to round ``rnd`` (``ok`` or the reason), under its first rank."""
+    return f"ack/{rnd}/{rank}"
+
+
+def go_key(rnd: int) -> str:
+    """The learner's decision for round ``rnd``: :data:`GO` or :data:`ABORT`."""
+    return f"go/{rnd}"
+
+
+def joined_key(rank: int) -> str:
+    """A worker's join of the group: ``ok`` or ``error: ...``."""
+    return f"joined/{rank}"
+
+
+def recvd_key(rnd: int, rank: int) -> str:
+    """A worker's receive of round ``rnd``: ``ok``, :data:`ABORTED`, ``rejected: ...`` or
+    ``error: ...``."""
+    return f"recvd/{rnd}/{rank}"
+
+
+def applied_key(rnd: int, rank: int) -> str:
+    """Seconds a worker took to load round ``rnd`` into the served weights (repr of a float)."""
+    return f"applied/{rnd}/{rank}"
 
 
 class WeightSyncError(RuntimeError):
@@ -186,8 +227,9 @@ class WeightGroup:
         if self.backend == "gloo":
             self._pg.broadcast(tensor, src).wait()
         else:
-            self._comm.broadcast(tensor, src=src)
-            torch.cuda.current_stream().synchronize()
+            stream = torch.cuda.current_stream(self.device)  # a receiver's side stream
+            self._comm.broadcast(tensor, src=src, stream=stream)
+            stream.synchronize()
 
     def close(self) -> None:
         self._pg = None
@@ -195,33 +237,47 @@ class WeightGroup:
         self.store = None
 
 
-def open_weight_group(
+def open_store(
+    master_address: str,
+    master_port: int,
+    timeout_s: float,
+    world_size: int | None = None,
+    is_master: bool = False,
+) -> Any:
+    """The weight group's TCPStore: hosted by the learner (``is_master``), a client anywhere
+    else (a worker, or a replica's API server that only writes and reads control keys).
+    A client retries the connection until ``timeout_s``."""
+    return TCPStore(
+        master_address,
+        int(master_port),
+        world_size,
+        is_master=is_master,
+        timeout=_dt.timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
+
+
+def join_group(
+    store: Any,
     master_address: str,
     master_port: int,
     rank: int,
     world_size: int,
     backend: str,
-    timeout_s: float = 300.0,
+    timeout_s: float,
+    device: torch.device | None = None,
 ) -> WeightGroup:
-    """Join (rank > 0) or host (rank 0) the weight-broadcast group; blocks until all joined.
+    """Join the weight-broadcast group over ``store``; blocks until every rank joined.
 
     Never touches torch.distributed's default group, so it can live next to the learner's
     FSDP2 group. gloo binds to the interface that routes to ``master_address`` (or
-    ``GLOO_SOCKET_IFNAME`` if set).
+    ``GLOO_SOCKET_IFNAME`` if set). nccl: ``device`` (default the current CUDA device) is
+    made current in the calling thread, which may be a worker's background thread.
     """
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} outside world_size {world_size}")
-    timeout = _dt.timedelta(seconds=timeout_s)
-    store = TCPStore(
-        master_address,
-        int(master_port),
-        world_size,
-        is_master=(rank == 0),
-        timeout=timeout,
-        wait_for_workers=False,
-    )
     if backend == "gloo":
         ifname = os.environ.get("GLOO_SOCKET_IFNAME")
         if ifname:
@@ -233,7 +289,7 @@ def open_weight_group(
             dev = ProcessGroupGloo.create_device(hostname=host)
         opts = ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         opts._devices = [dev]
-        opts._timeout = timeout
+        opts._timeout = _dt.timedelta(seconds=timeout_s)
         pg = ProcessGroupGloo(PrefixStore("ludic/gloo", store), rank, world_size, opts)
         return WeightGroup(rank, world_size, backend, store, torch.device("cpu"), _pg=pg)
 
@@ -245,12 +301,38 @@ def open_weight_group(
     from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
     from vllm.distributed.utils import StatelessProcessGroup
 
-    device = torch.device("cuda", torch.cuda.current_device())
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda.set_device(device)  # the CUDA device is per thread
     spg = StatelessProcessGroup(
         rank=rank, world_size=world_size, store=PrefixStore("ludic/nccl", store)
     )
-    comm = PyNcclCommunicator(spg, device=device)
+    try:  # vLLM pins NCCL_* in its workers; a communicator shared with the learner must not
+        from vllm.utils.nccl import unpinned_nccl_env
+    except ImportError:
+        comm = PyNcclCommunicator(spg, device=device)
+    else:
+        with unpinned_nccl_env():
+            comm = PyNcclCommunicator(spg, device=device)
     return WeightGroup(rank, world_size, backend, store, device, _comm=comm)
+
+
+def open_weight_group(
+    master_address: str,
+    master_port: int,
+    rank: int,
+    world_size: int,
+    backend: str,
+    timeout_s: float = 300.0,
+) -> WeightGroup:
+    """Join (rank > 0) or host (rank 0) the weight-broadcast group; blocks until all joined
+    (:func:`open_store` then :func:`join_group`)."""
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside world_size {world_size}")
+    store = open_store(master_address, master_port, timeout_s, world_size, is_master=rank == 0)
+    return join_group(store, master_address, master_port, rank, world_size, backend, timeout_s)
 
 
 def wait_key(store: Any, key: str, timeout_s: float, poll_s: float = 0.005) -> str:
@@ -263,6 +345,12 @@ def wait_key(store: Any, key: str, timeout_s: float, poll_s: float = 0.005) -> s
     return bytes(store.get(key)).decode()
 
 
+def wait_keys(store: Any, keys: Sequence[str], timeout_s: float) -> list[str]:
+    """:func:`wait_key` for each of ``keys`` (one deadline for all); their values."""
+    deadline = time.monotonic() + timeout_s
+    return [wait_key(store, k, max(0.0, deadline - time.monotonic())) for k in keys]
+
+
 # --------------------------------------------------------------------------- sender
 
 
@@ -270,9 +358,11 @@ def wait_key(store: Any, key: str, timeout_s: float, poll_s: float = 0.005) -> s
 class CollectiveWeightSender:
     """Rank 0 of the weight-broadcast group, talking to one or more inference replicas.
 
-    ``init()`` performs the HTTP handshake (POST /v1/weights/collective/init to every
-    replica while joining as rank 0); ``send(state_dict, version)`` runs one round (see the
-    module docstring) and returns the version every replica now serves.
+    ``init()`` asks every replica how many vLLM workers it runs
+    (``GET /v1/weights/collective``), gives replica ``i`` the ranks from ``offsets[i]``
+    (module docstring), then performs the HTTP handshake (POST /v1/weights/collective/init
+    to every replica while hosting the group as rank 0); ``send(state_dict, version)`` runs
+    one round and returns the version every replica now serves.
     """
 
     urls: Sequence[str]
@@ -282,12 +372,15 @@ class CollectiveWeightSender:
     backend: str = "gloo"
     timeout_s: float = 600.0
     group: WeightGroup | None = None
+    workers: list[int] = field(default_factory=list)  # vLLM workers of each replica
+    offsets: list[int] = field(default_factory=list)  # first rank of each replica
     _round: int = 0
     _http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=None))
 
     @property
     def world_size(self) -> int:
-        return 1 + len(self.urls)
+        """1 + every replica's workers (known after ``init``)."""
+        return 1 + sum(self.workers)
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -297,10 +390,21 @@ class CollectiveWeightSender:
             url.rstrip("/") + path, headers=self._headers(), timeout=self.timeout_s, **kw
         )
 
+    def _workers_of(self, url: str) -> int:
+        resp = self._http.get(
+            url.rstrip("/") + "/v1/weights/collective",
+            headers=self._headers(),
+            timeout=min(self.timeout_s, 30.0),
+        )
+        _raise_for_reply(url.rstrip("/"), resp)
+        return int(resp.json()["workers"])
+
     def init(self) -> None:
         if self.group is not None:
             raise RuntimeError("CollectiveWeightSender.init() called twice")
         with cf.ThreadPoolExecutor(max(1, len(self.urls))) as pool:
+            self.workers = list(pool.map(self._workers_of, self.urls))
+            self.offsets = [1 + sum(self.workers[:i]) for i in range(len(self.urls))]
             futs = [
                 pool.submit(
                     self._post,
@@ -311,7 +415,7 @@ class CollectiveWeightSender:
                         "master_port": self.master_port,
                         "world_size": self.world_size,
                         "backend": self.backend,
-                        "rank": i + 1,
+                        "rank": self.offsets[i],
                     },
                 )
                 for i, url in enumerate(self.urls)
@@ -364,7 +468,7 @@ class CollectiveWeightSender:
                 for url in self.urls
             ]
             refusals = self._collect_acks(rnd, futs)
-            store.set(f"go/{rnd}", ABORT if refusals else GO)
+            store.set(go_key(rnd), ABORT if refusals else GO)
             if refusals:
                 for f in futs:
                     f.result()
@@ -384,7 +488,7 @@ class CollectiveWeightSender:
         deadline = time.monotonic() + self.timeout_s
         while pending:
             for i in list(pending):
-                key = f"ack/{rnd}/{i + 1}"
+                key = ack_key(rnd, self.offsets[i])
                 if store.check([key]):
                     val = bytes(store.get(key)).decode()
                     if val != ACK_OK:

@@ -2,7 +2,9 @@
 
 ``create_app(settings, engine=None)`` builds the app; with ``engine=None`` the lifespan
 starts a real ``LudicEngine`` (vLLM), otherwise the given engine (or a fake with the same
-attributes: ``version``, ``lock``, ``spec``, ``swap``, ``probe``, ``serving``) is used.
+attributes: ``version``, ``lock``, ``spec``, ``swap``, ``probe``, ``serving``, and for the
+collective plane ``transfer_workers``, ``transfer_backends``, ``transfer_init``,
+``transfer_receive``, ``transfer_discard``, ``transfer_swap``) is used.
 The OpenAI endpoints delegate to vLLM's own ``OpenAIServingCompletion`` /
 ``OpenAIServingChat`` / ``OpenAIServingModels`` and add ``policy_version``.
 """
@@ -10,11 +12,13 @@ The OpenAI endpoints delegate to vLLM's own ``OpenAIServingCompletion`` /
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
+import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -22,10 +26,11 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from libludic.distributed.weight_sync import WIRE_DTYPES
-from services.inference.collective import CollectiveReceiver
+from libludic.distributed.weight_sync import ABORTED, ACK_OK, REJECTED, WIRE_DTYPES
+from services.inference.collective import CollectivePlane
 from services.inference.metrics import InferenceMetrics
 from services.inference.schemas import (
+    CollectiveInfoResponse,
     CollectiveInitRequest,
     CollectiveInitResponse,
     CollectiveUpdateRequest,
@@ -97,7 +102,7 @@ def create_app(
     metrics: InferenceMetrics | None = None,
 ) -> FastAPI:
     metrics = metrics or (engine.metrics if engine is not None else InferenceMetrics())
-    receiver = CollectiveReceiver(timeout_s=settings.collective_timeout_s)
+    plane = CollectivePlane(timeout_s=settings.collective_timeout_s)
     holder: dict[str, Any] = {"engine": engine}
 
     @asynccontextmanager
@@ -115,7 +120,7 @@ def create_app(
     app = FastAPI(title="ludic inference", lifespan=lifespan)
     app.state.settings = settings
     app.state.metrics = metrics
-    app.state.receiver = receiver
+    app.state.collective = plane
 
     def eng() -> Any:
         e = holder["engine"]
@@ -263,21 +268,21 @@ def create_app(
         metrics.weight_updates.labels(plane, outcome).inc()
 
     async def _apply(
-        e: Any, plane: str, version: int, tensors: dict[str, Any], payload: Any, t0: float
+        e: Any, plane_name: str, version: int, swap: Awaitable[float], t0: float
     ) -> JSONResponse:
-        """Caller holds e.lock and has validated everything."""
+        """Caller holds e.lock and has validated everything; ``swap`` applies the update."""
         try:
-            pause_s = await e.swap(version, tensors, payload)
+            pause_s = await swap
         except SwapError as exc:
-            _outcome(plane, "error")
+            _outcome(plane_name, "rejected" if exc.status == 422 else "error")
             raise _http_error(exc.status, str(exc)) from exc
-        _outcome(plane, "ok")
+        _outcome(plane_name, "ok")
         metrics.policy_version.set(version)
-        metrics.weight_update_seconds.labels(plane).observe(time.monotonic() - t0)
+        metrics.weight_update_seconds.labels(plane_name).observe(time.monotonic() - t0)
         log.info(
             "policy_version=%d via %s: %.3f s total, admission paused %.3f s",
             version,
-            plane,
+            plane_name,
             time.monotonic() - t0,
             pause_s,
         )
@@ -325,9 +330,17 @@ def create_app(
         async with e.lock:
             if version <= e.version:
                 raise _conflict(e, "http", version)
-            return await _apply(e, "http", version, tensors, buf, t0)
+            return await _apply(e, "http", version, e.swap(version, tensors, buf), t0)
 
     # ------------------------------------------------------------------ weights (collective)
+    @app.get("/v1/weights/collective", dependencies=[Depends(authorize)])
+    async def collective_info() -> JSONResponse:
+        e = eng()
+        body = CollectiveInfoResponse(
+            workers=int(e.transfer_workers), backends=list(e.transfer_backends)
+        )
+        return JSONResponse(body.model_dump())
+
     @app.post("/v1/weights/collective/init", dependencies=[Depends(authorize)])
     async def collective_init(request: Request) -> JSONResponse:
         # parsed here, after authorize: an unauthenticated body is never read
@@ -336,18 +349,23 @@ def create_app(
             req = CollectiveInitRequest.model_validate_json(bytes(raw))
         except ValidationError as exc:
             raise _invalid_body(exc) from exc
-        try:
-            group = await receiver.init(req)
-        except ValueError as exc:
-            raise _http_error(400, str(exc)) from exc
-        except Exception as exc:  # rendezvous failures (timeout, refused) -> 502 with reason
-            raise _http_error(
-                502,
-                f"could not join the weight group at {req.master_address}:{req.master_port}: "
-                f"{type(exc).__name__}: {exc}",
-            ) from exc
+        e = eng()
+        async with e.lock:  # never while a round is being received or applied
+            try:
+                await plane.init(e, req)
+            except ValueError as exc:
+                raise _http_error(400, str(exc)) from exc
+            except Exception as exc:  # rendezvous failures (timeout, refused) -> 502 with reason
+                raise _http_error(
+                    502,
+                    f"could not join the weight group at {req.master_address}:"
+                    f"{req.master_port}: {type(exc).__name__}: {exc}",
+                ) from exc
         body = CollectiveInitResponse(
-            rank=group.rank, world_size=group.world_size, backend=group.backend
+            rank=plane.rank,
+            world_size=plane.world_size,
+            backend=plane.backend,
+            workers=plane.workers,
         )
         return JSONResponse(body.model_dump())
 
@@ -363,7 +381,7 @@ def create_app(
         except ValidationError as exc:
             _outcome("collective", "rejected")
             raise _invalid_body(exc) from exc
-        if not receiver.ready:
+        if not plane.ready:
             raise _http_error(
                 400, "no weight group: POST /v1/weights/collective/init before updates"
             )
@@ -371,28 +389,58 @@ def create_app(
         try:
             for name, dt, shape in zip(req.names, req.dtypes, req.shapes):
                 e.spec.check_meta(name, WIRE_DTYPES[dt], tuple(shape))
+            missing = e.spec.missing(req.names)
+            if missing:
+                raise WeightValidationError(
+                    f"the collective plane takes complete updates; {len(missing)} parameter(s) "
+                    f"missing, e.g. {missing[:3]}: send the whole state dict, or send a "
+                    "partial one to POST /v1/weights"
+                )
         except WeightValidationError as exc:
-            receiver.ack(rnd, f"rejected: {exc}")
+            plane.ack(rnd, f"rejected: {exc}")
             _outcome("collective", "rejected")
             raise _http_error(exc.status, str(exc)) from exc
         async with e.lock:
             if version <= e.version:
-                receiver.ack(rnd, f"conflict: version {version} <= {e.version}")
+                plane.ack(rnd, f"conflict: version {version} <= {e.version}")
                 raise _conflict(e, "collective", version)
-            receiver.ack(rnd)
-            if not await receiver.wait_go(rnd):
-                _outcome("collective", "aborted")
-                raise _http_error(409, "round aborted by the sender (another replica refused)")
-            tensors = await receiver.receive(req)
-            metrics.weight_bytes.labels("collective").inc(
-                sum(t.numel() * t.element_size() for t in tensors.values())
-            )
+            meta = {
+                "names": req.names,
+                "dtypes": req.dtypes,
+                "shapes": req.shapes,
+                "skip": [n for n in req.names if n in e.spec.aliases],
+            }
             try:
-                await asyncio.to_thread(e.spec.check_tensors, tensors)
-            except WeightValidationError as exc:
-                _outcome("collective", "rejected")
-                raise _http_error(exc.status, str(exc)) from exc
-            return await _apply(e, "collective", version, tensors, None, t0)
+                await e.transfer_receive(rnd, meta)
+            except Exception as exc:
+                plane.ack(rnd, f"error: the workers cannot receive: {exc}")
+                _outcome("collective", "error")
+                raise _http_error(502, f"the vLLM workers cannot receive: {exc}") from exc
+            try:
+                plane.ack(rnd)
+                refused = [s for s in await plane.received(rnd) if s != ACK_OK]
+            except BaseException:  # the workers' round must not outlive this request
+                with contextlib.suppress(Exception):
+                    await e.transfer_discard(rnd)
+                raise
+            if refused:
+                await e.transfer_discard(rnd)
+                if refused[0] == ABORTED:
+                    _outcome("collective", "aborted")
+                    raise _http_error(409, "round aborted by the sender (another replica refused)")
+                if refused[0].startswith(REJECTED):
+                    _outcome("collective", "rejected")
+                    raise _http_error(422, refused[0].removeprefix(REJECTED))
+                _outcome("collective", "error")
+                raise _http_error(502, f"the broadcast failed: {refused[0]}")
+            metrics.weight_bytes.labels("collective").inc(
+                sum(
+                    math.prod(shape) * WIRE_DTYPES[dt].itemsize
+                    for dt, shape in zip(req.dtypes, req.shapes)
+                )
+            )
+            swap = e.transfer_swap(version, rnd, lambda: plane.reload_seconds(rnd))
+            return await _apply(e, "collective", version, swap, t0)
 
     return app
 

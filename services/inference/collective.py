@@ -1,73 +1,115 @@
-"""Replica side of the collective weight plane (protocol in libludic/distributed/weight_sync.py).
+"""API-server end of the collective weight plane: the control side of one replica.
 
-The API-server process is this replica's rank in the weight group: it receives every tensor
-into a fresh buffer, then the update takes the same path as an HTTP body (validation,
-version rule, pause/reload/resume). Blocking group calls run in a thread so the event loop
-keeps serving generations while a broadcast is in flight.
+The tensors never pass through this process: the replica's vLLM workers are its ranks in
+the learner's weight group (the ``ludic`` weight-transfer engine,
+services/inference/weight_transfer.py), ``rank .. rank + workers - 1``. This process holds a
+client of the group's TCPStore for the control keys (protocol in
+libludic/distributed/weight_sync.py): it writes the replica's ack under its first rank and
+reads its workers' joined/recvd/applied keys. Store waits run in a thread, so the event
+loop keeps serving generations while a broadcast is in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-
-import torch
+from typing import Any
 
 from libludic.distributed.weight_sync import (
     ACK_OK,
-    GO,
-    WIRE_DTYPES,
-    WeightGroup,
-    open_weight_group,
-    wait_key,
+    FAILED,
+    ack_key,
+    applied_key,
+    joined_key,
+    open_store,
+    recvd_key,
+    wait_keys,
 )
-from services.inference.schemas import CollectiveInitRequest, CollectiveUpdateRequest
+from services.inference.schemas import CollectiveInitRequest
+
+#: longest wait for the workers' applied keys, written right after the load RPC returned
+APPLIED_WAIT_S = 30.0
 
 
 @dataclass
-class CollectiveReceiver:
+class CollectivePlane:
     timeout_s: float = 600.0
-    group: WeightGroup | None = None
+    store: Any = None  # a client of the learner's TCPStore; None before a good init
+    rank: int = 0  # the replica's first rank in the group
+    workers: int = 0
+    world_size: int = 0
+    backend: str = ""
 
     @property
     def ready(self) -> bool:
-        return self.group is not None
+        return self.store is not None
 
-    async def init(self, req: CollectiveInitRequest) -> WeightGroup:
-        if self.group is not None:  # a restarted learner re-initialises: drop the old group
-            self.group.close()
-            self.group = None
-        self.group = await asyncio.to_thread(
-            open_weight_group,
-            req.master_address,
-            req.master_port,
-            req.rank,
-            req.world_size,
-            req.backend,
-            self.timeout_s,
+    @property
+    def ranks(self) -> range:
+        return range(self.rank, self.rank + self.workers)
+
+    async def init(self, engine: Any, req: CollectiveInitRequest) -> None:
+        """Every worker of ``engine`` joins the group the learner hosts; returns once all
+        joined. ``ValueError``: the request does not fit this replica (400); any other
+        exception: the rendezvous failed (502)."""
+        workers = int(engine.transfer_workers)
+        backends = tuple(engine.transfer_backends)
+        if req.backend not in backends:
+            raise ValueError(
+                f"backend {req.backend!r}: this replica's workers can join {list(backends)} "
+                "(nccl needs CUDA workers)"
+            )
+        if req.rank + workers > req.world_size:
+            raise ValueError(
+                f"this replica runs {workers} vLLM worker(s), ranks {req.rank}.."
+                f"{req.rank + workers - 1}, outside world_size {req.world_size}; count every "
+                "replica's workers (GET /v1/weights/collective)"
+            )
+        self.close()
+        store = await asyncio.to_thread(
+            open_store, req.master_address, req.master_port, self.timeout_s
         )
-        return self.group
+        await engine.transfer_init(
+            {
+                "master_address": req.master_address,
+                "master_port": req.master_port,
+                "world_size": req.world_size,
+                "rank_offset": req.rank,
+                "backend": req.backend,
+                "timeout_s": self.timeout_s,
+            }
+        )
+        ranks = range(req.rank, req.rank + workers)
+        joined = await asyncio.to_thread(
+            wait_keys, store, [joined_key(r) for r in ranks], self.timeout_s
+        )
+        bad = [f"rank {r}: {v}" for r, v in zip(ranks, joined) if v != ACK_OK]
+        if bad:
+            raise RuntimeError("; ".join(bad))
+        self.store, self.rank, self.workers = store, req.rank, workers
+        self.world_size, self.backend = req.world_size, req.backend
 
     def ack(self, rnd: int, value: str = ACK_OK) -> None:
-        """Tell the sender whether this rank will take part in round ``rnd``."""
-        if self.group is not None:
-            self.group.store.set(f"ack/{rnd}/{self.group.rank}", value[:2000])
+        """Tell the sender whether this replica takes part in round ``rnd``."""
+        if self.store is not None:
+            self.store.set(ack_key(rnd, self.rank), value[:2000])
 
-    async def wait_go(self, rnd: int) -> bool:
-        assert self.group is not None
-        val = await asyncio.to_thread(wait_key, self.group.store, f"go/{rnd}", self.timeout_s)
-        return val == GO
+    async def received(self, rnd: int) -> list[str]:
+        """Each worker's outcome of round ``rnd`` (``weight_sync.recvd_key``), or the reason
+        none came (the store or the learner went away, or the wait timed out)."""
+        keys = [recvd_key(rnd, r) for r in self.ranks]
+        try:
+            return await asyncio.to_thread(wait_keys, self.store, keys, self.timeout_s)
+        except Exception as e:  # a lost store is the outcome of this round, reported as such
+            return [f"{FAILED}{type(e).__name__}: {e}"]
 
-    async def receive(self, req: CollectiveUpdateRequest) -> dict[str, torch.Tensor]:
-        assert self.group is not None
-        group = self.group
+    async def reload_seconds(self, rnd: int) -> float:
+        """The slowest worker's load time of round ``rnd``."""
+        keys = [applied_key(rnd, r) for r in self.ranks]
+        values = await asyncio.to_thread(wait_keys, self.store, keys, APPLIED_WAIT_S)
+        return max(float(v) for v in values)
 
-        def _recv() -> dict[str, torch.Tensor]:
-            out: dict[str, torch.Tensor] = {}
-            for name, dt, shape in zip(req.names, req.dtypes, req.shapes):
-                t = torch.empty(tuple(shape), dtype=WIRE_DTYPES[dt], device=group.device)
-                group.broadcast(t, src=0)
-                out[name] = t if t.device.type == "cpu" else t.cpu()
-            return out
-
-        return await asyncio.to_thread(_recv)
+    def close(self) -> None:
+        self.store = None
+        self.rank = self.workers = self.world_size = 0
+        self.backend = ""

@@ -39,8 +39,9 @@ class CollectiveInitRequest(BaseModel):
     master_port: int = Field(gt=0, lt=65536)
     world_size: int = Field(ge=2, le=MAX_COLLECTIVE_WORLD)
     backend: Literal["gloo", "nccl"] = "gloo"
-    # Ludic extension of the contract: this replica's rank (learner is 0). Default 1 for
-    # the common one-replica case; CollectiveWeightSender sends i + 1 for replica i.
+    # Ludic extension of the contract: this replica's first rank (the learner is 0); its
+    # vLLM workers take rank .. rank + workers - 1. Default 1 for the one-replica case;
+    # CollectiveWeightSender gives replica i the ranks after those of replicas 0..i-1.
     rank: int = Field(default=1, ge=1)
 
     @model_validator(mode="after")
@@ -50,10 +51,17 @@ class CollectiveInitRequest(BaseModel):
         return self
 
 
+class CollectiveInfoResponse(BaseModel):
+    # vLLM workers of this replica (tensor x pipeline parallel): each is a rank of the group
+    workers: int
+    backends: list[str]  # group backends its workers can join (nccl: CUDA workers)
+
+
 class CollectiveInitResponse(BaseModel):
-    rank: int
+    rank: int  # the replica's first rank
     world_size: int
     backend: str
+    workers: int = 1
 
 
 class CollectiveUpdateRequest(BaseModel):

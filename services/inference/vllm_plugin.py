@@ -1,7 +1,11 @@
-"""vLLM general plugin (entry point ``vllm.general_plugins: ludic``): idle waits that sleep.
+"""vLLM general plugin (entry point ``vllm.general_plugins: ludic``): idle waits that sleep,
+plain CPU linear layers, and the ``ludic`` weight-transfer engine.
 
 vLLM loads general plugins in every process it starts (API server, EngineCore, workers).
-This one acts only when ``LUDIC_VLLM_BUSY_LOOP_S`` is set, which ``ludic inference`` does
+The weight-transfer engine (services/inference/weight_transfer.py) is put in vLLM's registry
+in each of them: it is only a name there until an engine is started with
+``--weight-transfer-config '{"backend": "ludic"}'``, which ``ludic inference`` does. The idle
+waits act only when ``LUDIC_VLLM_BUSY_LOOP_S`` is set, which ``ludic inference`` does
 (``engine.idle_wait_env``, from the ``engine_idle_spin_s`` / ``engine_idle_poll_ms``
 settings); anything else using vLLM in the same environment is left alone.
 
@@ -31,6 +35,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+#: the weight-transfer engine's name in vLLM's registry (``--weight-transfer-config``)
+TRANSFER_BACKEND = "ludic"
+TRANSFER_ENGINE = ("services.inference.weight_transfer", "LudicTransferEngine")
 SPIN_ENV = "LUDIC_VLLM_BUSY_LOOP_S"
 POLL_ENV = "LUDIC_VLLM_POLL_MS"
 PLAIN_LINEAR_ENV = "LUDIC_VLLM_CPU_PLAIN_LINEAR"
@@ -91,8 +98,22 @@ def _patch_cpu_linear() -> None:
     utils.dispatch_cpu_unquantized_gemm = dispatch
 
 
+def register_transfer_engine() -> None:
+    """Put the ``ludic`` weight-transfer engine in vLLM's registry (lazily: its module is
+    imported only where a worker builds it). Idempotent."""
+    try:  # vLLM's modules in a plugin vLLM loads in every process: imported where used
+        from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+    except ImportError:  # a vLLM without weight-transfer engines
+        return
+    try:
+        WeightTransferEngineFactory.register_engine(TRANSFER_BACKEND, *TRANSFER_ENGINE)
+    except ValueError:  # already registered in this process
+        pass
+
+
 def register() -> None:
     """vLLM calls this in each of its processes (possibly more than once)."""
+    register_transfer_engine()
     if os.environ.get(PLAIN_LINEAR_ENV) == "1":
         _patch_cpu_linear()
     conf = settings()

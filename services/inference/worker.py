@@ -1,9 +1,11 @@
 """``LudicEngine``: vLLM's AsyncLLM plus a policy version and an atomic weight swap.
 
-Swap policy (the contract of POST /v1/weights, see README.md): the new weights are fully
-received and validated first; then, under one asyncio lock,
+Swap policy (the contract of both weight planes, see README.md): the new weights are fully
+received and validated first (HTTP: by this process, staged in a file; collective: by the
+vLLM workers themselves, through vLLM's weight-transfer API and the ``ludic`` engine,
+services/inference/weight_transfer.py); then, under one asyncio lock,
 
-    keep:  collective_rpc(reload)            # between two steps: every worker reloads
+    keep:  collective_rpc(reload)            # between two steps: every worker loads
            reset_prefix_cache(running=True)  # old-weight KV dropped, running requests recompute
            update_weight_version(N)          # vLLM labels every later output token with N
     wait:  pause_generation(mode="wait")     # admission paused; in-flight requests finish
@@ -29,12 +31,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import json
 import logging
 import os
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +49,7 @@ from services.inference import vllm_plugin
 from services.inference.metrics import InferenceMetrics
 from services.inference.settings import InferenceSettings
 from services.inference.validation import ParamSpec, complete_partial
+from services.inference.vllm_plugin import TRANSFER_BACKEND
 
 log = logging.getLogger("ludic.inference")
 
@@ -96,13 +100,20 @@ def _as_version(label: Any) -> int:
 
 
 class WeightShadow:
-    """Current HF-format value of every parameter: received tensors, else the checkpoint."""
+    """Current HF-format value of every parameter: received tensors, else the checkpoint.
+
+    ``stale``: the served weights came over the collective plane, whose tensors never pass
+    through this process, so their values are unknown here until a complete HTTP update
+    (partial HTTP updates and rollbacks need them and are refused meanwhile)."""
 
     def __init__(self, spec: ParamSpec):
         self.spec = spec
         self.overrides: dict[str, torch.Tensor] = {}
+        self.stale = False
 
     def get(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
+        if self.stale:
+            raise RuntimeError("the served weights came over the collective plane: unknown here")
         out: dict[str, torch.Tensor] = {}
         by_file: dict[Any, list[str]] = {}
         for n in names:
@@ -118,6 +129,13 @@ class WeightShadow:
 
     def update(self, tensors: dict[str, torch.Tensor]) -> None:
         self.overrides.update(tensors)
+        if self.stale and not self.spec.missing(self.overrides):
+            self.stale = False
+
+    def forget(self) -> None:
+        """The served weights changed without passing through here (the collective plane)."""
+        self.overrides.clear()
+        self.stale = True
 
 
 def _to_payload(tensors: dict[str, torch.Tensor]) -> bytes:
@@ -254,6 +272,8 @@ class LudicEngine:
             "--seed", str(settings.seed),
             "--tensor-parallel-size", str(settings.tensor_parallel_size),
             "--gpu-memory-utilization", str(settings.gpu_memory_utilization),
+            # the collective plane: each worker a rank of the learner's weight group
+            "--weight-transfer-config", json.dumps({"backend": TRANSFER_BACKEND}),
         ]  # fmt: skip
         if settings.max_model_len:
             argv += ["--max-model-len", str(settings.max_model_len)]
@@ -362,6 +382,13 @@ class LudicEngine:
         """
         assert self.lock.locked(), "swap() must run under engine.lock"
         missing = complete_partial(tensors, self.spec)
+        if missing and self.shadow.stale:
+            raise SwapError(
+                "a partial update needs the served values of the parameters it leaves out, "
+                "and the served weights came over the collective plane; send a complete "
+                f"update (missing e.g. {missing[:3]})",
+                422,
+            )
         received = {k: v for k, v in tensors.items() if k not in self.spec.aliases}
         forwarded = self.spec.to_served(received)  # e.g. an fp32 learner -> a bf16 server
         cast = any(forwarded[k] is not received[k] for k in received)
@@ -372,12 +399,18 @@ class LudicEngine:
         elif payload is None or cast or len(forwarded) != len(tensors):
             payload = await asyncio.to_thread(_to_payload, forwarded)
         path = await asyncio.to_thread(_stage, payload, self.settings.weight_staging_dir)
+
+        async def restore(cause: Exception) -> None:
+            await self._restore(forwarded, missing, cause)
+
         try:
-            if self.settings.update_mode == "keep":
-                return await self._swap_in_flight(version, path, forwarded, missing)
-            return await self._swap_drained(version, path, forwarded, missing)
+            pause_s, reload_s = await self._apply_as(
+                version, lambda: self._reload(path), restore, _nothing
+            )
         finally:
             await asyncio.to_thread(_unlink, path)
+        self.shadow.update(forwarded)
+        return self._done(version, pause_s, reload_s)
 
     async def _reload(self, path: str) -> float:
         """Every worker reloads the staged safetensors file ``path`` in place; the slowest
@@ -390,82 +423,80 @@ class LudicEngine:
         self, forwarded: dict[str, torch.Tensor], missing: list[str] | None, cause: Exception
     ) -> None:
         """Reload the previous values (the shadow is only updated after a good reload). If
-        that fails too, the engine is ``broken``: generation is stopped and the server exits
-        non-zero (its supervisor restarts it on the checkpoint; the learner republishes)."""
-        old = self.spec.to_served(self.shadow.get(list(forwarded) + list(missing or ())))
+        that fails too, or they are unknown here (``WeightShadow.stale``), the engine is
+        ``broken``."""
         path = ""
         try:
+            old = self.spec.to_served(self.shadow.get(list(forwarded) + list(missing or ())))
             payload = await asyncio.to_thread(_to_payload, old)
             path = await asyncio.to_thread(_stage, payload, self.settings.weight_staging_dir)
             await self._reload(path)
         except Exception as e:
-            self.broken = (
-                f"a weight reload failed ({cause}) and restoring v{self.version} failed too "
-                f"({type(e).__name__}: {e})"
+            await self._break(
+                f"a weight reload failed ({cause}) and restoring v{self.version} "
+                f"failed too ({type(e).__name__}: {e})",
+                e,
             )
-            log.critical("%s; stopping generation and exiting", self.broken)
-            with contextlib.suppress(Exception):
-                await self.llm.pause_generation(mode="abort", clear_cache=True)
-            raise SwapError(f"{self.broken}; the server is shutting down", 500) from e
         finally:
             if path:
                 await asyncio.to_thread(_unlink, path)
 
-    def _done(
-        self,
-        version: int,
-        forwarded: dict[str, torch.Tensor],
-        pause_s: float,
-        reload_s: float,
-        how: str,
-    ) -> float:
+    async def _break(self, why: str, cause: BaseException) -> None:
+        """The weights are neither the old nor the new version: stop generation; the server
+        exits non-zero (its supervisor restarts it on the checkpoint; the learner
+        republishes). Raises ``SwapError`` (500)."""
+        self.broken = why
+        log.critical("%s; stopping generation and exiting", why)
+        with contextlib.suppress(Exception):
+            await self.llm.pause_generation(mode="abort", clear_cache=True)
+        raise SwapError(f"{why}; the server is shutting down", 500) from cause
+
+    def _done(self, version: int, pause_s: float, reload_s: float) -> float:
         self.version = version
-        self.shadow.update(forwarded)
         self.last_reload_s = reload_s
         self.metrics.weight_pause_seconds.observe(pause_s)
         self.metrics.weight_reload_seconds.observe(reload_s)
         log.info(
-            "swap v%d (%s): generation paused %.3f s, reload in the worker %.3f s",
+            "swap v%d (update_mode %s): generation paused %.3f s, reload in the worker %.3f s",
             version,
-            how,
+            self.settings.update_mode,
             pause_s,
             reload_s,
         )
         return pause_s
 
-    async def _swap_in_flight(
+    async def _apply_as(
         self,
         version: int,
-        path: str,
-        forwarded: dict[str, torch.Tensor],
-        missing: list[str] | None,
-    ) -> float:
-        """update_mode=keep: reload between two steps, then drop every KV block computed by
-        the old weights (the prefix cache, and the running requests', which are preempted
-        and recompute theirs under the new weights), then label later tokens ``version``.
-        Generation pauses only for the reload. A step that runs between the reload and the
-        new label is labelled with the previous version: older than it is, never newer."""
-        t0 = time.monotonic()
-        try:
-            reload_s = await self._reload(path)
-        except Exception as e:
-            await self._restore(forwarded, missing, e)
-            raise SwapError(f"reload failed, previous weights restored: {e}") from e
-        pause_s = time.monotonic() - t0
-        await self.llm.reset_prefix_cache(reset_running_requests=True)
-        await self.llm.update_weight_version(str(version))
-        return self._done(version, forwarded, pause_s, reload_s, "in flight")
+        apply: Callable[[], Awaitable[float]],
+        restore: Callable[[Exception], Awaitable[None]],
+        undo: Callable[[], Awaitable[None]],
+    ) -> tuple[float, float]:
+        """Run ``apply`` (the reload in the workers; returns its seconds in the slowest
+        worker) as ``version`` under ``update_mode``; (seconds generation paused, reload
+        seconds). ``restore(cause)``: bring the previous weights back after a failed
+        ``apply`` (or raise ``SwapError`` via ``_break``); ``undo``: drop what was staged
+        when a drain timed out (nothing changed).
 
-    async def _swap_drained(
-        self,
-        version: int,
-        path: str,
-        forwarded: dict[str, torch.Tensor],
-        missing: list[str] | None,
-    ) -> float:
-        """update_mode=wait: new requests queue, running ones finish on the old weights, then
-        reload, relabel and resume: each request is served by exactly one version."""
+        keep: reload between two steps, then drop every KV block computed by the old
+        weights (the prefix cache, and the running requests', which are preempted and
+        recompute theirs under the new weights), then label later tokens ``version``.
+        Generation pauses only for the reload. A step that runs between the reload and the
+        new label is labelled with the previous version: older than it is, never newer.
+
+        wait: new requests queue, running ones finish on the old weights, then reload,
+        relabel and resume: each request is served by exactly one version."""
         t0 = time.monotonic()
+        if self.settings.update_mode == "keep":
+            try:
+                reload_s = await apply()
+            except Exception as e:
+                await restore(e)
+                raise SwapError(f"reload failed, previous weights restored: {e}") from e
+            pause_s = time.monotonic() - t0
+            await self.llm.reset_prefix_cache(reset_running_requests=True)
+            await self.llm.update_weight_version(str(version))
+            return pause_s, reload_s
         try:
             await asyncio.wait_for(
                 self.llm.pause_generation(mode="wait", clear_cache=True),
@@ -473,20 +504,94 @@ class LudicEngine:
             )
         except TimeoutError as e:
             await self.llm.resume_generation()
+            await undo()
             raise SwapError(
                 f"in-flight requests did not drain within {self.settings.drain_timeout_s} s; "
                 "nothing changed, retry later or raise --drain-timeout-s",
                 503,
             ) from e
         try:
-            reload_s = await self._reload(path)
+            reload_s = await apply()
             await self.llm.update_weight_version(str(version))
         except Exception as e:
-            await self._restore(forwarded, missing, e)  # raises (and stays paused) if it fails
+            await restore(e)  # raises (and stays paused) if it fails
             await self.llm.resume_generation()
             raise SwapError(f"reload failed, previous weights restored: {e}") from e
         await self.llm.resume_generation()
-        return self._done(version, forwarded, time.monotonic() - t0, reload_s, "drained")
+        return time.monotonic() - t0, reload_s
+
+    # ------------------------------------------------------------------ collective plane
+    @property
+    def transfer_workers(self) -> int:
+        """vLLM workers of this replica; each is a rank of the learner's weight group."""
+        pc = self.llm.vllm_config.parallel_config
+        return int(pc.world_size) * int(pc.data_parallel_size)
+
+    @property
+    def transfer_backends(self) -> tuple[str, ...]:
+        """Group backends the workers can join: nccl needs CUDA workers."""
+        from vllm.platforms import current_platform  # vLLM where used (see warm_up)
+
+        return ("gloo", "nccl") if current_platform.is_cuda() else ("gloo",)
+
+    async def transfer_init(self, init_info: dict[str, Any]) -> None:
+        """Every worker starts joining the group (services/inference/weight_transfer.py)."""
+        from vllm.distributed.weight_transfer.base import (  # vLLM where used (see warm_up)
+            WeightTransferInitRequest,
+        )
+
+        await self.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info))
+
+    async def _transfer_phase(self, phase: str, rnd: int, **meta: Any) -> None:
+        from vllm.distributed.weight_transfer.base import (  # vLLM where used (see warm_up)
+            WeightTransferUpdateRequest,
+        )
+
+        info = {"phase": phase, "round": rnd, **meta}
+        await self.llm.update_weights(WeightTransferUpdateRequest(info))
+
+    async def transfer_receive(self, rnd: int, meta: dict[str, Any]) -> None:
+        """Every worker starts receiving round ``rnd`` in a thread (two short RPCs); the
+        broadcast then runs while generation goes on. Caller holds ``self.lock``."""
+        assert self.lock.locked(), "transfer_receive() must run under engine.lock"
+        await self.llm.start_weight_update()
+        await self._transfer_phase("recv", rnd, **meta)
+
+    async def transfer_discard(self, rnd: int) -> None:
+        """Drop round ``rnd`` in every worker and close the update (nothing changed)."""
+        await self._transfer_phase("discard", rnd)
+        await self.llm.finish_weight_update()
+
+    async def transfer_swap(
+        self, version: int, rnd: int, reload_seconds: Callable[[], Awaitable[float]]
+    ) -> float:
+        """Load received round ``rnd`` as ``version`` under ``update_mode`` (one RPC: the
+        pause); caller holds ``self.lock``. ``reload_seconds()``: the slowest worker's load
+        time (from the group's store). A failed load cannot be rolled back (the old values
+        are in no process): the engine is ``broken``. Returns the seconds paused."""
+        assert self.lock.locked(), "transfer_swap() must run under engine.lock"
+
+        async def apply() -> float:
+            await self._transfer_phase("apply", rnd)
+            return 0.0  # read from the store once generation runs again
+
+        async def restore(cause: Exception) -> None:
+            await self._break(
+                f"loading collective round {rnd} as v{version} failed ({cause}); the "
+                "previous weights are in no process to restore",
+                cause,
+            )
+
+        pause_s, _ = await self._apply_as(
+            version, apply, restore, lambda: self.transfer_discard(rnd)
+        )
+        self.shadow.forget()
+        await self.llm.finish_weight_update()  # closes vLLM's update session; loads nothing
+        return self._done(version, pause_s, await reload_seconds())
+
+
+async def _nothing() -> None:
+    return None
 
 
 async def _tracked(agen: AsyncIterator[Any], collector: VersionCollector) -> AsyncIterator[Any]:

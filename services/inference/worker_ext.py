@@ -21,6 +21,7 @@ post-processing of every layer that shares a parameter with another layer after 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -74,6 +75,25 @@ def copy_reload_applies(model: torch.nn.Module, vllm_config: Any) -> bool:
     return bool(kernels) and all(uses_plain_linear(m) for m in kernels)
 
 
+def load_in_place(
+    model: torch.nn.Module,
+    vllm_config: Any,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    reload: Callable[[Iterator[tuple[str, torch.Tensor]]], None],
+) -> None:
+    """Load HF-named ``weights`` into the served ``model``: a copy through the model's own
+    ``load_weights`` where :func:`copy_reload_applies`, else ``reload`` (vLLM's layerwise
+    reload, which redoes the backend's post-processing) and the tied layers' kernels. Both
+    weight planes end here (``ludic_load_safetensors``; the ``ludic`` weight-transfer
+    engine, services/inference/weight_transfer.py)."""
+    if copy_reload_applies(model, vllm_config):
+        with torch.no_grad():
+            model.load_weights(iter(weights))  # type: ignore[operator]
+    else:
+        reload(iter(weights))
+        refresh_tied_kernels(model)
+
+
 class LudicWorkerExtension:
     def ludic_load_safetensors(self, payload: Any) -> float:
         """Reload the tensors of ``payload`` in place: safetensors bytes, or the path of a
@@ -83,11 +103,10 @@ class LudicWorkerExtension:
         measured against)."""
         t0 = time.perf_counter()
         tensors = load_file(payload) if isinstance(payload, str) else load(bytes(payload))
-        model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        if copy_reload_applies(model, self.vllm_config):  # type: ignore[attr-defined]
-            with torch.no_grad():
-                model.load_weights(iter(tensors.items()))
-        else:
-            self.reload_weights(weights_iterator=iter(tensors.items()))  # type: ignore[attr-defined]
-            refresh_tied_kernels(model)
+        load_in_place(
+            self.model_runner.get_model(),  # type: ignore[attr-defined]
+            self.vllm_config,  # type: ignore[attr-defined]
+            tensors.items(),
+            lambda it: self.reload_weights(weights_iterator=it),  # type: ignore[attr-defined]
+        )
         return time.perf_counter() - t0
