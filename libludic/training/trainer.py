@@ -70,6 +70,12 @@ micro-batch). With LoRA (``lora_rank``) and no reference given, there is no copy
 reference is the policy's own forward with its adapters off (``ref_is_base``), the frozen
 base. ``ref_time_s`` in the step stats is the time spent in it.
 
+Model placement under FSDP2. Policy and reference are built by
+``parallel.shard_from_rank0``: each rank's shards are filled from rank 0's weights, so only
+rank 0's ``model`` (and ``reference_model``) need hold weights; the other ranks may pass
+the same architecture on the meta device, and no rank ever holds the whole model on its
+device. ``self.model`` is then a new, sharded module; the one passed in is not trained.
+
 Proximal policy. When the loss needs ``prox_logprobs`` (``algo.needs_prox_logprobs``: AReaL's
 ``recompute_logprob`` / ``use_decoupled_loss``; or a TIS/MIS correction, whose pi_old is the
 trainer's logprob, with ``ppo_n_minibatches`` > 1: ``algo.prox_logprobs_needed``), every
@@ -125,6 +131,7 @@ from libludic.training.checkpoint import (
     LoadedCheckpoint,
     full_training_state,
     restore_training_state,
+    share_checkpoint,
 )
 from libludic.training.config import TrainerConfig
 from libludic.training.hooks import TrainerHooks
@@ -203,21 +210,30 @@ class Trainer:
         self.ref_is_base = (
             algo.needs_ref_logprobs and reference_model is None and self.cfg.lora_rank is not None
         )
-        if algo.needs_ref_logprobs and not self.ref_is_base:
-            ref = reference_model if reference_model is not None else copy.deepcopy(model)
-            ref.requires_grad_(False)
-            self.ref_model = ref.to(self.device).eval()
-        model = parallel.apply_lora(model, self.cfg)
-        if self.cfg.gradient_checkpointing:
-            policies.enable_gradient_checkpointing(model)
-        model.to(self.device)
+        want_ref = algo.needs_ref_logprobs and not self.ref_is_base
+        amp = dt if want_amp else None
         if self.distributed:
-            parallel.apply_fsdp2(model, dt if want_amp else None)
-            if self.ref_model is not None:  # each rank holds its shard of the reference too
-                parallel.apply_fsdp2(self.ref_model, dt if want_amp else None)
+            # every rank's shards filled from rank 0's weights (parallel.shard_from_rank0):
+            # the reference first, from the model as passed in (before LoRA), then the policy
+            if want_ref:
+                ref = reference_model if reference_model is not None else model
+                self.ref_model = parallel.shard_from_rank0(ref, self.device, amp)
+                self.ref_model.requires_grad_(False).eval()
+            model = parallel.apply_lora(model, self.cfg)  # rank 0's adapters, on every rank
+            if self.cfg.gradient_checkpointing:
+                policies.enable_gradient_checkpointing(model)
+            model = parallel.shard_from_rank0(model, self.device, amp)
             self._amp_dtype = None  # FSDP2's MixedPrecisionPolicy casts instead
         else:
-            self._amp_dtype = dt if want_amp else None
+            if want_ref:
+                ref = reference_model if reference_model is not None else copy.deepcopy(model)
+                ref.requires_grad_(False)
+                self.ref_model = ref.to(self.device).eval()
+            model = parallel.apply_lora(model, self.cfg)
+            if self.cfg.gradient_checkpointing:
+                policies.enable_gradient_checkpointing(model)
+            model.to(self.device)
+            self._amp_dtype = amp
         self.model = model
         self.spare = self._spare_core_helper()
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -875,12 +891,19 @@ class Trainer:
         return checkpointer.save(self.step, msd, osd, extra=ex)
 
     def load_checkpoint(self, path: Path | None = None) -> LoadedCheckpoint | None:
-        """Restore the newest valid checkpoint (or ``path``); None if there is none."""
+        """Restore the newest valid checkpoint (or ``path``); None if there is none.
+        Under FSDP2 rank 0 reads it and every rank gets it from rank 0 (``share_checkpoint``,
+        then the tensors broadcast into the shards): only rank 0 needs the files, and no
+        other rank holds the whole model or optimizer state."""
         checkpointer = self._checkpointer()
-        ck = checkpointer.load(path)
+        if self.distributed:
+            ck = checkpointer.load(path) if parallel.rank() == 0 else None
+            ck = share_checkpoint(ck, self.device)
+        else:
+            ck = checkpointer.load(path)
         if ck is None:
             return None
-        restore_training_state(self.model, self.optimizer, ck)
+        restore_training_state(self.model, self.optimizer, ck, from_rank0=self.distributed)
         self.step = int(ck.extra.get("trainer_step", ck.step))
         self.last_checkpoint_step = self.step
         self.policy_version = int(ck.extra.get("policy_version", 0))

@@ -11,6 +11,13 @@ Redis, shares the batch; it drops stale items before batching, at the Trainer's
 (metrics, the version in Redis, the status entry, the trained-items log). The full state
 dict is gathered only for a publish or a checkpoint.
 
+Nodes. A torchrun job may span several machines (``torchrun --nnodes N --rdzv_backend c10d
+--rdzv_endpoint HOST:PORT``; the Helm chart's ``learner.nodes``). Global rank 0 does what one
+rank does (Redis, publishing, checkpoints, ``/metrics``); the first rank of every other node
+serves ``/health`` on ``metrics_port`` (its ``/metrics`` empty), so a probe of any node
+answers. Only rank 0 loads the model from ``model_dir`` and reads checkpoints: the other
+ranks receive their shards by broadcast, so ``output_dir`` need only be on rank 0's node.
+
 Exactly-once. Items are acked only once committed: with checkpointing, when a checkpoint
 that includes them is saved (its extra holds ``batch_source.last_committed_id``,
 ``items_trained``, ``policy_version``, ``trainer_step``); without, right after their step.
@@ -52,6 +59,7 @@ import logging
 import os
 
 import torch.distributed as dist
+from prometheus_client import CollectorRegistry
 
 from libludic.training import parallel
 from services.common.http import start_http
@@ -71,7 +79,12 @@ async def run(settings: LearnerSettings, *, stop: asyncio.Event | None = None) -
     stop = stop or asyncio.Event()
     init_distributed(settings.device)
     learner = Learner(settings, stop)
-    server = await start_http(settings.metrics_port, learner.health) if learner.rank == 0 else None
+    server = None
+    if learner.rank == 0:
+        server = await start_http(settings.metrics_port, learner.health)
+    elif int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        # the first rank of another node (pod): /health for its probes; the metrics are rank 0's
+        server = await start_http(settings.metrics_port, learner.health, CollectorRegistry())
     try:
         await learner.run()
     finally:

@@ -20,7 +20,7 @@ import numpy as np
 import redis
 import torch
 import torch.distributed as dist
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from libludic import transport
 from libludic.distributed.publisher import (
@@ -96,7 +96,13 @@ class Learner:
                 "(e.g. `ludic model init DIR --size tiny`)"
             )
         seed_everything(s.seed)
-        model = AutoModelForCausalLM.from_pretrained(s.model_dir, dtype=torch.float32)
+        if self.rank == 0:
+            model = AutoModelForCausalLM.from_pretrained(s.model_dir, dtype=torch.float32)
+        else:  # the Trainer fills every rank's shards from rank 0's weights: the architecture only
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(
+                    AutoConfig.from_pretrained(s.model_dir), dtype=torch.float32
+                )
         cfg = s.trainer_config()
         pad: Any = cfg.pad_token_id
         if "pad_token_id" not in s.trainer:  # the model's pad (else EOS) token

@@ -1,11 +1,15 @@
 """torchrun worker for test_fsdp2.py: one FSDP2 (gloo, CPU) train step, then gather weights.
 
-    python -m torch.distributed.run --standalone --nproc_per_node 2 fsdp2_worker.py MODEL_DIR OUT_DIR [SPLIT]
+    python -m torch.distributed.run --standalone --nproc_per_node 2 fsdp2_worker.py MODEL_DIR OUT_DIR [SPLIT] [ALGO]
 
 Rank r trains on its share of a fixed batch (the union over ranks is the whole batch):
 SPLIT "even" (the default) gives it items[r::world]; "uneven" gives rank 0 the first item
-and rank 1 the rest, so the ranks pack different numbers of micro-batches. It publishes once through a recording publisher, and writes the gathered full state
-dict to OUT_DIR/rank{r}.safetensors plus OUT_DIR/rank{r}.json with its step stats.
+and rank 1 the rest, so the ranks pack different numbers of micro-batches. ALGO "sft" (the
+default) or "kl" (GRPO's surrogate plus a KL term: the Trainer builds the frozen reference).
+As the learner does, only rank 0 loads the weights; the other ranks pass the architecture on
+the meta device, and the Trainer fills their shards from rank 0. It publishes once through a
+recording publisher, and writes the gathered full state dict to OUT_DIR/rank{r}.safetensors
+plus OUT_DIR/rank{r}.json with its step stats.
 """
 
 from __future__ import annotations
@@ -18,13 +22,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from libludic.models.tiny import PAD_ID
 from libludic.saw import SampleAttachments, SAWBatch, SAWItem
+from libludic.training.algorithm import RLAlgorithm
 from libludic.training.config import TrainerConfig
-from libludic.training.presets import make_sft
+from libludic.training.presets import make_grpo, make_sft
 from libludic.training.trainer import Trainer
+
+KL_COEFF = 0.5
 
 
 def fixed_items(n: int = 8) -> list[SAWItem]:
@@ -37,9 +44,11 @@ def fixed_items(n: int = 8) -> list[SAWItem]:
                 input_ids=ids,
                 attention_mask=[1] * len(ids),
                 action_mask=[0] * ns + [1] * na,
-                weight=1.0,
+                weight=1.0 if i % 2 else -0.5,
                 meta={"item_id": str(i)},
-                attachments=SampleAttachments(policy_version=0),
+                attachments=SampleAttachments(
+                    actor_logprobs=[0.0] * ns + [-5.5] * na, policy_version=0
+                ),
             )
         )
     return out
@@ -53,6 +62,10 @@ def config() -> TrainerConfig:
         pad_token_id=PAD_ID,
         micro_token_budget=24,  # several micro-batches per rank
     )
+
+
+def algorithm(name: str) -> RLAlgorithm:
+    return make_sft() if name == "sft" else make_grpo(kl_coeff=KL_COEFF)
 
 
 class Fixed:
@@ -82,19 +95,29 @@ def share(rank: int, world: int, split: str) -> list[SAWItem]:
 def main() -> int:
     model_dir, out_dir = sys.argv[1], Path(sys.argv[2])
     split = sys.argv[3] if len(sys.argv) > 3 else "even"
+    algo = sys.argv[4] if len(sys.argv) > 4 else "sft"
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if rank == 0:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    else:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(
+                AutoConfig.from_pretrained(model_dir), dtype=torch.float32
+            )
     pub = Recorder()
     tr = Trainer(
         model=model,
-        algo=make_sft(),
+        algo=algorithm(algo),
         batch_source=Fixed(share(rank, world, split)),
         publisher=pub,
         cfg=config(),
     )
     sharded = sum(1 for p in tr.model.parameters() if type(p).__name__ == "DTensor")
+    ref_sharded = sum(
+        1 for p in getattr(tr.ref_model, "parameters", list)() if type(p).__name__ == "DTensor"
+    )
 
     async def step_and_publish() -> dict[str, float]:
         stats = await tr.train_step()
@@ -129,6 +152,8 @@ def main() -> int:
                 "policy_version": tr.policy_version,
                 "publish_calls": pub.calls,
                 "dtensor_params": sharded,
+                "ref_dtensor_params": ref_sharded,
+                "kl": {k: v for k, v in stats.items() if "kl" in k},
                 "world": world,
                 "rank0_only_ok": rank0_only_ok,
                 # the tied head is one DTensor under FSDP2 too: gathered and kept once

@@ -18,10 +18,13 @@ pytestmark = pytest.mark.integration
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.mark.parametrize("split", ["even", "uneven"])
-def test_fsdp2_two_ranks_match_single_process(tiny_model_dir, tmp_path, split) -> None:
+@pytest.mark.parametrize("split,algo", [("even", "sft"), ("uneven", "sft"), ("even", "kl")])
+def test_fsdp2_two_ranks_match_single_process(tiny_model_dir, tmp_path, split, algo) -> None:
     """``uneven``: rank 0 holds one item (one micro-batch) and rank 1 seven (several); each
-    micro-batch's forward and backward are collectives, so both must run as many."""
+    micro-batch's forward and backward are collectives, so both must run as many. Rank 1
+    passes the model on the meta device (fsdp2_worker.py): its shards hold rank 0's weights
+    or the step would differ from one process's. ``kl``: the frozen reference is sharded
+    and filled the same way."""
     out = tmp_path / "out"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parents[1]))
     proc = subprocess.run(
@@ -36,6 +39,7 @@ def test_fsdp2_two_ranks_match_single_process(tiny_model_dir, tmp_path, split) -
             str(tiny_model_dir),
             str(out),
             split,
+            algo,
         ],
         env=env,
         capture_output=True,
@@ -79,15 +83,24 @@ def test_fsdp2_two_ranks_match_single_process(tiny_model_dir, tmp_path, split) -
     # reference: one process training on the union of both ranks' items
     from transformers import AutoModelForCausalLM
 
-    from libludic.training.presets import make_sft
     from libludic.training.trainer import Trainer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     init = {k: v.clone() for k, v in model.state_dict().items()}
     ref = Trainer(
-        model=model, algo=make_sft(), batch_source=w.Fixed(w.fixed_items()), cfg=w.config()
+        model=model,
+        algo=w.algorithm(algo),
+        batch_source=w.Fixed(w.fixed_items()),
+        cfg=w.config(),
     )
     stats = asyncio.run(ref.train_step())
+    if algo == "kl":
+        assert s0["ref_dtensor_params"] > 0 and s1["ref_dtensor_params"] > 0
+        # at the first step the reference is the policy: KL 0 on every rank, as in one process
+        # (a reference shard left unfilled on rank 1 would make it large)
+        assert stats["loss/kl/kl"] == pytest.approx(0.0, abs=1e-6)
+        assert s0["kl"]["loss/kl/kl"] == pytest.approx(0.0, abs=1e-6)
+        assert s1["kl"]["loss/kl/kl"] == pytest.approx(0.0, abs=1e-6)
     # the global normaliser (all-reduced) makes each rank's loss its share of the full-batch
     # loss; the Trainer sums the shares over ranks, so every rank reports the full-batch loss
     assert s0["loss"] == pytest.approx(stats["loss"], rel=1e-5)

@@ -339,13 +339,15 @@ spec:
 {{- end }}
 {{- end -}}
 
-{{/* Metrics Service for a component. Call with (dict "root" $ "component" "actor" "port" 9101 "portName" "metrics" "headless" false) */}}
+{{/* Metrics Service for a component. Call with (dict "root" $ "component" "actor" "port" 9101 "portName" "metrics" "headless" false);
+     optional "name" (default <fullname>-<component>) and "publishNotReady" (DNS names for
+     pods before they are ready: the learner's pods rendezvous through them) */}}
 {{- define "ludic.metricsService" -}}
 ---
 apiVersion: v1
 kind: Service
 metadata:
-  name: {{ include "ludic.componentName" . }}
+  name: {{ .name | default (include "ludic.componentName" .) }}
   namespace: {{ .root.Release.Namespace }}
   labels:
     {{- include "ludic.componentLabels" . | nindent 4 }}
@@ -353,6 +355,9 @@ spec:
   type: ClusterIP
   {{- if .headless }}
   clusterIP: None
+  {{- end }}
+  {{- if .publishNotReady }}
+  publishNotReadyAddresses: true
   {{- end }}
   ports:
     - name: {{ .portName }}
