@@ -195,3 +195,34 @@ def test_prometheus_scrapes_the_stack_and_sigterm_stops_everything(tmp_path, tin
     assert code == 130
     time.sleep(1)
     assert procs_of_run(run_id) == [], "services left running after SIGTERM"
+
+
+def test_a_run_whose_policy_never_reached_inference_fails(tmp_path, tiny_model_dir):
+    """Every publish refused (inference takes no weight body over 1 byte: 413): the learner
+    trains its steps, but the policy it trained was never served, so `ludic up` exits 1 and
+    the summary says so (publish failures counted, final_policy_served false)."""
+    run_id = f"unserved-{os.getpid()}"
+    cfg_path = config(tmp_path, tiny_model_dir, run_id, num_steps=2, eval_every_steps=0)
+    cfg = yaml.safe_load(cfg_path.read_text())
+    cfg["inference"]["max_weight_bytes"] = 1
+    # generation must not wait for a served version that never comes
+    cfg["max_head_offpolicyness"] = None
+    cfg["learner"].update(max_lag=None, max_publish_failures=100)
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    log = tmp_path / "up.log"
+    proc = ludic_up(cfg_path, log)
+    try:
+        code = proc.wait(480)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text(errors="replace")
+    assert code == 1, f"ludic up exited {code}:\n{text[-4000:]}"
+    s = json.loads((tmp_path / "runs" / run_id / "summary.json").read_text())
+    assert s["ok"] is False and s["final_policy_served"] is False, s
+    assert s["steps"] == 2 and s["publish_failures"] >= 2, s
+    learner_log = (tmp_path / "runs" / run_id / "logs" / "learner.log").read_text()
+    assert "was never served" in learner_log and "413" in learner_log
+    time.sleep(1)
+    assert procs_of_run(run_id) == [], "services left running after ludic up exited"
