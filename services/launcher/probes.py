@@ -11,6 +11,8 @@ import threading
 
 import httpx
 
+from services.common.settings import redact_url
+
 _lock = threading.Lock()
 _client: httpx.Client | None = None
 
@@ -28,3 +30,28 @@ def client() -> httpx.Client:
 def get(url: str, timeout_s: float) -> httpx.Response:
     """``GET url`` with the kept client (raises ``httpx.HTTPError`` as ``httpx.get``)."""
     return client().get(url, timeout=timeout_s)
+
+
+def check(url: str, timeout_s: float) -> str | None:
+    """One health probe: None when healthy, else why not. ``http(s)://``: a 200 answered
+    within ``timeout_s``; ``redis://``: a PING answered (after AUTH when the URL has a
+    password), redis-server having no HTTP endpoint of its own. The reason never holds
+    the URL's password."""
+    if url.startswith(("redis://", "rediss://")):
+        import redis
+
+        try:
+            with redis.Redis.from_url(
+                url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+            ) as r:
+                r.ping()
+        except redis.RedisError as e:
+            return redact_url(f"{type(e).__name__}: {e}")
+        return None
+    try:
+        r = get(url, timeout_s)
+    except httpx.HTTPError as e:
+        return f"{type(e).__name__}: {e}"
+    if r.status_code == 200:
+        return None
+    return f"HTTP {r.status_code}: {r.text[:200].strip()}"

@@ -134,7 +134,7 @@ class UpSettings:
     watchdog_timeout_s: float = field(
         default=120.0,
         metadata={
-            "help": "a live service whose health endpoint has not answered 200 for this long "
+            "help": "a live service whose health probe (HTTP 200; a PING for redis) has failed this long "
             "(after its first pass) is SIGKILLed and restarted, or fails the run if it may not "
             "be; 0: off. Keep it above the longest a healthy service goes unanswered: "
             "inference's probe gives up after 30 s, the learner saves checkpoints on its event "

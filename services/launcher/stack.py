@@ -84,17 +84,20 @@ def redis_server_binary() -> str:
     )
 
 
-def redis_spec(data_dir: Path, port: int) -> ServiceSpec:
+def redis_spec(data_dir: Path, port: int, password: str | None = None) -> ServiceSpec:
     """redis-server with appendonly persistence (fsync every second) in ``data_dir``; when
     it reaches maxmemory writes fail loudly (noeviction): no stream entry is ever evicted.
     Restarted when it exits: it reloads its append-only file (a killed process loses
     nothing the kernel holds; only a crash of the machine can lose the last second), and
-    every service retries Redis meanwhile."""
+    every service retries Redis meanwhile. With ``password`` it requires AUTH: the
+    ``requirepass`` line reaches it on stdin (``redis-server -``), never in its argv."""
     data_dir.mkdir(parents=True, exist_ok=True)
+    stdin = None if password is None else f"requirepass {password}\n".encode()
     return ServiceSpec(
         name="redis",
         argv=[
             redis_server_binary(),
+            *(["-"] if stdin is not None else []),
             "--port",
             str(port),
             "--bind",
@@ -115,19 +118,31 @@ def redis_spec(data_dir: Path, port: int) -> ServiceSpec:
             "noeviction",
         ],
         restart=True,
+        stdin=stdin,
+        # its watchdog probe: PING (probes.check); the password is the one it reads on stdin
+        health_url=f"redis://{'' if password is None else f':{password}@'}127.0.0.1:{port}/0",
     )
 
 
-def wait_redis(port: int, timeout_s: float = 15.0) -> None:
+def wait_redis(port: int, timeout_s: float = 15.0, password: str | None = None) -> None:
+    """Until the redis-server on ``port`` answers PING (after AUTH with ``password``)."""
+    hello = (b"AUTH " + password.encode() + b"\r\n" if password else b"") + b"PING\r\n"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                if s.recv(16).startswith(b"+PONG"):
+                s.sendall(hello)
+                got = b""
+                while b"+PONG" not in got:  # an error reply (LOADING) times out: try again
+                    chunk = s.recv(64)
+                    if not chunk:
+                        break
+                    got += chunk
+                if b"+PONG" in got:
                     return
         except OSError:
-            time.sleep(0.1)
+            pass
+        time.sleep(0.1)
     raise RuntimeError(f"embedded redis-server did not answer on port {port}")
 
 

@@ -36,9 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 from libludic.retry import Backoff
+from services.common.settings import redact_url
 from services.launcher import probes
 from services.launcher.watchdog import HealthWatch
 
@@ -65,6 +64,9 @@ class ServiceSpec:
     restart_env: dict[str, str] = field(default_factory=dict)  # added on restarts (e.g. resume)
     # the CPU cores it (and every process it starts) may run on; None: any (launcher/cpus.py)
     cpus: tuple[int, ...] | None = None
+    # written to its stdin at every start, then closed (a secret it reads there stays out of
+    # its argv, which every local user can read in /proc/<pid>/cmdline)
+    stdin: bytes | None = field(default=None, repr=False)
 
 
 class ServiceError(RuntimeError):
@@ -136,11 +138,17 @@ class Supervisor:
             env=env,
             stdout=log_file,
             stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if spec.stdin is None else subprocess.PIPE,
             start_new_session=True,
             preexec_fn=lambda: _in_child(parent, spec.cpus),
         )
         log_file.close()
+        if spec.stdin is not None and proc.stdin is not None:
+            try:
+                proc.stdin.write(spec.stdin)
+                proc.stdin.close()
+            except BrokenPipeError:  # it died at once: its exit is handled like any other
+                pass
         self.procs[spec.name] = proc
         self.specs[spec.name] = spec
         self._started_at[spec.name] = time.monotonic()
@@ -171,11 +179,11 @@ class Supervisor:
                 continue
             if watch.passes:
                 log.error(
-                    "watchdog: %s (pid %d) has not answered 200 at %s for %.0f s "
+                    "watchdog: %s (pid %d) has failed its health probe at %s for %.0f s "
                     "(up.watchdog_timeout_s=%g); last error: %s; killing its process group",
                     name,
                     proc.pid,
-                    watch.url,
+                    redact_url(watch.url),
                     failing,
                     self.watchdog_timeout_s,
                     watch.last_error,
@@ -186,7 +194,7 @@ class Supervisor:
                     "(up.startup_timeout_s); last error: %s; killing its process group",
                     name,
                     proc.pid,
-                    watch.url,
+                    redact_url(watch.url),
                     failing,
                     watch.last_error,
                 )
@@ -283,14 +291,11 @@ class Supervisor:
                     f"{name} exited with code {proc.returncode} before becoming healthy; "
                     f"last log lines:\n{self.log_tail(name)}"
                 )
-            try:
-                if probes.get(spec.health_url, 2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
+            if probes.check(spec.health_url, 2.0) is None:
+                return
             time.sleep(0.5)
         raise ServiceError(
-            f"{name} not healthy at {spec.health_url} after {timeout_s:.0f}s; see {self.log_dir}/{name}.log"
+            f"{name} not healthy at {redact_url(spec.health_url)} after {timeout_s:.0f}s; see {self.log_dir}/{name}.log"
         )
 
     def dead(self) -> dict[str, int]:
@@ -303,10 +308,7 @@ class Supervisor:
             return False
         if spec.health_url is None:
             return True
-        try:
-            return probes.get(spec.health_url, 1.0).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return probes.check(spec.health_url, 1.0) is None
 
     def stop(self, name: str, grace_s: float = 15.0) -> int | None:
         proc = self.procs.get(name)

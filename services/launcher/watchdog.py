@@ -1,6 +1,7 @@
 """The health watchdog of `ludic up` (``up.watchdog_timeout_s``): is a live service stuck?
 
-A ``HealthWatch`` polls one service's health URL from a daemon thread, so a probe that
+A ``HealthWatch`` polls one service's health URL (``probes.check``: an HTTP endpoint, or
+a Redis PING for redis-server) from a daemon thread, so a probe that
 hangs never holds up the supervisor's loop. A probe *passes* on a 200 answered within
 ``timeout_s``; anything else (another status, a refused connection, no answer in time)
 fails. The watch is armed by its first pass: a service still starting (vLLM loading and
@@ -25,8 +26,7 @@ from __future__ import annotations
 import threading
 import time
 
-import httpx
-
+from services.common.settings import redact_url
 from services.launcher import probes
 
 
@@ -49,7 +49,9 @@ class HealthWatch:
         self.last_error = ""
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, name=f"watchdog {url}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._poll, name=f"watchdog {redact_url(url)}", daemon=True
+        )
 
     def start(self) -> HealthWatch:
         self._thread.start()
@@ -90,11 +92,5 @@ class HealthWatch:
             self._stop.wait(self.interval_s)
 
     def _probe(self) -> str | None:
-        """None on a 200, else why not (with the launcher's one kept client)."""
-        try:
-            r = probes.get(self.url, self.timeout_s)
-        except httpx.HTTPError as e:
-            return f"{type(e).__name__}: {e}"
-        if r.status_code == 200:
-            return None
-        return f"HTTP {r.status_code}: {r.text[:200].strip()}"
+        """None on a pass, else why not (with the launcher's one kept client)."""
+        return probes.check(self.url, self.timeout_s)

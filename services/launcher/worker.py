@@ -219,9 +219,12 @@ class Run:
         data = self.run_dir / "redis"
         if self.s.fresh and data.exists():
             shutil.rmtree(data)
-        self.start(stack.redis_spec(data, port))
-        stack.wait_redis(port)
-        self.redis_url = f"redis://127.0.0.1:{port}/0"
+        # a password of this process's own (a resumed run makes a new one): nothing else on
+        # the machine that can reach loopback can read or write the run's streams
+        password = secrets.token_hex(24)
+        self.start(stack.redis_spec(data, port, password))
+        stack.wait_redis(port, password=password)
+        self.redis_url = f"redis://:{password}@127.0.0.1:{port}/0"
 
     def start_services(self, model_dir: Path) -> None:
         ip = stack.free_port()

@@ -103,11 +103,47 @@ def finished(
     return text
 
 
+def run_secrets(run_id: str, proc: subprocess.Popen[bytes], timeout_s: float = 300) -> set[bytes]:
+    """The secrets ``ludic up`` generated for this run, read from its services' environments
+    (root may read them; the services are non-dumpable): the inference token and the
+    embedded Redis's password."""
+    deadline = time.monotonic() + timeout_s
+    found: set[bytes] = set()
+    while len(found) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, f"secrets seen: {len(found)}"
+        for p in procs.of_run(run_id):
+            for kv in p.environ.split(b"\0"):
+                key, _, value = kv.partition(b"=")
+                if key == b"LUDIC_AUTH_TOKEN" and value:
+                    found.add(value)
+                elif key == b"LUDIC_REDIS_URL" and b"@" in value:  # redis://:<password>@host
+                    found.add(value.split(b"@")[0].rsplit(b":", 1)[1])
+        time.sleep(0.5)
+    assert all(len(x) >= 32 for x in found), "generated secrets are 48 hex characters"
+    return found
+
+
+def leaked(root: Path, secret_values: set[bytes]) -> list[str]:
+    """Every file under ``root`` (logs, summary, saved config, checkpoints, Redis's files...)
+    that holds one of ``secret_values``."""
+    out = []
+    for f in root.rglob("*"):
+        if f.is_file() and not f.is_symlink():
+            data = f.read_bytes()
+            out += [f"{f.relative_to(root)}" for v in secret_values if v in data]
+    return out
+
+
 def test_up_completes_writes_summary_and_leaves_nothing_running(tmp_path, tiny_model_dir):
     run_id = f"up-{os.getpid()}"
     cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=3)
-    finished(ludic_up(cfg, tmp_path / "up.log"), tmp_path / "up.log")
+    proc = ludic_up(cfg, tmp_path / "up.log")
+    generated = run_secrets(run_id, proc)
+    finished(proc, tmp_path / "up.log")
     run_dir = tmp_path / "runs" / run_id
+    # no secret in any artefact of the run: every log line, the summary, the saved config
+    assert (run_dir / "logs" / "redis.log").exists() and (run_dir / "run.yaml").exists()
+    assert leaked(tmp_path, generated) == []
     s = json.loads((run_dir / "summary.json").read_text())
     for k in (
         "pass_rate_before",
