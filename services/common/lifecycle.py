@@ -1,4 +1,6 @@
-"""Process lifecycle shared by the services: stop signals and the shared stream gauge."""
+"""Process lifecycle shared by the services: stop signals and the shared Redis gauges
+(stream lengths, and Redis's own footprint: memory against maxmemory, keys with and without
+an expiry)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,17 @@ from libludic import transport
 
 STREAM_LENGTH = Gauge(
     "ludic_stream_length", "Un-acked entries (XLEN) of each Ludic stream", ["stream"]
+)
+REDIS_MEMORY = Gauge(
+    "ludic_redis_memory_bytes",
+    "Redis's used_memory and its maxmemory (0: no limit), from INFO memory",
+    ["kind"],
+)
+REDIS_KEYS = Gauge(
+    "ludic_redis_keys",
+    "Keys in Redis's database, with an expiry (de-dup markers) and without (streams, "
+    "hashes, counters: a few per run; a rising count without expiry is a leak)",
+    ["expiry"],
 )
 
 
@@ -73,4 +86,24 @@ async def update_stream_gauges(r: aioredis.Redis, keys: transport.Keys) -> dict[
     out = await transport.stream_lengths(r, keys.streams())
     for name, n in out.items():
         STREAM_LENGTH.labels(stream=name).set(n)
+    return out
+
+
+async def update_footprint_gauges(r: aioredis.Redis) -> dict[str, int]:
+    """Redis's footprint (INFO memory and keyspace: O(1) for Redis) into the gauges above;
+    returns it. Keys are counted over the connection's database, every run's alike."""
+    mem = await r.info("memory")
+    space = await r.info("keyspace")
+    db = space.get(f"db{r.connection_pool.connection_kwargs.get('db', 0)}") or {}
+    keys, expiring = int(db.get("keys", 0)), int(db.get("expires", 0))
+    out = {
+        "used_memory": int(mem["used_memory"]),
+        "maxmemory": int(mem.get("maxmemory", 0)),
+        "keys_with_expiry": expiring,
+        "keys_without_expiry": keys - expiring,
+    }
+    REDIS_MEMORY.labels(kind="used").set(out["used_memory"])
+    REDIS_MEMORY.labels(kind="max").set(out["maxmemory"])
+    REDIS_KEYS.labels(expiry="yes").set(expiring)
+    REDIS_KEYS.labels(expiry="no").set(keys - expiring)
     return out

@@ -23,19 +23,27 @@ import logging
 
 from libludic import transport
 from libludic.transport import accounting
-from services.common.lifecycle import sleep_or_stop, update_stream_gauges
+from services.common.lifecycle import (
+    sleep_or_stop,
+    update_footprint_gauges,
+    update_stream_gauges,
+)
 from services.common.skeleton import service_main, serving
 from services.feeder.settings import FeederSettings
 from services.feeder.worker import ERRORS, top_up
 
 log = logging.getLogger("ludic.feeder")
 
+FOOTPRINT_EVERY_S = 5.0  # Redis's memory and key counts (the feeder alone reads them)
+
 
 async def run(settings: FeederSettings, *, stop: asyncio.Event | None = None) -> int:
     """Feed until ``stop`` (or ``max_requests``). Returns the number of requests added."""
     stop = stop or asyncio.Event()
+    loop_time = asyncio.get_running_loop().time
     keys = transport.Keys(settings.run_id)
     added, attempt = 0, 0
+    footprint_at = -FOOTPRINT_EVERY_S
     async with serving(settings.redis_url, settings.metrics_port) as (r, _):
         while not stop.is_set():
             limit = settings.max_requests - added if settings.max_requests > 0 else 1 << 30
@@ -44,6 +52,9 @@ async def run(settings: FeederSettings, *, stop: asyncio.Event | None = None) ->
             try:
                 n = await top_up(r, keys, settings, limit)
                 await update_stream_gauges(r, keys)
+                if loop_time() - footprint_at >= FOOTPRINT_EVERY_S:
+                    footprint_at = loop_time()
+                    await update_footprint_gauges(r)
                 attempt = 0
             except transport.REDIS_DOWN_ERRORS as e:
                 ERRORS.labels(kind="redis").inc()
