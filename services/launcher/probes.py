@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 
 import httpx
+import redis
 
 from services.common.settings import redact_url
 
@@ -38,8 +39,6 @@ def check(url: str, timeout_s: float) -> str | None:
     password), redis-server having no HTTP endpoint of its own. The reason never holds
     the URL's password."""
     if url.startswith(("redis://", "rediss://")):
-        import redis
-
         try:
             with redis.Redis.from_url(
                 url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s

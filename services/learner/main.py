@@ -39,8 +39,9 @@ Publish failure policy. A publish that some replica did not acknowledge (after b
 retries, see libludic/distributed/publisher.py) does **not** stop training: the error is
 logged, counted (``ludic_learner_publishes_total{outcome="failed"}``,
 ``ludic_learner_publish_failures_total{replica}``), the old version stays in Redis and
-the learner's version does not move, so the next publish retries with the same version
-(replicas that already took it answer 409 and are recognised as up to date). After
+the learner's served version does not move; the next publish sends newer weights under a
+new number (a number is never reused: a replica that took the failed one must not hold
+other weights than its peers under it; libludic/training/trainer.py). After
 ``max_publish_failures`` consecutive failures the learner saves a checkpoint (if enabled)
 and exits 1, so an orchestrator notices. Without ``inference_urls`` nothing is published.
 
