@@ -243,6 +243,7 @@ def fuzz_summary(request: pytest.FixtureRequest) -> list[tuple[str, int, int, in
 def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, config: pytest.Config
 ) -> None:
+    _fault_matrix(terminalreporter, config)
     rows = config.stash.get(ROWS, [])
     if not rows:
         return
@@ -258,6 +259,33 @@ def pytest_terminal_summary(
     for name, sent, refused, processed, crashes in rows:
         tr.write_line(f"{name:<34} {sent:>6} {refused:>8} {processed:>10} {crashes:>8}")
     tr.write_line("refused: dead-lettered (streams) or answered 4xx (routes)")
+
+
+FAULT_ROWS = pytest.StashKey[list[tuple[str, str, str, str, str]]]()
+
+
+@pytest.fixture
+def fault_table(request: pytest.FixtureRequest) -> list[tuple[str, str, str, str, str]]:
+    """Rows (run, fault, recovery s, groups lost, items trained twice) the fault tier
+    (tests/integration/test_up_faults.py) prints as its matrix at the end of the session."""
+    return request.config.stash.setdefault(FAULT_ROWS, [])
+
+
+def _fault_matrix(tr: pytest.TerminalReporter, config: pytest.Config) -> None:
+    rows = config.stash.get(FAULT_ROWS, [])
+    if not rows:
+        return
+    tr.section("fault matrix (ludic up, one fault at a time)")
+    head = ("run", "fault", "recovery s", "groups lost", "trained twice")
+    w = [max(len(str(r[i])) for r in [head, *rows]) for i in range(5)]
+    for r in [head, *rows]:
+        tr.write_line("  ".join(str(x).ljust(w[i]) for i, x in enumerate(r)))
+    tr.write_line(
+        "recovery: from the exit seen by ludic up to the restarted process's first passed "
+        "health probe (its summary's recovery_seconds); for a stopped ludic up, from "
+        "--resume to the first step past the one it had reached. Groups lost (dead-lettered "
+        "or unaccounted) and items trained twice are the run's, from its accounting."
+    )
 
 
 # ---- the GPU tier (tests/gpu, `make test-gpu`; its modules carry the `gpu` marker): skipped,

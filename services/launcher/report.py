@@ -59,6 +59,8 @@ def build_summary(
         "actors": run.s.actors,
         # service -> times `ludic up` restarted it after it exited (up.max_restarts)
         "restarts": dict(getattr(getattr(run, "sup", None), "restarts", {}) or {}),
+        # service -> seconds from each exit to its restarted process's first health pass
+        "recovery_seconds": dict(getattr(getattr(run, "sup", None), "recoveries", {}) or {}),
         # service -> times the watchdog killed it, alive but stuck (up.watchdog_timeout_s)
         "watchdog_kills": dict(getattr(getattr(run, "sup", None), "watchdog_kills", {}) or {}),
         # libludic/transport/accounting.py, read from Redis when the learner finished (services running)
@@ -130,11 +132,14 @@ def write_report(
         "samples_per_second",
         "eval_seconds",
         "restarts",
+        "recovery_seconds",
         "watchdog_kills",
     ):
         v = summary[k]
         if k in ("restarts", "watchdog_kills"):
             v = ", ".join(f"{n} {c}" for n, c in sorted(v.items())) or "none"
+        elif k == "recovery_seconds":
+            v = ", ".join(f"{n} {'/'.join(map(str, c))}" for n, c in sorted(v.items())) or "none"
         t.add_row(k, f"{v:.3f}" if isinstance(v, float) else str(v))
     Console().print(t)
     Console().print(accounting.format_line(summary["accounting"]))

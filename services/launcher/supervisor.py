@@ -123,6 +123,10 @@ class Supervisor:
         self.restart_startup_s = restart_startup_s
         self.watchdog_kills: dict[str, int] = {}  # every watchdog kill of the run, per service
         self.watches: dict[str, HealthWatch] = {}  # the running process of each service
+        # seconds from a service's exit (or watchdog kill) to its restarted process's first
+        # passed health probe (its start, for a service with none), per restart
+        self.recoveries: dict[str, list[float]] = {}
+        self._down_since: dict[str, float] = {}  # exited, not yet recovered
 
     def start(self, spec: ServiceSpec) -> subprocess.Popen[bytes]:
         if spec.name in self.procs:
@@ -220,6 +224,7 @@ class Supervisor:
                 continue
             due = self._due.get(name)
             if due is None:  # its exit is new
+                self._down_since.setdefault(name, now)  # a failed restart keeps the first
                 if now - self._started_at[name] >= self.stable_after_s:
                     self._streak[name] = 0
                 streak = self._streak.get(name, 0)
@@ -252,7 +257,31 @@ class Supervisor:
             self.restarts[name] = self.restarts.get(name, 0) + 1
             _signal_group(self.procs[name], signal.SIGKILL)  # anything it left in its group
             self._spawn(spec, restarted=True)
+        self._note_recoveries()
         return final
+
+    def _note_recoveries(self) -> None:
+        """Record the recovery of each restarted service whose new process is up: its
+        health watch's first pass, else (no watchdog) a probe now, else (no health URL)
+        its start."""
+        for name, down in list(self._down_since.items()):
+            proc, spec = self.procs[name], self.specs[name]
+            if proc.poll() is not None or name in self._due:
+                continue
+            watch = self.watches.get(name)
+            if spec.health_url is None:
+                up = self._started_at[name]
+            elif watch is not None:
+                if watch.first_pass is None:
+                    continue
+                up = watch.first_pass
+            elif self.healthy(name):
+                up = time.monotonic()
+            else:
+                continue
+            del self._down_since[name]
+            self.recoveries.setdefault(name, []).append(round(max(0.0, up - down), 1))
+            log.info("%s recovered %.1f s after it went down", name, up - down)
 
     def finished(self, name: str, code: int | None) -> bool:
         """Whether ``name`` exited with ``code`` because its work is done (``may_finish``,

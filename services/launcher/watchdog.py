@@ -1,11 +1,13 @@
 """The health watchdog of `ludic up` (``up.watchdog_timeout_s``): is a live service stuck?
 
-A ``HealthWatch`` polls one service's health URL (``probes.check``: an HTTP endpoint, or
-a Redis PING for redis-server) from a daemon thread, so a probe that
-hangs never holds up the supervisor's loop. A probe *passes* on a 200 answered within
-``timeout_s``; anything else (another status, a refused connection, no answer in time)
-fails. The watch is armed by its first pass: a service still starting (vLLM loading and
-compiling, a learner resuming a checkpoint) is never stuck. Once armed::
+A ``HealthWatch`` polls one service's health URL (``probes.check``: an HTTP endpoint, or a
+Redis PING for redis-server) from a daemon thread, so a probe that hangs never holds up the
+supervisor's loop. A probe *passes* on a 200 answered within ``timeout_s``; anything else
+(another status, a refused connection, no answer in time) fails. Until its first pass a
+service is probed every ``STARTING_INTERVAL_S`` at most, and ``first_pass`` is when that
+probe answered: the moment a restarted service came back, which the supervisor reports as
+its recovery time. The watch is armed by its first pass: a service still starting (vLLM
+loading and compiling, a learner resuming a checkpoint) is never stuck. Once armed::
 
     stuck  <=>  every probe started since t_f failed, at least one has, and now - t_f >= timeout_s
 
@@ -29,6 +31,8 @@ import time
 from services.common.settings import redact_url
 from services.launcher import probes
 
+STARTING_INTERVAL_S = 0.5
+
 
 class HealthWatch:
     def __init__(
@@ -45,6 +49,7 @@ class HealthWatch:
         self.startup_s = startup_s
         self.began = time.monotonic()
         self.passes = 0  # probes that answered 200
+        self.first_pass: float | None = None  # when the first of them answered (monotonic)
         self.failing_since: float | None = None  # t_f, None while the last probe passed
         self.last_error = ""
         self._lock = threading.Lock()
@@ -84,12 +89,18 @@ class HealthWatch:
                     return
                 if error is None:
                     self.passes += 1
+                    if self.first_pass is None:  # the end of the probe: when it served
+                        self.first_pass = time.monotonic()
                     self.failing_since = None
                 else:
                     self.last_error = error
                     if self.failing_since is None:
                         self.failing_since = t
-            self._stop.wait(self.interval_s)
+            # a starting service is probed often (every STARTING_INTERVAL_S at most): its
+            # first pass is when it came up (a restart's recovery time, supervisor.py)
+            self._stop.wait(
+                self.interval_s if self.passes else min(self.interval_s, STARTING_INTERVAL_S)
+            )
 
     def _probe(self) -> str | None:
         """None on a pass, else why not (with the launcher's one kept client)."""

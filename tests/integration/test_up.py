@@ -185,6 +185,7 @@ def test_prometheus_scrapes_the_stack_and_sigterm_stops_everything(tmp_path, tin
     proc = ludic_up(cfg, tmp_path / "up.log")
     run_dir = tmp_path / "runs" / run_id
     try:
+        generated = run_secrets(run_id, proc)
         deadline = time.monotonic() + 420
         while not (run_dir / "prometheus_url").exists():
             assert proc.poll() is None, (tmp_path / "up.log").read_text(errors="replace")[-4000:]
@@ -225,6 +226,10 @@ def test_prometheus_scrapes_the_stack_and_sigterm_stops_everything(tmp_path, tin
             "credit",
             "feeder",
         }
+        # no secret in any metric name, label or value of any service
+        for t in targets:
+            page = httpx.get(t["scrapeUrl"], timeout=10).content
+            assert b"ludic_" in page and not [v for v in generated if v in page], t["scrapeUrl"]
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(120)

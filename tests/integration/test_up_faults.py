@@ -2,13 +2,17 @@
 
 One run (checkpoints every 2 steps, the learner as two torchrun ranks) has, once training
 is under way, a SIGKILL of an actor, of credit, of the feeder, then of one learner rank, of
-redis-server and of the inference server: each is restarted (torchrun stops the surviving
-rank and exits, the learner resumes from its newest checkpoint, redis reloads its
-append-only file, inference is republished the learner's weights) and the run reaches its
-step count with the accounting consistent, no group lost and no item trained twice. A
+redis-server and of the inference server, then a SIGTERM of one learner rank: each is
+restarted (torchrun stops the surviving rank and exits, the learner resumes from its
+newest checkpoint, redis reloads its append-only file, inference is republished the
+learner's weights) and the run reaches its step count with the accounting consistent, no group lost and no item trained twice. A
 second run does the same with SIGTERM, one learner process, and vLLM's engine core.
 Another ``ludic up`` is itself killed with SIGKILL: every service it started stops
-(PR_SET_PDEATHSIG).
+(PR_SET_PDEATHSIG). Two more are stopped by SIGKILL and by SIGTERM of ``ludic up``, then
+continued with ``ludic up --resume``. Each completed run is checked twice: by the
+accounting in Redis and by the learner's own log of the items its weights were trained on
+(every item counted trained is there, once). The session ends by printing the fault
+matrix (tests/conftest.py): fault, recovery seconds, groups lost, items trained twice.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import os
 import signal
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -81,12 +86,18 @@ def wait_gone(run_id: str, timeout_s: float = 60) -> list[int]:
 def recovered(run_dir: Path, run_id: str, steps: int) -> dict:
     """A run that lost nothing: its step count, the accounting consistent, no item trained
     twice, no group dead-lettered, the learner resumed from a checkpoint, nothing left
-    running. Returns the summary."""
+    running; and, independently, the learner's log of the steps its weights hold lists
+    every item the accounting counts trained, once. Returns the summary."""
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["steps"] == steps
     a = s["accounting"]
     assert a["consistent"], a
     assert a["items_trained_twice"] == 0 and a["groups_deadlettered"] == 0, a
+    log = (run_dir / "learner" / "trained_items.jsonl").read_text().splitlines()
+    entries = [json.loads(x) for x in log]
+    assert [e["step"] for e in entries] == list(range(1, steps + 1))
+    ids = [i for e in entries for i in e["items"]]
+    assert len(ids) == len(set(ids)) == a["items_trained"], (len(ids), len(set(ids)), a)
     learner_log = (run_dir / "logs" / "learner.log").read_text(errors="replace")
     assert "resumed from" in learner_log
     time.sleep(1)
@@ -94,16 +105,34 @@ def recovered(run_dir: Path, run_id: str, steps: int) -> dict:
     return s
 
 
-def test_crashed_workers_and_learner_are_restarted_and_the_run_completes(tmp_path, tiny_model_dir):
+def table_rows(run: str, s: dict, faults: list[tuple[str, str]]) -> list[tuple[str, ...]]:
+    """One row per fault (description, service restarted for it, in the order they were
+    made): the service's n-th recovery time from the summary for its n-th fault."""
+    a = s["accounting"]
+    lost = str(a["groups_deadlettered"] + (0 if a["consistent"] else 1))
+    seen: dict[str, int] = {}
+    rows = []
+    for fault, svc in faults:
+        n = seen.get(svc, 0)
+        seen[svc] = n + 1
+        times = s["recovery_seconds"].get(svc, [])
+        assert len(times) > n, f"no recovery recorded for {fault}: {s['recovery_seconds']}"
+        rows.append((run, fault, f"{times[n]:.1f}", lost, str(a["items_trained_twice"])))
+    return rows
+
+
+def test_crashed_workers_and_learner_are_restarted_and_the_run_completes(
+    tmp_path, tiny_model_dir, fault_table
+):
     run_id = f"faults-{os.getpid()}"
     cfg = config(
-        tmp_path, tiny_model_dir, run_id, num_steps=16, eval_n=0, actors=2, learner_nproc=2
+        tmp_path, tiny_model_dir, run_id, num_steps=20, eval_n=0, actors=2, learner_nproc=2
     )
     learner_section(cfg, checkpoint_every=2, trained_log=True)
     log = tmp_path / "up.log"
     proc = ludic_up(cfg, log)
     run_dir = tmp_path / "runs" / run_id
-    killed: dict[str, int] = {}
+    faults: list[tuple[str, str]] = []  # (what was done, the service restarted for it)
     try:
         wait(lambda: trained_steps(run_dir) >= 2, proc, log, 420, "the learner's step 2")
         for svc, consumer, name in (
@@ -114,33 +143,45 @@ def test_crashed_workers_and_learner_are_restarted_and_the_run_completes(tmp_pat
             pid = service_pid(proc.pid, svc, consumer)
             assert pid is not None, name
             os.kill(pid, signal.SIGKILL)
-            killed[name] = pid
+            faults.append((f"SIGKILL {name}", name))
         # then one at a time, each once the run has made progress since the last: one rank of
         # the learner (between two checkpoints or just after one), Redis, the inference API
-        # server
-        for svc in ("learner", "redis-server", "inference"):
+        # server, and a SIGTERM of one learner rank (every rank stops: the stop is agreed
+        # between ranks; the launcher restarts the job, which had not reached its step count)
+        for svc, sig in (
+            ("learner", signal.SIGKILL),
+            ("redis-server", signal.SIGKILL),
+            ("inference", signal.SIGKILL),
+            ("learner", signal.SIGTERM),
+        ):
             start = trained_steps(run_dir)
             wait(
                 lambda s=start: trained_steps(run_dir) >= s + 2,
                 proc,
                 log,
                 240,
-                f"progress before killing {svc}",
+                f"progress before stopping {svc}",
             )
             pid = service_pid(proc.pid, svc)
             assert pid is not None, svc
-            if svc == "learner":  # torchrun: kill one of its ranks, not the agent
+            what = f"{sig.name} {svc}"
+            if svc == "learner":  # torchrun: stop one of its ranks, not the agent
                 ranks = child_pids(pid, b"learner")
                 assert len(ranks) == 2, f"torchrun {pid} runs ranks {ranks}, not 2"
                 pid = ranks[-1]
-            os.kill(pid, signal.SIGKILL)
-            killed["redis" if svc == "redis-server" else svc] = pid
+                what = f"{sig.name} learner rank 1 of 2 (torchrun)"
+            os.kill(pid, sig)
+            faults.append((what, "redis" if svc == "redis-server" else svc))
         finished(proc, log)
     finally:
         if proc.poll() is None:
             proc.kill()
-    s = recovered(run_dir, run_id, 16)
-    assert {n: s["restarts"].get(n) for n in killed} == {n: 1 for n in killed}, s["restarts"]
+    s = recovered(run_dir, run_id, 20)
+    want = Counter(name for _, name in faults)
+    # each was restarted (the learner once more if a publish to the restarting inference
+    # server failed at a step it then could not leave unserved)
+    assert all(s["restarts"].get(n, 0) >= c for n, c in want.items()), (want, s["restarts"])
+    fault_table += table_rows("2-rank", s, faults)
 
 
 def engine_core_pid(up_pid: int) -> int | None:
@@ -152,7 +193,7 @@ def engine_core_pid(up_pid: int) -> int | None:
 
 
 def test_services_stopped_by_sigterm_and_a_killed_engine_core_are_restarted(
-    tmp_path, tiny_model_dir
+    tmp_path, tiny_model_dir, fault_table
 ):
     """SIGTERM (a clean stop, exit 0, from outside ``ludic up``) of an actor, credit and the
     feeder, then one at a time of the learner, vLLM's engine core (SIGKILL), Redis and
@@ -168,6 +209,7 @@ def test_services_stopped_by_sigterm_and_a_killed_engine_core_are_restarted(
     proc = ludic_up(cfg, log)
     run_dir = tmp_path / "runs" / run_id
     stopped: list[str] = []
+    faults: list[tuple[str, str]] = []
     try:
         wait(lambda: trained_steps(run_dir) >= 2, proc, log, 420, "the learner's step 2")
         for svc, consumer in (("actor", "actor-0"), ("credit", None), ("feeder", None)):
@@ -175,6 +217,7 @@ def test_services_stopped_by_sigterm_and_a_killed_engine_core_are_restarted(
             assert pid is not None, svc
             os.kill(pid, signal.SIGTERM)
             stopped.append(consumer or svc)
+            faults.append((f"SIGTERM {consumer or svc}", consumer or svc))
         for svc in ("learner", "engine core", "redis-server", "inference"):
             start = trained_steps(run_dir)
             wait(
@@ -189,11 +232,21 @@ def test_services_stopped_by_sigterm_and_a_killed_engine_core_are_restarted(
                 assert pid is not None, "no engine core process under the inference service"
                 os.kill(pid, signal.SIGKILL)  # inference goes down with its engine
                 stopped.append("inference")
+                faults.append(("SIGKILL vLLM engine core", "inference"))
                 continue
             pid = service_pid(proc.pid, svc)
             assert pid is not None, svc
             os.kill(pid, signal.SIGTERM)
-            stopped.append("redis" if svc == "redis-server" else svc)
+            name = "redis" if svc == "redis-server" else svc
+            stopped.append(name)
+            faults.append(
+                (
+                    f"SIGTERM {svc} (single-process learner)"
+                    if svc == "learner"
+                    else f"SIGTERM {svc}",
+                    name,
+                )
+            )
         finished(proc, log)
     finally:
         if proc.poll() is None:
@@ -203,9 +256,10 @@ def test_services_stopped_by_sigterm_and_a_killed_engine_core_are_restarted(
     # restarting inference server failed at a step it then could not leave unserved)
     assert all(s["restarts"].get(n, 0) >= stopped.count(n) for n in stopped), s["restarts"]
     assert s["samples_per_second"], "the summary's samples/s must cover the resumed learner"
+    fault_table += table_rows("sigterm", s, faults)
 
 
-def test_a_killed_ludic_up_leaves_no_service_running(tmp_path, tiny_model_dir):
+def test_a_killed_ludic_up_leaves_no_service_running(tmp_path, tiny_model_dir, fault_table):
     run_id = f"upkill-{os.getpid()}"
     cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=100000, eval_n=0)
     learner_section(cfg, trained_log=True)
@@ -235,13 +289,16 @@ def test_a_killed_ludic_up_leaves_no_service_running(tmp_path, tiny_model_dir):
         except ProcessLookupError:
             pass
     assert left == [], f"services outlived a SIGKILL of ludic up: {what}"
+    fault_table.append(("upkill", "SIGKILL ludic up: every service gone", "-", "-", "-"))
 
 
-def test_a_killed_run_is_resumed_to_its_step_count(tmp_path, tiny_model_dir):
-    """SIGKILL of `ludic up` after step 3 (checkpoint at step 2), then `ludic up --resume`:
-    the learner starts from its checkpoint, Redis from its append-only file, and the run
-    reaches its 8 steps with the accounting consistent and nothing trained twice."""
-    run_id = f"resume-{os.getpid()}"
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_a_stopped_run_is_resumed_to_its_step_count(tmp_path, tiny_model_dir, fault_table, sig):
+    """SIGKILL (no clean-up: its services die with it) or SIGTERM (it stops them and exits
+    130) of `ludic up` after step 3 (checkpoint at step 2), then `ludic up --resume`: the
+    learner starts from its checkpoint, Redis from its append-only file, and the run reaches
+    its 8 steps with the accounting consistent and nothing trained twice."""
+    run_id = f"resume-{sig.name.lower()}-{os.getpid()}"
     cfg = config(tmp_path, tiny_model_dir, run_id, num_steps=8, eval_n=0)
     learner_section(cfg, checkpoint_every=2, trained_log=True)
     log = tmp_path / "up.log"
@@ -250,12 +307,27 @@ def test_a_killed_run_is_resumed_to_its_step_count(tmp_path, tiny_model_dir):
     try:
         wait(lambda: trained_steps(run_dir) >= 3, proc, log, 420, "the learner's step 3")
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    assert wait_gone(run_id) == [], "services outlived a SIGKILL of ludic up"
+        proc.send_signal(sig)
+        code = proc.wait(120)
+    assert code == (130 if sig == signal.SIGTERM else -signal.SIGKILL)
+    assert wait_gone(run_id) == [], f"services outlived a {sig.name} of ludic up"
     assert not (run_dir / "summary.json").exists()
+    reached = trained_steps(run_dir)
     log2 = tmp_path / "resume.log"
+    t0 = time.monotonic()
     proc = ludic_up(None, log2, "--resume", run_id, "--runs-dir", str(tmp_path / "runs"))
+    wait(lambda: trained_steps(run_dir) > reached, proc, log2, 420, "a step past the stop")
+    recovery = time.monotonic() - t0
     finished(proc, log2)
     assert f"resuming run {run_id}" in log2.read_text(errors="replace")
-    recovered(run_dir, run_id, 8)
+    s = recovered(run_dir, run_id, 8)
+    a = s["accounting"]
+    fault_table.append(
+        (
+            "resume",
+            f"{sig.name} ludic up, then --resume (stopped at step {reached})",
+            f"{recovery:.1f}",
+            str(a["groups_deadlettered"]),
+            str(a["items_trained_twice"]),
+        )
+    )

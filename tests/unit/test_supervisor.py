@@ -196,3 +196,30 @@ def test_a_service_and_its_children_run_on_the_cores_of_its_spec(tmp_path: Path)
     sup.start(ServiceSpec("free", [sys.executable, "-c", parent]))
     assert sup.procs["free"].wait(30) == 0
     assert out.read_text() == repr(sorted(os.sched_getaffinity(0)))
+
+
+def test_a_restart_records_its_recovery_time_to_the_first_health_pass(tmp_path: Path) -> None:
+    """Recovery = from the exit seen to the new process's first passed probe: at least the
+    restart back-off (0.5 s here), and only once the new process serves."""
+    from services.launcher import stack
+
+    port = stack.free_port()
+    web = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    sup = Supervisor(
+        tmp_path, restart_backoff_s=0.5, watchdog_timeout_s=30, watchdog_interval_s=0.1
+    )
+    sup.start(ServiceSpec("web", web, health_url=f"http://127.0.0.1:{port}/", restart=True))
+    sup.start(
+        ServiceSpec("bare", [sys.executable, "-c", "import time; time.sleep(60)"], restart=True)
+    )
+    try:
+        sup.wait_healthy("web", 20)
+        assert sup.recoveries == {}  # a first start is no recovery
+        for name in ("web", "bare"):
+            os.kill(sup.procs[name].pid, signal.SIGKILL)
+        _until(lambda: sup.restart_exited() == {} and len(sup.recoveries) == 2)
+        assert sup.healthy("web")
+        assert set(sup.recoveries) == {"web", "bare"}
+        assert all(len(v) == 1 and 0.5 <= v[0] < 15 for v in sup.recoveries.values())
+    finally:
+        sup.shutdown(grace_s=2)
