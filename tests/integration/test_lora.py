@@ -2,8 +2,10 @@
 
 ``ludic learner --lora-rank 4`` runs as 2 torchrun ranks (FSDP2, gloo on CPU) on the tiny
 model, trains 2 steps of 4 items and publishes over HTTP to a real ``ludic inference``
-(vLLM CPU, fp32, compiled as shipped). vLLM's prompt logprobs of the training sequences
-must then equal a transformers fp32 forward of the merged weights
+(vLLM CPU, fp32, compiled as shipped): merged full weights (``lora_publish: merged``), or
+the adapter tensors alone (``lora_publish: adapter``; the server, started with
+``max_lora_rank``, serves them with vLLM's LoRA support). vLLM's prompt logprobs of the
+training sequences must then equal a transformers fp32 forward of the merged weights
 
     W' = W + (alpha / r) * B @ A       (every LoRA target: q, k, v, o projections)
 
@@ -34,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from inference_server import InferenceServer  # noqa: E402
 from learner_items import push_sync, random_items, redis_state_sync  # noqa: E402
 from test_learner import REPO, env, learner_cmd, trained_log, wait_for_no_vllm  # noqa: E402
+
+from libludic.distributed.weight_sync import adapter_metadata, to_safetensors_bytes  # noqa: E402
 
 try:  # tests/ is on sys.path under pytest's default import mode
     from conftest import free_port  # type: ignore[import-not-found]
@@ -96,33 +100,53 @@ def served_logprobs(url: str, ids: list[int]) -> tuple[torch.Tensor, int]:
     return torch.tensor(got, dtype=torch.float64), int(body["policy_version"])
 
 
-def test_two_rank_lora_learner_publishes_merged_weights_vllm_serves_them(
-    redis_server: Any, tiny_model_dir: Path, tmp_path: Path
+def metric(url: str, name: str, plane: str) -> float:
+    """A sample of the server's /metrics, e.g. ``..._sum{plane="http"}`` (0 if absent)."""
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith(f'{name}{{plane="{plane}"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+@pytest.mark.parametrize("lora_publish", ["merged", "adapter"])
+def test_two_rank_lora_learner_publishes_to_vllm_served_equals_trained(
+    redis_server: Any, tiny_model_dir: Path, tmp_path: Path, lora_publish: str
 ) -> None:
-    """2 ranks train LoRA (rank 4) for 2 steps and publish v1, v2 (merged full weights)
-    into vLLM. Then: vLLM serves v2; its prompt logprobs of 4 training sequences equal an
-    fp32 forward of base + (alpha/r) B A from the step-2 checkpoint (TOL); the base
-    weights are far from them; the learner's final/ weights equal that merge; only the
-    LoRA targets changed."""
+    """2 ranks train LoRA (rank 4) for 2 steps and publish v1, v2 into vLLM: ``merged``
+    full weights to /v1/weights, or (``adapter``) the LoRA tensors alone to /v1/adapter of
+    a server started with ``--max-lora-rank 4``, which vLLM serves as a LoRA adapter over
+    the checkpoint's weights. Then: vLLM serves v2; its prompt logprobs of 4 training
+    sequences equal an fp32 forward of base + (alpha/r) B A from the step-2 checkpoint
+    (TOL); the base weights are far from them; the learner's final/ weights equal that
+    merge; only the LoRA targets changed; an adapter publish carried exactly the adapter's
+    bytes (the checkpoint's lora tensors as safetensors)."""
     wait_for_no_vllm()
     t0 = time.monotonic()
+    run = f"lora-{lora_publish}"
     items = random_items(BATCH * STEPS, seed=3)
-    push_sync(redis_server.url, "lora", items)
+    push_sync(redis_server.url, run, items)
+    adapter = lora_publish == "adapter"
     srv = InferenceServer(
-        tiny_model_dir, free_port(), TOKEN, tmp_path / "inference.log", compiled=True
+        tiny_model_dir,
+        free_port(),
+        TOKEN,
+        tmp_path / "inference.log",
+        ["--max-lora-rank", str(RANK)] if adapter else [],
+        compiled=True,
     )
     srv.start()
     out = tmp_path / "out"
+    plane = "adapter" if adapter else "http"
     try:
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
             "--master_port", str(free_port()), "-m", "services.cli",
             *learner_cmd(
-                redis_server.url, "lora", tiny_model_dir, "--inference-urls", srv.url,
+                redis_server.url, run, tiny_model_dir, "--inference-urls", srv.url,
                 "--batch-size", str(BATCH), "--num-steps", str(STEPS), "--lr", str(LR),
-                "--lora-rank", str(RANK), "--algorithm", '{"name": "sft"}',
-                "--output-dir", str(out), "--checkpoint-every", str(STEPS),
-                "--publish-total-timeout-s", "120",
+                "--lora-rank", str(RANK), "--lora-publish", lora_publish,
+                "--algorithm", '{"name": "sft"}', "--output-dir", str(out),
+                "--checkpoint-every", str(STEPS), "--publish-total-timeout-s", "120",
             ),
         ]  # fmt: skip
         e = env()
@@ -131,12 +155,14 @@ def test_two_rank_lora_learner_publishes_merged_weights_vllm_serves_them(
         assert p.returncode == 0, p.stderr[-4000:]
         seqs = [it.input_ids for it in items[::STEPS]]
         served = [served_logprobs(srv.url, ids) for ids in seqs]
+        received = metric(srv.url, "ludic_inference_weight_bytes_received_total", plane)
+        update_s = metric(srv.url, "ludic_inference_weight_update_seconds_sum", plane)
     finally:
         rc = srv.stop()
     assert rc == 0, srv.tail()
-    train_s = time.monotonic() - t0
+    wall_s = time.monotonic() - t0
 
-    st = redis_state_sync(redis_server.url, "lora")
+    st = redis_state_sync(redis_server.url, run)
     assert st == {"xlen": 0, "pending": 0, "policy_version": STEPS, "learner_step": STEPS}
     assert [len(x["items"]) for x in trained_log(out)] == [BATCH] * STEPS
     assert {v for _, v in served} == {STEPS}
@@ -153,7 +179,7 @@ def test_two_rank_lora_learner_publishes_merged_weights_vllm_serves_them(
             assert not torch.equal(merged[k], w), k
         else:
             torch.testing.assert_close(merged[k], w, rtol=0, atol=0, msg=k)
-    # final/ holds what the learner published (its own merge): the same weights
+    # final/ holds the learner's own merge of its weights: the same weights
     final = load_file(str(out / "final" / "model.safetensors"))
     for k in merged:
         torch.testing.assert_close(final[k], merged[k], rtol=1e-5, atol=1e-6, msg=k)
@@ -162,10 +188,21 @@ def test_two_rank_lora_learner_publishes_merged_weights_vllm_serves_them(
     for ids, (lp, _) in zip(seqs, served):
         gaps.append((lp - hf_logprobs(tiny_model_dir, merged, ids)).abs().max().item())
         base_gaps.append((lp - hf_logprobs(tiny_model_dir, base, ids)).abs().max().item())
+    # what one publish must carry: the merged weights (tied head once), or the adapter's
+    # lora tensors (peft names, the checkpoint's without ".default") and its config
+    if adapter:
+        body = {k.replace(".default.", "."): v for k, v in ck.items() if ".lora_" in k}
+        cfg = {"peft_type": "LORA", "r": RANK, "lora_alpha": ALPHA, "bias": "none"}
+        meta = adapter_metadata({**cfg, "target_modules": list(TARGETS)})
+    else:
+        body, meta = merged, None
+    per_publish = len(to_safetensors_bytes(body, metadata=meta))
     print(
-        f"\nLoRA rank {RANK}, 2 ranks, {STEPS} steps: max |served - HF(merged)| "
-        f"{max(gaps):.2e} nats; against the base weights {min(base_gaps):.2e}..."
-        f"{max(base_gaps):.2e}; {train_s:.0f} s (vLLM start, torchrun, 4 requests)"
+        f"\nLoRA rank {RANK}, 2 ranks, {STEPS} steps, lora_publish={lora_publish}: max "
+        f"|served - HF(merged)| {max(gaps):.2e} nats; against the base weights "
+        f"{min(base_gaps):.2e}..{max(base_gaps):.2e}; {received / STEPS:.0f} bytes and "
+        f"{update_s / STEPS:.3f} s (receive to served) per publish; {wall_s:.0f} s in all"
     )
     assert max(gaps) < TOL, gaps
     assert min(base_gaps) > 100 * TOL, base_gaps  # unmerged adapters would fail the first check
+    assert received == STEPS * per_publish, (received, per_publish)
