@@ -355,15 +355,20 @@ def decode_adapter(
     for e in entries:
         module, _, part = e.name.removeprefix(PEFT_PREFIX).rpartition(".weight")[0].rpartition(".")
         base = spec.shapes.get(f"{module}.weight")
-        if not e.name.startswith(PEFT_PREFIX) or part not in LORA_PARTS or base is None:
+        if (
+            not e.name.startswith(PEFT_PREFIX)
+            or part not in LORA_PARTS
+            or base is None
+            or len(base) != 2
+        ):
             raise WeightValidationError(
                 f"{e.name!r} is not a LoRA tensor of this model: use "
-                f"{PEFT_PREFIX}<module>.lora_A.weight / .lora_B.weight for a <module>.weight "
-                "of the served checkpoint",
+                f"{PEFT_PREFIX}<module>.lora_A.weight / .lora_B.weight for a matrix "
+                "<module>.weight of the served checkpoint",
                 422,
             )
         want = (r, base[1]) if part == "lora_A" else (base[0], r)
-        if len(base) != 2 or e.shape != want:
+        if e.shape != want:
             raise WeightValidationError(
                 f"{e.name}: shape {list(e.shape)}; {module}.weight is {list(base)}, so rank "
                 f"{r} needs {list(want)}",
