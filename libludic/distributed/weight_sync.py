@@ -69,6 +69,9 @@ WEIGHTS_ROUTE = "/v1/weights"
 ADAPTER_ROUTE = "/v1/adapter"
 #: safetensors ``__metadata__`` key of an adapter body: its peft adapter_config.json (JSON)
 ADAPTER_CONFIG_KEY = "ludic_adapter_config"
+#: the prefix of an adapter body's tensor names: peft's for a causal LM
+#: (``base_model.model.<module>.lora_A.weight``, as in its ``adapter_model.safetensors``)
+PEFT_PREFIX = "base_model.model."
 
 ACK_OK = "ok"
 GO = "go"

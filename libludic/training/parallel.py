@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from libludic.distributed.weight_sync import PEFT_PREFIX
 from libludic.training.config import TrainerConfig
 
 log = logging.getLogger(__name__)
@@ -240,10 +241,6 @@ def full_state_dict(
         for name, t in untied(model.state_dict(keep_vars=True)):
             put(name, _full(t).detach())
     return out
-
-
-#: the prefix peft gives adapter tensors of a causal LM in ``adapter_model.safetensors``
-PEFT_PREFIX = "base_model.model."
 
 
 def adapter_config(cfg: TrainerConfig) -> dict[str, Any]:

@@ -732,8 +732,8 @@ class Trainer:
         """The published state dict (:meth:`publish_state_dict`) as CPU tensors that later
         training steps cannot change, on rank 0 ({} elsewhere: every rank must call it, the
         gather is collective under FSDP2, but only rank 0 sends and only it holds the whole
-        model). Gathered and
-        device-to-host tensors are fresh already; a CPU model's own tensors are copied."""
+        model). Gathered and device-to-host tensors are fresh already; a CPU model's own
+        tensors are copied."""
         live = set()
         for t in [*self.model.parameters(), *self.model.buffers()]:
             local = t.to_local() if hasattr(t, "to_local") else t

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from libludic.distributed.weight_sync import ADAPTER_CONFIG_KEY
+from libludic.distributed.weight_sync import ADAPTER_CONFIG_KEY, PEFT_PREFIX
 
 # safetensors dtype codes -> torch dtypes.
 ST_DTYPES: dict[str, torch.dtype] = {
@@ -306,8 +306,6 @@ def complete_partial(names: Iterable[str], spec: ParamSpec) -> list[str] | None:
     return missing or None
 
 
-#: the prefix peft gives adapter tensors of a causal LM (libludic.training.parallel)
-PEFT_PREFIX = "base_model.model."
 LORA_PARTS = ("lora_A", "lora_B")
 
 

@@ -598,14 +598,14 @@ class LudicEngine:
         except Exception as e:  # vLLM refused the adapter: nothing changed
             await asyncio.to_thread(shutil.rmtree, path, True)
             raise SwapError(f"vLLM did not load the adapter: {type(e).__name__}: {e}", 422) from e
-        load_s = time.monotonic() - t0
-        self.adapters.append((lora, path))
+        self.adapters.append((lora, path))  # from here on, new requests run with it
+        paused = self._done(version, 0.0, time.monotonic() - t0)
         while len(self.adapters) > KEEP_ADAPTERS:
             old, old_path = self.adapters.pop(0)
             with contextlib.suppress(Exception):  # already evicted by vLLM: nothing to drop
                 await self.llm.remove_lora(old.lora_int_id)
             await asyncio.to_thread(shutil.rmtree, old_path, True)
-        return self._done(version, 0.0, load_s)
+        return paused
 
     # ------------------------------------------------------------------ collective plane
     @property
