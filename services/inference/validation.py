@@ -342,7 +342,7 @@ def decode_adapter(
             "max_lora_rank; restart it with a larger one for larger adapters)",
             422,
         )
-    if not isinstance(alpha, int | float) or not math.isfinite(alpha):
+    if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not math.isfinite(alpha):
         raise WeightValidationError(f"adapter lora_alpha={alpha!r} must be a finite number", 422)
     targets = config.get("target_modules")
     if not (isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets)):
