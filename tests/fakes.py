@@ -418,6 +418,7 @@ class TensorEngine:
         self.served = tensors
         self.version = 0
         self.updates: list[int] = []  # every version applied, in order
+        self.adapters: list[tuple[int, dict[str, Any]]] = []  # (version, config) per adapter
         self.last: dict[str, Any] = {}  # the tensors of the last update, as sent
         self.fail_first = fail_first
         self.hang = hang
@@ -480,6 +481,14 @@ class TensorEngine:
         for name, t in tensors.items():
             self.served[self.spec.aliases.get(name, name)].copy_(t)
         self.last = {k: v.clone() for k, v in tensors.items()}
+        self.version = version
+        self.updates.append(version)
+        return 0.0
+
+    async def swap_adapter(self, version: int, payload: Any, config: dict[str, Any]) -> float:
+        """A validated LoRA adapter (``POST /v1/adapter``): recorded in ``adapters``."""
+        assert self.lock.locked()
+        self.adapters.append((version, dict(config)))
         self.version = version
         self.updates.append(version)
         return 0.0

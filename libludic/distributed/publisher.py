@@ -37,9 +37,12 @@ Ranks: under torch.distributed the Trainer gathers the state dict on every rank,
 ``publish`` on rank 0 only (in a background thread) and shares the outcome with the other
 ranks itself (libludic/training/trainer.py: ``finish_publish``).
 
-LoRA: the Trainer's ``full_state_dict()`` already merges the adapters (W + B A * scale,
-base-layer names), so every publisher ships full merged weights; inference never sees
-adapters.
+LoRA: by default the Trainer's ``publish_state_dict()`` merges the adapters (W + B A *
+scale, base-layer names), so every publisher ships full merged weights. With
+``TrainerConfig.lora_publish == "adapter"`` it holds the LoRA tensors alone, and an
+:class:`HttpPolicyPublisher` given ``adapter`` (the peft config) POSTs them to
+``/v1/adapter`` of replicas started with ``max_lora_rank`` (vLLM's LoRA support loads
+them as a new adapter per version).
 """
 
 from __future__ import annotations
@@ -246,7 +249,11 @@ class HttpPolicyPublisher:
     acked: dict[str, int] = field(default_factory=dict)
     last_replicas: list[str] = field(default_factory=list)
     wire_dtype: str = "auto"  # "auto" (the replicas' served dtype), "none", or a float dtype
+    # a LoRA adapter's peft config (r, lora_alpha, target_modules): publish() then gets the
+    # adapter tensors and sends them to /v1/adapter; None: full weights to /v1/weights
+    adapter: Mapping[str, Any] | None = None
     _auto_dtype: torch.dtype | None = field(default=None, init=False)
+    last_bytes: int = field(default=0, init=False)  # the last publish's body size
     # one client for every publish (thread-safe: the replicas are pushed to in parallel)
     _http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=None), init=False)
 
@@ -255,6 +262,10 @@ class HttpPolicyPublisher:
             raise ValueError(
                 f"wire_dtype={self.wire_dtype!r}: use auto, none, float32, bfloat16 or float16"
             )
+
+    @property
+    def _route(self) -> str:
+        return ws.WEIGHTS_ROUTE if self.adapter is None else ws.ADAPTER_ROUTE
 
     def _dtype_for(self, urls: Sequence[str]) -> torch.dtype | None:
         """The dtype floating tensors are sent in (None: as trained)."""
@@ -284,7 +295,9 @@ class HttpPolicyPublisher:
             t = min(self.retry.attempt_timeout_s, left)
             timeout = httpx.Timeout(t, connect=min(self.retry.connect_timeout_s, t))
             try:
-                resp = ws.post_weights(url, body, version, self.token, timeout, self._http)
+                resp = ws.post_weights(
+                    url, body, version, self.token, timeout, self._http, self._route
+                )
                 if resp.status_code == 200:
                     got = int(resp.json()["policy_version"])
                     if got == version:
@@ -317,7 +330,9 @@ class HttpPolicyPublisher:
 
     def publish(self, state_dict: Mapping[str, torch.Tensor], version: int | None) -> None:
         version, urls = _targets(self, version, "HttpPolicyPublisher")
-        body = ws.to_safetensors_bytes(state_dict, self._dtype_for(urls))
+        meta = ws.adapter_metadata(self.adapter) if self.adapter is not None else None
+        body = ws.to_safetensors_bytes(state_dict, self._dtype_for(urls), meta)
+        self.last_bytes = len(body)
         deadline = time.monotonic() + self.retry.total_timeout_s
         failures: dict[str, str] = {}
         ok: list[str] = []

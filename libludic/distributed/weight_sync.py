@@ -2,6 +2,10 @@
 
 HTTP plane: ``push_http(url, state_dict, version, token)`` serialises the state dict to
 safetensors bytes (HF parameter names) and POSTs them to ``/v1/weights?version=N``.
+A LoRA adapter (peft names, ``lora_A``/``lora_B`` only) goes to ``/v1/adapter?version=N``
+(:data:`ADAPTER_ROUTE`) as the same safetensors body, its peft adapter config (``r``,
+``lora_alpha``, ``target_modules``) as JSON under :data:`ADAPTER_CONFIG_KEY` in the
+safetensors metadata.
 
 Collective plane: ``CollectiveWeightSender`` builds a process group that is *separate* from
 the learner's default one (its own TCPStore + ``ProcessGroupGloo``, or vLLM's
@@ -61,6 +65,14 @@ WIRE_DTYPES: dict[str, torch.dtype] = {
 }
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in WIRE_DTYPES.items()}
 
+WEIGHTS_ROUTE = "/v1/weights"
+ADAPTER_ROUTE = "/v1/adapter"
+#: safetensors ``__metadata__`` key of an adapter body: its peft adapter_config.json (JSON)
+ADAPTER_CONFIG_KEY = "ludic_adapter_config"
+#: the prefix of an adapter body's tensor names: peft's for a causal LM
+#: (``base_model.model.<module>.lora_A.weight``, as in its ``adapter_model.safetensors``)
+PEFT_PREFIX = "base_model.model."
+
 ACK_OK = "ok"
 GO = "go"
 ABORT = "abort"
@@ -119,15 +131,25 @@ def cast_floats(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     return t.to(dtype) if dtype is not None and t.is_floating_point() else t
 
 
-def to_safetensors_bytes(state_dict: Mapping[str, Any], dtype: torch.dtype | None = None) -> bytes:
+def to_safetensors_bytes(
+    state_dict: Mapping[str, Any],
+    dtype: torch.dtype | None = None,
+    metadata: Mapping[str, str] | None = None,
+) -> bytes:
     """HF-named state dict -> safetensors bytes (contiguous CPU copies; tied tensors split).
     ``dtype``: floating tensors are cast to it first (the replica's served dtype halves the
-    bytes of an fp32 learner publishing to a bf16 server)."""
+    bytes of an fp32 learner publishing to a bf16 server). ``metadata``: the header's
+    ``__metadata__`` (strings only)."""
     flat = {
         k: cast_floats(_full_tensor(v).to("cpu"), dtype).contiguous().clone()
         for k, v in state_dict.items()
     }
-    return save(flat)
+    return save(flat, dict(metadata) if metadata else None)
+
+
+def adapter_metadata(config: Mapping[str, Any]) -> dict[str, str]:
+    """safetensors metadata carrying a LoRA adapter's peft config (:data:`ADAPTER_CONFIG_KEY`)."""
+    return {ADAPTER_CONFIG_KEY: json.dumps(dict(config), sort_keys=True)}
 
 
 def _raise_for_reply(url: str, resp: httpx.Response) -> None:
@@ -164,10 +186,12 @@ def post_weights(
     token: str | None,
     timeout: float | httpx.Timeout,
     client: httpx.Client | None = None,
+    route: str = WEIGHTS_ROUTE,
 ) -> httpx.Response:
     """One ``POST {url}/v1/weights?version=N`` of safetensors ``body``: the one place the
     HTTP weight plane is spoken (``push_http`` and the learner's ``HttpPolicyPublisher``,
     which adds retries and 409 resolution, both call it). Returns the raw response.
+    ``route``: :data:`ADAPTER_ROUTE` for a LoRA adapter body.
 
     ``client``: a long-lived ``httpx.Client`` to send with (its connections are reused). A
     caller that publishes repeatedly should pass one: without it each call builds a client,
@@ -181,7 +205,7 @@ def post_weights(
     if token:
         headers["Authorization"] = f"Bearer {token}"
     return (client or httpx).post(
-        f"{url.rstrip('/')}/v1/weights",
+        f"{url.rstrip('/')}{route}",
         params={"version": int(version)},
         content=_slices(body),
         headers=headers,

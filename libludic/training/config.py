@@ -23,6 +23,7 @@ from libludic.training.compat import DEFAULT_LR, check_runtime_device, resolve_l
 from libludic.training.schedule import check_schedule, lr_factor
 
 MIXED_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
+LORA_PUBLISH = ("merged", "adapter")
 
 
 @dataclass
@@ -77,6 +78,9 @@ class TrainerConfig:
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    # what a LoRA publish carries: "merged" full weights (W + B A * alpha / r under the base
+    # names) or the "adapter" tensors alone (peft names; the replica applies them itself)
+    lora_publish: str = "merged"
     # the spec example's name for lr; init-only, stored in lr (compat)
     learning_rate: InitVar[float | None] = None
 
@@ -142,6 +146,10 @@ class TrainerConfig:
             raise bad("max_publish_failures", "must be >= 1")
         if self.lora_rank is not None and self.lora_rank < 1:
             raise bad("lora_rank", "must be >= 1 or None")
+        if self.lora_publish not in LORA_PUBLISH:
+            raise bad("lora_publish", f"must be one of {list(LORA_PUBLISH)}")
+        if self.lora_publish == "adapter" and self.lora_rank is None:
+            raise bad("lora_publish", "publishes LoRA adapters: set lora_rank, or use merged")
         self.lora_target_modules = tuple(self.lora_target_modules)
 
     def lr_at(self, step: int) -> float:

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from libludic.distributed.weight_sync import PEFT_PREFIX
 from libludic.training.config import TrainerConfig
 
 log = logging.getLogger(__name__)
@@ -239,4 +240,43 @@ def full_state_dict(
     else:
         for name, t in untied(model.state_dict(keep_vars=True)):
             put(name, _full(t).detach())
+    return out
+
+
+def adapter_config(cfg: TrainerConfig) -> dict[str, Any]:
+    """The LoRA adapter's peft ``adapter_config.json`` fields that fix its maths: a replica
+    serves ``W + (lora_alpha / r) * B @ A`` on every ``target_modules`` linear."""
+    if cfg.lora_rank is None:
+        raise ValueError("adapter_config needs TrainerConfig.lora_rank")
+    return {
+        "peft_type": "LORA",
+        "r": cfg.lora_rank,
+        "lora_alpha": cfg.lora_alpha,
+        "target_modules": list(cfg.lora_target_modules),
+        "bias": "none",
+    }
+
+
+def adapter_state_dict(
+    model: nn.Module, to_cpu: bool = True, rank0_only: bool = False
+) -> dict[str, torch.Tensor]:
+    """The LoRA tensors of a peft model alone, as peft saves them:
+    ``base_model.model.<module>.lora_A.weight`` ``# [r, in]`` and ``.lora_B.weight``
+    ``# [out, r]`` of the active adapter (one). FSDP2 shards are all-gathered (every rank
+    must call this); ``rank0_only`` and ``to_cpu`` as in :func:`full_state_dict`."""
+    if not is_peft(model):
+        raise ValueError("adapter_state_dict needs a peft LoRA model (TrainerConfig.lora_rank)")
+    from peft.tuners.lora import LoraLayer  # optional (lora extra): a peft model has it
+
+    keep = not rank0_only or rank() == 0
+    out: dict[str, torch.Tensor] = {}
+    base = model.get_base_model()  # type: ignore[operator]
+    for mname, mod in base.named_modules():
+        if not isinstance(mod, LoraLayer):
+            continue
+        (a,) = [x for x in mod.active_adapters if x in mod.lora_A]
+        for part, layers in (("lora_A", mod.lora_A), ("lora_B", mod.lora_B)):
+            t = _full(layers[a].weight).detach()  # type: ignore[arg-type]
+            if keep:
+                out[f"{PEFT_PREFIX}{mname}.{part}.weight"] = t.to("cpu") if to_cpu else t
     return out

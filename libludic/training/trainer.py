@@ -319,6 +319,15 @@ class Trainer:
         ``rank0_only``: the other ranks get {} and never hold the whole model)."""
         return parallel.full_state_dict(self.model, to_cpu=to_cpu, rank0_only=rank0_only)
 
+    def publish_state_dict(
+        self, to_cpu: bool = True, rank0_only: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """What a publish carries: the full (LoRA: merged) weights, or with
+        ``cfg.lora_publish == "adapter"`` the LoRA tensors alone (peft names). Collective."""
+        if self.cfg.lora_publish == "adapter":
+            return parallel.adapter_state_dict(self.model, to_cpu=to_cpu, rank0_only=rank0_only)
+        return self.full_state_dict(to_cpu=to_cpu, rank0_only=rank0_only)
+
     # ------------------------------------------------------------------ gradients
 
     def item_problem(self, item: SAWItem) -> str | None:
@@ -720,17 +729,18 @@ class Trainer:
         return bool(await self.finish_publish())
 
     def snapshot_state_dict(self) -> dict[str, torch.Tensor]:
-        """The full state dict as CPU tensors that later training steps cannot change, on
-        rank 0 ({} elsewhere: every rank must call it, the gather is collective under FSDP2,
-        but only rank 0 sends and only it holds the whole model). Gathered and
-        device-to-host tensors are fresh already; a CPU model's own tensors are copied."""
+        """The published state dict (:meth:`publish_state_dict`) as CPU tensors that later
+        training steps cannot change, on rank 0 ({} elsewhere: every rank must call it, the
+        gather is collective under FSDP2, but only rank 0 sends and only it holds the whole
+        model). Gathered and device-to-host tensors are fresh already; a CPU model's own
+        tensors are copied."""
         live = set()
         for t in [*self.model.parameters(), *self.model.buffers()]:
             local = t.to_local() if hasattr(t, "to_local") else t
             live.add(local.untyped_storage().data_ptr())
         return {
             k: v.clone() if v.untyped_storage().data_ptr() in live else v
-            for k, v in self.full_state_dict(rank0_only=True).items()
+            for k, v in self.publish_state_dict(rank0_only=True).items()
         }
 
     async def start_publish(self) -> None:

@@ -26,7 +26,13 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from libludic.distributed.weight_sync import ABORTED, ACK_OK, REJECTED, WIRE_DTYPES
+from libludic.distributed.weight_sync import (
+    ABORTED,
+    ACK_OK,
+    ADAPTER_ROUTE,
+    REJECTED,
+    WIRE_DTYPES,
+)
 from services.inference.collective import CollectivePlane
 from services.inference.metrics import InferenceMetrics
 from services.inference.schemas import (
@@ -39,7 +45,11 @@ from services.inference.schemas import (
 )
 from services.inference.settings import InferenceSettings
 from services.inference.token_text import decodes_once, fill_text
-from services.inference.validation import WeightValidationError, decode_and_validate
+from services.inference.validation import (
+    WeightValidationError,
+    decode_adapter,
+    decode_and_validate,
+)
 from services.inference.worker import COLLECTOR, LudicEngine, SwapError, VersionCollector
 
 log = logging.getLogger("ludic.inference")
@@ -310,6 +320,14 @@ def create_app(
     ) -> JSONResponse:
         t0 = time.monotonic()
         e = eng()
+        if settings.max_lora_rank > 0:
+            _outcome("http", "rejected")
+            raise _http_error(
+                400,
+                f"this server serves LoRA adapters (max_lora_rank={settings.max_lora_rank}) "
+                "over its checkpoint's weights: publish adapters to /v1/adapter (learner "
+                "lora_publish: adapter), or restart it with max_lora_rank 0 for full weights",
+            )
         if version <= e.version:  # cheap refusal before reading a large body
             raise _conflict(e, "http", version)
         buf = await read_body_once(request, settings.max_weight_bytes, "max_weight_bytes")
@@ -331,6 +349,36 @@ def create_app(
             if version <= e.version:
                 raise _conflict(e, "http", version)
             return await _apply(e, "http", version, e.swap(version, tensors, buf), t0)
+
+    @app.post(ADAPTER_ROUTE, dependencies=[Depends(authorize)])
+    async def post_adapter(
+        request: Request, version: int = Query(..., ge=1, le=MAX_POLICY_VERSION)
+    ) -> JSONResponse:
+        """A LoRA adapter (safetensors, peft names, its config in the metadata:
+        validation.decode_adapter) served as ``version`` over the checkpoint's weights."""
+        t0 = time.monotonic()
+        e = eng()
+        if settings.max_lora_rank <= 0:
+            _outcome("adapter", "rejected")
+            raise _http_error(
+                400,
+                "this server does not serve LoRA adapters: restart it with max_lora_rank >= "
+                "the learner's lora_rank, or publish merged weights (learner lora_publish: "
+                "merged) to /v1/weights",
+            )
+        if version <= e.version:
+            raise _conflict(e, "adapter", version)
+        buf = await read_body_once(request, settings.max_weight_bytes, "max_weight_bytes")
+        metrics.weight_bytes.labels("adapter").inc(len(buf))
+        try:
+            _, config = await asyncio.to_thread(decode_adapter, buf, e.spec, settings.max_lora_rank)
+        except WeightValidationError as exc:
+            _outcome("adapter", "rejected")
+            raise _http_error(exc.status, str(exc)) from exc
+        async with e.lock:
+            if version <= e.version:
+                raise _conflict(e, "adapter", version)
+            return await _apply(e, "adapter", version, e.swap_adapter(version, buf, config), t0)
 
     # ------------------------------------------------------------------ weights (collective)
     @app.get("/v1/weights/collective", dependencies=[Depends(authorize)])

@@ -90,6 +90,15 @@ class InferenceSettings:
     max_weight_bytes: int = field(
         default=64 * 1024**3, metadata={"help": "larger weight-update bodies get 413"}
     )
+    # LoRA adapters (learner lora_publish: adapter): vLLM's LoRA support on, each adapter
+    # published to /v1/adapter served as a new version on top of the checkpoint's weights
+    max_lora_rank: int = field(
+        default=0,
+        metadata={
+            "help": "serve LoRA adapters published to /v1/adapter up to this rank (0: off; "
+            "full-weight updates to /v1/weights are then refused)"
+        },
+    )
     health_cache_s: float = field(default=5.0, metadata={"help": "how long /health reuses a probe"})
     probe_timeout_s: float = field(default=30.0, metadata={"help": "longest /health probe"})
     # How a weight update treats requests in flight: "keep" (default) freezes them, swaps
@@ -172,6 +181,8 @@ class InferenceSettings:
             raise SettingsError(f"port {self.port} out of range 1..65535")
         if self.max_weight_bytes <= 0:
             raise SettingsError("max_weight_bytes must be > 0")
+        if self.max_lora_rank < 0:
+            raise SettingsError(f"max_lora_rank={self.max_lora_rank} must be >= 0 (0: off)")
         if self.tensor_parallel_size < 1:
             raise SettingsError("tensor_parallel_size must be >= 1")
         if self.dtype not in DTYPES:

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from libludic.distributed.weight_sync import ADAPTER_CONFIG_KEY, PEFT_PREFIX
+
 # safetensors dtype codes -> torch dtypes.
 ST_DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
@@ -302,3 +304,84 @@ def complete_partial(names: Iterable[str], spec: ParamSpec) -> list[str] | None:
         if n not in spec.aliases and n not in given and module_of(n) in touched
     ]
     return missing or None
+
+
+LORA_PARTS = ("lora_A", "lora_B")
+
+
+def decode_adapter(
+    buf: bytearray, spec: ParamSpec, max_rank: int
+) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
+    """A LoRA adapter body (``POST /v1/adapter``): peft-named tensors
+    ``base_model.model.<module>.lora_A.weight`` ``# [r, in]`` and ``.lora_B.weight``
+    ``# [out, r]`` for modules whose ``<module>.weight`` is a ``[out, in]`` matrix of the
+    served checkpoint, and the adapter's peft config (JSON under
+    ``libludic.distributed.weight_sync.ADAPTER_CONFIG_KEY`` in the safetensors metadata:
+    ``r`` in 1..``max_rank``, a finite ``lora_alpha``, ``target_modules``). Returns the
+    zero-copy tensors and the config; raises ``WeightValidationError`` (400/422)."""
+    data_start, entries = parse_safetensors_header(buf)
+    (n,) = struct.unpack("<Q", bytes(buf[:8]))
+    meta = json.loads(bytes(buf[8 : 8 + n])).get("__metadata__") or {}
+    raw = meta.get(ADAPTER_CONFIG_KEY) if isinstance(meta, dict) else None
+    if not isinstance(raw, str):
+        raise WeightValidationError(
+            f"an adapter body carries its peft config as JSON under {ADAPTER_CONFIG_KEY!r} "
+            "in the safetensors metadata; none found (full weights go to /v1/weights)",
+            422,
+        )
+    try:
+        config = json.loads(raw)
+    except ValueError as err:
+        raise WeightValidationError(f"{ADAPTER_CONFIG_KEY}: not JSON ({err})", 400) from err
+    if not isinstance(config, dict):
+        raise WeightValidationError(f"{ADAPTER_CONFIG_KEY}: not a JSON object", 400)
+    r, alpha = config.get("r"), config.get("lora_alpha")
+    if not isinstance(r, int) or isinstance(r, bool) or not 1 <= r <= max_rank:
+        raise WeightValidationError(
+            f"adapter rank r={r!r} must be an int in 1..{max_rank} (this server's "
+            "max_lora_rank; restart it with a larger one for larger adapters)",
+            422,
+        )
+    if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not math.isfinite(alpha):
+        raise WeightValidationError(f"adapter lora_alpha={alpha!r} must be a finite number", 422)
+    targets = config.get("target_modules")
+    if not (isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets)):
+        raise WeightValidationError(
+            f"adapter target_modules={targets!r} must be a non-empty list of module names", 422
+        )
+    parts: dict[str, set[str]] = {}
+    for e in entries:
+        module, _, part = e.name.removeprefix(PEFT_PREFIX).rpartition(".weight")[0].rpartition(".")
+        base = spec.shapes.get(f"{module}.weight")
+        if (
+            not e.name.startswith(PEFT_PREFIX)
+            or part not in LORA_PARTS
+            or base is None
+            or len(base) != 2
+        ):
+            raise WeightValidationError(
+                f"{e.name!r} is not a LoRA tensor of this model: use "
+                f"{PEFT_PREFIX}<module>.lora_A.weight / .lora_B.weight for a matrix "
+                "<module>.weight of the served checkpoint",
+                422,
+            )
+        want = (r, base[1]) if part == "lora_A" else (base[0], r)
+        if e.shape != want:
+            raise WeightValidationError(
+                f"{e.name}: shape {list(e.shape)}; {module}.weight is {list(base)}, so rank "
+                f"{r} needs {list(want)}",
+                422,
+            )
+        if e.dtype not in FLOAT_WIRE_DTYPES:
+            raise WeightValidationError(
+                f"{e.name}: dtype {str(e.dtype).removeprefix('torch.')} not accepted; send "
+                "float32, bfloat16 or float16",
+                422,
+            )
+        parts.setdefault(module, set()).add(part)
+    lone = sorted(m for m, p in parts.items() if len(p) != 2)
+    if lone:
+        raise WeightValidationError(f"modules {lone[:3]} lack lora_A or lora_B", 422)
+    tensors = {e.name: tensor_view(buf, data_start, e) for e in entries}
+    check_finite(tensors)
+    return tensors, config

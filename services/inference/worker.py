@@ -34,6 +34,7 @@ import contextvars
 import json
 import logging
 import os
+import shutil
 import tempfile
 import time
 import uuid
@@ -73,9 +74,14 @@ class VersionCollector:
     # False: the request's text is decoded once at the end (services/inference/token_text.py)
     detokenize: bool = True
 
-    def add(self, output: Any) -> None:
+    def add(self, output: Any, adapter_version: int | None = None) -> None:
+        """``adapter_version``: the LoRA adapter the output was generated with (its
+        version; the weight-version label then stays at the base weights')."""
         for comp in getattr(output, "outputs", None) or []:
             self.tokens += len(comp.token_ids or ())
+            if adapter_version is not None:
+                self.versions.append(adapter_version)
+                continue
             for span in getattr(comp, "weight_versions", None) or []:
                 if span.end > span.start:
                     self.versions.append(_as_version(span.version))
@@ -150,11 +156,46 @@ def _stage(payload: Any, directory: str | None) -> str:
     return path
 
 
+def _stage_adapter(payload: Any, config: dict[str, Any], directory: str | None) -> str:
+    """A fresh peft adapter directory (``adapter_model.safetensors`` = the body as sent,
+    ``adapter_config.json``) for vLLM to load; its path."""
+    path = tempfile.mkdtemp(prefix="ludic-adapter-", dir=directory)
+    with open(os.path.join(path, "adapter_model.safetensors"), "wb") as f:
+        f.write(payload)
+    with open(os.path.join(path, "adapter_config.json"), "w") as f:
+        json.dump({"peft_type": "LORA", "bias": "none", **config}, f)
+    return path
+
+
 def _unlink(path: str) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+#: the adapter ranks vLLM's --max-lora-rank takes (vllm.config.lora.MaxLoRARanks)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+#: adapters kept loaded: the served one and the ones before it that requests may still use
+#: (vLLM batches requests of at most --max-loras adapters together)
+KEEP_ADAPTERS = 2
+
+
+def lora_args(max_lora_rank: int) -> list[str]:
+    """vLLM engine flags serving LoRA adapters up to ``max_lora_rank`` (0: none): the
+    smallest rank vLLM takes that covers it, and room for :data:`KEEP_ADAPTERS` adapters
+    in one batch (the served one and the previous one, which requests begun before an
+    update still use)."""
+    if max_lora_rank <= 0:
+        return []
+    fits = [r for r in VLLM_LORA_RANKS if r >= max_lora_rank]
+    if not fits:
+        raise ValueError(f"max_lora_rank={max_lora_rank}: vLLM serves ranks up to 512")
+    return [
+        "--enable-lora",
+        "--max-lora-rank", str(fits[0]),
+        "--max-loras", str(KEEP_ADAPTERS),
+    ]  # fmt: skip
 
 
 def platform_default_args(vllm_args: list[str], is_cpu: bool) -> list[str]:
@@ -249,6 +290,9 @@ class LudicEngine:
         # nor the new version, so the server stops (exit 1) rather than serve them
         self.broken: str | None = None
         self.lock = asyncio.Lock()
+        # the LoRA adapter every generation runs with (max_lora_rank > 0), newest last: the
+        # served one and the few before it, which requests started earlier may still use
+        self.adapters: list[tuple[Any, str]] = []  # (vLLM LoRARequest, its staged directory)
         self._probe_at = -1e9
         self._probe_result: tuple[bool, str] = (False, "not probed yet")
         self._wrap_generate()
@@ -281,6 +325,7 @@ class LudicEngine:
             argv += ["--enforce-eager"]
         if settings.served_model_name:
             argv += ["--served-model-name", settings.served_model_name]
+        argv += lora_args(settings.max_lora_rank)
         from vllm.platforms import current_platform  # vLLM where used (see warm_up)
 
         argv += platform_default_args(list(settings.vllm_args), current_platform.is_cpu())
@@ -307,6 +352,8 @@ class LudicEngine:
 
     async def shutdown(self) -> None:
         self.llm.shutdown()
+        for _, path in self.adapters:
+            shutil.rmtree(path, ignore_errors=True)
 
     @property
     def tokenizer(self) -> Any:
@@ -325,10 +372,16 @@ class LudicEngine:
             if collector is not None and not collector.detokenize:
                 params = kwargs["sampling_params"] if "sampling_params" in kwargs else args[1]
                 params.detokenize = False
+            adapter_version = None
+            if self.adapters and kwargs.get("lora_request") is None:
+                # the served adapter, for the request's whole life (a later one does not
+                # change it): the request's version is the adapter's
+                lora = self.adapters[-1][0]
+                kwargs["lora_request"], adapter_version = lora, int(lora.lora_int_id)
             agen = original(*args, **kwargs)
             if collector is None:
                 return agen
-            return _tracked(agen, collector)
+            return _tracked(agen, collector, adapter_version)
 
         self.llm.generate = generate
 
@@ -520,6 +573,40 @@ class LudicEngine:
         await self.llm.resume_generation()
         return time.monotonic() - t0, reload_s
 
+    # ------------------------------------------------------------------ LoRA adapters
+    async def swap_adapter(self, version: int, payload: Any, config: dict[str, Any]) -> float:
+        """Serve a validated LoRA adapter (``payload``: its safetensors body, peft names;
+        ``config``: its peft config) as ``version``; caller holds ``self.lock``. Returns
+        the seconds generation was paused: none (0.0).
+
+        The adapter is staged as a peft directory and loaded into every worker
+        (``AsyncLLM.add_lora``) while generation goes on; then later requests run with it
+        (``lora_request`` set by the ``generate`` wrapper) and are labelled ``version``,
+        while requests begun earlier finish with the adapter they started with (each
+        response is served by exactly one version, as under ``update_mode=wait``, with no
+        pause). Adapters older than the last :data:`KEEP_ADAPTERS` are unloaded."""
+        from vllm.lora.request import LoRARequest  # vLLM where used (see warm_up)
+
+        assert self.lock.locked(), "swap_adapter() must run under engine.lock"
+        path = await asyncio.to_thread(
+            _stage_adapter, payload, config, self.settings.weight_staging_dir
+        )
+        lora = LoRARequest(f"ludic-v{version}", version, path)
+        t0 = time.monotonic()
+        try:
+            await self.llm.add_lora(lora)
+        except Exception as e:  # vLLM refused the adapter: nothing changed
+            await asyncio.to_thread(shutil.rmtree, path, True)
+            raise SwapError(f"vLLM did not load the adapter: {type(e).__name__}: {e}", 422) from e
+        self.adapters.append((lora, path))  # from here on, new requests run with it
+        paused = self._done(version, 0.0, time.monotonic() - t0)
+        while len(self.adapters) > KEEP_ADAPTERS:
+            old, old_path = self.adapters.pop(0)
+            with contextlib.suppress(Exception):  # already evicted by vLLM: nothing to drop
+                await self.llm.remove_lora(old.lora_int_id)
+            await asyncio.to_thread(shutil.rmtree, old_path, True)
+        return paused
+
     # ------------------------------------------------------------------ collective plane
     @property
     def transfer_workers(self) -> int:
@@ -594,8 +681,10 @@ async def _nothing() -> None:
     return None
 
 
-async def _tracked(agen: AsyncIterator[Any], collector: VersionCollector) -> AsyncIterator[Any]:
+async def _tracked(
+    agen: AsyncIterator[Any], collector: VersionCollector, adapter_version: int | None = None
+) -> AsyncIterator[Any]:
     async for out in agen:
         if out.finished:
-            collector.add(out)
+            collector.add(out, adapter_version)
         yield out

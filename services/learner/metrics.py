@@ -53,6 +53,10 @@ PUBLISH_SECONDS = Histogram(
     "Wall time of a weight publish (gather + push)",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
 )
+PUBLISH_BYTES = Counter(
+    "ludic_learner_publish_bytes_total",
+    "Bytes of the published bodies (http plane; full or merged weights, or LoRA adapters)",
+)
 PUBLISH_WAIT_SECONDS = Histogram(
     "ludic_learner_publish_wait_seconds",
     "Time a step spent on publishing (snapshot + waiting for the previous publish)",

@@ -50,6 +50,7 @@ FLAT_TRAINER = {
     "sync_every_steps": "sync_every_steps",
     "mixed_precision_dtype": "mixed_precision",
     "lora_rank": "lora_rank",
+    "lora_publish": "lora_publish",
     "log_every": "log_every",
     "max_lag": "max_lag",
     "max_publish_failures": "max_publish_failures",
@@ -152,6 +153,14 @@ class LearnerSettings:
     sync_every_steps: int = field(default=1, metadata={"help": "publish every N steps"})
     mixed_precision: str = field(default="bf16", metadata={"help": "bf16 | fp32 (CUDA autocast)"})
     lora_rank: int = field(default=0, metadata={"help": "LoRA rank (0 = full fine-tuning)"})
+    lora_publish: str = field(
+        default="merged",
+        metadata={
+            "help": "LoRA publishes: merged (full weights W + B A * alpha/r, any replica) | "
+            "adapter (the LoRA tensors alone, http plane, to replicas started with "
+            "max_lora_rank >= lora_rank)"
+        },
+    )
     trainer: dict[str, Any] = field(
         default_factory=dict,
         metadata={
@@ -232,6 +241,11 @@ class LearnerSettings:
         if self.publish_plane not in PLANES:
             raise ValueError(
                 f"learner publish_plane={self.publish_plane!r}; use http or collective"
+            )
+        if self.lora_publish == "adapter" and self.publish_plane != "http":
+            raise ValueError(
+                "learner lora_publish=adapter sends the adapters over the http plane; set "
+                "publish_plane: http, or lora_publish: merged for the collective plane"
             )
         if self.batch_size < 1:
             raise ValueError(f"learner batch_size={self.batch_size} must be >= 1")

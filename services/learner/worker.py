@@ -147,6 +147,7 @@ class Learner:
                     retry,
                     on_result=M.on_replica_result,
                     wire_dtype=s.publish_dtype,
+                    adapter=parallel.adapter_config(cfg) if cfg.lora_publish == "adapter" else None,
                 )
             else:
                 if not s.collective_master_address:
@@ -294,6 +295,7 @@ class Learner:
             return
         M.PUBLISHES.labels(outcome="ok").inc()
         M.PUBLISH_SECONDS.observe(seconds)
+        M.PUBLISH_BYTES.inc(getattr(self.inner_publisher, "last_bytes", 0))
         M.POLICY_VERSION.set(version)
         if self.rank == 0:  # actors' admission control reads it
             await transport.retry_redis(

@@ -1,5 +1,6 @@
 """Fuzz tier, weight routes: hostile bodies to ``POST /v1/weights``,
-``/v1/weights/collective/init`` and ``/v1/weights/collective/update`` of the inference app
+``/v1/weights/collective/init``, ``/v1/weights/collective/update`` and ``/v1/adapter`` of
+the inference app
 (``create_app`` around a fake engine that holds the tiny model's tensors, no vLLM).
 
 Every body is answered with its case's 4xx (never 5xx), the served tensors and
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hostile import FUZZ_N, FUZZ_SEED  # noqa: E402
 
+from libludic.distributed.weight_sync import PEFT_PREFIX  # noqa: E402
 from services.inference.app import create_app  # noqa: E402
 from services.inference.settings import InferenceSettings  # noqa: E402
 from services.inference.validation import ParamSpec  # noqa: E402
@@ -171,3 +173,80 @@ def test_weight_routes_refuse_hostile_bodies(tiny_model_dir: Path, fuzz_summary:
     assert bool((eng.served[NORM] == 2.0).all())
     for route, (sent, refused, done, crashes) in rows.items():
         fuzz_summary.append((f"POST {route}", sent, refused, done, crashes))
+
+
+#: values each adapter config field must refuse (rank: this server's max_lora_rank is 4)
+BAD_CONFIG: dict[str, list[Any]] = {
+    "r": ["", -1, 0, 5, 2**70, 1.5, 1e400, None, [], {}, True, "4"],
+    "lora_alpha": ["", "16", 1e400, -1e400, None, [], {}, True],
+    "target_modules": ["", "q_proj", None, [], {}, [1], [None], True, 3],
+}
+
+
+def test_adapter_route_refuses_hostile_bodies(
+    tiny_model_dir: Path, fuzz_summary: list[Any]
+) -> None:
+    """``POST /v1/adapter`` of a server with ``max_lora_rank`` 4: the hostile safetensors
+    bodies above and adapters with one thing wrong (config, a name, a shape, a value) are
+    all 4xx, nothing is served; then a valid adapter lands as version 1."""
+    rng = random.Random(f"adapter:{FUZZ_SEED}")
+    spec = ParamSpec.from_model_dir(tiny_model_dir)
+    eng = TensorEngine(spec, load_file(str(tiny_model_dir / "model.safetensors")))
+    settings = InferenceSettings(
+        model_dir=str(tiny_model_dir), auth_token=TOKEN, max_weight_bytes=MAX_BYTES,
+        max_lora_rank=4,
+    )  # fmt: skip
+    client = TestClient(create_app(settings, engine=eng), raise_server_exceptions=False)
+    q = "model.layers.0.self_attn.q_proj"
+    out, inp = spec.shapes[f"{q}.weight"]
+    cfg = {"r": 4, "lora_alpha": 16.0, "target_modules": ["q_proj"]}
+    good = {f"{PEFT_PREFIX}{q}.lora_A.weight": torch.ones(4, inp),
+            f"{PEFT_PREFIX}{q}.lora_B.weight": torch.ones(out, 4)}  # fmt: skip
+
+    def adapter(tensors: dict[str, torch.Tensor], config: Any) -> bytes:
+        meta = {"ludic_adapter_config": config if isinstance(config, str) else json.dumps(config)}
+        return bytes(save(tensors, meta))
+
+    def hostile() -> tuple[str, bytes]:
+        roll = rng.random()
+        if roll < 0.4:
+            name, body, _ = rng.choice(weight_cases(spec.shapes[NORM], rng))
+            return name, body
+        if roll < 0.7:
+            field, bad_values = rng.choice(sorted(BAD_CONFIG.items()))
+            value = rng.choice(bad_values)
+            if rng.random() < 0.2:
+                return "config not JSON", adapter(good, rng.choice(["{", "[1]", "", "null"]))
+            return f"{field}={value!r:.20}", adapter(good, dict(cfg, **{field: value}))
+        k = rng.choice(sorted(good))
+        bad = dict(good)
+        what = rng.choice(["name", "shape", "nan", "lone", "dtype"])
+        if what == "name":
+            bad[rng.choice([k.replace("lora_", "lorax_"), k.removeprefix(PEFT_PREFIX),
+                            f"{PEFT_PREFIX}model.norm.lora_A.weight"])] = bad.pop(k)  # fmt: skip
+        elif what == "shape":
+            bad[k] = torch.ones(bad[k].shape[0] + 1, bad[k].shape[1])
+        elif what == "nan":
+            bad[k] = torch.full(bad[k].shape, float("nan"))
+        elif what == "lone":
+            del bad[k]
+        else:
+            bad[k] = bad[k].to(torch.float64)
+        return f"adapter {what} of {k.rsplit('.', 2)[-2]}", adapter(bad, cfg)
+
+    sent = refused = crashes = 0
+    problems: list[str] = []
+    for _ in range(FUZZ_N):
+        name, body = hostile()
+        got = client.post("/v1/adapter?version=1", content=body, headers=AUTH).status_code
+        sent += 1
+        refused += 400 <= got < 500
+        crashes += got >= 500
+        if not 400 <= got < 500:
+            problems.append(f"/v1/adapter {name}: {got}, want 4xx")
+    assert not problems, "\n".join(problems[:30])
+    assert eng.adapters == [] and client.get("/v1/policy_version").json()["policy_version"] == 0
+    r = client.post("/v1/adapter?version=1", content=adapter(good, cfg), headers=AUTH)
+    assert r.status_code == 200, r.text
+    assert eng.adapters == [(1, cfg)]
+    fuzz_summary.append(("POST /v1/adapter", sent, refused, sent - refused - crashes, crashes))

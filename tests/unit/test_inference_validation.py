@@ -18,6 +18,7 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import load_file, save, save_file
 
+from libludic.distributed.weight_sync import adapter_metadata
 from services.common.settings import load_settings
 from services.inference.app import create_app
 from services.inference.metrics import InferenceMetrics
@@ -26,6 +27,7 @@ from services.inference.validation import (
     ParamSpec,
     WeightValidationError,
     complete_partial,
+    decode_adapter,
     decode_and_validate,
     module_of,
     parse_safetensors_header,
@@ -643,3 +645,75 @@ def test_collective_bodies_with_infinity_or_lax_types_are_422(
         r = c.post(route, content=body.encode(), headers=h)
         assert r.status_code == 422, (route, body[:80], r.status_code)
     assert eng.updates == []
+
+
+# ---------------------------------------------------------------------------- LoRA adapters
+
+Q, K = "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj"
+P = "base_model.model."
+ADAPTER_CFG = {"r": 2, "lora_alpha": 8.0, "target_modules": ["q_proj", "k_proj"]}
+
+
+def adapter(
+    tensors: dict[str, torch.Tensor] | None = None, cfg: dict[str, Any] | None = None
+) -> bytearray:
+    """A rank-2 adapter of q_proj [4, 4] and k_proj [2, 4]: A [r, in], B [out, r]."""
+    if tensors is None:
+        tensors = {
+            f"{P}{Q}.lora_A.weight": torch.ones(2, 4),
+            f"{P}{Q}.lora_B.weight": torch.ones(4, 2),
+            f"{P}{K}.lora_A.weight": torch.ones(2, 4),
+            f"{P}{K}.lora_B.weight": torch.ones(2, 2),
+        }
+    meta = adapter_metadata(ADAPTER_CFG if cfg is None else cfg) if cfg != {} else None
+    return bytearray(save(tensors, meta))
+
+
+def test_an_adapter_decodes_with_its_config(spec: ParamSpec) -> None:
+    tensors, cfg = decode_adapter(adapter(), spec, max_rank=2)
+    assert cfg == ADAPTER_CFG
+    assert tensors[f"{P}{K}.lora_B.weight"].shape == (2, 2)
+
+
+@pytest.mark.parametrize(
+    "tensors, cfg, match",
+    [
+        (None, {}, "peft config"),
+        (None, {**ADAPTER_CFG, "r": 3}, r"r=3 must be an int in 1..2"),
+        (None, {**ADAPTER_CFG, "lora_alpha": "8"}, "lora_alpha"),
+        (None, {**ADAPTER_CFG, "target_modules": []}, "target_modules"),
+        ({f"{P}{Q}.lora_A.weight": torch.ones(2, 3)}, None, r"rank 2 needs \[2, 4\]"),
+        ({f"{P}{Q}.lora_A.weight": torch.ones(2, 4)}, None, "lack lora_A or lora_B"),
+        ({f"{P}model.norm.lora_A.weight": torch.ones(2, 4)}, None, "not a LoRA tensor"),
+        ({f"{Q}.lora_A.weight": torch.ones(2, 4)}, None, "not a LoRA tensor"),
+        (
+            {
+                f"{P}{Q}.lora_A.weight": torch.full((2, 4), float("nan")),
+                f"{P}{Q}.lora_B.weight": torch.ones(4, 2),
+            },
+            None,
+            "non-finite",
+        ),
+    ],
+    ids=["no-config", "rank", "alpha", "targets", "shape", "lone", "vector", "prefix", "nan"],
+)
+def test_bad_adapters_are_422(
+    spec: ParamSpec, tensors: dict[str, torch.Tensor] | None, cfg: Any, match: str
+) -> None:
+    with pytest.raises(WeightValidationError, match=match) as ei:
+        decode_adapter(adapter(tensors, cfg), spec, max_rank=2)
+    assert ei.value.status == 422
+
+
+def test_a_replica_takes_either_full_weights_or_adapters(model_dir: Path, spec: ParamSpec) -> None:
+    """max_lora_rank 0 (default): /v1/adapter is refused; > 0: /v1/weights is (an adapter
+    would be applied over merged weights), each naming the setting that fixes it."""
+    h = {"Authorization": "Bearer s3cret"}
+    c, eng = client(model_dir, spec, auth_token="s3cret")
+    r = c.post("/v1/adapter?version=1", content=bytes(adapter()), headers=h)
+    assert r.status_code == 400 and "max_lora_rank" in r.json()["detail"]
+    c, eng = client(model_dir, spec, auth_token="s3cret", max_lora_rank=2)
+    r = c.post("/v1/weights?version=1", content=GOOD, headers=h)
+    assert r.status_code == 400 and "/v1/adapter" in r.json()["detail"]
+    assert c.post("/v1/adapter?version=1", content=bytes(adapter())).status_code == 401
+    assert eng.updates == [] and eng.version == 0

@@ -149,3 +149,14 @@ async def test_learner_health_follows_progress_not_the_event_loop() -> None:
     assert not await Learner.health(fake)  # nothing for 40 s > 30 s: a hung step or collective
     fake.trainer.last_progress = now - 1  # a step started a second ago
     assert await Learner.health(fake)
+
+
+def test_lora_publish_adapter_needs_lora_and_the_http_plane():
+    with pytest.raises(ValueError, match="set lora_rank, or use merged"):
+        LearnerSettings(lora_publish="adapter")
+    with pytest.raises(ValueError, match="lora_publish=adapter sends the adapters over the http"):
+        LearnerSettings(lora_rank=4, lora_publish="adapter", publish_plane="collective")
+    with pytest.raises(ValueError, match=r"lora_publish='both' must be one of"):
+        LearnerSettings(lora_rank=4, lora_publish="both")
+    s = LearnerSettings(lora_rank=4, lora_publish="adapter")
+    assert s.trainer_config().lora_publish == "adapter"
