@@ -3,7 +3,7 @@ sampled every few seconds; every figure below must stay bounded and the run acco
 hold at every sample.
 
     python scripts/soak.py                      # 10 minutes, 4 actors
-    python scripts/soak.py --minutes 3          # what CI runs (tests/integration/test_soak.py)
+    python scripts/soak.py --minutes 2          # what CI runs (tests/integration/test_soak.py)
     python scripts/soak.py --model DIR --out DIR
 
 The run: ``examples/arith/grpo.yaml`` with ``up.actors`` 4, a freshly initialised small
