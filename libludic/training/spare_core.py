@@ -198,6 +198,32 @@ class SpareCoreHelper:
         return [job.results[i] for i in range(n)], job.buf
 
 
+def spare_core_helper(
+    cores: Sequence[int] | None,
+    *,
+    distributed: bool,
+    device: torch.device,
+    gradient_checkpointing: bool,
+) -> SpareCoreHelper | None:
+    """The helper thread on ``cores`` for a Trainer, when it can be used (None: no cores,
+    or a setting it cannot work with, logged)."""
+    if not cores:
+        return None
+    why = ""
+    if distributed:
+        why = "FSDP2 shards the model per rank"
+    elif device.type != "cpu":
+        why = f"training on {device}"
+    elif gradient_checkpointing:
+        why = "gradient checkpointing is on"
+    if why:
+        log.info("spare cores %s not used: %s", list(cores), why)
+        return None
+    helper = SpareCoreHelper(cores)
+    log.info("spare-core training thread: %s", helper.placement)
+    return helper
+
+
 def spare_core_grads(
     loss: torch.Tensor, params: Sequence[torch.Tensor]
 ) -> list[torch.Tensor | None]:

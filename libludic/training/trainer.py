@@ -79,10 +79,9 @@ device. ``self.model`` is then a new, sharded module; the one passed in is not t
 Proximal policy. When the loss needs ``prox_logprobs`` (``algo.needs_prox_logprobs``: AReaL's
 ``recompute_logprob`` / ``use_decoupled_loss``; or a TIS/MIS correction, whose pi_old is the
 trainer's logprob, with ``ppo_n_minibatches`` > 1: ``algo.prox_logprobs_needed``), every
-micro-batch first gets a no-grad
-forward of the current weights (eval mode, before the update: the logprobs of the policy
-this step starts from) under ``batch["prox_logprobs"]``; ``prox_time_s`` in the step stats
-is its time. Off by default: no extra forward.
+micro-batch first gets a no-grad forward of the current weights (eval mode, before the
+update: the logprobs of the policy this step starts from) under ``batch["prox_logprobs"]``;
+``prox_time_s`` in the step stats is its time. Off by default: no extra forward.
 
 Minibatches. ``cfg.ppo_n_minibatches`` > 1 splits a step's items into that many optimizer
 steps (``_update``); the proximal logprobs of all of them are taken before the first.
@@ -109,7 +108,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -124,7 +122,7 @@ from libludic.training.algorithm import RLAlgorithm
 from libludic.training.batching.saw import (
     collate,
     pack_micro_batches,
-    truncation_offset,
+    untrainable,
 )
 from libludic.training.checkpoint import (
     CheckpointManager,
@@ -136,7 +134,7 @@ from libludic.training.checkpoint import (
 from libludic.training.config import TrainerConfig
 from libludic.training.hooks import TrainerHooks
 from libludic.training.minibatch import combine_minibatch_stats, split_largest, split_minibatches
-from libludic.training.spare_core import SpareCoreHelper, spare_core_grads
+from libludic.training.spare_core import spare_core_grads, spare_core_helper
 from libludic.training.types import (
     BatchSource,
     CheckpointedBatchSource,
@@ -235,7 +233,14 @@ class Trainer:
             model.to(self.device)
             self._amp_dtype = amp
         self.model = model
-        self.spare = self._spare_core_helper()
+        self.spare = spare_core_helper(
+            self.cfg.spare_cores,
+            distributed=self.distributed,
+            device=self.device,
+            gradient_checkpointing=self.cfg.gradient_checkpointing,
+        )
+        if self.spare is not None:
+            weakref.finalize(self, self.spare.close)
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no trainable parameters")
@@ -279,26 +284,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ helpers
 
-    def _spare_core_helper(self) -> SpareCoreHelper | None:
-        """The helper thread on ``cfg.spare_cores`` (spare_core.py), when it can be used."""
-        cores = self.cfg.spare_cores
-        if not cores:
-            return None
-        why = ""
-        if self.distributed:
-            why = "FSDP2 shards the model per rank"
-        elif self.device.type != "cpu":
-            why = f"training on {self.device}"
-        elif self.cfg.gradient_checkpointing:
-            why = "gradient checkpointing is on"
-        if why:
-            log.info("spare cores %s not used: %s", list(cores), why)
-            return None
-        helper = SpareCoreHelper(cores)
-        weakref.finalize(self, helper.close)
-        log.info("spare-core training thread: %s", helper.placement)
-        return helper
-
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self._amp_dtype is None:
             return contextlib.nullcontext()
@@ -334,27 +319,11 @@ class Trainer:
         """Why ``item`` cannot be trained by this Trainer (None: it can): the checks a
         batch source runs before an item reaches a step, so one bad item is dead-lettered
         instead of failing every step it is in (and every restart that replays it)."""
-        if not item.num_action_tokens:  # also an empty item: nothing to train, 0/0 losses
-            return "the item has no action token"
-        if self.algo.needs_actor_logprobs and item.attachments.actor_logprobs is None:
-            return f"algorithm {self.algo.name!r} needs actor logprobs; the item has none"
-        ref = item.attachments.ref_logprobs
-        if ref is not None and len(ref) != item.num_tokens:
-            return f"ref_logprobs has {len(ref)} entries for {item.num_tokens} tokens"
-        if self.cfg.max_seq_len is not None:
-            try:
-                truncation_offset(item, self.cfg.max_seq_len)
-            except ValueError as e:
-                return str(e)
-        if item.num_tokens:
-            ids = item.input_ids
-            if isinstance(ids, np.ndarray):
-                lo, hi = int(ids.min()), int(ids.max())
-            else:
-                lo, hi = int(min(ids)), int(max(ids))
-            if lo < 0 or (self.vocab_size is not None and hi >= self.vocab_size):
-                return f"token ids span [{lo}, {hi}], outside the model's vocabulary [0, {self.vocab_size})"
-        return self.algo.item_problem(item)
+        why = untrainable(item, max_seq_len=self.cfg.max_seq_len, vocab_size=self.vocab_size)
+        if why is None and self.algo.needs_actor_logprobs:
+            if item.attachments.actor_logprobs is None:
+                why = f"algorithm {self.algo.name!r} needs actor logprobs; the item has none"
+        return why if why is not None else self.algo.item_problem(item)
 
     def accumulate_gradients(self, items: Sequence[SAWItem]) -> dict[str, float]:
         """Zero the grads, then forward/backward every micro-batch of ``items``.

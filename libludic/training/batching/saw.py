@@ -87,6 +87,37 @@ def rollouts_to_saw_items(
     return items
 
 
+def untrainable(
+    item: SAWItem,
+    *,
+    max_seq_len: int | None,
+    vocab_size: int | None,
+) -> str | None:
+    """Why no step could train ``item``, whatever the algorithm (None: one could): no
+    action token, reference logprobs of the wrong length, a sequence that cannot be cut to
+    ``max_seq_len``, token ids outside the vocabulary. ``Trainer.item_problem`` adds the
+    algorithm's checks."""
+    if not item.num_action_tokens:  # also an empty item: nothing to train, 0/0 losses
+        return "the item has no action token"
+    ref = item.attachments.ref_logprobs
+    if ref is not None and len(ref) != item.num_tokens:
+        return f"ref_logprobs has {len(ref)} entries for {item.num_tokens} tokens"
+    if max_seq_len is not None:
+        try:
+            truncation_offset(item, max_seq_len)
+        except ValueError as e:
+            return str(e)
+    if item.num_tokens:
+        ids = item.input_ids
+        if isinstance(ids, np.ndarray):
+            lo, hi = int(ids.min()), int(ids.max())
+        else:
+            lo, hi = int(min(ids)), int(max(ids))
+        if lo < 0 or (vocab_size is not None and hi >= vocab_size):
+            return f"token ids span [{lo}, {hi}], outside the model's vocabulary [0, {vocab_size})"
+    return None
+
+
 def truncation_offset(item: SAWItem, max_seq_len: int) -> int:
     """How many leading (state) tokens to drop so the item fits ``max_seq_len``.
 

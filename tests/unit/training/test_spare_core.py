@@ -149,7 +149,7 @@ def test_the_gradient_with_the_helper_is_the_gradient_without_it(base_model) -> 
 
 
 def test_the_helper_is_not_used_with_gradient_checkpointing(base_model, caplog) -> None:
-    caplog.set_level("INFO", logger="libludic.training.trainer")
+    caplog.set_level("INFO", logger="libludic.training.spare_core")
     t = trainer(base_model, spare_cores=CORES, gradient_checkpointing=True)
     assert t.spare is None and "gradient checkpointing is on" in caplog.text
 
