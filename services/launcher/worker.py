@@ -34,12 +34,19 @@ log = logging.getLogger("ludic.up")
 LUDIC = [sys.executable, "-m", "services.cli"]
 
 
-class Interrupted(Exception):
-    pass
+class Interrupted(BaseException):
+    """SIGINT / SIGTERM of ``ludic up``. A BaseException so that no ``except Exception`` on
+    the way (a live evaluation's rollout engine records a failing episode and goes on)
+    swallows the stop; ``monitor`` also re-raises it from ``_STOP`` at every turn, should
+    anything still catch it."""
+
+
+_STOP: list[str] = []  # the stop signals received, newest last
 
 
 def _on_signal(signum: int, frame: Any) -> None:
-    raise Interrupted(signal.Signals(signum).name)
+    _STOP.append(signal.Signals(signum).name)
+    raise Interrupted(_STOP[-1])
 
 
 def prepare_model(s: UpSettings, run_dir: Path) -> Path:
@@ -440,6 +447,8 @@ class Run:
         next_eval = self.s.eval_every_steps
         with live:
             while True:
+                if _STOP:  # a stop whose exception something caught on the way
+                    raise Interrupted(_STOP[-1])
                 if time.monotonic() - self.t0 > self.s.timeout_s:
                     log.error("run timed out after %.0fs (up.timeout_s)", self.s.timeout_s)
                     return 1
@@ -542,6 +551,7 @@ class Run:
     def execute(self) -> int:
         self.t0 = time.monotonic()
         code = 1
+        _STOP.clear()
         old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             (self.run_dir / PID_FILE).write_text(str(os.getpid()))
