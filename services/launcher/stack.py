@@ -125,23 +125,13 @@ def redis_spec(data_dir: Path, port: int, password: str | None = None) -> Servic
 
 
 def wait_redis(port: int, timeout_s: float = 15.0, password: str | None = None) -> None:
-    """Until the redis-server on ``port`` answers PING (after AUTH with ``password``)."""
-    hello = (b"AUTH " + password.encode() + b"\r\n" if password else b"") + b"PING\r\n"
+    """Until the redis-server on ``port`` answers PING (after AUTH with ``password``): the
+    watchdog's probe (``probes.check``) until it passes."""
+    url = f"redis://{'' if password is None else f':{password}@'}127.0.0.1:{port}/0"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-                s.sendall(hello)
-                got = b""
-                while b"+PONG" not in got:  # an error reply (LOADING) times out: try again
-                    chunk = s.recv(64)
-                    if not chunk:
-                        break
-                    got += chunk
-                if b"+PONG" in got:
-                    return
-        except OSError:
-            pass
+        if probes.check(url, 0.5) is None:
+            return
         time.sleep(0.1)
     raise RuntimeError(f"embedded redis-server did not answer on port {port}")
 
