@@ -15,7 +15,11 @@ from libludic.transport import accounting
 
 
 def build_summary(
-    run: Any, before: dict[str, float] | None, after: dict[str, float] | None, ok: bool
+    run: Any,
+    before: dict[str, float] | None,
+    after: dict[str, float] | None,
+    ok: bool,
+    error: str | None = None,
 ) -> dict[str, Any]:
     m = run.last_learner
     wall = time.monotonic() - run.t0
@@ -34,6 +38,9 @@ def build_summary(
     pa = None if after is None else after["eval/pass_rate"]
     return {
         "ok": ok,
+        # why a failed run stopped, when ludic up stopped it (a service that failed for good,
+        # a start-up that never became healthy); None for a run that ran to its end
+        "error": error,
         "run_id": run.run_id,
         "pass_rate_before": pb,
         "pass_rate_after": pa,
@@ -109,9 +116,13 @@ def plot(summary: dict[str, Any], path: Path) -> None:
 
 
 def write_report(
-    run: Any, before: dict[str, float] | None, after: dict[str, float] | None, ok: bool
+    run: Any,
+    before: dict[str, float] | None,
+    after: dict[str, float] | None,
+    ok: bool,
+    error: str | None = None,
 ) -> dict[str, Any]:
-    summary = build_summary(run, before, after, ok)
+    summary = build_summary(run, before, after, ok, error)
     (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     plot(summary, run.run_dir / "curves.png")
     t = Table(title=f"summary ({run.run_dir}/summary.json, curves.png)")
@@ -141,6 +152,8 @@ def write_report(
         elif k == "recovery_seconds":
             v = ", ".join(f"{n} {'/'.join(map(str, c))}" for n, c in sorted(v.items())) or "none"
         t.add_row(k, f"{v:.3f}" if isinstance(v, float) else str(v))
+    if error is not None:
+        t.add_row("error", error.splitlines()[0] if error else "?")
     Console().print(t)
     Console().print(accounting.format_line(summary["accounting"]))
     return summary

@@ -177,6 +177,7 @@ class Run:
         self.learner_rl: dict[str, Any] = {}  # the learner's RL wall and samples/s
         self.curve_eval_s = 0.0  # seconds of curve evaluations (live or deferred)
         self.cpu_plan: cpus.CpuPlan | None = None
+        self.error: str | None = None  # why the monitor stopped a failed run
         self.resuming = bool(s.resume)
         self.total_steps = self.services.num_steps  # for the live view's ETA
 
@@ -450,19 +451,22 @@ class Run:
                 if _STOP:  # a stop whose exception something caught on the way
                     raise Interrupted(_STOP[-1])
                 if time.monotonic() - self.t0 > self.s.timeout_s:
-                    log.error("run timed out after %.0fs (up.timeout_s)", self.s.timeout_s)
+                    self.error = f"run timed out after {self.s.timeout_s:.0f}s (up.timeout_s)"
+                    log.error("%s", self.error)
                     return 1
                 dead = self.sup.restart_exited()  # what exited for good
                 if "learner" in dead:
                     code = dead["learner"]
                     if code == 0 and not self.learner_done():
-                        log.error(
+                        self.error = (
                             "the learner was stopped from outside ludic up (SIGTERM or SIGINT) "
                             "before its num_steps and cannot resume: checkpoints are off "
                             "(learner.checkpoint_every); the run is incomplete"
                         )
+                        log.error("%s", self.error)
                         return 1
                     if code != 0:
+                        self.error = f"learner exited with code {code} (its log: {self.run_dir}/logs/learner.log)"
                         log.error(
                             "learner exited with code %s:\n%s",
                             code,
@@ -548,9 +552,22 @@ class Run:
         log.info("final policy saved to %s (AutoModelForCausalLM.from_pretrained)", dst)
         return dst
 
+    def report_failure(self, before: dict[str, float] | None, error: str) -> None:
+        """``summary.json`` for a run ludic up stopped on an error (with ``error`` and what
+        the learner had reported), so a failed run leaves its reason where a finished one
+        leaves its figures. Best effort: the services may be half up, Redis among them, so
+        the accounting is not read; a failure to write is logged, never raised over
+        ``error``."""
+        try:
+            self.read_learner_final()
+            write_report(self, before, None, ok=False, error=error)
+        except Exception as e:  # the run's own error is the one to report
+            log.error("could not write %s/summary.json: %s", self.run_dir, e)
+
     def execute(self) -> int:
         self.t0 = time.monotonic()
         code = 1
+        before: dict[str, float] | None = None
         _STOP.clear()
         old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -588,7 +605,7 @@ class Run:
                 if code == 0
                 else None
             )
-            write_report(self, before, after, ok=code == 0)
+            write_report(self, before, after, ok=code == 0, error=self.error)
             if code == 0:
                 self.keep_final_policy()
         except Interrupted as e:
@@ -597,6 +614,11 @@ class Run:
         except (ServiceError, FileNotFoundError, ValueError) as e:
             log.error("%s", e)
             code = 1
+            self.report_failure(before, str(e))
+        except Exception as e:  # a bug of ludic up's own: the run still ends with its reason
+            log.exception("ludic up failed")
+            code = 1
+            self.report_failure(before, f"{type(e).__name__}: {e}")
         finally:
             self.sup.shutdown()
             (self.run_dir / PID_FILE).unlink(missing_ok=True)

@@ -260,7 +260,13 @@ def test_a_run_whose_policy_never_reached_inference_fails(tmp_path, tiny_model_d
             proc.wait()
     text = log.read_text(errors="replace")
     assert code == 1, f"ludic up exited {code}:\n{text[-4000:]}"
-    s = json.loads((tmp_path / "runs" / run_id / "summary.json").read_text())
+    summary = tmp_path / "runs" / run_id / "summary.json"
+    assert summary.exists(), f"no summary.json; ludic up's log:\n{text[-6000:]}"
+    s = json.loads(summary.read_text())
+    # the run failed because the learner found its policy never served, not for another reason
+    assert (s["error"] or "").startswith("learner exited with code 1"), (
+        f"{s['error']}\n{text[-6000:]}"
+    )
     assert s["ok"] is False and s["final_policy_served"] is False, s
     assert s["steps"] == 2 and s["publish_failures"] >= 2, s
     learner_log = (tmp_path / "runs" / run_id / "logs" / "learner.log").read_text()
