@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import redis
+
 from libludic import transport
 from libludic.transport import accounting
 from services.common.lifecycle import (
@@ -54,7 +56,11 @@ async def run(settings: FeederSettings, *, stop: asyncio.Event | None = None) ->
                 await update_stream_gauges(r, keys)
                 if loop_time() - footprint_at >= FOOTPRINT_EVERY_S:
                     footprint_at = loop_time()
-                    await update_footprint_gauges(r)
+                    try:
+                        await update_footprint_gauges(r)
+                    except redis.ResponseError as e:  # INFO denied (an ACL, a managed Redis)
+                        footprint_at = float("inf")  # the gauges stay unset; feeding goes on
+                        log.warning("Redis footprint gauges off: INFO refused (%s)", e)
                 attempt = 0
             except transport.REDIS_DOWN_ERRORS as e:
                 ERRORS.labels(kind="redis").inc()
