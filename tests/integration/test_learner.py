@@ -75,6 +75,29 @@ def final_model(out: Path, step: int) -> dict[str, torch.Tensor]:
     return load_file(str(out / f"step_{step:09d}" / "model.safetensors"))
 
 
+def assert_trained_alike(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> None:
+    """``got`` (data-parallel ranks) and ``ref`` (one process) trained on the same batches.
+
+    Elementwise within rtol 1e-3 / atol 2e-4, except for at most 1 element in 10,000: the
+    ranks sum their gradients in another order than one process does, and AdamW divides each
+    update by the root of its second moment, so where a gradient is near 0 that rounding is
+    scaled up (seen on a CPU with AMX, two nodes resumed from a checkpoint after 6 steps at lr
+    1e-2: 5 of 329,216 elements past the tolerance, the largest by 3.8e-4). A difference in
+    training moves most elements: one step lost, one trained twice, or two swapped put 90-96%
+    of them past it. ``got`` may hold more tensors (a tied head saved under its own name)."""
+    assert got.keys() >= ref.keys(), sorted(ref.keys() - got.keys())
+    bad, total, worst = 0, 0, (0.0, "")
+    for k in ref:
+        assert torch.isfinite(got[k]).all(), f"{k}: non-finite weights"
+        diff = (got[k].float() - ref[k].float()).abs()
+        far = diff > 2e-4 + 1e-3 * ref[k].float().abs()
+        bad, total = bad + int(far.sum()), total + diff.numel()
+        if diff.numel() and float(diff.max()) > worst[0]:
+            worst = (float(diff.max()), k)
+    summary = f"{bad} of {total} elements differ; the largest by {worst[0]:.3g} ({worst[1]})"
+    assert bad <= total // 10_000, summary
+
+
 async def run_learner_inprocess(**kw: Any) -> Any:
     from services.learner import main as learner_main
     from services.learner.settings import LearnerSettings
@@ -217,9 +240,7 @@ def test_torchrun_two_ranks_trains_publishes_to_vllm_and_resumes_over_collective
         assert [len(x["items"]) for x in log] == [4, 4]
         assert sorted(i for x in log for i in x["items"]) == sorted(it.item_id for it in items[:8])
         ref = reference_training(tiny_model_dir, [items[:4], items[4:8]], lr=5e-2)
-        got = final_model(out, 2)
-        for k in ref:
-            torch.testing.assert_close(got[k], ref[k], rtol=1e-3, atol=2e-4, msg=k)
+        assert_trained_alike(final_model(out, 2), ref)
 
         # resume (2 ranks) over the collective plane: re-publish v3, train step 3, publish v4
         push_sync(redis_server.url, "ra", items[8:])
