@@ -38,8 +38,8 @@ def build_summary(
     pa = None if after is None else after["eval/pass_rate"]
     return {
         "ok": ok,
-        # why a failed run stopped, when ludic up stopped it (a service that failed for good,
-        # a start-up that never became healthy); None for a run that ran to its end
+        # why a failed run stopped (a service that failed for good, a start-up that never
+        # became healthy, up.timeout_s, the learner's exit code); None for a run that succeeded
         "error": error,
         "run_id": run.run_id,
         "pass_rate_before": pb,
