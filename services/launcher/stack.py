@@ -84,6 +84,12 @@ def redis_server_binary() -> str:
     )
 
 
+def local_redis_url(port: int, password: str | None = None) -> str:
+    """The URL of the embedded redis-server on loopback ``port`` (database 0), with its
+    password when it has one: what the services, the watchdog and ``wait_redis`` use."""
+    return f"redis://{'' if password is None else f':{password}@'}127.0.0.1:{port}/0"
+
+
 def redis_spec(data_dir: Path, port: int, password: str | None = None) -> ServiceSpec:
     """redis-server with appendonly persistence (fsync every second) in ``data_dir``; when
     it reaches maxmemory writes fail loudly (noeviction): no stream entry is ever evicted.
@@ -120,14 +126,14 @@ def redis_spec(data_dir: Path, port: int, password: str | None = None) -> Servic
         restart=True,
         stdin=stdin,
         # its watchdog probe: PING (probes.check); the password is the one it reads on stdin
-        health_url=f"redis://{'' if password is None else f':{password}@'}127.0.0.1:{port}/0",
+        health_url=local_redis_url(port, password),
     )
 
 
 def wait_redis(port: int, timeout_s: float = 15.0, password: str | None = None) -> None:
     """Until the redis-server on ``port`` answers PING (after AUTH with ``password``): the
     watchdog's probe (``probes.check``) until it passes."""
-    url = f"redis://{'' if password is None else f':{password}@'}127.0.0.1:{port}/0"
+    url = local_redis_url(port, password)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if probes.check(url, 0.5) is None:

@@ -36,9 +36,9 @@ LUDIC = [sys.executable, "-m", "services.cli"]
 
 class Interrupted(BaseException):
     """SIGINT / SIGTERM of ``ludic up``. A BaseException so that no ``except Exception`` on
-    the way (a live evaluation's rollout engine records a failing episode and goes on)
-    swallows the stop; ``monitor`` also re-raises it from ``_STOP`` at every turn, should
-    anything still catch it."""
+    the way (a live evaluation runs library code that catches errors) swallows the stop;
+    ``monitor`` also re-raises it from ``_STOP`` at every turn, should anything still catch
+    it (asyncio drops what a plain callback raises)."""
 
 
 _STOP: list[str] = []  # the stop signals received, newest last
@@ -232,7 +232,7 @@ class Run:
         password = secrets.token_hex(24)
         self.start(stack.redis_spec(data, port, password))
         stack.wait_redis(port, password=password)
-        self.redis_url = f"redis://:{password}@127.0.0.1:{port}/0"
+        self.redis_url = stack.local_redis_url(port, password)
 
     def start_services(self, model_dir: Path) -> None:
         ip = stack.free_port()

@@ -1,7 +1,6 @@
 """A stop signal of `ludic up` is never swallowed: its Interrupted is a BaseException, so
-code on the way that catches Exception (a live evaluation's rollout engine records a
-failing episode and goes on) lets it through; and it is remembered, so the monitor loop
-stops even if something caught it anyway."""
+code on the way that catches Exception lets it through; and it is remembered, so the
+monitor loop stops even if something caught it anyway."""
 
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ def test_a_stop_signal_goes_through_except_exception_and_is_remembered() -> None
     worker._STOP.clear()
     try:
         with pytest.raises(worker.Interrupted, match="SIGTERM"):
-            try:  # what an episode runner does with an error
+            try:  # code on the way that catches errors
                 os.kill(os.getpid(), signal.SIGTERM)
                 time.sleep(5)
             except Exception:
