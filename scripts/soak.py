@@ -21,9 +21,9 @@ learner's log of trained items, grow with the run by design: not judged.)
 
 Bounded: the first third of the soak is warm-up; a figure is bounded when its maximum over
 the last third is at most its maximum over the middle third times ``GROWTH`` plus a slack
-(``SLACK``: 32 MiB of RSS, 256 keys, one checkpoint of disk; for a stream, the backlog its
-producer waits below, its high-water mark, since a queue swings up to it when the consumer is
-busy). A figure that
+(``SLACK``: 32 MiB of RSS, 256 keys, one checkpoint of disk; for a stream, the most its
+backpressure lets it hold, ``stream_ceilings``: a queue swings up to that whenever its consumer
+is the slower side, in any third of the soak). A figure that
 keeps growing at a steady rate fails this at any length; its growth per hour (least squares
 over the last two thirds) is printed either way. The de-dup markers are meant to grow until
 they expire (``DONE_TTL_S``), and Redis memory and key count with them: those are judged by
@@ -107,9 +107,19 @@ def sample(
     return s
 
 
-def stream_high_waters(cfg: Path) -> dict[str, int]:
-    """The backlog each producer waits below (its backpressure), as the run's services read
-    it from ``cfg``: a stream swinging up to it is working, not growing."""
+def stream_ceilings(cfg: Path, actors: int) -> dict[str, int]:
+    """The most each stream's backpressure lets it hold, as the run's services read ``cfg``.
+    A producer checks the backlog before it starts work and writes when the work ends, so a
+    stream's ceiling is the backlog its producer waits below (its high-water mark) plus what
+    its producers can have started before the backlog reached it:
+
+    - requests: the feeder tops the stream up to ``high_water``, nothing in flight;
+    - rollouts: each of the ``actors`` runs ``concurrency`` requests at once, each one group of
+      ``group_size`` rollouts;
+    - saw: the credit worker waits once per group, which writes at most one SAW item per step
+      of each of its ``group_size`` rollouts (``actor.max_steps`` steps each).
+
+    A stream swinging up to its ceiling is working, not growing."""
     from services.actor.settings import ActorSettings
     from services.common.settings import load_settings
     from services.credit.settings import CreditSettings
@@ -119,16 +129,17 @@ def stream_high_waters(cfg: Path) -> dict[str, int]:
     feeder = load_settings(FeederSettings, [], service="feeder", environ=env)
     actor = load_settings(ActorSettings, [], service="actor", environ=env)
     credit = load_settings(CreditSettings, [], service="credit", environ=env)
+    group = feeder.group_size
     return {
         "stream/requests": feeder.high_water,
-        "stream/rollouts": actor.rollouts_high_water,
-        "stream/saw": credit.saw_high_water,
+        "stream/rollouts": actor.rollouts_high_water + actors * actor.concurrency * group,
+        "stream/saw": credit.saw_high_water + group * actor.max_steps,
     }
 
 
-def slack_of(fig: str, checkpoint_bytes: int, high_waters: dict[str, int]) -> float:
+def slack_of(fig: str, checkpoint_bytes: int, ceilings: dict[str, int]) -> float:
     if fig.startswith("stream/"):
-        return high_waters.get(fig, SLACK["stream"])
+        return ceilings.get(fig, SLACK["stream"])
     if fig.startswith("rss/"):
         return SLACK["rss"]
     if fig.startswith("redis/"):
@@ -166,7 +177,7 @@ def markers_steady_state(samples: list[dict[str, Any]], minutes: float) -> dict[
 
 
 def judge(
-    samples: list[dict[str, Any]], minutes: float, high_waters: dict[str, int]
+    samples: list[dict[str, Any]], minutes: float, ceilings: dict[str, int]
 ) -> list[dict[str, Any]]:
     """One row per figure: middle-third max, last-third max, growth per hour, bounded."""
     third = minutes * 60 / 3
@@ -181,7 +192,7 @@ def judge(
         if not m or not ls:  # a process that did not live through both windows
             continue
         growth = slope([(s["t"], s[fig]) for s in mid + last if fig in s])
-        bound = max(m) * GROWTH + slack_of(fig, ckpt, high_waters)
+        bound = max(m) * GROWTH + slack_of(fig, ckpt, ceilings)
         rows.append(
             {
                 "figure": fig,
@@ -314,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             up.kill()
         redis_proc.terminate()
         redis_proc.wait(30)
-    rows = judge(samples, a.minutes, stream_high_waters(cfg))
+    rows = judge(samples, a.minutes, stream_ceilings(cfg, a.actors))
     if not rows:
         failures.append("too few samples to judge (each third of the soak needs some)")
     print(f"\n{'figure':42s} {'middle max':>12s} {'last max':>12s} {'per hour':>12s}  bounded")
