@@ -128,7 +128,7 @@ def test_plain_linear_keeps_2d_weights_and_leaves_other_layers_to_vllm(
     weight = linear.weight
     utils.dispatch_cpu_unquantized_gemm(linear, True)
     assert vllm_plugin.uses_plain_linear(linear) and linear.weight is weight  # kept
-    # small integers: every sum below is exact whatever order the matmul adds in
+    # small integers: with the weights of ones below, every sum is exact in any order
     x = torch.randint(-4, 5, (2, 4)).float()
     torch.testing.assert_close(linear.cpu_linear(x, linear.weight, linear.bias), linear(x))
     with torch.no_grad():
