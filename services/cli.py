@@ -31,6 +31,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "build the DockerSandbox image: sandbox build",
     ),
     "status": ("services.status:main", "stream depths, pending entries, versions"),
+    "plugins": ("services.plugins:main", "the registered kinds (envs, tools, rewards, ...)"),
+    "check": (
+        "services.launcher.check:main",
+        "build every task, eval and algorithm of a run config once, in seconds",
+    ),
     "up": ("services.launcher.main:main", "start the whole stack as local processes"),
 }
 

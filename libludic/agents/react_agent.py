@@ -8,10 +8,15 @@ not open with a think block ends the turn as a parse failure with feedback.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from libludic.agents.tool_agent import ToolAgent
-from libludic.parsers import compose_parsers, think_prefix_parser
+from libludic.context.base import ContextStrategy
+from libludic.inference.client import ChatClient
+from libludic.inference.request import ReturnSpec
+from libludic.inference.sampling import SamplingConfig
+from libludic.parsers import Parser, compose_parsers, think_prefix_parser
 
 REACT_SYSTEM_PROMPT = (
     "Think step by step inside <think>...</think>. Then either call a tool with "
@@ -20,8 +25,29 @@ REACT_SYSTEM_PROMPT = (
 
 
 class ReActAgent(ToolAgent):
-    def __init__(self, *args: Any, think_error_reward: float = -1.0, **kwargs: Any):
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        client: ChatClient,
+        ctx: ContextStrategy | None = None,
+        parser: Parser | None = None,
+        sampling: SamplingConfig | None = None,
+        return_spec: ReturnSpec | None = None,
+        model: str | None = None,
+        *,
+        tools: list[Callable[..., Any]] | None = None,
+        max_tool_rounds: int = 4,
+        think_error_reward: float = -1.0,
+    ):
+        super().__init__(
+            client,
+            ctx,
+            parser,
+            sampling,
+            return_spec,
+            model,
+            tools=tools,
+            max_tool_rounds=max_tool_rounds,
+        )
         self.parser = compose_parsers(
             think_prefix_parser(error_reward=think_error_reward), self.parser
         )

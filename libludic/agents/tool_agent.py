@@ -25,6 +25,11 @@ from dataclasses import dataclass
 from typing import Any, get_type_hints
 
 from libludic.agents.base_agent import Agent, AgentTurn, act_result
+from libludic.context.base import ContextStrategy
+from libludic.inference.client import ChatClient
+from libludic.inference.request import ReturnSpec
+from libludic.inference.sampling import SamplingConfig
+from libludic.parsers import Parser
 from libludic.types import ChatResponse, Message
 
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -142,12 +147,17 @@ def parse_tool_calls(response: ChatResponse) -> list[tuple[str, Any]]:
 class ToolAgent(Agent):
     def __init__(
         self,
-        *args: Any,
+        client: ChatClient,
+        ctx: ContextStrategy | None = None,
+        parser: Parser | None = None,
+        sampling: SamplingConfig | None = None,
+        return_spec: ReturnSpec | None = None,
+        model: str | None = None,
+        *,
         tools: list[Callable[..., Any]] | None = None,
         max_tool_rounds: int = 4,
-        **kwargs: Any,
     ):
-        super().__init__(*args, **kwargs)
+        super().__init__(client, ctx, parser, sampling, return_spec, model)
         self.tools: dict[str, Tool] = {}
         for fn in tools or []:
             self.register_tool(fn)

@@ -1,8 +1,9 @@
 """Built-in tools an agent config can name (``agent: {kind: tool, tools: [python]}``).
 
-A config crosses Redis as plain data, so tools are referenced by name; ``TOOLS`` maps
-each name to a plain Python function whose signature becomes the tool's JSON schema
-(see ``Tool.from_function``).
+A config crosses Redis as plain data, so tools are referenced by kind: these two are
+registered under the entry-point group ``ludic.tools`` (libludic/plugins.py), and a user's
+tool is any plain function named by its import path or its own entry point. Its typed
+signature becomes the tool's JSON schema (see ``Tool.from_function``).
 
 * ``python(code, stdin="")``: runs ``code`` as a script in the code_exec sandbox (the
   same one that grades code_exec answers: namespaces + rlimits, 2 s, 256 MB) and returns
@@ -61,6 +62,3 @@ def calculator(expression: str) -> str:
         raise ValueError(f"unsupported expression element {ast.dump(node)[:60]}")
 
     return str(ev(ast.parse(expression, mode="eval").body))
-
-
-TOOLS: dict[str, Callable[..., Any]] = {"python": python, "calculator": calculator}

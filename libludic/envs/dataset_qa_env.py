@@ -245,3 +245,45 @@ class DatasetQAEnv(SingleAgentEnv):
         if self.answer_extractor is not None:
             reference = self.answer_extractor(reference)
         return 1.0 if self.verifier(completion, reference) else 0.0
+
+
+_ROWS: dict[str, list[Mapping[str, Any]]] = {}  # source -> its rows, read once per process
+FORMATS = ("plain", "gsm8k")
+VERIFIERS: dict[str, Verifier] = {"exact": exact_match_verifier, "numeric": numeric_verifier}
+
+
+def dataset_qa_env(
+    path: str | None = None,
+    hf: dict[str, Any] | None = None,
+    format: str = "plain",
+    verifier: str = "exact",
+    question_key: str = "question",
+    answer_key: str = "answer",
+    prompt_template: str = "{question}",
+    system_prompt: str | None = None,
+) -> DatasetQAEnv:
+    """The ``dataset_qa`` env kind from plain data: a local file (``path``) or a HF dataset
+    (``hf``: {name, split, config_name}); ``format="gsm8k"`` takes the answer after ``####``
+    and compares numbers; ``verifier`` is ``"exact"`` or ``"numeric"``."""
+    if format not in FORMATS:
+        raise ValueError(f"dataset_qa format={format!r}: use one of {list(FORMATS)}")
+    if verifier not in VERIFIERS:
+        raise ValueError(f"dataset_qa verifier={verifier!r}: use one of {sorted(VERIFIERS)}")
+    if (path is None) == (hf is None):
+        raise ValueError("dataset_qa needs exactly one of path=<local file> or hf={name, split}")
+    kw: dict[str, Any] = {
+        "question_key": question_key,
+        "answer_key": answer_key,
+        "prompt_template": prompt_template,
+        "system_prompt": system_prompt,
+        "verifier": numeric_verifier if format == "gsm8k" else VERIFIERS[verifier],
+    }
+    if format == "gsm8k":
+        kw["answer_extractor"] = gsm8k_extract_answer
+    key = repr((path, sorted((hf or {}).items()), format, question_key, answer_key))
+    if key not in _ROWS:
+        src = (
+            DatasetQAEnv.from_file(path, **kw) if path else DatasetQAEnv.from_hf(**(hf or {}), **kw)
+        )
+        _ROWS[key] = list(src.rows)
+    return DatasetQAEnv(_ROWS[key], **kw)

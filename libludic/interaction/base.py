@@ -66,6 +66,7 @@ def action_info(parsed: ParseResult, turn: AgentTurn) -> dict[str, Any]:
         "kind": "action",
         "parse_error": not parsed.ok,
         "parse_reward": parsed.reward,
+        "parsed_action": parsed.action,
         "finish_reason": turn.response.finish_reason,
     }
 

@@ -11,8 +11,11 @@ import asyncio
 from typing import Any
 
 from libludic.agents.base_agent import Agent
+from libludic.agents.config import MakeAgent
+from libludic.context.config import ContextSpec
 from libludic.envs.env import LudicEnv
 from libludic.interaction.base import InteractionProtocol, action_info, step_env, tool_steps
+from libludic.parsers import ParserSpec
 from libludic.types import Rollout, Step
 
 
@@ -116,3 +119,17 @@ class MultiAgentProtocol(InteractionProtocol):
                     steps[aid][-1].truncated = True
                     steps[aid][-1].info["truncation_reason"] = "max_steps"
         return [Rollout(steps=s, meta={"agent_id": aid}) for aid, s in steps.items() if s]
+
+
+def multi_agent(
+    make_agent: MakeAgent,
+    roles: list[str] | None = None,
+    parser: ParserSpec = None,
+    context: ContextSpec = "full",
+    system_prompts: dict[str, str] | None = None,
+) -> MultiAgentProtocol:
+    """The ``multi_agent`` protocol kind: one agent per role in ``roles`` (the env's agent
+    ids), each with its own context."""
+    if not roles or not isinstance(roles, list):
+        raise ValueError("multi_agent protocol needs kwargs roles=[...] naming the env's agent ids")
+    return MultiAgentProtocol({r: make_agent(parser, context) for r in roles}, system_prompts)

@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from libludic.agents.base_agent import Agent
+from libludic.agents.config import MakeAgent
+from libludic.context.config import ContextSpec
 from libludic.envs.env import LudicEnv
 from libludic.interaction.base import InteractionProtocol, action_info, step_env, tool_steps
+from libludic.parsers import ParserSpec
 from libludic.types import Rollout, Step
 
 
@@ -100,3 +103,15 @@ class SingleAgentSyncProtocol(InteractionProtocol):
             steps[-1].truncated = True
             steps[-1].info["truncation_reason"] = "max_steps"
         return [Rollout(steps=steps, meta={"agent_id": agent_id})]
+
+
+def single_agent(
+    make_agent: MakeAgent,
+    parser: ParserSpec = None,
+    context: ContextSpec = "full",
+    system_prompt: str | None = None,
+    stop_on_parse_error: bool = False,
+) -> SingleAgentSyncProtocol:
+    """The ``single_agent`` protocol kind: one agent (``parser`` and ``context`` as plain
+    data, libludic/parsers.py and libludic/context/config.py) plays a one-agent env."""
+    return SingleAgentSyncProtocol(make_agent(parser, context), stop_on_parse_error, system_prompt)

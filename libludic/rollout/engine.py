@@ -3,8 +3,10 @@
 Registries map a spec ``kind`` to a factory: ``env_registry[kind](**env.kwargs) ->
 LudicEnv`` and ``protocol_registry[kind](inference=InferenceSpec|None, **kwargs) ->
 InteractionProtocol``, plus ``agent=AgentSpec`` when the request's protocol names one
-(a factory that builds no agents may then reject it). A fresh env and protocol (with fresh agents) is built for every
-episode, so episodes share no state and may run concurrently.
+(a factory that builds no agents may then reject it); ``reward_registry[kind](spec) ->
+score function`` for a request's reward functions (libludic/scoring; built once per spec
+and reused). A fresh env and protocol (with fresh agents) is built for every episode, so
+episodes share no state and may run concurrently.
 
 Determinism: episode ``i`` of a request uses env seed ``env_seed`` when
 ``same_env_seed`` else ``env_seed + i``, and sampling seed ``sampling_seed + i``; with a
@@ -14,14 +16,15 @@ backend that honours per-request seeds the same requests give the same rollouts.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from libludic.envs.env import LudicEnv
-from libludic.inference.request import InferenceSpec
 from libludic.interaction.base import InteractionProtocol
-from libludic.requests import RolloutRequest
+from libludic.requests import RewardSpec, RolloutRequest
 from libludic.saw import SAWBatch
+from libludic.scoring.base import ScoreFn, apply_rewards
 from libludic.types import Rollout
 
 EnvFactory = Callable[..., LudicEnv[Any, Any, Any]]
@@ -33,26 +36,42 @@ class RolloutEngine:
         self,
         env_registry: Mapping[str, EnvFactory],
         protocol_registry: Mapping[str, ProtocolFactory],
+        reward_registry: Mapping[str, Callable[..., ScoreFn]] | None = None,
     ) -> None:
-        self.env_registry = dict(env_registry)
-        self.protocol_registry = dict(protocol_registry)
+        self.env_registry = env_registry
+        self.protocol_registry = protocol_registry
+        self.reward_registry = reward_registry if reward_registry is not None else {}
+        self._reward_fns: dict[str, ScoreFn] = {}  # canonical spec -> its built function
+
+    @staticmethod
+    def _lookup(registry: Mapping[str, Any], kind: str, what: str, req: RolloutRequest) -> Any:
+        try:
+            return registry[kind]
+        except KeyError as e:
+            detail = e.args[0] if e.args and e.args[0] != kind else None
+            raise KeyError(
+                f"request {req.id}: "
+                + (detail or f"unknown {what} kind {kind!r}; registered: {sorted(registry)}")
+            ) from None
 
     def _make(self, req: RolloutRequest) -> tuple[LudicEnv[Any, Any, Any], InteractionProtocol]:
-        if req.env.kind not in self.env_registry:
-            raise KeyError(
-                f"request {req.id}: unknown env kind {req.env.kind!r}; registered: {sorted(self.env_registry)}"
-            )
-        if req.protocol.kind not in self.protocol_registry:
-            raise KeyError(
-                f"request {req.id}: unknown protocol kind {req.protocol.kind!r}; "
-                f"registered: {sorted(self.protocol_registry)}"
-            )
-        env = self.env_registry[req.env.kind](**req.env.kwargs)
+        env_factory = self._lookup(self.env_registry, req.env.kind, "env", req)
+        proto_factory = self._lookup(self.protocol_registry, req.protocol.kind, "protocol", req)
+        env = env_factory(**req.env.kwargs)
         extra: dict[str, Any] = {} if req.protocol.agent is None else {"agent": req.protocol.agent}
-        proto = self.protocol_registry[req.protocol.kind](
-            inference=req.inference, **req.protocol.kwargs, **extra
-        )
+        proto = proto_factory(inference=req.inference, **req.protocol.kwargs, **extra)
         return env, proto
+
+    def reward_fns(self, req: RolloutRequest, spec: RewardSpec) -> dict[str, ScoreFn]:
+        """name -> score function of each of ``spec``'s functions (built once per process)."""
+        out = {}
+        for f in spec.functions:
+            key = json.dumps(f.to_dict(), sort_keys=True, default=repr)
+            if key not in self._reward_fns:
+                builder = self._lookup(self.reward_registry, f.kind, "reward", req)
+                self._reward_fns[key] = builder(f)
+            out[f.name] = self._reward_fns[key]
+        return out
 
     async def run_episode(self, req: RolloutRequest, episode: int, max_steps: int) -> list[Rollout]:
         env_seed: int | None = None
@@ -66,6 +85,8 @@ class RolloutEngine:
             )
         finally:
             env.close()
+        if req.reward is not None:
+            await apply_rewards(rollouts, req.reward, self.reward_fns(req, req.reward))
         for r in rollouts:
             meta: dict[str, Any] = dict(req.meta)
             meta.update(r.meta)
@@ -136,14 +157,3 @@ class RolloutEngine:
                 "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
             },
         )
-
-
-def inference_overrides(inference: InferenceSpec | None) -> dict[str, Any]:
-    """Agent keyword arguments taken from a request's InferenceSpec."""
-    if inference is None:
-        return {}
-    return {
-        "sampling": inference.sampling,
-        "return_spec": inference.return_spec,
-        "model": inference.model,
-    }

@@ -1,60 +1,26 @@
 """What a run config names by ``{kind, kwargs}``: the credit assigners and losses of a
-``custom`` algorithm (libludic.training.presets.make_custom), built from plain data."""
+``custom`` algorithm (libludic.training.presets.make_custom), built from plain data; a kind
+is a registered name or an import path (libludic/plugins.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from libludic.training.credit_assignment import (
-    ConstantCredit,
-    GroupNormalizedReturn,
-    HybridNormalizedReturn,
-    MonteCarloReturn,
-    NormalizedReturn,
-)
-from libludic.training.loss import (
-    CISPOLoss,
-    CompositeLoss,
-    GSPOLoss,
-    LossTerm,
-    MaskedCausalLMCrossEntropyLoss,
-    OffPolicyCorrection,
-    ReinforceBaselineLoss,
-    ReinforceLoss,
-    TokenClippedSurrogateLoss,
-    TokenKLLoss,
-)
+from libludic import plugins
+from libludic.plugins import PluginError
+from libludic.registry import PluginRegistry
+from libludic.training.credit_assignment import NormalizedReturn
+from libludic.training.loss import CompositeLoss, LossTerm, OffPolicyCorrection
 from libludic.training.normalization import NormConfig
 
-#: what a ``custom`` algorithm's ``credit`` may name (``{kind, kwargs}``)
-CREDIT_ASSIGNERS: dict[str, type] = {
-    c.__name__: c
-    for c in (
-        MonteCarloReturn,
-        GroupNormalizedReturn,
-        HybridNormalizedReturn,
-        NormalizedReturn,
-        ConstantCredit,
-    )
-}
-#: what a ``custom`` algorithm's ``loss`` may name; ``CompositeLoss`` takes
-#: ``terms: [{name, coeff, loss: {kind, kwargs}}]``
-LOSSES: dict[str, type] = {
-    c.__name__: c
-    for c in (
-        ReinforceLoss,
-        ReinforceBaselineLoss,
-        TokenClippedSurrogateLoss,
-        CISPOLoss,
-        GSPOLoss,
-        TokenKLLoss,
-        MaskedCausalLMCrossEntropyLoss,
-        CompositeLoss,
-    )
-}
+#: what a ``custom`` algorithm's ``credit`` may name: the entry-point group ``ludic.credit``
+#: (the built-in assigners, registered under their class names) or an import path
+CREDIT_ASSIGNERS = PluginRegistry("credit")
+#: what a ``custom`` algorithm's ``loss`` may name (``ludic.losses``, or an import path);
+#: ``CompositeLoss`` takes ``terms: [{name, coeff, loss: {kind, kwargs}}]``
+LOSSES = PluginRegistry("losses")
 
 
 def _off_policy(what: str, spec: Any) -> OffPolicyCorrection:
@@ -73,7 +39,7 @@ def _off_policy(what: str, spec: Any) -> OffPolicyCorrection:
         raise ValueError(f"{what}: off_policy: {e}") from e
 
 
-def build_component(what: str, spec: Any, registry: Mapping[str, type], **defaults: Any) -> Any:
+def build_component(what: str, spec: Any, registry: PluginRegistry, **defaults: Any) -> Any:
     """``registry[spec.kind](**spec.kwargs)`` with ``defaults`` for parameters it has and the
     spec leaves unset; a misspelt kind, key or keyword lists the known ones."""
     if isinstance(spec, str):
@@ -84,17 +50,14 @@ def build_component(what: str, spec: Any, registry: Mapping[str, type], **defaul
     if unknown:
         raise ValueError(f"{what}: unknown key(s) {unknown}; known: kind, kwargs")
     kind = spec.get("kind")
-    if kind not in registry:
-        raise ValueError(f"{what}.kind={kind!r}; use one of {sorted(registry)}")
-    cls = registry[str(kind)]
+    cls = plugins.resolve(registry.group, kind, where=f"{what}.kind")
     kwargs = dict(spec.get("kwargs") or {})
-    params = inspect.signature(cls).parameters
-    bad = sorted(set(kwargs) - set(params))
-    if bad:
-        raise ValueError(f"{what} {kind}: unknown kwargs {bad}; known: {sorted(params)}")
+    params, _ = plugins.parameters(cls)
     for k, v in defaults.items():
         if k in params and k not in kwargs:
             kwargs[k] = v
+    # a missing one is the constructor's to name (CompositeLoss's terms: with their shape)
+    plugins.check_kwargs(cls, kwargs, where=f"{what} {kind}", require=False)
     if "off_policy" in kwargs:
         kwargs["off_policy"] = _off_policy(f"{what} {kind}", kwargs["off_policy"])
     for k in ("reward_norm", "adv_norm"):  # NormalizedReturn's NormConfig mappings
@@ -119,5 +82,7 @@ def build_component(what: str, spec: Any, registry: Mapping[str, type], **defaul
         kwargs["terms"] = built
     try:
         return cls(**kwargs)
+    except PluginError:
+        raise
     except (TypeError, ValueError) as e:
         raise ValueError(f"{what} {kind}: {e}") from e

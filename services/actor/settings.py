@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from libludic import staleness
+from libludic.tasks import DEFAULT_TASKS, TaskSet, check_task, parse_tasks
 from services.common.settings import secret
 
 
 @dataclass
 class ActorSettings:
+    # the run's tasks are the feeder's: one list in the run config, read by both
+    FROM_SECTIONS: ClassVar[dict[str, tuple[str, str]]] = {"tasks": ("feeder", "tasks")}
+
     redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={"help": "Redis URL"})
     run_id: str = field(default="default", metadata={"help": "run namespace of the Redis keys"})
     inference_urls: list[str] = field(
@@ -22,6 +28,13 @@ class ActorSettings:
         metadata={
             "help": "admission bound (top-level key): start no episode while the inference "
             "replica is more than this many versions behind the learner (null off)"
+        },
+    )
+    tasks: list[dict[str, Any]] = field(
+        default_factory=lambda: copy.deepcopy(list(DEFAULT_TASKS)),
+        metadata={
+            "help": "the tasks this actor runs (default: the run config's feeder.tasks): a "
+            "request that is not one of them is dead-lettered, nothing it names imported"
         },
     )
     concurrency: int = field(default=4, metadata={"help": "requests run at once"})
@@ -48,3 +61,8 @@ class ActorSettings:
         staleness.check_bound("max_head_offpolicyness", self.max_head_offpolicyness)
         if self.claim_idle_ms < 100:
             raise ValueError(f"claim_idle_ms={self.claim_idle_ms} must be >= 100")
+        where = "feeder.tasks"  # the actor reads the feeder's list; its errors name that key
+        parsed = parse_tasks(self.tasks, where)
+        for i, task in enumerate(parsed):
+            check_task(task, f"{where}[{i}]")
+        self.task_set = TaskSet(parsed)

@@ -19,6 +19,7 @@ from libludic.inference.client import InferenceError
 from libludic.registry import build_registries
 from libludic.requests import RolloutRequest
 from libludic.rollout.engine import RolloutEngine
+from libludic.scoring.base import RewardError
 from libludic.transport import accounting
 from services.actor.settings import ActorSettings
 from services.common.lifecycle import update_stream_gauges
@@ -37,6 +38,11 @@ REWARD = Histogram(
 )
 TOKENS = Counter("ludic_actor_tokens_total", "Sampled completion tokens in written rollouts")
 ERRORS = Counter("ludic_actor_errors_total", "Actor failures by kind", ["kind"])
+TASK_REQUESTS = Counter(
+    "ludic_actor_task_requests_total",
+    "Requests resolved, by task and outcome (committed or deadlettered)",
+    ["task", "outcome"],
+)
 CLAIM = Histogram(
     "ludic_actor_claim_seconds",
     "Time from asking for work to holding a request",
@@ -94,8 +100,7 @@ class Actor:
             on_deadletter=lambda reason: ERRORS.labels(kind="deadletter").inc(),
             stage="requests",
         )
-        env_reg, proto_reg = build_registries(client)
-        self.engine = RolloutEngine(env_reg, proto_reg)
+        self.engine = RolloutEngine(*build_registries(client))
         self.admission = transport.AdmissionController(
             r,
             self.keys,
@@ -166,6 +171,20 @@ class Actor:
             await transport.retry_redis(lambda: self.consumer.dead_letter(entry, "bad_field", why))
             self.stats.deadlettered += 1
             return True
+        task = self.s.task_set.match(req)
+        if task is None:
+            # a stream entry names only what the run's own config does: nothing else is
+            # imported, built or opened
+            ERRORS.labels(kind="not_a_task").inc()
+            why = (
+                f"request {req.id} runs env {req.env.to_dict()} with protocol "
+                f"{req.protocol.to_dict()}: not one of this run's tasks "
+                f"{self.s.task_set.names} (feeder.tasks); an actor runs only its config's tasks"
+            )
+            await transport.retry_redis(lambda: self.consumer.dead_letter(entry, "not_a_task", why))
+            self.stats.deadlettered += 1
+            TASK_REQUESTS.labels(task="(none)", outcome="deadlettered").inc()
+            return True
         req.meta.setdefault("group_id", req.id)
         t_gen = time.monotonic()
         try:
@@ -182,19 +201,20 @@ class Actor:
                 "request %s failed (%s: %s); left pending for retry", req.id, type(e).__name__, e
             )
             return False
-        except Exception as e:  # deterministic failure (bad env kwargs, ...): dead-letter it
-            ERRORS.labels(kind="episode").inc()
-            detail = f"{type(e).__name__}: {e}"
-            await transport.retry_redis(
-                lambda: self.consumer.dead_letter(entry, "episode_error", detail)
-            )
+        except Exception as e:  # deterministic failure (an env or reward raising): dead-letter
+            reason = "reward_error" if isinstance(e, RewardError) else "episode_error"
+            ERRORS.labels(kind="reward" if reason == "reward_error" else "episode").inc()
+            detail = f"task {task.name}: {type(e).__name__}: {e}"
+            await transport.retry_redis(lambda: self.consumer.dead_letter(entry, reason, detail))
             self.stats.deadlettered += 1
+            TASK_REQUESTS.labels(task=task.name, outcome="deadlettered").inc()
             return True
         gen_s = time.monotonic() - t_gen
         GENERATE.observe(gen_s)
         self.stats.generate_s += gen_s
         t_commit = time.monotonic()
         await self._commit(entry, req, rollouts)
+        TASK_REQUESTS.labels(task=task.name, outcome="committed").inc()
         COMMIT.observe(time.monotonic() - t_commit)
         self.stats.commit_s += time.monotonic() - t_commit
         return True

@@ -25,9 +25,11 @@ from libludic.inference.openai_client import OpenAIChatClient
 from libludic.inference.request import InferenceSpec
 from libludic.inference.sampling import SamplingConfig
 from libludic.parsers import make_parser
+from libludic.plugins import PluginError
 from libludic.registry import build_registries
 from libludic.requests import EnvSpec, ProtocolSpec, RolloutRequest
 from libludic.rollout.engine import RolloutEngine
+from libludic.tasks import TaskSpec, check_task
 
 Protocol = Mapping[str, Any] | None
 
@@ -58,6 +60,23 @@ def protocol_spec(protocol: Protocol, where: str) -> ProtocolSpec:
             f"{where}={protocol!r}: {e}; e.g. {{kind: single_agent, kwargs: {{parser: boxed}}}}"
         ) from e
     return spec
+
+
+def check_eval(env: Mapping[str, Any], protocol: Protocol, where: str) -> None:
+    """Build the evaluation's env (reset once), protocol, agents and parser, as
+    ``check_task`` does a feeder task's. ``where``: the settings' prefix in errors
+    (``up.eval_`` or ``eval.``)."""
+    if not isinstance(env, Mapping) or "kind" not in env:
+        raise ValueError(f"{where}env={env!r} must be a mapping with 'kind' (and 'kwargs')")
+    task = TaskSpec(
+        name="eval",
+        env=EnvSpec.from_dict(env),
+        protocol=protocol_spec(protocol, f"{where}protocol"),
+    )
+    try:
+        check_task(task, "task")
+    except PluginError as e:
+        raise PluginError(f"the held-out evaluation ({where}env, {where}protocol): {e}") from e
 
 
 def eval_requests(

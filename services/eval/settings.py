@@ -80,4 +80,4 @@ class EvalSettings:
             raise ValueError("eval needs an inference URL: set LUDIC_INFERENCE_URLS")
         if not isinstance(self.env, dict) or "kind" not in self.env:
             raise ValueError(f"eval env={self.env!r} must be a mapping with 'kind' (and 'kwargs')")
-        heldout.protocol_spec(self.protocol, "eval protocol")
+        heldout.check_eval(self.env, self.protocol, "eval.")

@@ -12,8 +12,9 @@ from prometheus_client import Counter
 
 from libludic import staleness, transport
 from libludic.requests import RolloutRequest
+from libludic.tasks import TaskSpec
 from libludic.transport import accounting
-from services.feeder.settings import FeederSettings, Task
+from services.feeder.settings import FeederSettings
 
 log = logging.getLogger("ludic.feeder")
 
@@ -26,7 +27,7 @@ NO_ROOM = Counter(
 ERRORS = Counter("ludic_feeder_errors_total", "Feeder failures by kind", ["kind"])
 
 
-def pick_task(tasks: list[Task], seed: int) -> Task:
+def pick_task(tasks: list[TaskSpec], seed: int) -> TaskSpec:
     """Weighted choice that is a pure function of ``seed`` (same seed, same task)."""
     if len(tasks) == 1:
         return tasks[0]
@@ -39,18 +40,14 @@ def pick_task(tasks: list[Task], seed: int) -> Task:
     return tasks[-1]
 
 
-def make_request(settings: FeederSettings, task: Task, seed: int) -> RolloutRequest:
+def make_request(settings: FeederSettings, task: TaskSpec, seed: int) -> RolloutRequest:
     rid = f"{settings.run_id}-{seed}"
-    return RolloutRequest(
+    return task.request(
         id=rid,
-        env=task.env,
-        protocol=task.protocol,
         env_seed=seed,
         sampling_seed=seed * 1000,
-        inference=task.inference,
         num_episodes=settings.group_size,
-        same_env_seed=True,
-        meta={"group_id": rid, "task": task.name},
+        meta={"group_id": rid},
     )
 
 

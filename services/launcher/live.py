@@ -197,6 +197,9 @@ class LiveView:
             stats.add_column(no_wrap=True)
         for row in pairs:
             stats.add_row(*row)
+        error = getattr(self.run, "error", None)
+        if error:  # why the run is stopping (a failing task, a timeout): the last frame says it
+            return Group(title, services, stats, f"[bold red]stopped:[/] {error}")
         return Group(title, services, stats)
 
     def plain_line(self) -> str:
@@ -215,11 +218,12 @@ class LiveView:
         )
 
     def update(self) -> None:
+        error = getattr(self.run, "error", None)
         if self._live is not None:
             self._live.update(self.render())
-        elif time.monotonic() - self._last_plain >= self.plain_every_s:
+        elif error or time.monotonic() - self._last_plain >= self.plain_every_s:
             self._last_plain = time.monotonic()
-            print(self.plain_line(), flush=True)
+            print(self.plain_line() + (f" STOPPED: {error}" if error else ""), flush=True)
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:

@@ -10,6 +10,7 @@ service: its own environment plus the run config as ``LUDIC_CONFIG`` and, for th
 ``LUDIC_OUTPUT_DIR``. So a ``LUDIC_NUM_STEPS`` exported before ``ludic up`` counts for the
 launcher exactly as for the learner, over the YAML. The launcher passes no flags to either.
 
+``Resolved.others`` loads the remaining services' settings the same way (``ludic check``).
 These imports are the one place a service reads another service's settings class: the
 launcher runs every service and must agree with each on its knobs
 (tests/unit/test_layering.py allows ``services.<name>.settings`` here and nowhere else).
@@ -22,7 +23,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.common.settings import load_settings
+from services.actor.settings import ActorSettings
+from services.common.settings import load_settings, read_yaml
+from services.credit.settings import CreditSettings
+from services.eval.settings import EvalSettings
 from services.feeder.settings import FeederSettings
 from services.launcher.settings import UpSettings
 from services.learner.settings import LearnerSettings
@@ -63,6 +67,21 @@ class Resolved:
                 environ=service_environ(s.config_path, environ),
             ),
         )
+
+    @staticmethod
+    def others(s: UpSettings, environ: Mapping[str, str] | None = None) -> dict[str, object]:
+        """The settings of the services ``of`` does not read, each loaded as it loads its
+        own (``ludic check``): the actor's (its tasks built with their reward functions),
+        credit's (the algorithm built) and, when the config has an ``eval:`` section, the
+        eval service's (compose and Helm run it; ``ludic up`` evaluates by itself)."""
+        env = service_environ(s.config_path, environ)
+        out: dict[str, object] = {
+            "actor": load_settings(ActorSettings, [], service="actor", environ=env),
+            "credit": load_settings(CreditSettings, [], service="credit", environ=env),
+        }
+        if s.config_path and "eval" in read_yaml(s.config_path):
+            out["eval"] = load_settings(EvalSettings, [], service="eval", environ=env)
+        return out
 
     @property
     def num_steps(self) -> int | None:

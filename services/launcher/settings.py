@@ -145,6 +145,14 @@ class UpSettings:
         default=5.0, metadata={"help": "seconds between two watchdog probes of a service"}
     )
     timeout_s: float = field(default=1800.0, metadata={"help": "wall-clock limit of the whole run"})
+    deadletter_stop_after: int = field(
+        default=10,
+        metadata={
+            "help": "stop the run when one task has had this many requests dead-lettered in a "
+            "row, none of its requests committed since (services/launcher/deadletters.py; "
+            "0: off)"
+        },
+    )
     startup_timeout_s: float = field(
         default=300.0,
         metadata={
@@ -176,6 +184,10 @@ class UpSettings:
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
 
     def __post_init__(self) -> None:
+        if self.deadletter_stop_after < 0:
+            raise ValueError(
+                f"up.deadletter_stop_after={self.deadletter_stop_after} must be >= 0 (0: off)"
+            )
         if self.max_restarts < 0:
             raise ValueError(f"up.max_restarts={self.max_restarts} must be >= 0")
         if self.watchdog_timeout_s < 0:
@@ -193,6 +205,8 @@ class UpSettings:
                 f"up.cpu_pinning={self.cpu_pinning!r}; use one of {sorted(PINNING_MODES)}"
             )
         protocol_spec(self.eval_protocol, "up.eval_protocol")
+        if self.eval_n > 0:
+            heldout.check_eval(self.eval_env, self.eval_protocol, "up.eval_")
         try:
             task_spec(self.sft_task)
         except ValueError as e:

@@ -16,14 +16,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import redis
 import yaml
 
 from libludic.models.tiny import init_model
 from libludic.training.sft_tasks import make_task
-from libludic.transport import accounting
+from libludic.transport import Keys, accounting
 from services.common.heldout import evaluate_snapshot
 from services.common.settings import read_yaml
 from services.launcher import cpus, stack
+from services.launcher.deadletters import NO_TASK, TaskFailureWatch, first_reason
 from services.launcher.live import LiveView
 from services.launcher.report import write_report
 from services.launcher.resolved import Resolved
@@ -42,6 +44,7 @@ class Interrupted(BaseException):
 
 
 _STOP: list[str] = []  # the stop signals received, newest last
+TASK_CHECK_EVERY_S = 5.0  # between two looks at the actors' per-task outcomes
 
 
 def _on_signal(signum: int, frame: Any) -> None:
@@ -180,6 +183,7 @@ class Run:
         self.error: str | None = None  # why the monitor stopped a failed run
         self.resuming = bool(s.resume)
         self.total_steps = self.services.num_steps  # for the live view's ETA
+        self.task_watch = TaskFailureWatch(s.deadletter_stop_after)
 
     def save_config(self) -> None:
         """``<run>/run.yaml``: the run config with its run id and every ``up:`` setting this
@@ -441,11 +445,38 @@ class Run:
             (self.run_dir / "prometheus_url").write_text(self.prometheus_url)
         return path
 
+    def failing_task(self) -> str | None:
+        """Why the run must stop because a task's requests are all dead-lettered (None: no
+        task is failing): every actor's per-task counters, then the first reason."""
+        actors = {n: u for n, u in self.metrics.items() if n.startswith("actor-")}
+        self.task_watch.update({n: stack.scrape(u) for n, u in actors.items()})
+        failing = self.task_watch.failing()
+        if not failing:
+            return None
+        task, n = failing[0]
+        r = redis.Redis.from_url(self.redis_url, socket_timeout=5)
+        try:
+            reason = first_reason(r, Keys(self.run_id), task)
+        except redis.RedisError as e:
+            reason = f"(the dead-letter stream could not be read: {e})"
+        finally:
+            r.close()
+        what = (
+            "requests that are no task of the actors' run config"
+            if task == NO_TASK
+            else (f"task {task!r}")
+        )
+        return (
+            f"{what}: its last {n} requests were all dead-lettered, none committed since "
+            f"(up.deadletter_stop_after={self.s.deadletter_stop_after}); first reason: {reason}"
+        )
+
     def monitor(self) -> int:
         live = LiveView(
             self, enabled=self.s.live if self.s.live is not None else sys.stdout.isatty()
         )
         next_eval = self.s.eval_every_steps
+        tasks_checked_at = time.monotonic()
         with live:
             while True:
                 if _STOP:  # a stop whose exception something caught on the way
@@ -478,6 +509,14 @@ class Run:
                         raise ServiceError(
                             f"{name} exited with code {code}:\n{self.sup.log_tail(name, 30)}"
                         )
+                if time.monotonic() - tasks_checked_at >= TASK_CHECK_EVERY_S:
+                    tasks_checked_at = time.monotonic()
+                    failing = self.failing_task()
+                    if failing is not None:
+                        self.error = failing
+                        log.error("stopping the run: %s", failing)
+                        live.update()
+                        return 1
                 actors = [n for n in self.sup.procs if n.startswith("actor-")]
                 if actors and all(n in dead for n in actors):
                     raise ServiceError(

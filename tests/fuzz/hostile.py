@@ -30,10 +30,9 @@ from typing import Any
 import msgpack
 
 from libludic import transport as t
-from libludic.inference.request import InferenceSpec
-from libludic.inference.sampling import SamplingConfig
-from libludic.requests import EnvSpec, RolloutRequest
+from libludic.requests import RolloutRequest
 from libludic.saw import SampleAttachments, SAWItem
+from libludic.tasks import TaskSpec
 from libludic.types import Rollout, Step, TokenTrace
 
 #: hostile entries per stream / bodies per route, and the seed (printed in the summary)
@@ -47,6 +46,7 @@ VOCAB = 259
 NAN, INF = float("nan"), float("inf")
 CODEC = frozenset({"bad_msgpack", "bad_field", "missing_field"})
 SHAPE = frozenset({"bad_field", "missing_field"})
+NOT_A_TASK = frozenset({"not_a_task"})
 
 
 @dataclass(frozen=True)
@@ -61,14 +61,19 @@ class Hostile:
 # ------------------------------------------------------------------------------ valid entries
 
 
+#: the one task of the fuzzed actor's run: a valid request is one of it
+TASK = {
+    "name": "add1",
+    "env": {"kind": "arithmetic", "kwargs": {"digits": 1}},
+    "inference": {"sampling": {"max_tokens": 4}},
+}
+
+
 def valid_request(rid: str, seed: int = 0) -> RolloutRequest:
-    return RolloutRequest(
-        id=rid,
-        env=EnvSpec("arithmetic", {"digits": 1}),
-        env_seed=seed,
-        inference=InferenceSpec(sampling=SamplingConfig(max_tokens=4)),
-        meta={"group_id": rid},
-    )
+    return TaskSpec.from_dict(TASK).request(
+        id=rid, env_seed=seed, sampling_seed=None, num_episodes=1, meta={"group_id": rid},
+        same_env_seed=False,
+    )  # fmt: skip
 
 
 def valid_rollout(gid: str, i: int = 0, reward: float = 1.0, group_rollouts: int = 1) -> Rollout:
@@ -156,9 +161,12 @@ REQUEST_CASES: list[Case] = [
     ("missing env", "env", _DROP, DEADLETTER, SHAPE),
     ("env not a map", "env", "arithmetic", DEADLETTER, SHAPE),
     ("env kind missing", "env.kind", _DROP, DEADLETTER, SHAPE),
-    ("unknown env", "env.kind", "no_such_env", DEADLETTER, frozenset({"episode_error"})),
-    ("env kwargs wrong", "env.kwargs", {"digits": "many"}, EITHER, frozenset()),
-    ("env kwargs unknown", "env.kwargs", {"bogus": 1}, DEADLETTER, frozenset({"episode_error"})),
+    # what a request may run is bounded by the run's tasks: anything else is not_a_task
+    ("unknown env", "env.kind", "no_such_env", DEADLETTER, NOT_A_TASK),
+    ("env import path", "env.kind", "os:system", DEADLETTER, NOT_A_TASK),
+    ("env outside the package", "env.kind", "tests.import_marker:Env", DEADLETTER, NOT_A_TASK),
+    ("env kwargs wrong", "env.kwargs", {"digits": "many"}, DEADLETTER, NOT_A_TASK),
+    ("env kwargs unknown", "env.kwargs", {"bogus": 1}, DEADLETTER, NOT_A_TASK),
     ("num_episodes 0", "num_episodes", 0, DEADLETTER, SHAPE),
     ("num_episodes -1", "num_episodes", -1, DEADLETTER, SHAPE),
     ("num_episodes str", "num_episodes", "abc", DEADLETTER, SHAPE),
@@ -166,8 +174,10 @@ REQUEST_CASES: list[Case] = [
     ("num_episodes 2^63-1", "num_episodes", 2**63 - 1, DEADLETTER, SHAPE),
     ("meta a list", "meta", [1, 2], DEADLETTER, SHAPE),
     ("protocol not a map", "protocol", 7, DEADLETTER, SHAPE),
-    ("unknown protocol", "protocol.kind", "nope", DEADLETTER, frozenset({"episode_error"})),
-    ("agent kind", "protocol.agent", {"kind": "nope"}, DEADLETTER, SHAPE),
+    ("unknown protocol", "protocol.kind", "nope", DEADLETTER, NOT_A_TASK),
+    ("agent kind", "protocol.agent", {"kind": "nope"}, DEADLETTER, NOT_A_TASK),
+    ("agent import path", "protocol.agent", {"kind": "subprocess:Popen"}, DEADLETTER, NOT_A_TASK),
+    ("reward function", "reward", {"functions": [{"kind": "os:system"}]}, DEADLETTER, NOT_A_TASK),
     ("agent not a map", "protocol.agent", "tool", DEADLETTER, SHAPE),
     ("sampling unknown key", "inference.sampling", {"bogus": 1}, DEADLETTER, SHAPE),
     ("inference not a map", "inference", [1], DEADLETTER, SHAPE),

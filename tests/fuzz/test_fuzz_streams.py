@@ -33,6 +33,7 @@ from hostile import (  # noqa: E402
     FUZZ_N,
     FUZZ_SEED,
     PROCESSED,
+    TASK,
     Hostile,
     encode_valid,
     hostile,
@@ -194,6 +195,7 @@ async def test_actor_survives_hostile_requests(redis_url: str, fuzz_summary: lis
     settings = actor_main.ActorSettings(
         redis_url=redis_url, run_id="fz-act", metrics_port=0, claim_idle_ms=500,
         max_head_offpolicyness=None, block_ms=100, concurrency=4, max_steps=2,
+        tasks=[TASK],
     )  # fmt: skip
     stop = asyncio.Event()
     client = ScriptedClient(["42"])  # every call the same answer: the streams are fuzzed
@@ -221,6 +223,8 @@ async def test_actor_survives_hostile_requests(redis_url: str, fuzz_summary: lis
     acct = await assert_consistent(r, keys, entries)
     assert acct["groups_requested"] == len(entries)
     assert acct["groups_deadlettered"] == n_dead and acct["groups_in_flight"] == n_done
+    # an entry naming a module by its import path never got it imported
+    assert "tests.import_marker" not in sys.modules
     report(fuzz_summary, "requests -> actor", entries, dead)
     await r.aclose()
 

@@ -8,6 +8,8 @@ killed while they hold work; in-process actors get a ScriptedClient.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -21,9 +23,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from libludic import transport as t
-from libludic.inference.request import InferenceSpec
-from libludic.inference.sampling import SamplingConfig
 from libludic.requests import EnvSpec, RolloutRequest
+from libludic.tasks import TaskSpec
 from services.actor import main as actor_main
 from tests.fakes import FakeOpenAIServer, ScriptedClient
 
@@ -37,14 +38,28 @@ def fake_openai() -> Iterator[FakeOpenAIServer]:
         yield f
 
 
-def request(i: int, **kw: Any) -> RolloutRequest:
-    kw.setdefault("env", EnvSpec("arithmetic", {"digits": 2}))
-    return RolloutRequest(
-        id=f"req-{i}",
-        env_seed=i,
-        inference=InferenceSpec(sampling=SamplingConfig(max_tokens=4)),
-        **kw,
+#: the tasks of the actors' run config (feeder.tasks): what a request may run
+TASK = {
+    "name": "add2",
+    "env": {"kind": "arithmetic", "kwargs": {"digits": 2}},
+    "inference": {"sampling": {"max_tokens": 4}},
+}
+PARTIAL = {
+    **TASK,
+    "name": "partial",
+    "env": {"kind": "arithmetic", "kwargs": {"digits": 2, "partial_credit": True}},
+}
+FLAKY = {**TASK, "name": "flaky", "env": {"kind": "tests.user_plugins:OddSeedsFail"}}
+TASKS = [TASK, PARTIAL, FLAKY]
+
+
+def request(i: int, task: dict[str, Any] = TASK, **kw: Any) -> RolloutRequest:
+    """Request ``req-<i>`` of ``task``; ``kw`` replaces fields of it (an entry that is no
+    task of the run)."""
+    req = TaskSpec.from_dict(task).request(
+        id=f"req-{i}", env_seed=i, sampling_seed=None, num_episodes=1, same_env_seed=False
     )
+    return dataclasses.replace(req, **kw)
 
 
 async def feed(r: Any, keys: t.Keys, reqs: list[RolloutRequest]) -> None:
@@ -81,6 +96,8 @@ def spawn_actor(redis_url: str, run_id: str, inference_url: str, *extra: str) ->
         "2",
         "--block-ms",
         "200",
+        "--tasks",
+        json.dumps(TASKS),
         *extra,
     ]
     return subprocess.Popen(
@@ -161,7 +178,8 @@ def flaky(fail: int) -> ScriptedClient:
 async def test_actor_deadletters_bad_requests_and_retries_inference_errors(redis_url: str) -> None:
     keys = t.Keys("act2")
     r = t.connect(redis_url)
-    await feed(r, keys, [request(0), request(1, env=EnvSpec("no_such_env"))])
+    # req-1 names an env that is not a task of the run; req-3's env raises (an odd seed)
+    await feed(r, keys, [request(0), request(1, env=EnvSpec("no_such_env")), request(3, FLAKY)])
     await t.xadd(r, keys.requests, "junk", b"\x00not msgpack")
     settings = actor_main.ActorSettings(
         redis_url=redis_url,
@@ -169,6 +187,7 @@ async def test_actor_deadletters_bad_requests_and_retries_inference_errors(redis
         metrics_port=0,
         claim_idle_ms=300,
         max_head_offpolicyness=None,
+        tasks=TASKS,
         block_ms=100,
         concurrency=2,
     )
@@ -181,9 +200,13 @@ async def test_actor_deadletters_bad_requests_and_retries_inference_errors(redis
     await wait_for(settled, 30, "the actor to settle every request")
     stop.set()
     stats = await asyncio.wait_for(task, 30)
-    assert stats.retried == 1 and stats.episodes == 1 and stats.deadlettered == 2
-    reasons = sorted(t.as_str(f[b"reason"]) for _, f in await r.xrange(keys.deadletter))
-    assert reasons == ["bad_msgpack", "episode_error"]
+    assert stats.retried == 1 and stats.episodes == 1 and stats.deadlettered == 3
+    dead = {
+        t.as_str(f[b"reason"]): t.as_str(f[b"detail"]) for _, f in await r.xrange(keys.deadletter)
+    }
+    assert sorted(dead) == ["bad_msgpack", "episode_error", "not_a_task"]
+    assert "task flaky: ValueError: problem 3 is malformed" in dead["episode_error"]
+    assert "not one of this run's tasks ['add2', 'partial', 'flaky']" in dead["not_a_task"]
     (ro,) = await rollouts(r, keys)
     assert ro.meta["request_id"] == "req-0" and ro.meta["group_rollouts"] == 1
     await r.aclose()
@@ -200,6 +223,7 @@ async def test_actor_waits_while_inference_is_stale(redis_url: str) -> None:
         metrics_port=0,
         max_head_offpolicyness=2,
         block_ms=100,
+        tasks=TASKS,
     )
     before = stale_waits()
     stop = asyncio.Event()
@@ -275,14 +299,14 @@ async def test_metrics_and_health_endpoints(redis_url: str) -> None:
     n = len(seeds)
     keys = t.Keys("act4")
     r = t.connect(redis_url)
-    env = EnvSpec("arithmetic", {"digits": 2, "partial_credit": True})
-    await feed(r, keys, [request(i, env=env) for i in seeds])
+    await feed(r, keys, [request(i, PARTIAL) for i in seeds])
     port = free_port()
     settings = actor_main.ActorSettings(
         redis_url=redis_url,
         run_id="act4",
         metrics_port=port,
         max_head_offpolicyness=None,
+        tasks=TASKS,
         block_ms=100,
         heartbeat_ttl_s=1.0,
     )
@@ -353,8 +377,9 @@ async def test_an_entry_claimed_back_while_in_flight_runs_once(redis_url: str) -
     r = t.connect(redis_url)
     await feed(r, keys, [request(0, env=EnvSpec("no_such_env"))])
     settings = actor_main.ActorSettings(
-        redis_url=redis_url, run_id="act5", metrics_port=0, max_head_offpolicyness=None
-    )
+        redis_url=redis_url, run_id="act5", metrics_port=0, max_head_offpolicyness=None,
+        tasks=TASKS,
+    )  # fmt: skip
     actor = Actor(settings, flaky(0), r, asyncio.Event())
     (entry,) = await actor.consumer.read(1, block_ms=100)
     actor._spawn(entry)
@@ -363,7 +388,7 @@ async def test_an_entry_claimed_back_while_in_flight_runs_once(redis_url: str) -
     await asyncio.gather(*actor.tasks.values())
     actor._spawn(t.Entry(entry.id, dict(entry.fields), claimed=True))  # claimed before the end
     assert actor.tasks == {} and actor.stats.deadlettered == 1
-    assert [f[b"reason"] for _, f in await r.xrange(keys.deadletter)] == [b"episode_error"]
+    assert [f[b"reason"] for _, f in await r.xrange(keys.deadletter)] == [b"not_a_task"]
     await r.aclose()
 
 
@@ -379,7 +404,7 @@ async def test_a_request_whose_body_names_another_id_is_dead_lettered(redis_url:
     await feed(r, keys, [request(1)])
     settings = actor_main.ActorSettings(
         redis_url=redis_url, run_id="act6", metrics_port=0, max_head_offpolicyness=None,
-        block_ms=100,
+        block_ms=100, tasks=TASKS,
     )  # fmt: skip
     stop = asyncio.Event()
     task = asyncio.create_task(actor_main.run(settings, client=flaky(0), stop=stop))
@@ -394,3 +419,52 @@ async def test_a_request_whose_body_names_another_id_is_dead_lettered(redis_url:
 
 async def _xlen_zero(r: Any, key: str) -> bool:
     return int(await r.xlen(key)) == 0
+
+
+async def test_an_entry_naming_what_its_run_does_not_is_dead_lettered_unopened(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream entry is bounded by the run's config: an env named by an import path (a
+    module that marks its import), a protocol or agent the tasks do not name, or a dataset
+    path outside the task's own (a FIFO: opening it would block the actor for good) is
+    dead-lettered as not_a_task, and nothing it names is imported or opened."""
+    import os as _os
+
+    mark = tmp_path / "imported"
+    monkeypatch.setenv("LUDIC_TEST_IMPORT_MARK", str(mark))
+    fifo = tmp_path / "secrets.jsonl"
+    _os.mkfifo(fifo)
+    qa = {
+        "name": "qa",
+        "env": {
+            "kind": "dataset_qa",
+            "kwargs": {"path": str(REPO / "examples/gsm8k/gsm8k_sample.jsonl"), "format": "gsm8k"},
+        },
+    }
+    keys = t.Keys("act7")
+    r = t.connect(redis_url)
+    bad = [
+        request(1, env=EnvSpec("tests.import_marker:Env")),
+        request(2, env=EnvSpec("os:system", {"command": "true"})),
+        request(3, env=EnvSpec("dataset_qa", {"path": str(fifo), "format": "gsm8k"})),
+        request(
+            4, protocol=dataclasses.replace(request(4).protocol, kind="tests.import_marker:Env")
+        ),
+    ]
+    await feed(r, keys, [request(0), *bad])
+    settings = actor_main.ActorSettings(
+        redis_url=redis_url, run_id="act7", metrics_port=0, max_head_offpolicyness=None,
+        block_ms=100, tasks=[TASK, qa],
+    )  # fmt: skip
+    stop = asyncio.Event()
+    task = asyncio.create_task(actor_main.run(settings, client=flaky(0), stop=stop))
+    await wait_for(lambda: _xlen_zero(r, keys.requests), 30, "every request settled")
+    stop.set()
+    stats = await asyncio.wait_for(task, 30)
+    assert stats.episodes == 1 and stats.deadlettered == len(bad)
+    dead = [
+        (t.as_str(f[b"id"]), t.as_str(f[b"reason"])) for _, f in await r.xrange(keys.deadletter)
+    ]
+    assert sorted(dead) == [(f"req-{i}", "not_a_task") for i in range(1, 5)]
+    assert not mark.exists() and "tests.import_marker" not in sys.modules
+    await r.aclose()

@@ -80,6 +80,7 @@ async def run_pipeline(
         max_head_offpolicyness=1,
         block_ms=200,
         concurrency=2,
+        tasks=TASKS,
         inference_urls=urls or ["http://unused"],
     )
     c_s = credit_main.CreditSettings(

@@ -50,7 +50,7 @@ async def test_a_sentence_scores_with_the_tasks_parser_and_not_without():
 
 def test_up_eval_protocol_is_checked_at_start_up():
     assert UpSettings(eval_protocol=PROTOCOL).eval_protocol == PROTOCOL
-    with pytest.raises(ValueError, match=r"up.eval_protocol=.*unknown parser kind 'nope'"):
+    with pytest.raises(ValueError, match=r"up.eval_protocol=.*parser.kind='nope' is unknown"):
         UpSettings(eval_protocol={"kind": "single_agent", "kwargs": {"parser": "nope"}})
     with pytest.raises(ValueError, match=r"up.eval_protocol=.*mapping with 'kind'"):
         UpSettings(eval_protocol={"kwargs": {"parser": "boxed"}})
@@ -77,5 +77,5 @@ def test_eval_service_protocol_falls_back_to_up(tmp_path):
         yaml.safe_dump({"up": {"eval_env": ENV, "eval_n": 7}, "eval": {"n": 5, "protocol": own}})
     )
     assert (load().n, load().protocol) == (5, own)  # eval's own section beats up:
-    with pytest.raises(ValueError, match="eval protocol"):
+    with pytest.raises(ValueError, match="eval.protocol="):
         load("--protocol", json.dumps({"kind": "single_agent", "kwargs": {"parser": 3}}))

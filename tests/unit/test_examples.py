@@ -7,10 +7,9 @@ import pytest
 import yaml
 
 from libludic.registry import build_registries
-from libludic.requests import RolloutRequest
 from libludic.rollout.engine import RolloutEngine
+from libludic.tasks import parse_tasks
 from services.common.heldout import eval_requests
-from services.feeder.settings import Task
 from services.launcher.settings import UpSettings
 from tests.fakes import ScriptedClient
 
@@ -37,8 +36,11 @@ async def test_example_tasks_run_an_episode(path, monkeypatch):
         *build_registries(ScriptedClient(["<move>5</move> \\boxed{3} ```python\nprint(1)\n```"]))
     )
     # tasks parsed as the feeder parses them (protocol, agent: ...)
-    tasks = [Task.from_dict(t, i) for i, t in enumerate(cfg["feeder"]["tasks"])]
-    reqs = [RolloutRequest(env=t.env, protocol=t.protocol, env_seed=1) for t in tasks]
+    tasks = parse_tasks(cfg["feeder"]["tasks"], "feeder.tasks")
+    reqs = [
+        t.request(id=f"r{i}", env_seed=1, sampling_seed=1, num_episodes=1)
+        for i, t in enumerate(tasks)
+    ]
     up = UpSettings(**cfg["up"])  # every key known, eval_protocol's parser built
     reqs += eval_requests(up.eval_env, 1, up.eval_max_tokens, up.eval_protocol)
     rollouts = await eng.generate_rollouts(reqs, max_steps=cfg["actor"].get("max_steps", 1))
@@ -49,7 +51,7 @@ async def test_example_tasks_run_an_episode(path, monkeypatch):
 
 
 def test_dataset_qa_spec_validation():
-    from libludic.registry import dataset_qa_env
+    from libludic.envs.dataset_qa_env import dataset_qa_env
 
     with pytest.raises(ValueError, match="exactly one of"):
         dataset_qa_env()

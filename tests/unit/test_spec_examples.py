@@ -118,7 +118,7 @@ def make_requests() -> list[RolloutRequest]:
 
 async def test_the_specs_training_loop_trains(policy) -> None:
     model, client = policy
-    env_registry, protocol_registry = build_registries(client)
+    env_registry, protocol_registry, _ = build_registries(client)
     start = copy.deepcopy(model.state_dict())
     ns: dict[str, Any] = {
         "model": model,

@@ -381,3 +381,20 @@ __all__ = [
     "run_tests",
     "score",
 ]
+
+
+_PROBLEMS: dict[str, list[CodeProblem]] = {}  # problems_path -> its problems, read once
+
+
+def code_exec_env(
+    problems_path: str, config: dict[str, Any] | None = None, system_prompt: str | None = None
+) -> CodeExecEnv:
+    """The ``code_exec`` env kind from plain data: a JSONL of problems and CodeExecConfig
+    fields (the file is read once per process)."""
+    if problems_path not in _PROBLEMS:
+        _PROBLEMS[problems_path] = load_problems(problems_path)
+    return CodeExecEnv(
+        _PROBLEMS[problems_path],
+        config=CodeExecConfig(**(config or {})),
+        system_prompt=DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt,
+    )

@@ -1,5 +1,6 @@
-"""Agents chosen from config: `agent: {kind: plain|tool|react, ...}` in a feeder task
-reaches the actor's protocol through the request, and bad values fail with the choices."""
+"""Agents chosen from config: `agent: {kind: plain|tool|react|pkg.mod:Class, ...}` in a
+feeder task reaches the actor's protocol through the request, and bad values fail at the
+feeder's start-up with the choices."""
 
 import json
 
@@ -14,7 +15,8 @@ from libludic.envs.arithmetic import generate_problem
 from libludic.registry import build_registries
 from libludic.requests import AgentSpec, EnvSpec, ProtocolSpec, RolloutRequest
 from libludic.rollout.engine import RolloutEngine
-from services.feeder.settings import FeederSettings, Task
+from libludic.tasks import TaskSpec
+from services.feeder.settings import FeederSettings
 from services.feeder.worker import make_request
 from tests.fakes import ScriptedClient
 
@@ -27,7 +29,7 @@ def feeder_request(task: dict) -> RolloutRequest:
 
 
 def built_agents(task: dict) -> list:
-    env_reg, proto_reg = build_registries(ScriptedClient(["1"]))
+    _, proto_reg, _ = build_registries(ScriptedClient(["1"]))
     req = feeder_request(task)
     extra = {} if req.protocol.agent is None else {"agent": req.protocol.agent}
     proto = proto_reg[req.protocol.kind](inference=req.inference, **req.protocol.kwargs, **extra)
@@ -69,52 +71,64 @@ def test_multi_agent_builds_one_agent_of_the_kind_per_role():
     "agent,match",
     [
         (
-            {"kind": "planner"},
-            r"agent kind 'planner' is unknown; valid kinds: \['plain', 'react', 'tool'\]",
+            {"kind": "planer"},
+            r"agent.kind='planer' is unknown; registered: \[plain, react, tool\]; did you "
+            r"mean 'plain'\?",
         ),
         (
             {"kind": "plain", "tools": ["python"]},
-            r"unknown kwarg\(s\) \['tools'\]; valid kwargs for 'plain': none",
+            r"agent \(plain\): unknown keyword\(s\) \['tools'\]; known: none",
         ),
         (
-            {"kind": "tool", "tools": ["python"], "rounds": 2},
-            r"unknown kwarg\(s\) \['rounds'\]; valid kwargs for 'tool': \['tools', 'max_tool_rounds'\]",
+            {"kind": "tool", "tools": ["python"], "max_tool_round": 2},
+            r"unknown keyword\(s\) \['max_tool_round'\]; known: \['tools', 'max_tool_rounds'\]; "
+            r"did you mean 'max_tool_rounds'\?",
         ),
         (
             {"kind": "tool", "tools": ["bash"]},
-            r"unknown tool\(s\) \['bash'\]; available: \['calculator', 'python'\]",
+            r"agent.tools\[0\]='bash' is unknown; registered: \[.*calculator, python\]",
+        ),
+        (
+            {"kind": "tool", "tools": ["no_such_pkg.tools:grep"]},
+            r"agent.tools\[0\]='no_such_pkg.tools:grep': cannot import 'no_such_pkg.tools'",
         ),
         ({"kind": "tool"}, r"needs tools=\[...\]"),
-        ({"kind": "tool", "tools": "python"}, r"must be a list of tool names"),
+        ({"kind": "tool", "tools": "python"}, r"must be a list of tool kinds"),
         ({"kind": "react", "max_tool_rounds": -1}, r"max_tool_rounds=-1 must be an integer >= 0"),
         ({"kind": "react", "think_error_reward": "x"}, r"think_error_reward='x' must be a number"),
+        (
+            {"kind": "os:system"},
+            r"agent.kind='os:system' names <built-in function system>, not an Agent",
+        ),
     ],
 )
 def test_bad_agent_config_fails_at_feeder_startup_naming_value_and_choices(agent, match):
-    with pytest.raises(ValueError, match=r"feeder task #0 \(arithmetic\): .*" + match):
+    with pytest.raises(ValueError, match=r"feeder.tasks\[0\] \(arithmetic\).protocol: .*" + match):
         FeederSettings(tasks=[{"env": {"kind": "arithmetic"}, "agent": agent}], metrics_port=0)
 
 
 def test_feeder_task_rejects_unknown_keys_and_a_doubled_agent():
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['agnet'\]; valid keys: .*'agent'"):
-        Task.from_dict({"env": {"kind": "arithmetic"}, "agnet": {"kind": "tool"}}, 0)
+        TaskSpec.from_dict({"env": {"kind": "arithmetic"}, "agnet": {"kind": "tool"}})
     with pytest.raises(ValueError, match="sets agent twice"):
-        Task.from_dict(
+        TaskSpec.from_dict(
             {
                 "env": {"kind": "arithmetic"},
                 "agent": {"kind": "plain"},
                 "protocol": {"kind": "single_agent", "agent": {"kind": "plain"}},
-            },
-            0,
+            }
         )
 
 
-def test_bad_agent_on_the_wire_is_a_codec_error():
-    # an actor decoding a request with a bad agent dead-letters it (bad_field), never runs it
-    body = RolloutRequest(env=EnvSpec("arithmetic")).to_dict()
-    body["protocol"]["agent"] = {"kind": "nope"}
-    with pytest.raises(transport.CodecError, match="agent kind 'nope' is unknown"):
-        transport.decode_request(transport.envelope(transport.KIND_REQUEST, body))
+def test_an_agent_class_of_the_users_by_import_path():
+    # a user's Agent subclass, named by its import path, with a keyword of its own
+    (a,) = built_agents(
+        {
+            "env": {"kind": "arithmetic"},
+            "agent": {"kind": "tests.user_plugins:EchoAgent", "prefix": ">"},
+        }
+    )
+    assert type(a).__name__ == "EchoAgent" and a.prefix == ">"
 
 
 def test_agent_spec_round_trips_flat():

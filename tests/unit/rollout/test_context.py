@@ -39,15 +39,16 @@ def test_truncated_thinking_rejects_negative_budget():
 
 
 def test_a_context_strategy_takes_its_keyword_arguments_from_plain_data() -> None:
-    from libludic.registry import make_context
+    from libludic.context.config import make_context
 
     ctx = make_context({"kind": "truncated_thinking", "kwargs": {"max_thinking_chars": 3}})
     assert isinstance(ctx, TruncatedThinkingContext) and ctx.max_thinking_chars == 3
     assert type(make_context("full")).__name__ == "FullDialog"
     with pytest.raises(
         ValueError,
-        match=r"unknown kwargs \['max_chars'\]; known: \['max_thinking_chars', 'placeholder'\]",
+        match=r"unknown keyword\(s\) \['max_chars'\]; known: \['max_thinking_chars', "
+        r"'placeholder'\]",
     ):
         make_context({"kind": "truncated_thinking", "kwargs": {"max_chars": 3}})
-    with pytest.raises(ValueError, match="unknown context kind 'ful'"):
+    with pytest.raises(ValueError, match="context.kind='ful' is unknown; .*did you mean 'full'"):
         make_context("ful")

@@ -61,9 +61,11 @@ async def test_inference_spec_reaches_the_request():
 
 async def test_unknown_kinds_name_the_registered_ones():
     eng = RolloutEngine(*build_registries(ScriptedClient(["1"])))
-    with pytest.raises(KeyError, match="unknown env kind 'nope'.*arithmetic"):
+    with pytest.raises(KeyError, match="env kind='nope' is unknown; registered: .*arithmetic"):
         await eng.generate_rollouts([RolloutRequest(env=EnvSpec("nope"))], max_steps=1)
-    with pytest.raises(KeyError, match="unknown protocol kind"):
+    with pytest.raises(
+        KeyError, match="protocol kind='x' is unknown; registered: \\[multi_agent, single_agent\\]"
+    ):
         await eng.generate_rollouts(
             [RolloutRequest(env=EnvSpec("arithmetic"), protocol=ProtocolSpec("x"))], max_steps=1
         )

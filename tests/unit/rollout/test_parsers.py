@@ -69,5 +69,7 @@ def test_make_parser_from_plain_data():
     assert make_parser("boxed")(r"\boxed{4}").action == "4"
     comp = make_parser({"kind": "compose", "parsers": ["think", {"kind": "xml", "tag": "a"}]})
     assert comp("<think>x</think><a>1</a>").action == "1"
-    with pytest.raises(ValueError, match="unknown parser kind"):
+    with pytest.raises(
+        ValueError, match=r"parser.kind='nope' is unknown; registered: \[boxed, compose, identity"
+    ):
         make_parser({"kind": "nope"})

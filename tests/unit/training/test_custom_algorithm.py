@@ -95,14 +95,16 @@ def test_a_misspelt_off_policy_key_lists_the_known_ones() -> None:
         ({"loss": "ReinforceLoss"}, "needs kwargs.credit and kwargs.loss"),
         (
             {"credit": "GroupNormalised", "loss": "ReinforceLoss"},
-            r"credit.kind='GroupNormalised'; use one of \['ConstantCredit'",
+            r"credit.kind='GroupNormalised' is unknown; registered: \[ConstantCredit, "
+            r"GroupNormalizedReturn.*did you mean 'GroupNormalizedReturn'",
         ),
         (
             {
                 "credit": "MonteCarloReturn",
                 "loss": {"kind": "ReinforceLoss", "kwargs": {"aggregate": "x"}},
             },
-            r"unknown kwargs \['aggregate'\]; known: \['aggregation'",
+            r"unknown keyword\(s\) \['aggregate'\]; known: \['aggregation'.*did you mean "
+            r"'aggregation'",
         ),
         (
             {"credit": {"kind": "MonteCarloReturn", "kwags": {}}, "loss": "ReinforceLoss"},
