@@ -20,7 +20,7 @@ PIPQ := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || t
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv system-deps demo test test-unit test-integration test-deploy test-up test-faults test-fuzz test-gpu soak lint typecheck bench clean
+.PHONY: venv adapter-venvs system-deps demo test test-unit test-integration test-deploy test-up test-faults test-fuzz test-gpu soak lint typecheck bench clean
 
 venv: $(STAMP)
 
@@ -61,8 +61,16 @@ test-deploy: venv system-deps
 	$(PY) -m pytest tests/deploy -q -p no:cacheprovider
 
 # Everything but the minute-long end-to-end tiers and the GPU tier below (CI runs those after it).
-test: venv system-deps lint
-	$(PY) -m pytest tests -q -p no:cacheprovider -ra -m 'not containers and not faults and not up and not gpu'
+# The verifiers adapter's tests run in its own venv (it pins mcp/openai below vLLM's); the
+# OpenEnv tests serve a real openenv-core app from that extra's venv (scripts/adapter-venvs.sh).
+test: venv system-deps lint adapter-venvs
+	LUDIC_REQUIRE_ADAPTER_VENVS=1 $(PY) -m pytest tests -q -p no:cacheprovider -ra -m 'not containers and not faults and not up and not gpu'
+	$(ADAPTER_VENVS)/verifiers/bin/python -m pytest tests/adapters/test_verifiers_env.py -q -p no:cacheprovider -ra
+
+# Side venvs of the adapter extras that cannot share .venv (idempotent; ~1.5 min the first time).
+ADAPTER_VENVS ?= runs/venvs
+adapter-venvs: venv
+	LUDIC_ADAPTER_VENVS=$(ADAPTER_VENVS) bash scripts/adapter-venvs.sh
 
 # The GPU tier (tests/gpu): FSDP2 on CUDA over NCCL in bf16, the learner on CUDA publishing
 # into CUDA vLLM over HTTP and NCCL. Runs where torch sees a CUDA device; elsewhere it says

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import inspect
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -61,6 +62,15 @@ _SHORT_NAME = re.compile(r"[A-Za-z_][\w\-]*")
 
 class PluginError(ValueError):
     """A kind that cannot be resolved or built; the message names the setting and the fix."""
+
+
+class MissingDependency(PluginError):
+    """The kind's module is there but a package it imports is not installed (an optional
+    extra: ``pip install libludic[verifiers]``); ``module`` names the missing one."""
+
+    def __init__(self, message: str, module: str) -> None:
+        super().__init__(message)
+        self.module = module
 
 
 @dataclass(frozen=True)
@@ -125,9 +135,18 @@ def import_target(target: str, where: str) -> Any:
         raise PluginError(f"{where}: {target!r} is not an import path like 'package.module:Name'")
     module_name, attr = target.split(":", 1)
     try:
+        found = importlib.util.find_spec(module_name) is not None
+    except ImportError:  # a parent package is missing
+        found = False
+    try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as e:
         missing = getattr(e, "name", None) or module_name
+        if found and missing != module_name:
+            raise MissingDependency(
+                f"{where}: {module_name!r} needs {missing!r}, which is not installed: {e}",
+                missing,
+            ) from e
         raise PluginError(
             f"{where}: cannot import {module_name!r} ({type(e).__name__}: {e}); install the "
             f"package that provides {missing!r} where every service runs (pip install ...; "

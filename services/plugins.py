@@ -5,7 +5,8 @@ One row per registered kind: its group (``envs``, ``tools``, ...), its name, its
 (``module:attr``) and the installed distribution that declares it (libludic's own kinds are
 registered like a user's, in its pyproject). Two distributions registering one name
 differently are listed as a clash. ``--load`` imports every target and exits 1 when one
-fails. Any kind may also be named by its import path ``package.module:Name`` (not listed).
+fails; a kind whose optional extra is not installed (``pip install libludic[verifiers]``) is
+reported as not installed, not as a failure. Any kind may also be named by its import path ``package.module:Name`` (not listed).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     p.load()
                     row["load"] = "ok"
+                except plugins.MissingDependency as e:  # an optional extra not installed here
+                    row["load"] = f"not installed ({e.module} missing)"
                 except plugins.PluginError as e:
                     row["load"] = str(e)
                     failed += 1
@@ -43,11 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         for g in groups:
             print(f"{plugins.GROUPS[g]}  ({plugins.CONTRACTS[g]})")
             for row in (r for r in rows if r["group"] == g):
-                load = (
-                    ""
-                    if not args.load
-                    else ("  ok" if row["load"] == "ok" else f"  FAILED: {row['load']}")
-                )
+                status = str(row.get("load", ""))
+                ok = status == "ok" or status.startswith("not installed")
+                load = "" if not args.load else f"  {status}" if ok else f"  FAILED: {status}"
                 print(f"  {row['name']:<32} {row['target']:<58} {row['dist']}{load}")
             print()
         for c in clashes:

@@ -45,10 +45,18 @@ class ScriptedClient:
 
     Token ids are UTF-8 bytes of the prompt/reply (like the tiny model's tokenizer) and EOS
     (258); logprobs are -0.5 per token; ``policy_version`` is settable. ``fail_first``: the
-    first k calls raise InferenceError (a replica restarting).
+    first k calls raise InferenceError (a replica restarting); ``context``: a prompt longer
+    than this many bytes raises ContextLengthExceeded (a server's max_model_len).
     """
 
-    def __init__(self, replies: Sequence[Reply], policy_version: int = 0, fail_first: int = 0):
+    def __init__(
+        self,
+        replies: Sequence[Reply],
+        policy_version: int = 0,
+        fail_first: int = 0,
+        context: int | None = None,
+    ):
+        self.context = context  # prompt bytes past which a call raises ContextLengthExceeded
         self.replies = list(replies)
         self.requests: list[ChatCompletionRequest] = []
         self.policy_version = policy_version
@@ -64,9 +72,13 @@ class ScriptedClient:
         self.requests.append(request)
         if not self.replies:
             raise AssertionError("ScriptedClient ran out of replies")
+        prompt = "".join(f"<{m['role']}>{m['content']}" for m in request.messages)
+        if self.context is not None and len(prompt.encode()) > self.context:
+            from libludic.inference.client import ContextLengthExceeded
+
+            raise ContextLengthExceeded(f"{len(prompt.encode())} prompt tokens > {self.context}")
         r = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
         text = r(request) if callable(r) else r
-        prompt = "".join(f"<{m['role']}>{m['content']}" for m in request.messages)
         ids = list(text.encode()) + [258]
         return (
             ChatResponse(

@@ -110,3 +110,13 @@ class OddSeedsFail(CountDownEnv):
         if seed is not None and seed % 2:
             raise ValueError(f"problem {seed} is malformed")
         return super().env_reset(seed=seed)
+
+
+class FailsAfterTheCheck(CountDownEnv):
+    """Resets at seed 0 (the start-up check's) and fails on every other seed: a task that
+    passes ``check_task`` and then has every request dead-lettered."""
+
+    def env_reset(self, *, seed: int | None = None) -> tuple[str, Info]:
+        if seed:
+            raise ValueError(f"cannot load problem {seed}")
+        return super().env_reset(seed=seed)

@@ -18,6 +18,12 @@ class InferenceError(RuntimeError):
     """The backend could not answer (down, timed out after retries, malformed reply)."""
 
 
+class ContextLengthExceeded(RuntimeError):
+    """The request's prompt leaves no room for a completion in the model's context (the
+    server refused it with 400). Not an InferenceError: retrying cannot help. A multi-turn
+    protocol ends the episode there (``truncation_reason="context_length"``)."""
+
+
 @runtime_checkable
 class ChatClient(Protocol):
     async def complete(

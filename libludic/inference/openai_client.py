@@ -7,7 +7,8 @@ the body's ``policy_version`` or the ``X-Ludic-Policy-Version`` header.
 
 Failures: connection errors, timeouts, 429 and 5xx are retried ``max_retries`` times
 with exponential backoff (:class:`libludic.retry.Backoff`: ``backoff_s`` doubling, capped at ``max_backoff_s``); other
-4xx fail at once. Whatever still fails raises InferenceError naming the URL and cause.
+4xx fail at once. Whatever still fails raises InferenceError naming the URL and cause; a 400
+saying the prompt fills the model's context raises ContextLengthExceeded (the episode ends).
 
 Coalescing (``coalesce=True``, the default). Calls of ``complete()`` made in the same
 event-loop iteration that differ only in their seed (same model, messages, sampling, return
@@ -28,18 +29,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from libludic.inference.client import InferenceError
+from libludic.inference.client import ContextLengthExceeded, InferenceError
 from libludic.inference.request import ChatCompletionRequest
 from libludic.retry import Backoff
 from libludic.types import ChatResponse
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+# vLLM's 400 for a prompt with no room left for a completion (its two wordings: the prompt
+# alone exceeds max_model_len, or it fills it and max_tokens comes out 0)
+_CONTEXT_FULL = re.compile(
+    r"maximum context length|max_tokens must be at least 1|parameter=input_tokens"
+)
 
 
 @dataclass
@@ -127,6 +134,11 @@ class OpenAIChatClient:
             else:
                 if resp.status_code < 400:
                     return resp
+                if resp.status_code == 400 and _CONTEXT_FULL.search(resp.text):
+                    raise ContextLengthExceeded(
+                        f"{method} {self.base_url}{path}: the prompt fills the model's "
+                        f"context: {resp.text[:300]}"
+                    )
                 if resp.status_code not in RETRY_STATUS:
                     raise InferenceError(
                         f"{method} {self.base_url}{path} failed with HTTP {resp.status_code}: {resp.text[:300]}"

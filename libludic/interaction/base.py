@@ -9,7 +9,9 @@ A protocol returns one Rollout per agent that acted. Rules shared by the protoco
 * Tool calls made inside one ``act()`` become their own steps (``info["kind"]=
   "tool_call"``, reward 0) so every model call has a trace the trainer can use.
 * Hitting ``max_steps`` before the env ends marks the last step ``truncated`` with
-  ``info["truncation_reason"]="max_steps"``.
+  ``info["truncation_reason"]="max_steps"``; a prompt that no longer fits the model's
+  context (the server's ContextLengthExceeded) ends the episode the same way with
+  ``"context_length"`` (on the first prompt it is the task's error and propagates).
 * An env with an ``astep`` coroutine (CodeExecEnv: tests run in a worker thread) is
   stepped with it, so a slow step does not stall the other episodes of the event loop.
 """
@@ -59,6 +61,13 @@ def tool_steps(
         )
         obs = tool_obs
     return steps
+
+
+def truncate(step: Step, reason: str) -> None:
+    """Mark ``step`` as the last of an episode cut short, and why (``max_steps``,
+    ``parse_error``, ``context_length``)."""
+    step.truncated = True
+    step.info["truncation_reason"] = reason
 
 
 def action_info(parsed: ParseResult, turn: AgentTurn) -> dict[str, Any]:

@@ -14,7 +14,14 @@ from libludic.agents.base_agent import Agent
 from libludic.agents.config import MakeAgent
 from libludic.context.config import ContextSpec
 from libludic.envs.env import LudicEnv
-from libludic.interaction.base import InteractionProtocol, action_info, step_env, tool_steps
+from libludic.inference.client import ContextLengthExceeded
+from libludic.interaction.base import (
+    InteractionProtocol,
+    action_info,
+    step_env,
+    tool_steps,
+    truncate,
+)
 from libludic.parsers import ParserSpec
 from libludic.types import Rollout, Step
 
@@ -58,7 +65,16 @@ class MultiAgentProtocol(InteractionProtocol):
                 a: None if sampling_seed is None else sampling_seed * 100 + k
                 for k, a in enumerate(active)
             }
-            results = await asyncio.gather(*(self.agents[a].act(seed=seeds[a]) for a in active))
+            try:
+                results = await asyncio.gather(*(self.agents[a].act(seed=seeds[a]) for a in active))
+            except ContextLengthExceeded:
+                if not any(steps.values()):  # the first prompt does not fit: the task's error
+                    raise
+                for s in steps.values():
+                    if s:
+                        truncate(s[-1], "context_length")
+                ended = True
+                break
             actions: dict[str, str] = {}
             acted: dict[str, Step] = {}
             for aid, (_action, ainfo) in zip(active, results):
@@ -116,8 +132,7 @@ class MultiAgentProtocol(InteractionProtocol):
         if not ended:
             for aid in steps:
                 if steps[aid]:
-                    steps[aid][-1].truncated = True
-                    steps[aid][-1].info["truncation_reason"] = "max_steps"
+                    truncate(steps[aid][-1], "max_steps")
         return [Rollout(steps=s, meta={"agent_id": aid}) for aid, s in steps.items() if s]
 
 

@@ -8,7 +8,14 @@ from libludic.agents.base_agent import Agent
 from libludic.agents.config import MakeAgent
 from libludic.context.config import ContextSpec
 from libludic.envs.env import LudicEnv
-from libludic.interaction.base import InteractionProtocol, action_info, step_env, tool_steps
+from libludic.inference.client import ContextLengthExceeded
+from libludic.interaction.base import (
+    InteractionProtocol,
+    action_info,
+    step_env,
+    tool_steps,
+    truncate,
+)
 from libludic.parsers import ParserSpec
 from libludic.types import Rollout, Step
 
@@ -45,7 +52,14 @@ class SingleAgentSyncProtocol(InteractionProtocol):
         steps: list[Step] = []
         ended = False
         for _ in range(max_steps):
-            _action, ainfo = await self.agent.act(seed=sampling_seed)
+            try:
+                _action, ainfo = await self.agent.act(seed=sampling_seed)
+            except ContextLengthExceeded:
+                if not steps:  # the first prompt does not fit: the task's, not the episode's
+                    raise
+                truncate(steps[-1], "context_length")
+                ended = True
+                break
             parsed = ainfo["parsed"]
             turns = ainfo["turns"]
             steps.extend(tool_steps(turns, len(steps), obs, agent_id))
@@ -71,8 +85,7 @@ class SingleAgentSyncProtocol(InteractionProtocol):
                 self.agent.on_after_step(feedback, {})
                 obs = feedback
                 if self.stop_on_parse_error:
-                    steps[-1].truncated = True
-                    steps[-1].info["truncation_reason"] = "parse_error"
+                    truncate(steps[-1], "parse_error")
                     ended = True
                     break
                 continue
@@ -100,8 +113,7 @@ class SingleAgentSyncProtocol(InteractionProtocol):
             self.agent.on_after_step(out.obs, out.info)
             obs = out.obs
         if not ended and steps:
-            steps[-1].truncated = True
-            steps[-1].info["truncation_reason"] = "max_steps"
+            truncate(steps[-1], "max_steps")
         return [Rollout(steps=steps, meta={"agent_id": agent_id})]
 
 

@@ -106,6 +106,7 @@ from libludic.transport.consumer import (  # noqa: F401
     Entry,
     StreamConsumer,
     backlog,
+    deadletters_sync,
     ensure_group,
     recent_fields,
     stream_info,
@@ -135,6 +136,7 @@ from libludic.transport.state import (  # noqa: F401
 
 __all__ = [
     "stream_lengths_sync",
+    "deadletters_sync",
     "recent_fields",
     "stream_info",
     "stream_lengths",

@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 import redis.exceptions as rexc
 
 from libludic.transport.connection import as_str, wait_event
-from libludic.transport.keys import DONE_TTL_S
+from libludic.transport.keys import DONE_TTL_S, Keys
 
 log = logging.getLogger("libludic.transport")
 
@@ -431,6 +431,12 @@ def stream_lengths_sync(r: Any, streams: Mapping[str, str]) -> dict[str, int]:
     for key in streams.values():
         pipe.xlen(key)
     return {name: int(n) for name, n in zip(streams, pipe.execute(), strict=True)}
+
+
+def deadletters_sync(r: Any, keys: Keys, count: int) -> list[dict[bytes, Any]]:
+    """The fields of the first ``count`` dead-letter entries, oldest first, with a
+    synchronous ``redis.Redis`` (the launcher's failing-task report)."""
+    return [fields for _, fields in r.xrange(keys.deadletter, count=count)]
 
 
 async def stream_info(r: aioredis.Redis, key: str) -> dict[str, Any]:

@@ -229,15 +229,22 @@ def create_app(
         collector = VersionCollector(detokenize=not decodes_once(req, endpoint, handler))
         started_version = e.version
         token = COLLECTOR.set(collector)
+        from vllm.entrypoints.serve.engine.protocol import ErrorResponse  # as Req, above
+        from vllm.entrypoints.serve.exception_handling.error_response import (  # as Req, above
+            create_error_response,
+        )
+        from vllm.exceptions import VLLMClientError  # as Req, above
+
         try:
             gen = await (
                 handler.create_completion(req, raw_request)
                 if endpoint == "completions"
                 else handler.create_chat_completion(req, raw_request)
             )
+        except VLLMClientError as exc:  # the request's fault (a prompt past max_model_len): 4xx
+            gen = create_error_response(exc)
         finally:
             COLLECTOR.reset(token)
-        from vllm.entrypoints.serve.engine.protocol import ErrorResponse  # as Req, above
 
         if isinstance(gen, ErrorResponse):
             metrics.requests.labels(endpoint, str(gen.error.code)).inc()

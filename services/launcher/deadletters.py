@@ -77,7 +77,7 @@ def first_reason(r: Any, keys: transport.Keys, task: str, scan: int = 5000) -> s
     """``reason: detail`` of ``task``'s first dead letter (sync Redis client ``r``), read
     from the start of the dead-letter stream (at most ``scan`` entries). ``NO_TASK``: the
     first request an actor found to be no task of its run."""
-    for _, f in r.xrange(keys.deadletter, count=scan):
+    for f in transport.deadletters_sync(r, keys, scan):
         reason = transport.as_str(f.get(b"reason", b"?"))
         if task == NO_TASK and reason != "not_a_task":
             continue

@@ -253,6 +253,39 @@ async def test_top_k_and_stop_token_ids_reach_vllm(server: InferenceServer) -> N
         await client.aclose()
 
 
+async def test_a_prompt_past_the_context_is_a_400_the_client_names(server: InferenceServer) -> None:
+    """A prompt longer than max_model_len (512 here) is the request's fault: 400 with vLLM's
+    reason (not a 500 a client would retry), which the library's client raises as
+    ContextLengthExceeded, so a multi-turn episode ends there instead of failing."""
+    from libludic.inference.client import ContextLengthExceeded
+    from libludic.inference.openai_client import OpenAIChatClient
+    from libludic.inference.request import ChatCompletionRequest
+    from libludic.inference.sampling import SamplingConfig
+
+    long = [{"role": "user", "content": "x" * 600}]  # byte tokens: 600 > 512
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        json={"messages": long, "max_tokens": 4},
+        timeout=60,
+    )
+    assert r.status_code == 400 and "maximum context length" in r.text, r.text
+    client = OpenAIChatClient(server.url, coalesce=False)
+    try:
+        with pytest.raises(ContextLengthExceeded, match="fills the model's context"):
+            await client.complete(
+                ChatCompletionRequest(messages=long, sampling=SamplingConfig(max_tokens=4))
+            )
+        ok, _ = await client.complete(  # the server is fine after it
+            ChatCompletionRequest(
+                messages=[{"role": "user", "content": PROMPT}],
+                sampling=SamplingConfig(temperature=0.0, max_tokens=2),
+            )
+        )
+        assert ok.completion_token_ids
+    finally:
+        await client.aclose()
+
+
 async def test_a_coalesced_group_draws_exactly_its_separate_requests_samples(
     server: InferenceServer,
 ) -> None:

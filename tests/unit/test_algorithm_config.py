@@ -12,9 +12,10 @@ from services.common.settings import load_settings
 from services.credit.settings import CreditSettings
 from services.feeder.settings import FeederSettings
 from services.learner.settings import LearnerSettings
+from tests.example_configs import run_configs
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted(ROOT.glob("examples/*/grpo.yaml"))
+EXAMPLES = run_configs()
 DEPLOY = ROOT / "deploy" / "compose" / "ludic.yaml"
 
 

@@ -11,20 +11,19 @@ from libludic.rollout.engine import RolloutEngine
 from libludic.tasks import parse_tasks
 from services.common.heldout import eval_requests
 from services.launcher.settings import UpSettings
+from tests.example_configs import ELSEWHERE, run_configs
 from tests.fakes import ScriptedClient
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = sorted(ROOT.glob("examples/*/*.yaml"))
+CONFIGS = run_configs()
 
 
-def test_there_are_four_examples():
-    assert {p.parent.name for p in CONFIGS} >= {
-        "arith",
-        "tic_tac_toe",
-        "code_exec",
-        "gsm8k",
-        "smollm2",
-    }
+def test_every_example_is_built_here_or_where_it_can_be():
+    built = {p.parent.name for p in CONFIGS}
+    assert built >= {"arith", "tic_tac_toe", "code_exec", "gsm8k", "smollm2", "custom_env"}
+    assert built >= {"reasoning_gym", "textarena"}
+    every = {p.parent.name for p in ROOT.glob("examples/*/grpo.yaml")}
+    assert every == built | set(ELSEWHERE)
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.parent.name)

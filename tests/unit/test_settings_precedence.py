@@ -30,6 +30,8 @@ from services.common import settings as common
 NOT_SERVICES = {
     "status": "a one-shot look at Redis (--redis-url, --run-id, --json)",
     "demo": "a one-process script of the library (--run-dir, --size, --groups, --group-size)",
+    "plugins": "a listing of the installed entry points (--group, --load, --json)",
+    "check": "a one-shot build of a run config's every setting, each through its own loader",
 }
 SERVICES = sorted(
     name

@@ -20,9 +20,16 @@ def test_builtin_kinds_are_registered_through_entry_points_like_a_users():
     assert {"arithmetic", "tic_tac_toe", "tic_tac_toe_2p", "code_exec", "dataset_qa"} <= set(envs)
     assert envs["arithmetic"].target == "libludic.envs.arithmetic:ArithmeticEnv"
     assert envs["arithmetic"].dist.startswith("libludic==")
+    absent = []
     for group in plugins.GROUPS:
         for p in plugins.registered(group).values():
-            assert p.load() is not None, p  # every registered target imports
+            try:
+                assert p.load() is not None, p  # every registered target imports
+            except plugins.MissingDependency as e:  # an optional extra, its own venv
+                absent.append((p.name, e.module))
+    # verifiers pins mcp and openai below what vLLM holds: it lives in a venv of its own
+    # (scripts/adapter-venvs.sh); every other kind imports in the project's venv
+    assert absent in ([], [("verifiers", "verifiers")]), absent
 
 
 def test_a_short_name_and_an_import_path_resolve_to_the_same_object():

@@ -137,3 +137,35 @@ async def test_multi_agent_protocol_needs_agent_per_role():
         await MultiAgentProtocol({"X": Agent(ScriptedClient(["1"]))}).run(
             TwoPlayerTicTacToeEnv(), max_steps=1
         )
+
+
+async def test_a_prompt_past_the_context_ends_the_episode_not_the_request():
+    # CountDown from 9 answered right every turn: the dialog grows by one exchange a turn
+    # (prompts of 12, 36, 60, 84 bytes); with a 70-byte context the fourth no longer fits. The three steps played stay
+    # (training uses them); the last is truncated with the reason. A first prompt that does
+    # not fit is the task's error and raises.
+    from libludic.inference.client import ContextLengthExceeded
+    from tests.user_plugins import CountDownEnv
+
+    answers = iter(["9", "8", "7", "6", "5"])
+    client = ScriptedClient([lambda req: next(answers)], context=70)
+    (r,) = await SingleAgentSyncProtocol(Agent(client)).run(CountDownEnv(9), max_steps=9)
+    assert [s.action for s in r.steps] == ["9", "8", "7"]
+    assert r.steps[-1].truncated and r.steps[-1].info["truncation_reason"] == "context_length"
+    assert r.total_reward == 3.0
+    with pytest.raises(ContextLengthExceeded):
+        await SingleAgentSyncProtocol(Agent(ScriptedClient(["9"], context=5))).run(
+            CountDownEnv(9), max_steps=2
+        )
+
+
+async def test_a_full_context_ends_a_multi_agent_game_for_every_role():
+    # X's prompts are 156, 253 and 350 bytes: with a 300-byte context its third does not fit
+    x = ScriptedClient(["1", "2", "3"], context=300)
+    o = ScriptedClient(["4", "5"])
+    rs = await MultiAgentProtocol({"X": Agent(x), "O": Agent(o)}).run(
+        TwoPlayerTicTacToeEnv(), max_steps=9
+    )
+    by = {r.meta["agent_id"]: r for r in rs}
+    assert len(by["X"].steps) == 2 and len(by["O"].steps) == 2
+    assert all(r.steps[-1].info["truncation_reason"] == "context_length" for r in rs)
