@@ -530,3 +530,31 @@ def test_dashboard_queries_are_valid_promql(dashboard, tmp_path):
         [exe, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
     )
     assert res.returncode != 0
+
+
+def test_a_users_override_runs_their_image_where_their_kinds_are_built(compose):
+    """examples/custom_env/deploy/compose.yaml over compose.yaml (README "Bring your own
+    environment"): the warm start, feeder, actor, credit, learner and eval run the user's
+    image, built FROM the project's; inference keeps the project's; every service mounts
+    the user's run config. Merged as Compose merges an override (a service's keys replace
+    the base's)."""
+    override = yaml.safe_load((ROOT / "examples/custom_env/deploy/compose.yaml").read_text())
+    res = check_jsonschema(ROOT / "examples/custom_env/deploy/compose.yaml")
+    assert res.returncode == 0, res.stdout + res.stderr
+    merged = copy.deepcopy(compose)
+    for name, body in override["services"].items():
+        assert name in merged["services"], f"the override names no service {name!r}"
+        merged["services"][name].update(body)
+    merged["configs"].update(override["configs"])
+    users = {"model-init", "feeder", "actor", "credit", "learner", "eval"}
+    for name in users:
+        svc = merged["services"][name]
+        assert svc["image"] == "${LUDIC_USER_IMAGE:-ludic-guess:cpu}", name
+        build = svc["build"]  # a service's build keys from the override replace the base's
+        assert build["context"] == "examples/custom_env", name
+        assert (build["dockerfile"], build["target"]) == ("Dockerfile", "user"), name
+    assert "ludic-guess" not in merged["services"]["inference"]["image"]
+    config = merged["configs"]["ludic-config"]["file"]
+    assert (ROOT / config).is_file() and config.endswith("examples/custom_env/grpo.yaml")
+    dockerfile = (ROOT / "examples/custom_env/Dockerfile").read_text()
+    assert "FROM ${LUDIC_IMAGE} AS user" in dockerfile and "ARG LUDIC_IMAGE=ludic:cpu" in dockerfile

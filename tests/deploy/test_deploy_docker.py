@@ -36,6 +36,12 @@ def test_hadolint_is_clean():
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+def test_hadolint_is_clean_on_the_users_dockerfile():
+    # examples/custom_env/Dockerfile: what the README tells a user to copy
+    res = hadolint(ROOT / "examples" / "custom_env" / "Dockerfile")
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
 def test_hadolint_rejects_a_sloppy_dockerfile(tmp_path):
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM python:latest\nRUN pip install vllm\nRUN cd /src && make\n")

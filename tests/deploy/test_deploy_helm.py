@@ -22,6 +22,7 @@ from deploy_support import (
     CRD_KINDS,
     K8S_VERSIONS,
     NAMESPACE,
+    ROOT,
     SCENARIOS,
     WORKLOAD_KINDS,
     Doc,
@@ -836,3 +837,41 @@ def test_cpu_inference_sets_the_vllm_kv_cache_once():
     assert kv_env(rendered("cpu-minimal")) == ["1"]
     overridden = {"inference": {"gpus": 0, "env": {"VLLM_CPU_KVCACHE_SPACE": "2"}}}
     assert kv_env(parse_docs(render(overridden))) == ["2"]
+
+
+# ---------------------------------------------------------------- a user's own package
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """``helm -f a -f b``: maps merge key by key, anything else from ``b``."""
+    out = copy.deepcopy(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def test_a_users_image_runs_every_component_that_builds_their_kinds():
+    """examples/custom_env/deploy/helm-values.yaml over the CPU scenario (README "Bring your
+    own environment"): feeder, actor, credit and eval run the user's image, inference and the
+    learner the project's; every pod reads the user's run config; the objects are valid."""
+    from libludic.tasks import check_task, parse_tasks
+
+    user = yaml.safe_load((ROOT / "examples/custom_env/deploy/helm-values.yaml").read_text())
+    docs = parse_docs(render(_merge(scenario_values("cpu-minimal"), user)))
+    want = "ghcr.io/ludic/ludic-guess:0.1.0-cpu"
+    for component in ("feeder", "actor", "credit", "eval"):
+        (c, *_) = containers(find(docs, "Deployment", component))
+        assert c["image"] == want, (component, c["image"])
+    for kind, component in (("Deployment", "inference"), ("StatefulSet", "learner")):
+        (c, *_) = containers(find(docs, kind, component))
+        assert "ludic-guess" not in c["image"], (component, c["image"])
+    (cm,) = [d for d in by_kind(docs, "ConfigMap") if "config.yaml" in (d.get("data") or {})]
+    config = yaml.safe_load(cm["data"]["config.yaml"])
+    assert config["feeder"]["tasks"][0]["env"]["kind"] == "guess"
+    # the run config the pods read builds with the package installed (as in the image)
+    for i, task in enumerate(parse_tasks(config["feeder"]["tasks"], "feeder.tasks")):
+        check_task(task, f"feeder.tasks[{i}]")
+    errors = [
+        e for d in docs if d["kind"] not in CRD_KINDS for e in k8s_errors(d, K8S_VERSIONS[-1])
+    ]
+    assert not errors, "\n".join(errors)
