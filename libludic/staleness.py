@@ -15,9 +15,11 @@ Two bounds, two names, one "off" value each (``None``):
 
 ``max_head_offpolicyness`` (the admission bound; AReaL's name; feeder and actors)
     Generation is admitted just in time: with ``B`` the learner's batch size and ``s`` the
-    served step, the samples trained plus those outstanding (requested, being generated,
-    waiting for credit, or waiting in the ``saw`` stream, the batch being trained included)
-    may not exceed ``(s + max_head_offpolicyness + 1) * B``::
+    served step, the samples (items: one per model call) trained plus those outstanding
+    (requested, being generated, waiting for credit, or waiting in the ``saw`` stream, the
+    batch being trained included; a requested group counts the items groups have become so
+    far, ``accounting.items_per_group``) may not exceed
+    ``(s + max_head_offpolicyness + 1) * B``::
 
         room = (s + max_head_offpolicyness + 1) * B - trained - outstanding
 

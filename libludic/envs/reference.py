@@ -25,5 +25,7 @@ class ReferenceEnv(Protocol):
 
     def score_completion(self, completion: str, reference: str) -> float:
         """The reward of ``completion`` on a problem whose reference completion is
-        ``reference`` (1.0: solved)."""
+        ``reference`` (1.0: solved). It may take a third parameter ``prompt`` (the problem's
+        observation) when an answer is judged against the problem rather than the reference
+        alone (any legal move of a board)."""
         ...

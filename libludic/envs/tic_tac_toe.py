@@ -5,6 +5,12 @@ Cells are numbered 1..9 left to right, top to bottom; an action is a cell number
 a game: win +1, draw 0, loss -1. An illegal move (occupied cell, not a cell) ends the
 game for the single-agent env with reward ``illegal_reward``; in the two-agent env the
 mover gets ``illegal_reward`` and the other agent 0.
+
+The single-agent env states a reference completion (``ReferenceEnv``): a legal move drawn
+uniformly from the free cells, so a supervised warm start on it teaches legal play and no
+strategy; its ``score_completion`` is 1.0 for any legal move of the prompt's board. With
+``opening=k`` a game starts after 0..k random move pairs (chosen by the seed), so the
+warm start sees positions from the whole game, not only the empty board.
 """
 
 from __future__ import annotations
@@ -32,6 +38,15 @@ def render(board: list[str]) -> str:
     return "\n".join(" ".join(cells[r * 3 : r * 3 + 3]) for r in range(3))
 
 
+def board_of(obs: str) -> list[str] | None:
+    """The board an observation renders (``render``'s three rows), or None."""
+    rows = re.findall(r"^([XO1-9]) ([XO1-9]) ([XO1-9])$", obs, flags=re.M)
+    if len(rows) != 3:
+        return None
+    cells = [c for row in rows for c in row]
+    return [c if c in "XO" else " " for c in cells]
+
+
 def parse_move(action: str) -> int | None:
     digits = re.findall(r"[1-9]", action)
     return int(digits[0]) - 1 if len(digits) == 1 else None
@@ -55,13 +70,19 @@ def opponent_move(board: list[str], me: str, rng: random.Random, skill: float) -
 class TicTacToeEnv(SingleAgentEnv):
     """The agent plays X and moves first against a seeded heuristic opponent (O)."""
 
-    def __init__(self, opponent_skill: float = 0.5, illegal_reward: float = -1.0) -> None:
+    def __init__(
+        self, opponent_skill: float = 0.5, illegal_reward: float = -1.0, opening: int = 0
+    ) -> None:
         if not 0.0 <= opponent_skill <= 1.0:
             raise ValueError(f"opponent_skill={opponent_skill} must be in [0, 1]")
+        if isinstance(opening, bool) or not isinstance(opening, int) or not 0 <= opening <= 4:
+            raise ValueError(f"opening={opening!r} must be an integer in [0, 4] (move pairs)")
         self.opponent_skill = opponent_skill
         self.illegal_reward = illegal_reward
+        self.opening = opening
         self.board: list[str] = [" "] * 9
         self.rng = random.Random(0)
+        self._reference: str | None = None
 
     @property
     def suggested_system_prompt(self) -> str:
@@ -70,7 +91,39 @@ class TicTacToeEnv(SingleAgentEnv):
     def env_reset(self, *, seed: int | None = None) -> tuple[str, Info]:
         self.board = [" "] * 9
         self.rng = random.Random(seed)
+        if self.opening:
+            self._play_opening()
+        # the reference move draws from its own generator: the game's stays the opponent's
+        free = [i for i in range(9) if self.board[i] == " "]
+        self._reference = str(random.Random(f"ref-{seed}").choice(free) + 1)
         return self.env_current_obs(), {}
+
+    def _play_opening(self) -> None:
+        """0..opening random move pairs (X random, O by its policy) that end no game."""
+        for _ in range(self.rng.randint(0, self.opening)):
+            board = list(self.board)
+            board[self.rng.choice([i for i in range(9) if board[i] == " "])] = "X"
+            if winner(board) or " " not in board:
+                return
+            board[opponent_move(board, "O", self.rng, self.opponent_skill)] = "O"
+            if winner(board) or " " not in board:
+                return
+            self.board = board
+
+    def reference_completion(self) -> str:
+        """A legal move of the current board, drawn uniformly (the warm start's target)."""
+        if self._reference is None:
+            raise RuntimeError("TicTacToeEnv.reference_completion called before env_reset")
+        return self._reference
+
+    def score_completion(self, completion: str, reference: str, prompt: str = "") -> float:
+        """1.0 for a legal move of ``prompt``'s board (any free cell; the reference is one
+        of them), else 0.0."""
+        cells = board_of(prompt)
+        if cells is None:  # no board in the prompt: the reference itself
+            return 1.0 if parse_move(completion) == parse_move(reference) else 0.0
+        move = parse_move(completion)
+        return 1.0 if move is not None and cells[move] == " " else 0.0
 
     def env_current_obs(self) -> str:
         return f"You are X.\n{render(self.board)}\nYour move:"

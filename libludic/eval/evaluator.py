@@ -1,9 +1,12 @@
 """Evaluator: run held-out episodes through a rollout engine and score them.
 
 Requests are run with ``ReturnSpec.for_eval()`` semantics (token ids, no logprobs: the
-episodes are never trained on). Reported, over all episodes:
+episodes are never trained on). :meth:`Evaluator.rollouts` returns the episodes;
+:meth:`Evaluator.evaluate` reports, over them, with ``G_i`` the total reward and ``R_i``
+the env return (the env's score, the parser's format reward left out) of
+libludic/eval/metrics.py:
 
-    eval/reward_mean = mean_i R_i
+    eval/reward_mean = mean_i G_i
     eval/pass_rate   = mean_i [R_i >= pass_threshold]   (threshold 1.0: fully correct)
     eval/num_episodes
 """
@@ -15,8 +18,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from libludic.eval.metrics import episode_figures
 from libludic.inference.request import InferenceSpec, ReturnSpec
 from libludic.requests import RolloutRequest
+from libludic.types import Rollout
 
 Requests = Sequence[RolloutRequest] | Callable[[], Sequence[RolloutRequest]]
 
@@ -43,18 +48,21 @@ class Evaluator:
                 "must be >= 1"
             )
 
-    async def evaluate(self) -> dict[str, float]:
+    async def rollouts(self) -> list[Rollout]:
+        """Every episode of the requests, in request order (at most ``max_steps`` turns)."""
         reqs = self.requests() if callable(self.requests) else self.requests
         reqs = [as_eval_request(r) for r in reqs]
         if not reqs:
             raise ValueError("Evaluator has no requests to run")
-        rollouts = await self.engine.generate_rollouts(
+        rollouts: list[Rollout] = await self.engine.generate_rollouts(
             reqs, max_steps=self.max_steps, concurrency=self.concurrency or 32
         )
-        rewards: list[float] = [r.total_reward for r in rollouts]
-        n = len(rewards)
+        return rollouts
+
+    async def evaluate(self) -> dict[str, float]:
+        fig = episode_figures(await self.rollouts(), self.pass_threshold)
         return {
-            "eval/reward_mean": sum(rewards) / n if n else 0.0,
-            "eval/pass_rate": sum(1 for x in rewards if x >= self.pass_threshold) / n if n else 0.0,
-            "eval/num_episodes": float(n),
+            "eval/reward_mean": fig["reward_mean"],
+            "eval/pass_rate": fig["pass_rate"],
+            "eval/num_episodes": fig["num_episodes"],
         }

@@ -20,11 +20,13 @@ import torch
 class GreedyCheck:
     """Problems (user prompt, reference) scored by ``score(answer, reference)``, where the
     answer is the greedy completion (at most ``max_new_tokens``) decoded without special
-    tokens."""
+    tokens; ``score(answer, reference, prompt)`` when ``takes_prompt`` (a task whose answer is
+    judged against the problem, e.g. any legal move of a board)."""
 
     problems: Sequence[tuple[str, str]]
-    score: Callable[[str, str], float]
+    score: Callable[..., float]
     max_new_tokens: int
+    takes_prompt: bool = False
 
     def __post_init__(self) -> None:
         if not self.problems or self.max_new_tokens < 1:
@@ -65,8 +67,9 @@ def greedy_pass_rate(
             eos_token_id=eos,
             pad_token_id=pad,
         )
-        for (_, reference), row in zip(chunk, out[:, T:].tolist(), strict=True):
+        for (prompt, reference), row in zip(chunk, out[:, T:].tolist(), strict=True):
             text = tokenizer.decode(row, skip_special_tokens=True)
-            passed += int(check.score(text, reference) == 1.0)
+            args = (text, reference, prompt) if check.takes_prompt else (text, reference)
+            passed += int(check.score(*args) == 1.0)
     model.train(was_training)
     return passed / len(problems)

@@ -18,11 +18,18 @@ the call. The services' credit worker sees one group at a time, so it calls
 ``meta[PENDING_BATCH_STAGE] = algorithm name``, and the Trainer calls ``apply_batch_stage``
 on exactly the items of each optimizer step. Both paths take the batch statistics over the
 same population, one value per rollout: an item weighs 1 / ``meta[ROLLOUT_ITEMS]``.
+With per-step returns (the assigners' ``gamma``) a rollout's items carry different
+group-stage weights, while the batch statistics are taken over its episode value, the
+group-stage weight of its first step: an item whose weight differs from it carries it as
+``meta[EPISODE_WEIGHT]`` (its first step may be filtered out, or in another batch), and
+``apply_batch_stage`` passes those values as the assigner's ``batch_stage(...,
+episodes=...)``. Items without per-step differences are written as before.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,6 +50,7 @@ from libludic.types import Rollout
 
 PENDING_BATCH_STAGE = "pending_batch_stage"
 ROLLOUT_ITEMS = "rollout_items"  # items of the same rollout credit wrote (batch-stage weights)
+EPISODE_WEIGHT = "episode_weight"  # the rollout's first-step group-stage weight, when it differs
 
 
 @dataclass
@@ -139,11 +147,15 @@ class RLAlgorithm:
             return []
         if self.has_batch_stage:
             weights = self.credit_assigner.group_stage(rs)  # type: ignore[attr-defined]
+            episode = {str(r.id): float(weights[(r.id, r.steps[0].index)]) for r in rs if r.steps}
             items = apply_filter(rollouts_to_saw_items(rs, weights), sample_filter)
             per_rollout = Counter(str(it.meta["rollout_id"]) for it in items)
             for it in items:
+                rid = str(it.meta["rollout_id"])
                 it.meta[PENDING_BATCH_STAGE] = self.name
-                it.meta[ROLLOUT_ITEMS] = per_rollout[str(it.meta["rollout_id"])]
+                it.meta[ROLLOUT_ITEMS] = per_rollout[rid]
+                if it.weight != episode[rid]:  # per-step credit: the batch stage needs both
+                    it.meta[EPISODE_WEIGHT] = episode[rid]
         else:
             items = rollouts_to_saw_items(rs, self.credit_assigner.compute(rs))
             items = apply_filter(items, sample_filter)
@@ -178,6 +190,11 @@ class RLAlgorithm:
         n = meta.get(ROLLOUT_ITEMS)
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             return f"meta.{ROLLOUT_ITEMS}={n!r} is not a positive integer"
+        e = meta.get(EPISODE_WEIGHT)
+        if e is not None and (
+            isinstance(e, bool) or not isinstance(e, int | float) or not math.isfinite(e)
+        ):
+            return f"meta.{EPISODE_WEIGHT}={e!r} is not a finite number"
         return None
 
     def apply_batch_stage(
@@ -185,8 +202,9 @@ class RLAlgorithm:
     ) -> list[SAWItem]:
         """Items whose weight still lacks the batch-level stage get it, computed over
         exactly ``items`` (plus the other ranks' shards through ``all_sum``), one value per
-        rollout (``_rollout_shares``); other items are returned as they are. A batch must
-        not mix the two. The no-EOS mask, when on, applies here."""
+        rollout (``_rollout_shares``; the value is the item's ``meta[EPISODE_WEIGHT]``, else
+        its weight); other items are returned as they are. A batch must not mix the two.
+        The no-EOS mask, when on, applies here."""
         pending = [it for it in items if PENDING_BATCH_STAGE in it.meta]
         if not pending:
             return list(items)
@@ -203,19 +221,24 @@ class RLAlgorithm:
                 f"trainer runs {self.name!r}; configure the algorithm once, in the top-level "
                 "algorithm: section read by credit and learner"
             )
-        weights = self.credit_assigner.batch_stage(  # type: ignore[attr-defined]
-            [it.weight for it in items], all_sum, _rollout_shares(items)
-        )
+        stage = self.credit_assigner.batch_stage  # type: ignore[attr-defined]
+        values, shares = [it.weight for it in items], _rollout_shares(items)
+        if any(EPISODE_WEIGHT in it.meta for it in items):  # per-step credit
+            episodes = [float(it.meta.get(EPISODE_WEIGHT, it.weight)) for it in items]
+            weights = stage(values, all_sum, shares, episodes=episodes)
+        else:
+            weights = stage(values, all_sum, shares)
         out = []
         for it, w in zip(items, weights, strict=True):
-            meta = {
-                k: v for k, v in it.meta.items() if k not in (PENDING_BATCH_STAGE, ROLLOUT_ITEMS)
-            }
+            meta = {k: v for k, v in it.meta.items() if k not in _BATCH_STAGE_KEYS}
             meta["group_weight"] = it.weight
             if self.mask_no_eos_with_zero and ended_without_eos(it):
                 w = 0.0
             out.append(dataclasses.replace(it, weight=float(w), meta=meta))
         return out
+
+
+_BATCH_STAGE_KEYS = (PENDING_BATCH_STAGE, ROLLOUT_ITEMS, EPISODE_WEIGHT)
 
 
 def _rollout_shares(items: Sequence[SAWItem]) -> list[float]:

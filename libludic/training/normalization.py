@@ -20,6 +20,13 @@ statistic: the ops before it run per group (``group_ops``), the rest on the trai
 the weights of one rollout's items sum to 1 (its value counts once however many steps it
 has). A group-level statistic after a batch-level one cannot be computed there and is
 refused when the chain is built.
+
+Per-step values. Every op is an affine map y -> (y - m_i) / d whose m_i and d are computed
+from the values above (one per rollout: its episode return, or one per item in the batch
+stage). The same map is applied to the ``steps`` each value carries (its rollout's per-step
+returns G_{i,t}; libludic.training.credit_assignment), so a step is normalised with its
+rollout's statistics: y_{i,t} = (G_{i,t} - m_i) / d. A value carried as its own only step
+(``steps`` unset) gets exactly the arithmetic it had without steps.
 """
 
 from __future__ import annotations
@@ -148,11 +155,26 @@ def _std(n: float, sum_sq: float, unbiased: bool) -> float:
     return 1.0 if n <= 0 else math.sqrt(sum_sq / n)
 
 
+def _own_steps(values: list[float], steps: Sequence[Sequence[float]] | None) -> list[list[float]]:
+    if steps is None:
+        return [[v] for v in values]
+    if len(steps) != len(values):
+        raise ValueError(f"{len(steps)} step lists for {len(values)} values")
+    return [[float(y) for y in s] for s in steps]
+
+
 def apply_group_ops(
-    values: Sequence[float], groups: Sequence[Sequence[int]], ops: Sequence[Op]
-) -> list[float]:
-    """``ops`` (all group-level) on ``values``; ``groups`` partitions their indices."""
+    values: Sequence[float],
+    groups: Sequence[Sequence[int]],
+    ops: Sequence[Op],
+    steps: Sequence[Sequence[float]] | None = None,
+) -> tuple[list[float], list[list[float]]]:
+    """``ops`` (all group-level) on ``values``; ``groups`` partitions their indices.
+
+    Returns (values, steps): ``steps[i]`` (default ``[values[i]]``) transformed with the
+    statistics of value i's group and value i's own mean (leave-one-out)."""
     x = [float(v) for v in values]
+    ys = _own_steps(x, steps)
     for op in ops:
         for g in groups:
             n = float(len(g))
@@ -161,11 +183,13 @@ def apply_group_ops(
                 ms = [_mean(x[i], n, total, op.leave1out) for i in g]
                 for i, m in zip(g, ms, strict=True):
                     x[i] -= m
+                    ys[i] = [y - m for y in ys[i]]
             else:
                 s = _std(n, sum(x[i] ** 2 for i in g), op.unbiased)
                 for i in g:
                     x[i] /= s + op.eps
-    return x
+                    ys[i] = [y / (s + op.eps) for y in ys[i]]
+    return x, ys
 
 
 def apply_batch_ops(
@@ -173,19 +197,24 @@ def apply_batch_ops(
     weights: Sequence[float],
     ops: Sequence[Op],
     all_sum: SumFn | None = None,
-) -> list[float]:
+    steps: Sequence[Sequence[float]] | None = None,
+) -> tuple[list[float], list[list[float]]]:
     """``ops`` (all batch-level) on ``values``, each counted with its weight; ``all_sum``
     extends the sums over the other data-parallel ranks' shards (default: this is the
-    whole batch)."""
+    whole batch). Returns (values, steps) as ``apply_group_ops``."""
     red: SumFn = all_sum if all_sum is not None else (lambda xs: xs)
     x = [float(v) for v in values]
     w = [float(v) for v in weights]
+    ys = _own_steps(x, steps)
     for op in ops:
         if isinstance(op, Centre):
             n, total = red([sum(w), sum(wi * xi for wi, xi in zip(w, x, strict=True))])
-            x = [xi - _mean(xi, n, total, op.leave1out) for xi in x]
+            ms = [_mean(xi, n, total, op.leave1out) for xi in x]
+            x = [xi - m for xi, m in zip(x, ms, strict=True)]
+            ys = [[y - m for y in yi] for yi, m in zip(ys, ms, strict=True)]
         else:
             n, sum_sq = red([sum(w), sum(wi * xi * xi for wi, xi in zip(w, x, strict=True))])
             s = _std(n, sum_sq, op.unbiased)
             x = [xi / (s + op.eps) for xi in x]
-    return x
+            ys = [[y / (s + op.eps) for y in yi] for yi in ys]
+    return x, ys

@@ -39,6 +39,17 @@ dr_grpo: group mean, no std; gspo and grpo with ``normalize_adv``: group mean an
 population std, eps 1e-8; scalerl: group mean, batch population std, eps 1e-8) and
 ``adv_norm`` runs after it. Leave-one-out (RLOO) is ``reward_norm: {mean_level: group,
 mean_leave1out: true, std_level: null}``. Both unset: the preset's credit assigner as is.
+
+Per-step credit, kwarg ``gamma`` of every RL preset (libludic.training.credit_assignment):
+step t of an episode is credited with its return G_t = sum_k gamma^k r_{t+k} instead of the
+episode's total reward, so a per-step reward (a format penalty at step t, an intermediate
+reward) weighs the steps up to t only; the grouped presets' statistics (group mean, std,
+ScaleRL's batch std, ``reward_norm`` / ``adv_norm``) stay over one value per episode, G_0,
+and every step is normalised with its episode's. Defaults: reinforce 1.0 (MonteCarloReturn's
+reward-to-go, as before); grpo, cispo, gspo, dr_grpo, scalerl and custom None, every step
+weighed by the episode's total reward, as before. ``gamma: 1`` with a reward on the last
+step only gives the same weights as None. custom passes it to its credit assigner, which
+must take ``gamma``.
 """
 
 from __future__ import annotations
@@ -139,6 +150,7 @@ def _group_credit(
         reward_norm=own if reward_norm is None else NormConfig.parse(reward_norm, "reward_norm"),
         adv_norm=None if adv_norm is None else NormConfig.parse(adv_norm, "adv_norm"),
         positive_only=positive_only,
+        gamma=builtin.gamma,
     )
 
 
@@ -182,7 +194,7 @@ def _with_kl(loss: Loss, kl_coeff: float, name: str, kl_estimator: str = "k3") -
 
 def make_reinforce(
     *,
-    gamma: float = 1.0,
+    gamma: float | None = 1.0,
     aggregation: str = "token-mean",
     max_new_tokens: int | None = None,
     dynamic_sampling: bool = False,
@@ -194,7 +206,8 @@ def make_reinforce(
     overlong_penalty_factor: float | None = None,
     mask_no_eos_with_zero: bool = False,
 ) -> RLAlgorithm:
-    """MonteCarloReturn(gamma) + ReinforceLoss.
+    """MonteCarloReturn(gamma) + ReinforceLoss: step t weighed by G_t = sum_k gamma^k
+    r_{t+k} (None: by the episode's total reward).
 
     ``dynamic_sampling`` drops the groups (rollouts sharing ``meta.group_id``) whose total
     rewards are all equal, as in every RL preset.
@@ -220,6 +233,7 @@ def make_reinforce(
 def make_grpo(
     *,
     group_size: int = 8,
+    gamma: float | None = None,
     normalize_adv: bool | None = None,
     positive_only: bool = False,
     eps_clip: float = 0.2,
@@ -251,7 +265,9 @@ def make_grpo(
     ``normalize_adv`` (unset: False) as in GroupNormalizedReturn: mean-centred only; True
     for the original GRPO's division by the group std. ``reward_norm`` / ``adv_norm``
     (AReaL's NormConfig, see the module docstring) replace that normalisation or add one
-    after it; ``normalize_adv`` and ``reward_norm`` are exclusive.
+    after it; ``normalize_adv`` and ``reward_norm`` are exclusive. ``gamma`` (default None:
+    every step weighed by the episode's total reward) turns on per-step credit (module
+    docstring).
 
     ``dynamic_sampling`` (AReaL's and DAPO's name; default False) drops, before credit,
     every group whose rollouts all have the same total reward: its advantages are all 0.
@@ -283,7 +299,9 @@ def make_grpo(
     return RLAlgorithm(
         name="grpo",
         credit_assigner=_group_credit(
-            GroupNormalizedReturn(group_size, normalize_adv=std, positive_only=positive_only),
+            GroupNormalizedReturn(
+                group_size, normalize_adv=std, positive_only=positive_only, gamma=gamma
+            ),
             reward_norm=_norm_with_preset_std("grpo", normalize_adv, reward_norm),
             adv_norm=adv_norm,
             positive_only=positive_only,
@@ -315,6 +333,7 @@ def make_sft(*, aggregation: str = "token-mean") -> RLAlgorithm:
 def make_scalerl(
     *,
     group_size: int = 8,
+    gamma: float | None = None,
     dynamic_sampling: bool | None = None,
     filter_zvp: bool | None = None,
     positive_only: bool = False,
@@ -355,7 +374,7 @@ def make_scalerl(
     return RLAlgorithm(
         name="scalerl",
         credit_assigner=_group_credit(
-            HybridNormalizedReturn(group_size=group_size, positive_only=positive_only),
+            HybridNormalizedReturn(group_size=group_size, positive_only=positive_only, gamma=gamma),
             reward_norm=reward_norm,
             adv_norm=adv_norm,
             positive_only=positive_only,
@@ -390,6 +409,7 @@ def make_scalerl(
 def make_cispo(
     *,
     group_size: int = 8,
+    gamma: float | None = None,
     kl_coeff: float = 0.0,
     kl_estimator: str = "k3",
     eps_clip_low: float | None = None,
@@ -432,7 +452,9 @@ def make_cispo(
     return RLAlgorithm(
         name="cispo",
         credit_assigner=_group_credit(
-            GroupNormalizedReturn(group_size=group_size), reward_norm=reward_norm, adv_norm=adv_norm
+            GroupNormalizedReturn(group_size=group_size, gamma=gamma),
+            reward_norm=reward_norm,
+            adv_norm=adv_norm,
         ),
         loss=_with_kl(loss, kl_coeff, "cispo", kl_estimator),
         **_reward_options(
@@ -452,6 +474,7 @@ def make_cispo(
 def make_gspo(
     *,
     group_size: int = 8,
+    gamma: float | None = None,
     normalize_adv: bool | None = None,
     positive_only: bool = False,
     eps_clip: float = 3e-4,
@@ -502,7 +525,9 @@ def make_gspo(
     return RLAlgorithm(
         name="gspo",
         credit_assigner=_group_credit(
-            GroupNormalizedReturn(group_size, normalize_adv=std, positive_only=positive_only),
+            GroupNormalizedReturn(
+                group_size, normalize_adv=std, positive_only=positive_only, gamma=gamma
+            ),
             reward_norm=_norm_with_preset_std("gspo", normalize_adv, reward_norm),
             adv_norm=adv_norm,
             positive_only=positive_only,
@@ -525,6 +550,7 @@ def make_gspo(
 def make_dr_grpo(
     *,
     group_size: int = 8,
+    gamma: float | None = None,
     eps_clip: float = 0.2,
     eps_clip_higher: float | None = None,
     c_clip: float | None = None,
@@ -581,7 +607,7 @@ def make_dr_grpo(
     return RLAlgorithm(
         name="dr_grpo",
         credit_assigner=_group_credit(
-            GroupNormalizedReturn(group_size=group_size, normalize_adv=False),
+            GroupNormalizedReturn(group_size=group_size, normalize_adv=False, gamma=gamma),
             reward_norm=_no_std("dr_grpo", "reward_norm", reward_norm),
             adv_norm=_no_std("dr_grpo", "adv_norm", adv_norm),
         ),
@@ -603,6 +629,7 @@ def make_dr_grpo(
 def make_custom(
     *,
     group_size: int = 8,
+    gamma: float | None = None,
     credit: Any = None,
     loss: Any = None,
     dynamic_sampling: bool = False,
@@ -620,7 +647,9 @@ def make_custom(
     kwargs}`` (a :data:`LOSSES` name; a ``CompositeLoss`` sums named terms, each ``{name,
     coeff, loss: {kind, kwargs}}``; a loss's ``off_policy`` is a mapping of
     ``OffPolicyCorrection`` fields). A credit assigner with a ``group_size`` gets the run's
-    unless its kwargs set one. The reward options are the presets'. For example::
+    unless its kwargs set one; ``gamma`` (default None: the assigner's own default) is
+    passed to the credit assigner, which must take it, and must agree with its kwargs. The
+    reward options are the presets'. For example::
 
         algorithm:
           name: custom
@@ -641,9 +670,7 @@ def make_custom(
         )
     return RLAlgorithm(
         name="custom",
-        credit_assigner=build_component(
-            "algorithm.kwargs.credit", credit, CREDIT_ASSIGNERS, group_size=group_size
-        ),
+        credit_assigner=_custom_credit(credit, group_size, gamma),
         loss=build_component("algorithm.kwargs.loss", loss, LOSSES),
         **_reward_options(
             dynamic_sampling=dynamic_sampling,
@@ -657,6 +684,29 @@ def make_custom(
             mask_no_eos_with_zero=mask_no_eos_with_zero,
         ),
     )
+
+
+def _custom_credit(credit: Any, group_size: int, gamma: float | None) -> CreditAssigner:
+    """``credit`` built with the run's ``group_size`` and ``gamma`` (when set) as defaults;
+    ``gamma`` set for an assigner that takes none, or set twice to different values, is an
+    error naming the fix."""
+    given = (credit.get("kwargs") or {}) if isinstance(credit, Mapping) else {}
+    if gamma is not None and isinstance(given, Mapping) and given.get("gamma", gamma) != gamma:
+        raise ValueError(
+            f"algorithm.kwargs.gamma={gamma!r} and algorithm.kwargs.credit.kwargs.gamma="
+            f"{given['gamma']!r} differ; give it once"
+        )
+    extra = {} if gamma is None else {"gamma": gamma}
+    assigner = build_component(
+        "algorithm.kwargs.credit", credit, CREDIT_ASSIGNERS, group_size=group_size, **extra
+    )
+    if gamma is not None and getattr(assigner, "gamma", None) != gamma:
+        raise ValueError(
+            f"algorithm.kwargs.gamma={gamma!r}: the credit assigner "
+            f"{type(assigner).__name__} takes no gamma (ConstantCredit reads no reward); "
+            "remove it"
+        )
+    return assigner  # type: ignore[no-any-return]
 
 
 ALGORITHMS: dict[str, Callable[..., RLAlgorithm]] = {

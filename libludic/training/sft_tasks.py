@@ -24,6 +24,7 @@ per line.
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -87,6 +88,12 @@ def build_env(spec: Mapping[str, Any], where: str) -> ReferenceEnv:
     return env
 
 
+def takes_prompt(env: ReferenceEnv) -> bool:
+    """Whether ``env.score_completion`` judges an answer against its problem as well
+    (``score_completion(completion, reference, prompt)``)."""
+    return "prompt" in inspect.signature(env.score_completion).parameters
+
+
 def pairs(env: ReferenceEnv, seeds: Sequence[int]) -> Iterator[tuple[str, str]]:
     """(prompt, reference completion) of ``env`` at each seed."""
     for s in seeds:
@@ -118,7 +125,12 @@ def env_task(
     def held_out(n: int) -> GreedyCheck:
         if not 0 < n <= max_held_out:
             raise ValueError(f"held-out problems: n={n} must be in [1, {max_held_out}]")
-        return GreedyCheck(list(pairs(held, range(n))), held.score_completion, budget)
+        return GreedyCheck(
+            list(pairs(held, range(n))),
+            held.score_completion,
+            budget,
+            takes_prompt=takes_prompt(held),
+        )
 
     def write(path: Path, n: int) -> int:
         exclude = {q for q, _ in held_out(max_held_out).problems}
@@ -133,7 +145,9 @@ def env_task(
     return SFTTask(
         name=name or f"env {EnvSpec.from_dict(dict(env)).kind}",
         write=write,
-        check=GreedyCheck(check_problems, train.score_completion, budget),
+        check=GreedyCheck(
+            check_problems, train.score_completion, budget, takes_prompt=takes_prompt(train)
+        ),
         held_out=held_out,
         max_held_out=max_held_out,
     )

@@ -54,6 +54,7 @@ no actor committed opens no group, its items count at item level only.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -180,6 +181,8 @@ end
 local function on_written(written)
   if stage == 'credit' then
     redis.call('HDEL', KEYS[5], gid)
+    -- admission's items per group: items_written / groups_credited
+    if rolled then redis.call('HINCRBY', KEYS[4], 'groups_credited', 1) end
     if written > 0 then
       if rolled then redis.call('HINCRBY', KEYS[6], gid, written) end
       redis.call('HINCRBY', KEYS[4], 'items_written', written)
@@ -270,7 +273,8 @@ return {redis.call('HGETALL', KEYS[1]), redis.call('HLEN', KEYS[2]), redis.call(
 _ADMISSION_LUA = """
 return {redis.call('HGET', KEYS[1], 'items_trained'), redis.call('HLEN', KEYS[2]),
         redis.call('XLEN', KEYS[3]), redis.call('XLEN', KEYS[4]),
-        redis.call('HGET', KEYS[5], 'served_step'), redis.call('HGET', KEYS[5], 'batch_size')}
+        redis.call('HGET', KEYS[5], 'served_step'), redis.call('HGET', KEYS[5], 'batch_size'),
+        redis.call('HGET', KEYS[1], 'items_written'), redis.call('HGET', KEYS[1], 'groups_credited')}
 """
 
 
@@ -444,22 +448,35 @@ async def snapshot(r: aioredis.Redis, keys: Keys) -> dict[str, Any]:
     return compute(counters, observed)
 
 
-async def admission_state(r: aioredis.Redis, keys: Keys, group_size: int) -> dict[str, int] | None:
-    """``{served_step, batch_size, trained, outstanding}`` for
+def items_per_group(items_written: int, groups_credited: int, group_size: int) -> float:
+    """The items one requested group becomes, as measured so far: ``items_written /
+    groups_credited`` (a multi-turn episode is one item per model call, a dropped group
+    none), at least 1; ``group_size`` (one item an episode) before credit committed a group."""
+    if groups_credited <= 0:
+        return float(group_size)
+    return max(1.0, items_written / groups_credited)
+
+
+async def admission_state(r: aioredis.Redis, keys: Keys, group_size: int) -> dict[str, Any] | None:
+    """``{served_step, batch_size, trained, outstanding, items_per_group}`` for
     :func:`libludic.staleness.admission_room`, read atomically; None before a learner
-    announced itself (:func:`set_admission`). ``outstanding`` counts samples requested and
-    not yet items (``group_size`` per request in the requests stream or in credit's hands)
-    plus the items in the ``saw`` stream (the batch being trained included)."""
+    announced itself (:func:`set_admission`). ``outstanding`` counts the items requested
+    groups will become (``items_per_group`` per request in the requests stream or in
+    credit's hands) plus the items in the ``saw`` stream (the batch being trained
+    included)."""
     ak = AcctKeys(keys)
     ks = [ak.counters, ak.rolling, keys.requests, keys.saw, keys.admission]
-    trained, rolling, requests, saw, served, batch = await _run(r, _ADMISSION_LUA, ks, [])
+    raw = await _run(r, _ADMISSION_LUA, ks, [])
+    trained, rolling, requests, saw, served, batch, written, credited = raw
     if served is None or batch is None:
         return None
+    per_group = items_per_group(int(written or 0), int(credited or 0), group_size)
     return {
         "served_step": int(served),
         "batch_size": int(batch),
         "trained": int(trained or 0),
-        "outstanding": (int(requests) + int(rolling)) * group_size + int(saw),
+        "outstanding": math.ceil((int(requests) + int(rolling)) * per_group) + int(saw),
+        "items_per_group": per_group,
     }
 
 

@@ -1,4 +1,6 @@
-"""The eval service's settings (the ``eval:`` section of the run config, falling back to the launcher's ``up.eval_*``)."""
+"""The eval service's settings (the ``eval:`` section of the run config, falling back to the
+launcher's ``up.eval_*``): the eval sets (``sets``, else one set of ``env``, ``protocol``,
+``n``, ``max_tokens``; services/common/heldout.py), when to evaluate and where results go."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ _UP_FALLBACK = {
     "every_steps": "eval_every_steps",
     "max_tokens": "eval_max_tokens",
     "protocol": "eval_protocol",
+    "sets": "eval_sets",
 }
 
 
@@ -48,6 +51,14 @@ class EvalSettings:
     max_tokens: int | None = field(
         default=None, metadata={"help": "max tokens of an answer (default: up.eval_max_tokens)"}
     )
+    sets: list[dict[str, Any]] | None = field(
+        default=None,
+        metadata={
+            "help": "eval sets [{name, env, protocol, n, max_tokens, max_steps, k, temperature, "
+            "pass_threshold}] (default: up.eval_sets; empty: one set 'heldout' of env, "
+            "protocol, n and max_tokens)"
+        },
+    )
     at_start: bool = field(default=True, metadata={"help": "evaluate step 0 (the starting policy)"})
     settle_s: float = field(
         default=60.0, metadata={"help": "evaluate a step the learner stayed at this long (0 off)"}
@@ -60,6 +71,13 @@ class EvalSettings:
         default=2.0, metadata={"help": "seconds between looks at the learner step"}
     )
     output_file: str = field(default="", metadata={"help": "append each result as JSON here"})
+    tensorboard_dir: str = field(
+        default="",
+        metadata={
+            "help": "write eval/<set>/<figure> scalars at the learner step here (needs "
+            "tensorboard; '' off)"
+        },
+    )
     metrics_port: int = field(default=9105, metadata={"help": "/metrics and /health (0 off)"})
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
 
@@ -70,7 +88,7 @@ class EvalSettings:
         n, every, most = self.n, self.every_steps, self.max_tokens
         assert n is not None and every is not None and most is not None  # filled above
         self.n, self.every_steps, self.max_tokens = int(n), int(every), int(most)
-        if self.n < 1:
+        if not self.sets and self.n < 1:
             raise ValueError(f"eval n={self.n} must be >= 1 (set eval.n or up.eval_n)")
         if self.every_steps < 0:
             raise ValueError(
@@ -78,6 +96,13 @@ class EvalSettings:
             )
         if not self.inference_urls:
             raise ValueError("eval needs an inference URL: set LUDIC_INFERENCE_URLS")
-        if not isinstance(self.env, dict) or "kind" not in self.env:
-            raise ValueError(f"eval env={self.env!r} must be a mapping with 'kind' (and 'kwargs')")
-        heldout.check_eval(self.env, self.protocol, "eval.")
+        # the sets every evaluation runs, each built once here
+        self.parsed_sets = heldout.eval_sets(
+            self.sets or [],
+            self.env,
+            self.protocol,
+            self.n,
+            self.max_tokens,
+            sets_key="eval.sets",
+            prefix="eval.",
+        )

@@ -1,5 +1,10 @@
 """The held-out evaluator: metrics and ``EvalService`` (watch the learner step, wait
-for inference to serve its version, run the greedy pass). ``main.py`` wires it into a process."""
+for inference to serve its version, run every eval set). ``main.py`` wires it into a process.
+
+The unlabelled gauges are the first set's (what a one-set run always exported); the
+``ludic_eval_set_*`` gauges carry every set's figures (libludic/eval/metrics.py) with labels
+``set`` and ``role`` (``all``, or a multi-agent role), truncations also ``reason``.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from prometheus_client import Counter, Gauge
 from libludic import transport
 from libludic.inference.openai_client import InferenceError, OpenAIChatClient
 from services.common import heldout
+from services.common.eval_tensorboard import write_scalars
 from services.common.lifecycle import sleep_or_stop
 from services.eval.settings import EvalSettings
 
@@ -28,6 +34,41 @@ REWARD = Gauge("ludic_eval_reward_mean", "Held-out mean reward of the last evalu
 DURATION = Gauge("ludic_eval_duration_seconds", "Wall time of the last evaluation")
 RUNS = Counter("ludic_eval_runs_total", "Evaluations completed")
 ERRORS = Counter("ludic_eval_errors_total", "Failed evaluations / Redis errors", ["kind"])
+# figure -> its gauge, labelled by set and role (libludic/eval/metrics.py defines each)
+SET_GAUGES = {
+    figure: Gauge(f"ludic_eval_set_{name}", text, ["set", "role"])
+    for figure, name, text in (
+        ("pass_rate", "pass_rate", "Greedy pass rate: episodes whose env return >= threshold"),
+        ("reward_mean", "reward_mean", "Greedy mean total reward per episode"),
+        ("episode_len_mean", "episode_len_mean", "Greedy model calls per episode"),
+        ("parse_error_rate", "parse_error_rate", "Greedy model calls whose reply did not parse"),
+        ("illegal_rate", "illegal_rate", "Greedy episodes with an illegal/invalid action"),
+        ("pass_at_k", "pass_at_k", "Problems with at least one of k sampled episodes passing"),
+        ("mean_at_k", "mean_at_k", "Mean pass over the k sampled episodes per problem"),
+        ("num_episodes", "episodes", "Greedy episodes of the last evaluation"),
+    )
+}
+TRUNCATED = Gauge(
+    "ludic_eval_set_truncated_rate",
+    "Greedy episodes cut short, by reason (max_steps, context_length, parse_error, env)",
+    ["set", "role", "reason"],
+)
+SET_DURATION = Gauge("ludic_eval_set_duration_seconds", "Wall time of the set's pass", ["set"])
+
+
+def export(per_set: dict[str, dict[str, float]]) -> None:
+    """Set the ``ludic_eval_set_*`` gauges from ``{set: {figure[/role]: value}}``."""
+    for name, figures in per_set.items():
+        for key, value in figures.items():
+            figure, _, role = key.partition("/")
+            role = role or "all"
+            if figure in SET_GAUGES:
+                SET_GAUGES[figure].labels(set=name, role=role).set(value)
+            elif figure.startswith("truncated_rate_"):
+                reason = figure.removeprefix("truncated_rate_")
+                TRUNCATED.labels(set=name, role=role, reason=reason).set(value)
+            elif figure == "seconds":
+                SET_DURATION.labels(set=name).set(value)
 
 
 class EvalService:
@@ -75,10 +116,7 @@ class EvalService:
             await self._wait_for_version(await transport.get_policy_version(self.r, self.keys))
             t0 = time.monotonic()
             try:
-                assert s.env is not None and s.n is not None and s.max_tokens is not None
-                res = await heldout.evaluate(
-                    self.url, s.env, s.n, s.max_tokens, s.api_key, protocol=s.protocol
-                )
+                res = await heldout.evaluate_sets(self.url, s.parsed_sets, s.api_key)
             except (InferenceError, OSError, httpx.HTTPError) as e:
                 ERRORS.labels(kind="inference").inc()
                 log.warning(
@@ -97,21 +135,27 @@ class EvalService:
         VERSION.set(res["eval/policy_version"])
         REWARD.set(res["eval/reward_mean"])
         DURATION.set(res["duration_s"])
+        per_set = heldout.split(res, [x.name for x in s.parsed_sets])
+        export(per_set)
         RUNS.inc()
         self.results.append(res)
         log.info(
-            "eval step %d (policy v%d): pass rate %.3f over %d in %.1fs",
+            "eval step %d (policy v%d) in %.1fs: %s",
             step,
             int(res["eval/policy_version"]),
-            res["eval/pass_rate"],
-            s.n,
             res["duration_s"],
+            "; ".join(
+                f"{x.name} pass rate {per_set[x.name]['pass_rate']:.3f} over {x.n}"
+                for x in s.parsed_sets
+            ),
         )
         if s.output_file:
             p = Path(s.output_file)
             p.parent.mkdir(parents=True, exist_ok=True)
             with open(p, "a") as f:
                 f.write(json.dumps(res) + "\n")
+        if s.tensorboard_dir:
+            write_scalars(s.tensorboard_dir, per_set, step)
         return res
 
     async def run(self) -> None:

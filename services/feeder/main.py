@@ -3,8 +3,9 @@
 See services/feeder/README.md. Each tick: ``n = high_water - XLEN(requests)`` (nothing
 when the backlog is at the mark: backpressure), and, with admission control on
 (``max_head_offpolicyness``, a top-level key of the run config; libludic/staleness.py), no
-more groups than the learner has room for: ``room // group_size`` from the atomic
-``accounting.admission_state``. Without room the feeder waits on the learner's wake-up
+more groups than the learner has room for: ``room // items_per_group`` from the atomic
+``accounting.admission_state`` (the items a requested group has become so far: a
+multi-turn episode is one item per model call). Without room the feeder waits on the learner's wake-up
 (``accounting.wait_admission``: the learner pushes one when items were resolved or new
 weights are served) or ``poll_s``. Then it reserves ``n`` seeds with one
 ``INCRBY ludic:{run}:feeder:seed n`` (atomic, persisted: restarts and parallel feeders

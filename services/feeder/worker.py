@@ -67,7 +67,8 @@ async def admitted_groups(r: Any, keys: transport.Keys, settings: FeederSettings
         max_head_offpolicyness=settings.max_head_offpolicyness,
     )
     assert room is not None
-    return room // settings.group_size
+    # a group is items_per_group items (a multi-turn episode: one per model call)
+    return int(room // st["items_per_group"])
 
 
 async def top_up(r: Any, keys: transport.Keys, settings: FeederSettings, limit: int) -> int:

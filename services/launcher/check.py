@@ -47,8 +47,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"ok  feeder.tasks[{i}] {task.name}: env {task.env.kind}, protocol "
                 f"{task.protocol.kind}, agent {agent}{rewards} ({took:.2f} s)"
             )
-        if up.eval_n > 0:
-            lines.append(f"ok  held-out evaluation: env {up.eval_env.get('kind')}, n {up.eval_n}")
+        for es in up.parsed_eval_sets if up.eval_n > 0 else ():
+            lines.append(
+                f"ok  eval set {es.name}: env {es.env.get('kind')}, n {es.n}, max_steps "
+                f"{es.max_steps}" + (f", k {es.k} at temperature {es.temperature}" if es.k else "")
+            )
         if "eval" in others:
             lines.append("ok  eval service settings")
         algo = cfg.get("algorithm") or {}

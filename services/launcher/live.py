@@ -20,10 +20,12 @@ from rich.live import Live
 from rich.table import Table
 
 from libludic.transport import Keys, stream_lengths_sync
+from services.common.heldout import split
 from services.launcher import probes
 
 # the loss statistics shown (their key, or any composite's "<term>/<key>")
 SIGNALS = ("clip_frac", "approx_kl", "entropy")
+MAX_SET_LINES = 3  # eval sets after the first shown one line each, then how many more
 
 
 def progress(step: int, total: int | None, rl_elapsed_s: float | None) -> tuple[str, float | None]:
@@ -49,6 +51,17 @@ def signal(metrics: dict[str, float], key: str) -> float | None:
 def fmt(x: Any, spec: str) -> str:
     """``x`` formatted, or "-" when unknown."""
     return "-" if x is None else format(x, spec)
+
+
+def set_line(name: str, figures: dict[str, float]) -> str:
+    """One eval set's last figures in one short line (``-``: not evaluated yet)."""
+    line = f"{name[:16]}: pass rate {fmt(figures.get('pass_rate'), '.3f')}"
+    if "pass_at_k" in figures:
+        line += f"  pass@k {fmt(figures['pass_at_k'], '.3f')}"
+    return (
+        line + f"  illegal {fmt(figures.get('illegal_rate'), '.3f')}"
+        f"  parse err {fmt(figures.get('parse_error_rate'), '.3f')}"
+    )
 
 
 def duration(s: float | None) -> str:
@@ -130,6 +143,10 @@ class LiveView:
             "version_lag": None if inf_v is None else learner_v - inf_v,
             "queues": self.queues(),
             "pass_rate": ev.get("eval/pass_rate"),
+            # every eval set after the first (whose pass rate is "pass_rate"): its figures
+            "other_sets": split(
+                ev, [s.name for s in getattr(self.run.s, "parsed_eval_sets", [])][1:]
+            ),
         }
 
     def render(self) -> Group:
@@ -197,10 +214,14 @@ class LiveView:
             stats.add_column(no_wrap=True)
         for row in pairs:
             stats.add_row(*row)
+        others = list(snap["other_sets"].items())
+        sets = [f"eval {set_line(n, f)}" for n, f in others[:MAX_SET_LINES]]
+        if len(others) > MAX_SET_LINES:
+            sets.append(f"eval: {len(others) - MAX_SET_LINES} more sets in summary.json")
         error = getattr(self.run, "error", None)
         if error:  # why the run is stopping (a failing task, a timeout): the last frame says it
-            return Group(title, services, stats, f"[bold red]stopped:[/] {error}")
-        return Group(title, services, stats)
+            return Group(title, services, stats, *sets, f"[bold red]stopped:[/] {error}")
+        return Group(title, services, stats, *sets)
 
     def plain_line(self) -> str:
         s = self.snapshot()
@@ -215,6 +236,10 @@ class LiveView:
             f"publish failures {s['publish_failures']} restarts {sum(self.run.sup.restarts.values())} "
             f"queues req={q.get('requests', '-')} roll={q.get('rollouts', '-')} saw={q.get('saw', '-')} "
             f"dead={q.get('deadletter', '-')} pass_rate {fmt(s['pass_rate'], '.3f')}"
+            + "".join(
+                f" {n} pass_rate {fmt(f.get('pass_rate'), '.3f')}"
+                for n, f in s["other_sets"].items()
+            )
         )
 
     def update(self) -> None:

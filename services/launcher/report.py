@@ -1,4 +1,13 @@
-"""End of a run: ``summary.json`` and a reward / pass-rate curve PNG."""
+"""End of a run: ``summary.json`` and a reward / pass-rate curve PNG.
+
+Evaluation in the summary (each evaluation of ``Run.evals`` holds every eval set's figures
+as ``eval/<set>/<figure>``, services/common/heldout.py): ``pass_rate_before/after/delta``
+are the first set's greedy pass rate; ``evals`` has one entry per evaluation and set
+(``set``, ``label`` before|curve|after, ``step``, ``wall_s``, ``eval_s`` the set's seconds,
+its figures as ``eval/<figure>``); ``eval_sets`` maps each set to its config, ``before`` and
+``after`` figures, ``delta_pass_rate`` and ``eval_seconds`` (its curve evaluations' time,
+apart from the RL wall like the run's ``eval_seconds``).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +21,56 @@ from rich.console import Console
 from rich.table import Table
 
 from libludic.transport import accounting
+from services.common.heldout import split
+
+PLACE = ("step", "wall_s", "rl_wall_s")  # where an evaluation sits on the run's clocks
+
+
+def set_names(run: Any) -> list[str]:
+    return [s.name for s in getattr(run.s, "parsed_eval_sets", [])]
+
+
+def eval_entries(
+    run: Any, before: dict[str, float] | None, after: dict[str, float] | None
+) -> list[dict[str, Any]]:
+    """``Run.evals`` as one entry per (evaluation, set), in evaluation then set order."""
+    out = []
+    for e in run.evals:
+        label = "before" if e is before else "after" if e is after else "curve"
+        for name, figures in split(e, set_names(run)).items():
+            if figures:
+                out.append(
+                    {
+                        "set": name,
+                        "label": label,
+                        **{k: e[k] for k in PLACE if k in e},
+                        "eval_s": figures.get("seconds", e.get("eval_s")),
+                        **{f"eval/{k}": v for k, v in figures.items() if k != "seconds"},
+                    }
+                )
+    return out
+
+
+def eval_sets_block(
+    run: Any, before: dict[str, float] | None, after: dict[str, float] | None
+) -> dict[str, Any]:
+    """``{set: {config..., before, after, delta_pass_rate, eval_seconds}}``."""
+    names = set_names(run)
+    b = split(before or {}, names)
+    a = split(after or {}, names)
+    curve = [e for e in run.evals if e is not before and e is not after]
+    out: dict[str, Any] = {}
+    for s in getattr(run.s, "parsed_eval_sets", []):
+        fb = {k: v for k, v in b[s.name].items() if k != "seconds"} or None
+        fa = {k: v for k, v in a[s.name].items() if k != "seconds"} or None
+        out[s.name] = {
+            **{k: v for k, v in s.to_dict().items() if k != "name"},
+            "before": fb,
+            "after": fa,
+            "delta_pass_rate": None if not fb or not fa else fa["pass_rate"] - fb["pass_rate"],
+            "eval_seconds": round(sum(e.get(f"eval/{s.name}/seconds", 0.0) for e in curve), 1),
+        }
+    return out
 
 
 def build_summary(
@@ -72,12 +131,19 @@ def build_summary(
         "watchdog_kills": dict(getattr(getattr(run, "sup", None), "watchdog_kills", {}) or {}),
         # libludic/transport/accounting.py, read from Redis when the learner finished (services running)
         "accounting": getattr(run, "accounting", None),
-        "evals": run.evals,
+        # per eval set: its config, before / after figures, their pass-rate delta, curve time
+        "eval_sets": eval_sets_block(run, before, after),
+        "evals": eval_entries(run, before, after),
         "curve": run.curve,
     }
 
 
+EVAL_COLOURS = ("tab:red", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:pink")
+
+
 def plot(summary: dict[str, Any], path: Path) -> None:
+    """Train reward mean per learner step (left axis) and one greedy pass-rate line per
+    eval set (right axis)."""
     import matplotlib  # the plot only, and its Agg backend chosen before pyplot loads
 
     matplotlib.use("Agg")
@@ -96,16 +162,20 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     ax1.set_xlabel("learner step")
     ax1.set_ylabel("train reward mean", color="tab:blue")
     ax2 = ax1.twinx()
-    evals = summary["evals"]
-    if evals:
-        ax2.plot(
-            [e["step"] for e in evals],
-            [e["eval/pass_rate"] for e in evals],
-            "o-",
-            color="tab:red",
-            label="held-out pass rate",
-        )
-    ax2.set_ylabel(f"held-out greedy pass rate (n={summary['eval_n']})", color="tab:red")
+    sets = summary.get("eval_sets") or {}
+    for i, (name, cfg) in enumerate(sets.items()):
+        points = [e for e in summary["evals"] if e.get("set") == name]
+        if points:
+            ax2.plot(
+                [e["step"] for e in points],
+                [e["eval/pass_rate"] for e in points],
+                "o-",
+                color=EVAL_COLOURS[i % len(EVAL_COLOURS)],
+                label=f"{name} (n={cfg.get('n')})",
+            )
+    if len(sets) > 1:
+        ax2.legend(loc="lower right", fontsize="small")
+    ax2.set_ylabel("held-out greedy pass rate", color="tab:red" if len(sets) < 2 else "black")
     ax2.set_ylim(0, 1)
     ax1.set_title(
         f"{summary['run_id']}: pass rate {summary['pass_rate_before']} -> {summary['pass_rate_after']}"
@@ -113,6 +183,14 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def fmt_pass(figures: dict[str, float] | None) -> str:
+    """``0.412`` (greedy) or ``0.412 (pass@k 0.700)``; ``-`` when not evaluated."""
+    if not figures:
+        return "-"
+    at_k = figures.get("pass_at_k")
+    return f"{figures['pass_rate']:.3f}" + ("" if at_k is None else f" (pass@k {at_k:.3f})")
 
 
 def write_report(
@@ -152,6 +230,8 @@ def write_report(
         elif k == "recovery_seconds":
             v = ", ".join(f"{n} {'/'.join(map(str, c))}" for n, c in sorted(v.items())) or "none"
         t.add_row(k, f"{v:.3f}" if isinstance(v, float) else str(v))
+    for name, block in list(summary["eval_sets"].items())[1:]:  # the first is above
+        t.add_row(f"{name} pass rate", " -> ".join(fmt_pass(block[w]) for w in ("before", "after")))
     if error is not None:
         t.add_row("error", error.splitlines()[0] if error else "?")
     Console().print(t)

@@ -93,7 +93,9 @@ class UpSettings:
     )
     eval_env: dict[str, Any] = field(
         default_factory=lambda: copy.deepcopy(heldout.DEFAULTS["eval_env"]),
-        metadata={"help": "env of the held-out greedy evaluation ({kind, kwargs})"},
+        metadata={
+            "help": "env of the held-out evaluation ({kind, kwargs}) when eval_sets is empty"
+        },
     )
     eval_protocol: dict[str, Any] | None = field(
         default=None,
@@ -105,7 +107,10 @@ class UpSettings:
     )
     eval_n: int = field(
         default=heldout.DEFAULTS["eval_n"],
-        metadata={"help": "held-out problems (env seeds 0..n-1); 0: no eval"},
+        metadata={
+            "help": "held-out problems (env seeds 0..n-1) of the one set eval_env makes when "
+            "eval_sets is empty; 0: no evaluation at all (eval_sets included)"
+        },
     )
     eval_every_steps: int = field(
         default=heldout.DEFAULTS["eval_every_steps"],
@@ -114,6 +119,16 @@ class UpSettings:
     eval_max_tokens: int = field(
         default=heldout.DEFAULTS["eval_max_tokens"],
         metadata={"help": "max tokens of an eval answer"},
+    )
+    eval_sets: list[dict[str, Any]] = field(
+        default_factory=lambda: copy.deepcopy(heldout.DEFAULTS["eval_sets"]),
+        metadata={
+            "help": "eval sets, each {name, env: {kind, kwargs}, protocol, n, max_tokens, "
+            "max_steps (turns, default 1), k (samples per problem for pass@k/mean@k, default "
+            "0: greedy only), temperature (of the samples, default 1.0), pass_threshold "
+            "(default 1.0)} (libludic/eval/sets.py); empty: one set 'heldout' of eval_env, "
+            "eval_protocol, eval_n and eval_max_tokens"
+        },
     )
     eval_mode: str = field(
         default="live",
@@ -205,8 +220,20 @@ class UpSettings:
                 f"up.cpu_pinning={self.cpu_pinning!r}; use one of {sorted(PINNING_MODES)}"
             )
         protocol_spec(self.eval_protocol, "up.eval_protocol")
-        if self.eval_n > 0:
-            heldout.check_eval(self.eval_env, self.eval_protocol, "up.eval_")
+        # what every evaluation runs (nothing when eval_n is 0), each set built once here
+        self.parsed_eval_sets = (
+            heldout.eval_sets(
+                self.eval_sets,
+                self.eval_env,
+                self.eval_protocol,
+                self.eval_n,
+                self.eval_max_tokens,
+                sets_key="up.eval_sets",
+                prefix="up.eval_",
+            )
+            if self.eval_n > 0
+            else []
+        )
         try:
             task_spec(self.sft_task)
         except ValueError as e:

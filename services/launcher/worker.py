@@ -22,7 +22,8 @@ import yaml
 from libludic.models.tiny import init_model
 from libludic.training.sft_tasks import make_task
 from libludic.transport import Keys, accounting
-from services.common.heldout import evaluate_snapshot
+from services.common.eval_tensorboard import UP_EVENTS_DIR, write_scalars
+from services.common.heldout import evaluate_served, evaluate_snapshot, split
 from services.common.settings import read_yaml
 from services.launcher import cpus, stack
 from services.launcher.deadletters import NO_TASK, TaskFailureWatch, first_reason
@@ -261,22 +262,18 @@ class Run:
 
     def eval_snapshots(self, model_dir: Path) -> None:
         """Deferred curve: evaluate every snapshot the learner saved, in this process, after
-        the RL phase; ``wall_s`` is when the learner had trained that step, ``rl_wall_s`` its
-        RL wall then (the Trainer's time inside train steps: the clock of samples/s)."""
+        the RL phase, on every eval set; ``wall_s`` is when the learner had trained that step,
+        ``rl_wall_s`` its RL wall then (the Trainer's time inside train steps: the clock of
+        samples/s)."""
         index = self.run_dir / "learner" / "snapshots" / "snapshots.jsonl"
         if not index.exists():
             return
+        sets = self.s.parsed_eval_sets
         for line in index.read_text().splitlines():
             snap = json.loads(line)
             t = time.monotonic()
             res = evaluate_snapshot(
-                model_dir,
-                index.parent / snap["path"],
-                self.s.eval_env,
-                self.s.eval_n,
-                self.s.eval_max_tokens,
-                snap["policy_version"],
-                protocol=self.s.eval_protocol,
+                model_dir, index.parent / snap["path"], sets, snap["policy_version"]
             )
             res.update(
                 step=float(snap["step"]),
@@ -286,23 +283,23 @@ class Run:
             )
             self.evals.append(res)
             self.curve_eval_s += res["eval_s"]
+            names = [s.name for s in sets]
+            write_scalars(self.run_dir / UP_EVENTS_DIR, split(res, names), snap["step"])
             log.info(
-                "eval curve (step %d, deferred): pass rate %.3f",
+                "eval curve (step %d, deferred): pass rate %s",
                 snap["step"],
-                res["eval/pass_rate"],
+                ", ".join(f"{n} {res.get(f'eval/{n}/pass_rate', float('nan')):.3f}" for n in names),
             )
 
     def eval_now(self, label: str, step: int) -> dict[str, float] | None:
-        if self.s.eval_n <= 0:
+        """Every eval set against inference's current weights (services/common/heldout.py):
+        ``eval/<set>/<figure>`` and the first set's ``eval/<figure>``, appended to
+        ``self.evals`` and written as TensorBoard scalars at ``step``."""
+        sets = self.s.parsed_eval_sets
+        if not sets:
             return None
         t = time.monotonic()
-        res = stack.evaluate(
-            self.inference_url,
-            self.s.eval_env,
-            self.s.eval_n,
-            self.s.eval_max_tokens,
-            self.s.eval_protocol,
-        )
+        res = evaluate_served(self.inference_url, sets)
         rl_t0 = getattr(self, "rl_t0", None)
         res.update(
             step=float(step),
@@ -312,12 +309,14 @@ class Run:
         if label == "curve":
             self.curve_eval_s += res["eval_s"]
         self.evals.append(res)
+        names = [s.name for s in sets]
+        write_scalars(self.run_dir / UP_EVENTS_DIR, split(res, names), step)
         log.info(
-            "eval %s (step %d, version %d): pass rate %.3f",
+            "eval %s (step %d, version %d): pass rate %s",
             label,
             step,
             int(res["eval/policy_version"]),
-            res["eval/pass_rate"],
+            ", ".join(f"{n} {res[f'eval/{n}/pass_rate']:.3f}" for n in names),
         )
         return res
 

@@ -57,6 +57,23 @@ KNOWN_METRICS = {
     "ludic_inference_policy_version",
     "ludic_inference_weight_updates_total",
     "ludic_inference_requests_total",
+    "ludic_eval_pass_rate",
+    "ludic_eval_reward_mean",
+    "ludic_eval_step",
+    "ludic_eval_policy_version",
+    "ludic_eval_duration_seconds",
+    "ludic_eval_runs_total",
+    "ludic_eval_errors_total",
+    "ludic_eval_set_pass_rate",
+    "ludic_eval_set_pass_at_k",
+    "ludic_eval_set_mean_at_k",
+    "ludic_eval_set_reward_mean",
+    "ludic_eval_set_episode_len_mean",
+    "ludic_eval_set_parse_error_rate",
+    "ludic_eval_set_illegal_rate",
+    "ludic_eval_set_truncated_rate",
+    "ludic_eval_set_episodes",
+    "ludic_eval_set_duration_seconds",
 }
 
 Doc = dict[str, Any]

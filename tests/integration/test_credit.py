@@ -23,20 +23,24 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
-def rollout(gid: str, i: int, reward: float) -> Rollout:
+def rollout(gid: str, i: int, reward: float, steps: int = 1) -> Rollout:
+    """``steps`` model calls, the reward on the last one."""
     tr = TokenTrace([257, 49, 43, 50], [51, 258], [-0.25, -0.5])
-    step = Step(
-        0,
-        "1+2=",
-        "3",
-        None,
-        reward,
-        terminated=True,
-        trace=tr,
-        policy_version=1,
-        info={"finish_reason": "stop"},
-    )
-    return Rollout(id=f"{gid}-r{i}", steps=[step], meta={"group_id": gid, "request_id": gid})
+    out = [
+        Step(
+            k,
+            "1+2=",
+            "3",
+            None,
+            reward if k == steps - 1 else 0.0,
+            terminated=k == steps - 1,
+            trace=tr,
+            policy_version=1,
+            info={"finish_reason": "stop"},
+        )
+        for k in range(steps)
+    ]
+    return Rollout(id=f"{gid}-r{i}", steps=out, meta={"group_id": gid, "request_id": gid})
 
 
 async def add(r: Any, keys: t.Keys, ros: Sequence[Rollout]) -> None:
@@ -334,8 +338,64 @@ async def test_dynamic_sampling_drops_zero_variance_groups_and_frees_their_admis
     assert a["groups_zero_variance"] == 1  # the empty group, dropped by dynamic sampling
     assert a["groups_in_flight"] == 1 and a["consistent"], a
     # outstanding is now the 2 items in the saw stream (nothing trained yet): room = 4 - 2 =
-    # 2 samples = 1 group, the replacement of the dropped one; credit woke the feeder
-    assert await feeder_worker.admitted_groups(r, keys, fs) == 1
+    # 2 items; a requested group has become 2 items / 2 groups credited = 1 item so far (the
+    # dropped one none), so the room is 2 groups: the dropped one's replacement and one more
+    # in its expected place; credit woke the feeder
+    st = await accounting.admission_state(r, keys, 2)
+    assert st is not None and st["items_per_group"] == 1.0
+    assert await feeder_worker.admitted_groups(r, keys, fs) == 2
     assert await r.llen(keys.admission_wake) == 1
     assert flat not in {it.meta["group_id"] for it in items}
     await r.aclose()
+
+
+async def test_admission_counts_a_multi_turn_group_as_its_items(redis_url: str) -> None:
+    """A group of multi-turn episodes becomes one item per model call: 2 episodes of 3 steps
+    are 6 items, not 2. Admission measures it (items written / groups credited) and counts
+    every group still outstanding as that many items, so a learner batch of 12 has room for
+    2 such groups, not 6 (before: 67% of tic-tac-toe's items generated in vain, dropped as
+    stale)."""
+    from libludic.transport import accounting
+    from services.feeder import worker as feeder_worker
+
+    run = "cr-mt"
+    keys = t.Keys(run)
+    r = t.connect(redis_url)
+    alg = {"name": "grpo", "group_size": 2}
+    fs = feeder_worker.FeederSettings(
+        redis_url=redis_url, run_id=run, algorithm=alg, high_water=16, metrics_port=0,
+        max_head_offpolicyness=0,
+    )  # fmt: skip
+    await accounting.set_admission(r, keys, served_step=0, batch_size=12)
+    # before any group was credited a group counts group_size items: 12 / 2 = 6 groups
+    assert await feeder_worker.admitted_groups(r, keys, fs) == 6
+    assert await feeder_worker.top_up(r, keys, fs, 1) == 1
+    actor = accounting.AccountedConsumer(
+        r, keys.requests, t.GROUP_ACTORS, "test-actor", keys.deadletter, stage="requests"
+    )
+    await actor.ensure_group()
+    (e,) = await actor.read(1, block_ms=500)
+    req = t.decode_request(e.payload)
+    ros = [rollout(req.id, i, float(i), steps=3) for i in range(2)]  # rewards 0 and 1
+    for ro in ros:
+        ro.meta["group_rollouts"] = 2
+    await accounting.commit(
+        actor, [e], [(ro.id, t.encode_rollout(ro)) for ro in ros], keys.rollouts,
+        keys.done("actor", req.id), stage="actor", group_id=req.id,
+    )  # fmt: skip
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        credit_main.run(settings(redis_url, run, algorithm=alg, group_timeout_s=60), stop=stop)
+    )
+    await wait_for(lambda: _xlen(r, keys.rollouts, 0), 20, "the group to be credited")
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    st = await accounting.admission_state(r, keys, 2)
+    assert st is not None and st["items_per_group"] == 6.0  # 2 episodes x 3 model calls
+    # room = (0 + 0 + 1) * 12 - 6 items in the saw stream = 6 items = 1 group of 6
+    assert await feeder_worker.admitted_groups(r, keys, fs) == 1
+    await r.aclose()
+
+
+async def _xlen(r: Any, key: str, n: int) -> bool:
+    return int(await r.xlen(key)) == n

@@ -53,3 +53,11 @@ def test_export_sets_the_gauges() -> None:
     assert g("ludic_run_groups_in_flight") == 6
     assert g("ludic_run_accounting_consistent") == 1
     assert g("ludic_learner_items_trained_twice_total") == 1
+
+
+def test_items_per_group_is_measured_with_a_floor_and_a_prior():
+    from libludic.transport.accounting import items_per_group
+
+    assert items_per_group(0, 0, group_size=8) == 8.0  # nothing credited yet: one per episode
+    assert items_per_group(120, 3, group_size=8) == 40.0  # 8 games of 5 moves a group
+    assert items_per_group(1, 4, group_size=8) == 1.0  # dynamic sampling dropped most: floor 1

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from services.common.heldout import flatten
 from services.common.settings import load_settings
 from services.launcher import worker
 from services.launcher.settings import UpSettings
@@ -30,15 +31,16 @@ def test_a_deferred_curve_point_holds_the_learners_rl_wall(tmp_path: Path, monke
     (snaps / "snapshots.jsonl").write_text(json.dumps({**line, "policy_version": 10}) + "\n")
     seen: list[Any] = []
 
-    def fake_eval(model_dir: Any, snapshot: Path, *args: Any, **kwargs: Any) -> dict[str, float]:
-        seen.append(snapshot.name)
-        return {"eval/pass_rate": 0.5}
+    def fake_eval(model_dir: Any, snapshot: Path, sets: Any, version: int) -> dict[str, float]:
+        seen.append((snapshot.name, [x.name for x in sets], version))
+        return flatten({"heldout": {"pass_rate": 0.5}})
 
     monkeypatch.setattr(worker, "evaluate_snapshot", fake_eval)
     run.eval_snapshots(tmp_path / "model")
-    assert seen == ["step_000010.safetensors"]
+    # every eval set (here the one eval_n makes), at the snapshot's policy version
+    assert seen == [("step_000010.safetensors", ["heldout"], 10)]
     (point,) = run.evals
     assert point["step"] == 10.0
     assert point["wall_s"] == 12.5
     assert point["rl_wall_s"] == 7.25
-    assert point["eval/pass_rate"] == 0.5
+    assert point["eval/pass_rate"] == point["eval/heldout/pass_rate"] == 0.5

@@ -52,3 +52,27 @@ def test_a_context_strategy_takes_its_keyword_arguments_from_plain_data() -> Non
         make_context({"kind": "truncated_thinking", "kwargs": {"max_chars": 3}})
     with pytest.raises(ValueError, match="context.kind='ful' is unknown; .*did you mean 'full'"):
         make_context("ful")
+
+
+async def test_latest_observation_shows_the_current_state_only():
+    # CountDown from 3, answered right: with `latest` every prompt is [system, user: the
+    # current observation], the same length at every turn; a tool call and its result stay
+    # until the env steps
+    from libludic.agents.base_agent import Agent
+    from libludic.context.config import make_context
+    from libludic.interaction.single_agent import SingleAgentSyncProtocol
+    from tests.fakes import ScriptedClient
+    from tests.user_plugins import CountDownEnv
+
+    client = ScriptedClient(["3", "2", "1"])
+    proto = SingleAgentSyncProtocol(Agent(client, ctx=make_context("latest")), system_prompt="S")
+    (r,) = await proto.run(CountDownEnv(3), max_steps=3)
+    assert r.total_reward == 3.0
+    assert [m["content"] for m in client.requests[2].messages] == ["S", "Say 1."]
+    ctx = make_context("latest")
+    ctx.reset(None)
+    ctx.on_env_reset("board", {})
+    ctx.add_message({"role": "tool", "content": "calculator: 4"})
+    assert [m["role"] for m in ctx.on_before_act()] == ["user", "tool"]
+    ctx.on_after_step("next board", {})
+    assert ctx.on_before_act() == [{"role": "user", "content": "next board"}]

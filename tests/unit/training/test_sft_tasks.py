@@ -88,7 +88,7 @@ def test_a_gsm8k_row_trains_on_its_solution_and_scores_its_number() -> None:
 
 def test_tasks_without_a_reference_or_with_a_bad_spec_are_refused() -> None:
     with pytest.raises(ValueError, match="states no reference completion"):
-        make_task({"kind": "env", "kwargs": {"env": {"kind": "tic_tac_toe"}}})
+        make_task({"kind": "env", "kwargs": {"env": {"kind": "tic_tac_toe_2p"}}})
     with pytest.raises(ValueError, match=r"kind 'chess': use one of \['arithmetic', 'env'\]"):
         task_spec("chess")
     with pytest.raises(ValueError, match=r"sft task 'arithmetic' with kwargs \{'digit': 3\}"):
