@@ -37,6 +37,7 @@ class ReActAgent(ToolAgent):
         tools: list[Callable[..., Any]] | None = None,
         max_tool_rounds: int = 4,
         think_error_reward: float = -1.0,
+        describe_tools: bool = True,
     ):
         super().__init__(
             client,
@@ -47,6 +48,7 @@ class ReActAgent(ToolAgent):
             model,
             tools=tools,
             max_tool_rounds=max_tool_rounds,
+            describe_tools=describe_tools,
         )
         self.parser = compose_parsers(
             think_prefix_parser(error_reward=think_error_reward), self.parser

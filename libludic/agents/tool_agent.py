@@ -9,7 +9,9 @@ The reply without tool calls is parsed as the action.
 
 The model learns the tools from the system prompt: ``reset()`` appends a section listing
 each tool's JSON schema and the ``<tool_call>`` format (not the OpenAI ``tools`` request
-field, which vLLM rejects unless the server runs with ``--enable-auto-tool-choice``).
+field, which vLLM rejects unless the server runs with ``--enable-auto-tool-choice``);
+``describe_tools=False`` leaves it out, for a model that learned its tools (a warm start on
+tool calls: libludic/training/sft_tasks.py ``tool_task``) and whose prompts must stay short.
 Tools run in a worker thread (``asyncio.to_thread``) so a slow one (the sandboxed
 ``python`` tool) does not stall the other episodes of the event loop.
 """
@@ -113,6 +115,17 @@ class Tool:
         return args
 
 
+def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
+    """A tool call as the model writes it (what ``parse_tool_calls`` reads back)."""
+    call = json.dumps({"name": name, "arguments": arguments}, separators=(",", ":"))
+    return f"<tool_call>{call}</tool_call>"
+
+
+def tool_result_message(name: str, output: str) -> Message:
+    """The message a tool's output goes back to the model in."""
+    return {"role": "tool", "content": f"{name}: {output}" if name else f"error: {output}"}
+
+
 def parse_tool_calls(response: ChatResponse) -> list[tuple[str, Any]]:
     """(name, arguments) pairs from structured tool_calls or ``<tool_call>`` text blocks.
 
@@ -156,8 +169,13 @@ class ToolAgent(Agent):
         *,
         tools: list[Callable[..., Any]] | None = None,
         max_tool_rounds: int = 4,
+        describe_tools: bool = True,
     ):
         super().__init__(client, ctx, parser, sampling, return_spec, model)
+        if not isinstance(describe_tools, bool):
+            raise ValueError(f"describe_tools={describe_tools!r} must be true or false")
+        # False: the model knows its tools (a warm start taught them): no schema in the prompt
+        self.describe_tools = describe_tools
         self.tools: dict[str, Tool] = {}
         for fn in tools or []:
             self.register_tool(fn)
@@ -182,7 +200,7 @@ class ToolAgent(Agent):
         return "\n".join(lines)
 
     def reset(self, system_prompt: str | None = None) -> None:
-        if self.tools:
+        if self.tools and self.describe_tools:
             system_prompt = (
                 self.tools_prompt()
                 if not system_prompt
@@ -212,10 +230,7 @@ class ToolAgent(Agent):
             tool_msgs: list[Message] = []
             for name, args in calls:
                 out = args if name == "" else await asyncio.to_thread(self.run_tool, name, args)
-                msg: Message = {
-                    "role": "tool",
-                    "content": f"{name}: {out}" if name else f"error: {out}",
-                }
+                msg = tool_result_message(name, str(out))
                 tool_msgs.append(msg)
                 self.ctx.add_message(msg)
             turns.append(AgentTurn(response, tool_msgs))

@@ -184,6 +184,14 @@ class ArithmeticEnv(SingleAgentEnv):
     def score_completion(self, completion: str, reference: str) -> float:
         return score_answer(completion, reference, self.partial_credit, self.partial_scale)
 
+    def reference_tool_call(self) -> tuple[str, dict[str, Any]]:
+        """The tool call that solves the problem: the calculator on its expression (a tool
+        demonstration for a warm start, libludic/training/sft_tasks.py ``tool_task``)."""
+        if self.problem is None:
+            raise RuntimeError("ArithmeticEnv has no problem before env_reset")
+        p = self.problem
+        return "calculator", {"expression": f"{p.a}{p.op}{p.b}"}
+
 
 def sft_task(digits: int = 2, **env_kwargs: Any) -> dict[str, Any]:
     """The demo's supervised task (``ludic sft --task arithmetic``, ``up.sft_task:

@@ -10,7 +10,7 @@ whose reference completion is ``reference`` (1.0: solved).
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from libludic.types import Info, Obs
 
@@ -28,4 +28,14 @@ class ReferenceEnv(Protocol):
         ``reference`` (1.0: solved). It may take a third parameter ``prompt`` (the problem's
         observation) when an answer is judged against the problem rather than the reference
         alone (any legal move of a board)."""
+        ...
+
+
+@runtime_checkable
+class ToolReferenceEnv(ReferenceEnv, Protocol):
+    """A ReferenceEnv that also states the tool call solving its current problem: a tool
+    demonstration is the call, the tool's answer, then the reference completion."""
+
+    def reference_tool_call(self) -> tuple[str, dict[str, Any]]:
+        """(tool name, arguments) of the call that solves the problem of the last reset."""
         ...

@@ -15,8 +15,9 @@ libludic/envs/reference.py) built from the env registry (``env_task``):
 - scored by the env's ``score_completion`` (1.0 = passed).
 
 ``TASKS`` names what ``ludic sft --task KIND --task-arg K=V`` and ``up.sft_task`` (a kind, or
-``{kind, kwargs}``) accept: ``env`` takes ``env_task``'s arguments as they are, and an env
-may name its own task with defaults (``arithmetic``, the demo's:
+``{kind, kwargs}``) accept: ``env`` takes ``env_task``'s arguments as they are, ``tool``
+``tool_task``'s (tool use: an env that states the tool call solving each problem), and an
+env may name its own task with defaults (``arithmetic``, the demo's:
 ``libludic.envs.arithmetic.sft_task``). Any other dataset is a JSONL file (``ludic sft
 --data``): one ``{"prompt": ..., "completion": ...}`` or ``{"messages": [...]}`` record
 per line.
@@ -33,11 +34,14 @@ from typing import Any
 
 import yaml
 
+from libludic import plugins
+from libludic.agents.tool_agent import tool_call_text, tool_result_message
 from libludic.envs import arithmetic
-from libludic.envs.reference import ReferenceEnv
+from libludic.envs.reference import ReferenceEnv, ToolReferenceEnv
 from libludic.eval.greedy import GreedyCheck
 from libludic.registry import default_env_registry
 from libludic.requests import EnvSpec
+from libludic.types import Message
 
 TRAIN_SEED_BASE = 10_000_000
 CHECK_SEEDS = range(20_000_000, 20_000_200)
@@ -153,14 +157,99 @@ def env_task(
     )
 
 
-def _as_given(**kwargs: Any) -> dict[str, Any]:
-    return kwargs
+def tool_demonstrations(
+    env: ToolReferenceEnv, seeds: Sequence[int], where: str
+) -> Iterator[tuple[str, str, list[Message]]]:
+    """(prompt, tool call text, the whole demonstration) of ``env`` at each seed: the user's
+    prompt, the assistant's tool call, the tool's answer (the tool run for real), the
+    assistant's reference completion."""
+    for s in seeds:
+        obs, _ = env.env_reset(seed=s)
+        name, arguments = env.reference_tool_call()
+        tool = plugins.resolve("tools", name, where=f"{where} tool")
+        call = tool_call_text(name, arguments)
+        demo: list[Message] = [
+            {"role": "user", "content": str(obs)},
+            {"role": "assistant", "content": call},
+            tool_result_message(name, str(tool(**arguments))),
+            {"role": "assistant", "content": env.reference_completion()},
+        ]
+        yield str(obs), call, demo
 
 
-#: task kind -> its kwargs as env_task's arguments
-TASKS: dict[str, Callable[..., Mapping[str, Any]]] = {
-    "env": _as_given,
-    "arithmetic": arithmetic.sft_task,  # the demo's, kept with its env
+def tool_task(
+    env: Mapping[str, Any],
+    held_out_env: Mapping[str, Any] | None = None,
+    *,
+    name: str | None = None,
+    train_seed_base: int = TRAIN_SEED_BASE,
+    check_seeds: Sequence[int] = CHECK_SEEDS,
+    max_held_out: int = MAX_HELD_OUT,
+) -> SFTTask:
+    """Tool use of the env ``env`` ({kind, kwargs}), which states the tool call solving each
+    problem (``ToolReferenceEnv``: ``reference_tool_call``). Each problem gives two records:
+    the prompt -> the tool call, and the prompt, the call and the tool's answer -> the
+    reference completion (what a ToolAgent with ``describe_tools: false`` sees at each of
+    its two model calls). Checks (target stop, held-out): the greedy first turn is exactly
+    the tool call."""
+
+    def tool_env(spec: Mapping[str, Any], key: str) -> ToolReferenceEnv:
+        e = build_env(spec, f"sft task {key}")
+        if not isinstance(e, ToolReferenceEnv):
+            raise ValueError(
+                f"sft task tool {key}: {type(e).__name__} states no tool call; give it "
+                "reference_tool_call() (libludic/envs/reference.py ToolReferenceEnv)"
+            )
+        return e
+
+    train = tool_env(env, "env")
+    held = tool_env(held_out_env if held_out_env is not None else env, "held_out_env")
+
+    def calls(e: ToolReferenceEnv, seeds: Sequence[int], where: str) -> list[tuple[str, str]]:
+        return [(p, c) for p, c, _ in tool_demonstrations(e, seeds, where)]
+
+    def exact(answer: str, reference: str) -> float:
+        return 1.0 if answer.strip() == reference else 0.0
+
+    check_problems = calls(train, check_seeds, "sft task env")
+    budget = max(len(c.encode()) for _, c in check_problems) + ANSWER_SLACK_TOKENS
+
+    def held_out(n: int) -> GreedyCheck:
+        if not 0 < n <= max_held_out:
+            raise ValueError(f"held-out problems: n={n} must be in [1, {max_held_out}]")
+        return GreedyCheck(calls(held, range(n), "sft task held_out_env"), exact, budget)
+
+    def write(path: Path, n: int) -> int:
+        exclude = {q for q, _ in held_out(max_held_out).problems}
+        seeds = range(train_seed_base, train_seed_base + (n + 1) // 2)
+        written = 0
+        with open(path, "w", encoding="utf-8") as f:
+            for prompt, _, demo in tool_demonstrations(train, seeds, "sft task env"):
+                if prompt in exclude:
+                    continue
+                for messages in (demo[:2], demo):  # the call; then the answer after the tool's
+                    f.write(json.dumps({"messages": messages}) + "\n")
+                    written += 1
+        return written
+
+    return SFTTask(
+        name=name or f"tool use of env {EnvSpec.from_dict(dict(env)).kind}",
+        write=write,
+        check=GreedyCheck(check_problems, exact, budget),
+        held_out=held_out,
+        max_held_out=max_held_out,
+    )
+
+
+def _arithmetic(**kwargs: Any) -> SFTTask:
+    return env_task(**arithmetic.sft_task(**kwargs))
+
+
+#: task kind -> the task it builds from its kwargs
+TASKS: dict[str, Callable[..., SFTTask]] = {
+    "env": env_task,
+    "tool": tool_task,
+    "arithmetic": _arithmetic,  # the demo's, kept with its env
 }
 
 
@@ -188,7 +277,6 @@ def make_task(spec: str | Mapping[str, Any]) -> SFTTask:
     error naming the kind."""
     kind, kwargs = task_spec(spec)
     try:
-        args = TASKS[kind](**kwargs)
-        return env_task(**args)
+        return TASKS[kind](**kwargs)
     except TypeError as e:
         raise ValueError(f"sft task {kind!r} with kwargs {kwargs}: {e}") from e

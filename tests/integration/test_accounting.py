@@ -505,7 +505,7 @@ async def test_commit_writes_the_same_entries_with_or_without_accounting(redis_u
         ]
         assert await r.xlen(keys.rollouts) == 0
         assert await acct_state(r, keys) == {
-            "counters": {b"items_written": b"2"},
+            "counters": {b"items_written": b"2", b"groups_credited": b"1"},
             "rolling": {},
             "open": {b"g": b"2"},
             "items": {b"g:0": b"g", b"g:1": b"g"},
@@ -534,6 +534,7 @@ async def test_commit_writes_the_same_entries_with_or_without_accounting(redis_u
         )
         assert (await acct_state(r, keys))["counters"] == {
             b"items_written": b"2",
+            b"groups_credited": b"1",
             b"groups_dropped_empty": b"1",
             b"groups_dropped_incomplete": b"1",
         }
@@ -635,6 +636,7 @@ async def test_deadletter_writes_the_same_entry_with_or_without_accounting(
             "counters": {
                 b"groups_deadlettered": b"2",
                 b"rollouts_deadlettered": b"1",
+                b"groups_credited": b"1",
                 b"items_written": b"1",
                 b"items_deadlettered": b"1",
             },

@@ -81,7 +81,7 @@ def test_multi_agent_builds_one_agent_of_the_kind_per_role():
         ),
         (
             {"kind": "tool", "tools": ["python"], "max_tool_round": 2},
-            r"unknown keyword\(s\) \['max_tool_round'\]; known: \['tools', 'max_tool_rounds'\]; "
+            r"unknown keyword\(s\) \['max_tool_round'\]; known: \['tools', 'max_tool_rounds', 'describe_tools'\]; "
             r"did you mean 'max_tool_rounds'\?",
         ),
         (

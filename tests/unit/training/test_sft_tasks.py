@@ -89,7 +89,9 @@ def test_a_gsm8k_row_trains_on_its_solution_and_scores_its_number() -> None:
 def test_tasks_without_a_reference_or_with_a_bad_spec_are_refused() -> None:
     with pytest.raises(ValueError, match="states no reference completion"):
         make_task({"kind": "env", "kwargs": {"env": {"kind": "tic_tac_toe_2p"}}})
-    with pytest.raises(ValueError, match=r"kind 'chess': use one of \['arithmetic', 'env'\]"):
+    with pytest.raises(
+        ValueError, match=r"kind 'chess': use one of \['arithmetic', 'env', 'tool'\]"
+    ):
         task_spec("chess")
     with pytest.raises(ValueError, match=r"sft task 'arithmetic' with kwargs \{'digit': 3\}"):
         make_task({"kind": "arithmetic", "kwargs": {"digit": 3}})
@@ -131,3 +133,33 @@ def test_ludic_sft_trains_on_a_dataset_env_given_as_task_args(
     with pytest.raises(SystemExit):
         main([*base, "--task", "env", "--task-arg", "nonsense"])
     assert "write KEY=VALUE" in capsys.readouterr().err
+
+
+def test_a_tool_task_demonstrates_the_call_the_answer_and_the_reply(tmp_path) -> None:
+    # arithmetic states its tool call (the calculator on the expression); each problem gives
+    # two records: prompt -> call, and prompt + call + the tool's real answer -> the answer
+    import json
+
+    from libludic.agents.tool_agent import parse_tool_calls
+    from libludic.types import ChatResponse
+
+    task = make_task(
+        {
+            "kind": "tool",
+            "kwargs": {"env": {"kind": "arithmetic", "kwargs": {"ops": ["*"], "split": "train"}}},
+        }
+    )
+    path = tmp_path / "tool.jsonl"
+    assert task.write(path, 4) == 4
+    first, second = [json.loads(x)["messages"] for x in path.read_text().splitlines()[:2]]
+    assert [m["role"] for m in second] == ["user", "assistant", "tool", "assistant"]
+    assert first == second[:2]
+    q = second[0]["content"]  # "a*b="
+    a, b = (int(x) for x in q.rstrip("=").split("*"))
+    ((name, args),) = parse_tool_calls(ChatResponse(text=second[1]["content"]))
+    assert (name, args) == ("calculator", {"expression": f"{a}*{b}"})
+    assert second[2]["content"] == f"calculator: {a * b}" and second[3]["content"] == str(a * b)
+    prompt, call = task.check.problems[0]
+    assert task.check.score(call, call) == 1.0 and task.check.score(str(a * b), call) == 0.0
+    with pytest.raises(ValueError, match="states no tool call"):
+        make_task({"kind": "tool", "kwargs": {"env": {"kind": "tic_tac_toe"}}})
