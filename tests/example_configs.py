@@ -16,5 +16,11 @@ ELSEWHERE = {
 
 
 def run_configs() -> list[Path]:
-    """examples/<name>/grpo.yaml of every example the project's venv builds by itself."""
-    return sorted(p for p in ROOT.glob("examples/*/grpo.yaml") if p.parent.name not in ELSEWHERE)
+    """examples/<name>/*.yaml (each a run config) of every example the project's venv builds
+    by itself."""
+    return sorted(p for p in ROOT.glob("examples/*/*.yaml") if p.parent.name not in ELSEWHERE)
+
+
+def config_id(path: Path) -> str:
+    """A test id: the example's name, then the config's when it is not grpo.yaml."""
+    return path.parent.name if path.name == "grpo.yaml" else f"{path.parent.name}/{path.stem}"

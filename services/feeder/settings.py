@@ -39,6 +39,13 @@ class FeederSettings:
             "libludic/staleness.py"
         },
     )
+    seed_base: int = field(
+        default=0,
+        metadata={
+            "help": "env seeds are seed_base, seed_base+1, ...: put them past an evaluation's "
+            "(env seeds 0..n-1) so no trained game is one the evaluation plays"
+        },
+    )
     max_requests: int = field(default=0, metadata={"help": "stop after this many (0: forever)"})
     poll_s: float = field(default=0.5, metadata={"help": "seconds between top-ups"})
     metrics_port: int = field(default=9104, metadata={"help": "/metrics and /health (0 off)"})
@@ -46,6 +53,8 @@ class FeederSettings:
 
     def __post_init__(self) -> None:
         self.group_size = algorithm_group_size(self.algorithm)
+        if self.seed_base < 0:
+            raise ValueError(f"feeder seed_base={self.seed_base} must be >= 0")
         if self.high_water < 1:
             raise ValueError(f"feeder high_water={self.high_water} must be >= 1")
         staleness.check_bound("max_head_offpolicyness", self.max_head_offpolicyness)

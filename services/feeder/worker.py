@@ -87,7 +87,7 @@ async def top_up(r: Any, keys: transport.Keys, settings: FeederSettings, limit: 
         return 0
     last = int(await r.incrby(keys.feeder_seed, n))
     batch, tasks = [], []
-    for seed in range(last - n, last):
+    for seed in range(settings.seed_base + last - n, settings.seed_base + last):
         task = pick_task(settings.parsed_tasks, seed)
         req = make_request(settings, task, seed)
         batch.append((req.id, transport.encode_request(req)))

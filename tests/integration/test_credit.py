@@ -399,3 +399,24 @@ async def test_admission_counts_a_multi_turn_group_as_its_items(redis_url: str) 
 
 async def _xlen(r: Any, key: str, n: int) -> bool:
     return int(await r.xlen(key)) == n
+
+
+async def test_feeder_seeds_start_at_seed_base(redis_url: str) -> None:
+    """``feeder.seed_base`` moves every env seed (and the group ids made of it) past an
+    evaluation's 0..n-1; seeds are still consecutive and never repeat across top-ups."""
+    from services.feeder import worker as feeder_worker
+
+    run = "cr-seeds"
+    r = t.connect(redis_url)
+    fs = feeder_worker.FeederSettings(
+        redis_url=redis_url, run_id=run, algorithm={"name": "grpo", "group_size": 2},
+        high_water=16, metrics_port=0, max_head_offpolicyness=None, seed_base=1000,
+    )  # fmt: skip
+    assert await feeder_worker.top_up(r, t.Keys(run), fs, 2) == 2
+    assert await feeder_worker.top_up(r, t.Keys(run), fs, 1) == 1
+    reqs = [t.decode_request(f[b"d"]) for _, f in await r.xrange(t.Keys(run).requests)]
+    assert [q.env_seed for q in reqs] == [1000, 1001, 1002]
+    assert [q.id for q in reqs] == [f"{run}-1000", f"{run}-1001", f"{run}-1002"]
+    with pytest.raises(ValueError, match="seed_base=-1"):
+        feeder_worker.FeederSettings(run_id=run, seed_base=-1)
+    await r.aclose()

@@ -1,6 +1,6 @@
 """The multi-turn and tool-calling examples train through the whole stack.
 
-`ludic up --config examples/<x>/grpo.yaml` runs unchanged except for a small budget given
+`ludic up --config examples/<x>/grpo.yaml` (tic_tac_toe: selfplay.yaml) runs unchanged except for a small budget given
 the way a user gives it (flags for `up`, `LUDIC_*` env for the learner) on the tiny model,
 against a real redis-server we start (so the test can watch the SAW stream): vLLM,
 feeder, actors, credit and learner are the real services.
@@ -65,9 +65,9 @@ def text(item: object) -> str:
 
 
 def run_example(
-    example: str, tmp_path: Path, model: Path, redis_url: str
+    example: str, tmp_path: Path, model: Path, redis_url: str, config: str = "grpo.yaml"
 ) -> tuple[dict, list[object], int]:
-    cfg = REPO / "examples" / example / "grpo.yaml"
+    cfg = REPO / "examples" / example / config
     import yaml
 
     run_id = yaml.safe_load(cfg.read_text())["run_id"]
@@ -132,7 +132,9 @@ def check_trained(summary: dict, dead: int) -> None:
 
 
 def test_tic_tac_toe_two_agents_train_through_the_services(tmp_path, tiny_model_dir, redis_url):
-    summary, items, dead = run_example("tic_tac_toe", tmp_path, tiny_model_dir, redis_url)
+    summary, items, dead = run_example(
+        "tic_tac_toe", tmp_path, tiny_model_dir, redis_url, "selfplay.yaml"
+    )
     check_trained(summary, dead)
     texts = [text(i) for i in items]
     assert texts, "no SAW item was seen"

@@ -18,7 +18,7 @@ from services.common.heldout import evaluate_sets_client
 from services.common.settings import load_settings
 from services.eval.settings import EvalSettings
 from services.launcher.settings import UpSettings
-from tests.example_configs import run_configs
+from tests.example_configs import config_id, run_configs
 from tests.fakes import ScriptedClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,7 +136,7 @@ def test_a_sets_requests_are_greedy_then_k_distinct_samples_per_problem() -> Non
     assert EvalSet(**{**TTT, "k": 0}).sample_requests() == []
 
 
-@pytest.mark.parametrize("path", run_configs(), ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("path", run_configs(), ids=config_id)
 async def test_every_example_configs_eval_sets_run_one_problem(
     path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -155,7 +155,7 @@ async def test_every_example_configs_eval_sets_run_one_problem(
 
 
 def test_the_tic_tac_toe_example_evaluates_both_games_whole() -> None:
-    cfg = yaml.safe_load((ROOT / "examples/tic_tac_toe/grpo.yaml").read_text())
+    cfg = yaml.safe_load((ROOT / "examples/tic_tac_toe/selfplay.yaml").read_text())
     vs, selfplay = UpSettings(**cfg["up"]).parsed_eval_sets
     assert (vs.env["kind"], vs.max_steps, vs.n, vs.k, vs.temperature) == (
         "tic_tac_toe",
@@ -169,3 +169,18 @@ def test_the_tic_tac_toe_example_evaluates_both_games_whole() -> None:
     assert selfplay.env["kind"] == "tic_tac_toe_2p" and selfplay.roles == ["X", "O"]
     assert selfplay.protocol == trained["tic_tac_toe_2p"]["protocol"]
     assert selfplay.max_steps >= 9  # a whole game
+
+
+def test_the_tic_tac_toe_task_that_learns_is_evaluated_as_it_is_trained() -> None:
+    """examples/tic_tac_toe/grpo.yaml: the held-out games are played with the trained task's
+    protocol, env and budget, on seeds no training game uses; self-play reports both roles."""
+    cfg = yaml.safe_load((ROOT / "examples/tic_tac_toe/grpo.yaml").read_text())
+    up = UpSettings(**cfg["up"])
+    vs, selfplay = up.parsed_eval_sets
+    (task,) = cfg["feeder"]["tasks"]
+    assert vs.protocol == task["protocol"] and vs.env == task["env"]
+    assert vs.max_tokens == task["inference"]["sampling"]["max_tokens"]
+    assert vs.max_steps == cfg["actor"]["max_steps"] == 5
+    assert cfg["feeder"]["seed_base"] >= vs.n  # training seeds past the held-out 0..n-1
+    assert selfplay.roles == ["X", "O"] and selfplay.max_steps >= 9
+    assert up.sft_steps > 0 and up.sft_task["kwargs"]["env"]["kind"] == "tic_tac_toe"

@@ -11,7 +11,7 @@ from libludic.rollout.engine import RolloutEngine
 from libludic.tasks import parse_tasks
 from services.common.heldout import eval_requests
 from services.launcher.settings import UpSettings
-from tests.example_configs import ELSEWHERE, run_configs
+from tests.example_configs import ELSEWHERE, config_id, run_configs
 from tests.fakes import ScriptedClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,11 +22,11 @@ def test_every_example_is_built_here_or_where_it_can_be():
     built = {p.parent.name for p in CONFIGS}
     assert built >= {"arith", "tic_tac_toe", "code_exec", "gsm8k", "smollm2", "custom_env"}
     assert built >= {"reasoning_gym", "textarena"}
-    every = {p.parent.name for p in ROOT.glob("examples/*/grpo.yaml")}
+    every = {p.parent.name for p in ROOT.glob("examples/*/*.yaml")}
     assert every == built | set(ELSEWHERE)
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("path", CONFIGS, ids=config_id)
 async def test_example_tasks_run_an_episode(path, monkeypatch):
     monkeypatch.chdir(ROOT)
     cfg = yaml.safe_load(path.read_text())

@@ -263,7 +263,7 @@ def test_the_retired_inference_config_variable_is_an_error_naming_ludic_config(
 
 
 @pytest.mark.parametrize(
-    "config", sorted(p.relative_to(REPO).as_posix() for p in REPO.glob("examples/*/grpo.yaml"))
+    "config", sorted(p.relative_to(REPO).as_posix() for p in REPO.glob("examples/*/*.yaml"))
 )
 def test_shipped_run_configs_reach_inference_only_through_its_section(
     model_dir: Path, config: str

@@ -144,7 +144,7 @@ def test_ludic_check_and_up_refuse_a_misspelt_kind_in_seconds(tmp_path: Path):
     assert code == 2 and "env.kind='arithmetik' is unknown" in out, out
     assert not (tmp_path / "runs").exists()  # nothing was started
     print(f"ludic check: {took:.1f} s, ludic up: {took_up:.1f} s (bad kind to exit)")
-    code, out, _ = run_cli("check", "--config", str(ROOT / "examples/tic_tac_toe/grpo.yaml"))
+    code, out, _ = run_cli("check", "--config", str(ROOT / "examples/tic_tac_toe/selfplay.yaml"))
     assert code == 0 and "ok  feeder.tasks[1] ttt-selfplay: env tic_tac_toe_2p" in out, out
 
 
