@@ -64,7 +64,7 @@ test-deploy: venv system-deps
 # The verifiers adapter's tests run in its own venv (it pins mcp/openai below vLLM's); the
 # OpenEnv tests serve a real openenv-core app from that extra's venv (scripts/adapter-venvs.sh).
 test: venv system-deps lint adapter-venvs
-	LUDIC_REQUIRE_ADAPTER_VENVS=1 $(PY) -m pytest tests -q -p no:cacheprovider -ra -m 'not containers and not faults and not up and not gpu'
+	LUDIC_REQUIRE_ADAPTER_VENVS=1 $(PY) -m pytest tests -q -p no:cacheprovider -ra -m 'not containers and not faults and not up and not gpu' --durations=15
 	$(ADAPTER_VENVS)/verifiers/bin/python -m pytest tests/adapters/test_verifiers_env.py -q -p no:cacheprovider -ra
 
 # Side venvs of the adapter extras that cannot share .venv (idempotent; ~1.5 min the first time).
@@ -82,7 +82,7 @@ test-gpu: venv
 
 # Whole `ludic up` runs (demo config shapes, agents, KL, the saved final policy, Prometheus).
 test-up: venv system-deps
-	$(PY) -m pytest tests -q -p no:cacheprovider -ra -m 'up and not faults'
+	$(PY) -m pytest tests -q -p no:cacheprovider -ra -m 'up and not faults' --durations=0
 
 # Hostile entries into every stream, hostile bodies to every weight route (also in `make test`);
 # LUDIC_FUZZ_SEED / LUDIC_FUZZ_N pick another run.
