@@ -457,6 +457,16 @@ def items_per_group(items_written: int, groups_credited: int, group_size: int) -
     return max(1.0, items_written / groups_credited)
 
 
+def groups_for_room(room: float, items_per_group: float) -> int:
+    """Groups to admit for ``room`` items: rounded up, so a learner short of less than one
+    group's items still gets the group that completes its batch (rounding down starved a
+    synchronous run whose batch is not a whole number of multi-turn groups); at most one
+    group more than the room, none when there is no room."""
+    if room <= 0:
+        return 0
+    return math.ceil(room / items_per_group)
+
+
 async def admission_state(r: aioredis.Redis, keys: Keys, group_size: int) -> dict[str, Any] | None:
     """``{served_step, batch_size, trained, outstanding, items_per_group}`` for
     :func:`libludic.staleness.admission_room`, read atomically; None before a learner

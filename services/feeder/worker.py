@@ -68,7 +68,7 @@ async def admitted_groups(r: Any, keys: transport.Keys, settings: FeederSettings
     )
     assert room is not None
     # a group is items_per_group items (a multi-turn episode: one per model call)
-    return int(room // st["items_per_group"])
+    return accounting.groups_for_room(room, st["items_per_group"])
 
 
 async def top_up(r: Any, keys: transport.Keys, settings: FeederSettings, limit: int) -> int:

@@ -61,3 +61,16 @@ def test_items_per_group_is_measured_with_a_floor_and_a_prior():
     assert items_per_group(0, 0, group_size=8) == 8.0  # nothing credited yet: one per episode
     assert items_per_group(120, 3, group_size=8) == 40.0  # 8 games of 5 moves a group
     assert items_per_group(1, 4, group_size=8) == 1.0  # dynamic sampling dropped most: floor 1
+
+
+def test_admission_rounds_a_part_group_up_so_a_synchronous_batch_completes():
+    """Synchronous RL (max_head_offpolicyness 0) on tic-tac-toe: the learner lacked 7 items
+    of its batch, a group was 25/3 items; rounding down admitted 0 groups forever (the
+    learner waited at step 1 until the run's timeout). Rounded up: 1 group, at most one
+    more than the room holds."""
+    from libludic.transport.accounting import groups_for_room
+
+    assert groups_for_room(7, 25 / 3) == 1
+    assert groups_for_room(16, 8.0) == 2  # whole groups: unchanged
+    assert groups_for_room(17, 8.0) == 3
+    assert groups_for_room(0, 8.0) == 0 and groups_for_room(-5, 8.0) == 0
