@@ -1,52 +1,56 @@
 """The services against a single-process GRPO loop doing the same work, in the same run.
 
-Contestants, each from the same SFT warm start (built once) and the same run config (model,
-task, batch, group, lr, steps, loss, optimizer, sampling):
+Contestants, each from the same SFT warm start (built once per workload's warm start) and
+the same run config (model, task, batch, group, lr, steps, loss, optimizer, sampling):
 
 * ``baseline``: one process, strictly sequential, no Redis, no HTTP: the library's
   ``RolloutBatchSource`` generates a batch in-process with ``HFChatClient`` (transformers,
   batched and KV-cached; it shares the Trainer's model, so there is nothing to publish),
-  GRPO credit, then ``Trainer.train_step``; repeat.
+  GRPO credit, then ``Trainer.train_step``; repeat. It runs the workload's tasks as the
+  actors do (protocol, agent, context, ``actor.max_steps``), as many episodes at once as
+  all actors together, with as many tool threads, and about ``learner.batch_size`` items
+  a batch; tool waits overlap each other (``asyncio.to_thread``), never training.
 * ``sync``: ``ludic up`` with ``max_head_offpolicyness: 0`` and ``learner.max_lag: 0``: the
   next batch is generated only once the last step's weights are served (nothing generated
   in vain; no overlap of generation and training).
 * ``async``: ``ludic up`` as configured (``max_head_offpolicyness`` 1: one batch generated
   ahead of the served weights, overlapping the learner's step).
 
-Workloads: ``demo`` (the config as it is: 8-token answers) and ``gen-heavy`` (the same
-model and task with ``max_tokens: 64, ignore_eos: true``: every completion is 64 tokens, the
-reward read from the integer before its first end-of-turn token, as the demo reads the whole
-answer), where generation dominates the step.
+Workloads: ``demo`` (the config as it is: 8-token answers); ``gen-heavy`` (the same model
+and task with ``max_tokens: 64, ignore_eos: true``: every completion is 64 tokens, the
+reward read from the integer before its first end-of-turn token); ``ttt`` (tic-tac-toe
+against the heuristic opponent, up to 5 model calls a game, ``context: latest``; warm start
+on the env's reference moves; held out: greedy games, pass = a win); ``tools`` (2-digit
++/- with a ToolAgent whose calculator takes 200 ms a call, bench/agentic_tools.py; warm
+start on tool-call demonstrations; held out: the eval split, played the same way).
+``--workload``: one of them, ``both`` (demo, gen-heavy), ``agentic`` (ttt, tools), ``all``.
 
-Figures per run, with one definition each:
+Figures per workload and contestant, each the median over reps, one definition each:
 
-* samples/s: trained items per second of RL wall, evaluation excluded
-  (``Trainer.rl_wall_s``: the time inside train steps; the services' learner reports it in
-  ``learner_final.json``, the summary's ``samples_per_second``);
-* time to target: RL wall (the same clock as samples/s, for every contestant) at the first
-  curve point whose held-out pass rate reaches the target (default: the start's pass rate
-  + 0.10); every contestant's curve is measured with
-  the same greedy evaluation on weight snapshots taken every ``eval_every_steps`` steps,
-  evaluated outside the RL wall (``up.eval_mode: deferred``; the baseline pauses its clock);
-* final pass rate (held-out, greedy, 200 problems) and stale fraction (items dropped stale
-  / items written).
+* samples/s: trained items (one per model call) per second of RL wall, evaluation
+  excluded (``Trainer.rl_wall_s``: the time inside train steps; the services' learner
+  reports it, the summary's ``samples_per_second``);
+* time to target: RL wall at the first curve point (``eval_every_steps`` apart, then the
+  end) whose held-out greedy pass rate (the first eval set's) reaches the target (default:
+  the start's pass rate + 0.10); curves are evaluated on weight snapshots outside the RL
+  wall (``up.eval_mode: deferred``; the baseline pauses its clock);
+* pass rate before -> after: held-out greedy pass rate at the start and the end;
+* stale fraction: items dropped stale / items written (0 for the baseline);
+* overlap bound: ``(t_gen + t_train) / max(t_gen, t_train)`` of the baseline's generation
+  and training time: the most pipelining the two can gain on this host;
+* ratio: async samples/s / baseline samples/s (1.0 = as fast as one process).
 
-The overlap bound ``(t_gen + t_train) / max(t_gen, t_train)`` is measured on the baseline
-of each run (its generation and its training time): the most any pipelining of the two can
-gain on the host it runs on at this batch size, before contention for the cores.
+Full mode: ``--reps`` (default 3) of each contestant, alternating; baseline rep ``k`` seeds
+its sampling and problems with ``k``. ``--quick``: the tiny model, no SFT, a few steps of
+the demo workload (or ``--workload``) once per contestant (exercises the path only).
 
-Full mode repeats each contestant ``--reps`` times (default 3), alternating, and reports
-medians; rep ``k`` of the baseline seeds its sampling and its problems with ``k`` (the
-services' reps differ by run id), so its reps are independent runs, not replays.
-``--quick`` builds the tiny model, skips SFT and runs a few steps of the demo workload once
-per contestant (exercises the path, measures nothing).
+Last line: ``RESULT e2e <workload>_<contestant>_samples_per_s=... <workload>_overlap_bound=...
+ratio=<x>``, ``ratio`` the first workload's (demo by default); ttt and tools add
+``_time_to_target_s`` (per contestant), ``_stale_fraction`` (sync, async) and ``ratio_<wl>``.
 
-Last line: ``RESULT e2e ... ratio=<x>`` with ``ratio`` = median async samples/s / median
-baseline samples/s on the demo workload (higher is better; 1.0 = as fast as one process).
-
-    python bench/e2e.py                  # both workloads, 3 reps (about 40 min on 2 cores)
-    python bench/e2e.py --workload demo  # one workload
-    python bench/e2e.py --quick
+    python bench/e2e.py                     # demo + gen-heavy, 3 reps (~40 min on 2 cores)
+    python bench/e2e.py --workload agentic  # ttt + tools
+    python bench/e2e.py --quick --workload ttt
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ import argparse
 import asyncio
 import copy
 import json
+import math
 import os
 import re
 import statistics
@@ -62,6 +67,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +77,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from libludic.models.tiny import IM_END  # noqa: E402
+from services.common.heldout import DEFAULTS as EVAL_DEFAULTS  # noqa: E402
 
 GEN_HEAVY_TOKENS = 64
 GEN_THREADS = int(os.environ.get("LUDIC_BASELINE_GEN_THREADS", "1"))
@@ -84,15 +91,120 @@ ANSWER_BEFORE_EOS = {
 }
 
 
+# --workload NAME -> the workloads it runs
+WORKLOAD_SETS = {
+    "demo": ["demo"],
+    "gen-heavy": ["gen-heavy"],
+    "ttt": ["ttt"],
+    "tools": ["tools"],
+    "both": ["demo", "gen-heavy"],
+    "agentic": ["ttt", "tools"],
+    "all": ["demo", "gen-heavy", "ttt", "tools"],
+}
+AGENTIC = ("ttt", "tools")
+
+TTT_ENV = {"kind": "tic_tac_toe", "kwargs": {"opponent_skill": 0.5}}
+TTT_PROTOCOL = {"kind": "single_agent", "kwargs": {"context": "latest", "system_prompt": ""}}
+TTT_SFT = {"kind": "env", "kwargs": {"env": {"kind": "tic_tac_toe", "kwargs": {"opening": 4}}}}
+TTT_TOKENS = 4  # a cell number and EOS
+TTT_STEPS = 5  # X moves at most 5 times
+TTT_SEED_BASE = 1_000_000  # feeder.seed_base, as examples/tic_tac_toe/grpo.yaml
+SLOW_TOOL = "bench.agentic_tools:calculator"  # 200 ms a call (bench/agentic_tools.py)
+TOOL_ARITH = {"digits": 2, "ops": ["+", "-"]}
+TOOL_SFT = {
+    "kind": "tool",
+    "kwargs": {"env": {"kind": "arithmetic", "kwargs": {**TOOL_ARITH, "split": "train"}}},
+}
+# the call <tool_call>{"name":"calculator",...}</tool_call> is ~76 bytes: a token each
+TOOL_TOKENS = 96
+TOOL_STEPS = 2  # the tool call, then the answer
+TOOL_MODEL_LEN = 512  # both turns' prompts and replies
+# the warm starts (full mode): fixed step counts, no target stop (the arithmetic demo's
+# sft_target_pass_rate is a pass rate of answers; these tasks check moves and tool calls)
+SFT_STEPS = {"ttt": 500, "tools": 300}
+
+
+def tool_protocol(tool: str) -> dict[str, Any]:
+    return {
+        "kind": "single_agent",
+        "kwargs": {"system_prompt": ""},  # the warm start's prompts carry none
+        "agent": {"kind": "tool", "tools": [tool], "max_tool_rounds": 1, "describe_tools": False},
+    }
+
+
 def workload(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    """The run config of workload ``name`` (module docstring) from the base config ``cfg``:
+    its tasks, actor.max_steps, warm start and held-out set; model, batch, group, lr, steps,
+    loss and staleness stay the base config's. An agentic held-out set has ``up.eval_n``
+    problems."""
     cfg = copy.deepcopy(cfg)
+    up = cfg["up"]
     if name == "gen-heavy":
         for task in cfg["feeder"]["tasks"]:
             task.setdefault("inference", {}).setdefault("sampling", {}).update(
                 max_tokens=GEN_HEAVY_TOKENS, ignore_eos=True, skip_special_tokens=False
             )
             task["protocol"] = {"kind": "single_agent", "kwargs": {"parser": ANSWER_BEFORE_EOS}}
-    return cfg
+    elif name == "ttt":
+        cfg["feeder"]["tasks"] = [
+            {
+                "name": "ttt",
+                "env": TTT_ENV,
+                "protocol": TTT_PROTOCOL,
+                "inference": {"sampling": {"temperature": 1.0, "max_tokens": TTT_TOKENS}},
+            }
+        ]
+        cfg["actor"]["max_steps"] = TTT_STEPS
+        # the env has no split: training games start past the held-out seeds 0..n-1
+        cfg["feeder"]["seed_base"] = TTT_SEED_BASE
+        up.update(
+            sft_task=TTT_SFT,
+            eval_sets=[
+                {
+                    "name": "vs-heuristic",  # pass = a win against the seeded opponent
+                    "env": TTT_ENV,
+                    "protocol": TTT_PROTOCOL,
+                    "n": up.get("eval_n", EVAL_DEFAULTS["eval_n"]),
+                    "max_tokens": TTT_TOKENS,
+                    "max_steps": TTT_STEPS,
+                }
+            ],
+        )
+    elif name == "tools":
+        env = {"kind": "arithmetic", "kwargs": {**TOOL_ARITH, "split": "train"}}
+        cfg["feeder"]["tasks"] = [
+            {
+                "name": "add-sub-tool",
+                "env": env,
+                "protocol": tool_protocol(SLOW_TOOL),
+                "inference": {"sampling": {"temperature": 1.0, "max_tokens": TOOL_TOKENS}},
+            }
+        ]
+        cfg["actor"]["max_steps"] = TOOL_STEPS
+        cfg.setdefault("inference", {})["max_model_len"] = TOOL_MODEL_LEN
+        cfg["learner"]["max_seq_len"] = TOOL_MODEL_LEN
+        up.update(
+            sft_task=TOOL_SFT,
+            eval_sets=[
+                {
+                    "name": "add-sub-tool",
+                    "env": {"kind": "arithmetic", "kwargs": {**TOOL_ARITH, "split": "eval"}},
+                    # the registered calculator: the same results as the slow one, without
+                    # its wait (evaluation is outside the RL wall; this keeps the bench short)
+                    "protocol": tool_protocol("calculator"),
+                    "n": up.get("eval_n", EVAL_DEFAULTS["eval_n"]),
+                    "max_tokens": TOOL_TOKENS,
+                    "max_steps": TOOL_STEPS,
+                }
+            ],
+        )
+    elif name != "demo":
+        raise ValueError(f"unknown workload {name!r}; known: {sorted(WORKLOAD_SETS)}")
+    if name in SFT_STEPS:
+        up.update(sft_steps=SFT_STEPS[name], sft_target_pass_rate=0.0)
+    # plain data, nothing shared with the constants above or between keys (no YAML anchors)
+    out: dict[str, Any] = json.loads(json.dumps(cfg))
+    return out
 
 
 # ----------------------------------------------------------------------------- services
@@ -108,6 +220,8 @@ def run_services(cfg: dict[str, Any], name: str, work: Path, sync: bool) -> dict
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = {k: v for k, v in os.environ.items() if k != "LUDIC_REDIS_URL"}
+    # the repository root on every service's path: a task may name bench.agentic_tools:...
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     log = work / f"{name}.log"
     with open(log, "wb") as f:
         code = subprocess.call(
@@ -152,10 +266,13 @@ def run_baseline(cfg: dict[str, Any], model_dir: Path, seed: int = 0) -> dict[st
     from libludic.rollout.engine import RolloutEngine
     from libludic.training.batching.rollout_batch_source import RolloutBatchSource
     from libludic.training.trainer import Trainer, TrainerHooks
-    from services.common.heldout import evaluate_client
+    from libludic.transport.accounting import items_per_group
+    from services.actor.settings import ActorSettings
+    from services.common.heldout import evaluate_sets_client
     from services.common.settings import load_settings
     from services.feeder.settings import FeederSettings
     from services.feeder.worker import make_request, pick_task
+    from services.launcher.settings import UpSettings
     from services.learner.settings import LearnerSettings
 
     torch.manual_seed(seed)  # each rep its own sampling and problems, as the services' reps
@@ -163,9 +280,12 @@ def run_baseline(cfg: dict[str, Any], model_dir: Path, seed: int = 0) -> dict[st
     cfg_path = tmp / "run.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     # the services' own settings from the same run config (the environment left out)
-    fs = load_settings(FeederSettings, ["--config", str(cfg_path)], service="feeder", environ={})
-    ls = load_settings(LearnerSettings, ["--config", str(cfg_path)], service="learner", environ={})
-    up = cfg["up"]
+    argv = ["--config", str(cfg_path)]
+    fs = load_settings(FeederSettings, argv, service="feeder", environ={})
+    ls = load_settings(LearnerSettings, argv, service="learner", environ={})
+    acs = load_settings(ActorSettings, argv, service="actor", environ={})
+    ups = load_settings(UpSettings, argv, service="up", environ={})
+    sets = ups.parsed_eval_sets  # what ludic up evaluates, built by the same function
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     algo = ls.spec.build()
@@ -176,23 +296,39 @@ def run_baseline(cfg: dict[str, Any], model_dir: Path, seed: int = 0) -> dict[st
     tcfg = dataclasses.replace(tcfg, model_device="cpu", pad_token_id=int(pad))
     client = HFChatClient(model=model, tokenizer=tok, max_batch_size=ls.batch_size)
     engine = RolloutEngine(*build_registries(client))
-    seeds = iter(range(seed * 10**7, 10**9))
-    groups = ls.batch_size // fs.group_size
+    seeds = iter(range(fs.seed_base + seed * 10**7, fs.seed_base + 10**9))
+    made = {"groups": 0, "items": 0}
 
     def requests() -> list[Any]:
+        # about batch_size items, as the learner's batch: a multi-turn episode is one item
+        # per model call, so as many groups as the items per group so far say (the feeder's
+        # admission estimate; one item per episode before the first batch)
+        per_group = items_per_group(made["items"], made["groups"], fs.group_size)
         out = []
-        for _ in range(groups):
+        for _ in range(max(1, math.ceil(ls.batch_size / per_group))):
             s = next(seeds)
             out.append(make_request(fs, pick_task(fs.parsed_tasks, s), s))
+        made["groups"] += len(out)
         return out
 
+    # the services' episodes in flight: each actor runs `concurrency` requests, each with
+    # min(episode_concurrency, group_size) episodes at once
+    concurrency = ups.actors * acs.concurrency * min(acs.episode_concurrency, fs.group_size)
+    # the services' tool threads: asyncio.to_thread's default executor in each actor process
+    # (ThreadPoolExecutor's default size, Python 3.8-3.12: min(32, cores + 4)); one more for
+    # HFChatClient's generation, which runs in the same pool (vLLM runs in its own process)
+    threads = ups.actors * min(32, (os.cpu_count() or 1) + 4) + 1
     source = RolloutBatchSource(
-        engine=engine, request_fn=requests, algorithm=algo, max_steps=1, concurrency=ls.batch_size
+        engine=engine,
+        request_fn=requests,
+        algorithm=algo,
+        max_steps=acs.max_steps,
+        concurrency=concurrency,
     )
     gen = {"s": 0.0}
     inner = source.next_batch
 
-    threads = torch.get_num_threads()
+    torch_threads = torch.get_num_threads()
 
     async def timed_next_batch() -> Any:
         # generation (token by token, small ops) runs fastest on one intra-op thread here,
@@ -202,8 +338,9 @@ def run_baseline(cfg: dict[str, Any], model_dir: Path, seed: int = 0) -> dict[st
         try:
             b = await inner()
         finally:
-            torch.set_num_threads(threads)
+            torch.set_num_threads(torch_threads)
         gen["s"] += time.perf_counter() - t
+        made["items"] += len(b.items)
         return b
 
     source.next_batch = timed_next_batch  # type: ignore[method-assign]
@@ -215,14 +352,12 @@ def run_baseline(cfg: dict[str, Any], model_dir: Path, seed: int = 0) -> dict[st
             self.points: list[tuple[float, float, float]] = []
 
         async def evaluate(self) -> dict[str, float]:
-            res = await evaluate_client(
-                client, up["eval_env"], up["eval_n"], up["eval_max_tokens"], up.get("eval_protocol")
-            )
+            res = await evaluate_sets_client(client, sets)
             self.points.append((float(tr.step), tr.rl_wall_s, res["eval/pass_rate"]))
             return res
 
     curve = Curve()
-    tcfg = dataclasses.replace(tcfg, eval_every_n_steps=up.get("eval_every_steps") or None)
+    tcfg = dataclasses.replace(tcfg, eval_every_n_steps=ups.eval_every_steps or None)
     tr = Trainer(
         model=model,
         algo=algo,
@@ -233,13 +368,12 @@ def run_baseline(cfg: dict[str, Any], model_dir: Path, seed: int = 0) -> dict[st
     )
 
     async def go() -> dict[str, Any]:
-        before = await evaluate_client(
-            client, up["eval_env"], up["eval_n"], up["eval_max_tokens"], up.get("eval_protocol")
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(threads, thread_name_prefix="baseline")
         )
+        before = await evaluate_sets_client(client, sets)
         await tr.train(ls.num_steps)
-        after = await evaluate_client(
-            client, up["eval_env"], up["eval_n"], up["eval_max_tokens"], up.get("eval_protocol")
-        )
+        after = await evaluate_sets_client(client, sets)
         return {"before": before["eval/pass_rate"], "after": after["eval/pass_rate"]}
 
     res = asyncio.run(go())
@@ -304,6 +438,22 @@ def fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
+def medians(rs: list[dict[str, Any]], target: float) -> dict[str, float | None]:
+    """One contestant's figures over its reps (module docstring), each the median."""
+    return {
+        "samples_per_s": med([r["samples_per_s"] for r in rs]),
+        "time_to_target_s": med(
+            [
+                time_to(r["curve"] + [(r["steps"], r["rl_wall_s"], r["pass_after"])], target)
+                for r in rs
+            ]
+        ),
+        "pass_before": med([r["pass_before"] for r in rs]),
+        "pass_after": med([r["pass_after"] for r in rs]),
+        "stale_fraction": med([r["stale_fraction"] for r in rs]),
+    }
+
+
 def table(wl: str, runs: dict[str, list[dict[str, Any]]], target: float) -> None:
     print(
         f"\n## workload {wl} (medians of {len(next(iter(runs.values())))} run(s); target "
@@ -315,16 +465,12 @@ def table(wl: str, runs: dict[str, list[dict[str, Any]]], target: float) -> None
     )
     print("|---|---|---|---|---|---|")
     for who, rs in runs.items():
+        m = medians(rs, target)
         sps = [r["samples_per_s"] for r in rs]
-        tt = [
-            time_to(r["curve"] + [(r["steps"], r["rl_wall_s"], r["pass_after"])], target)
-            for r in rs
-        ]
         print(
-            f"| {who} | {fmt(med(sps), '.1f')} | {fmt(med(tt), '.1f')} | "
-            f"{fmt(med([r['pass_before'] for r in rs]), '.3f')} -> "
-            f"{fmt(med([r['pass_after'] for r in rs]), '.3f')} | "
-            f"{fmt(med([r['stale_fraction'] for r in rs]), '.3f')} | "
+            f"| {who} | {fmt(m['samples_per_s'], '.1f')} | {fmt(m['time_to_target_s'], '.1f')} | "
+            f"{fmt(m['pass_before'], '.3f')} -> {fmt(m['pass_after'], '.3f')} | "
+            f"{fmt(m['stale_fraction'], '.3f')} | "
             f"{', '.join(f'{x:.1f}' for x in sps)} |"
         )
     b = runs["baseline"]
@@ -335,13 +481,76 @@ def table(wl: str, runs: dict[str, list[dict[str, Any]]], target: float) -> None
     )
 
 
+def result_line(
+    results: dict[str, dict[str, list[dict[str, Any]]]], targets: dict[str, float]
+) -> str:
+    """``RESULT e2e`` with the figures of the module docstring; ``ratio=`` last."""
+    fields: list[str] = []
+    ratios: dict[str, float] = {}
+    for wl, runs in results.items():
+        key = wl.replace("-", "_")
+        m = {who: medians(rs, targets[wl]) for who, rs in runs.items()}
+        for who, mw in m.items():
+            if mw["samples_per_s"] is not None:
+                fields.append(f"{key}_{who}_samples_per_s={mw['samples_per_s']:.1f}")
+        if wl in AGENTIC:
+            for who, mw in m.items():
+                if mw["time_to_target_s"] is not None:
+                    fields.append(f"{key}_{who}_time_to_target_s={mw['time_to_target_s']:.1f}")
+            for who in ("sync", "async"):
+                if m[who]["stale_fraction"] is not None:
+                    fields.append(f"{key}_{who}_stale_fraction={m[who]['stale_fraction']:.3f}")
+        bound = med([r["overlap_bound"] for r in runs["baseline"]])
+        if bound is not None:
+            fields.append(f"{key}_overlap_bound={bound:.2f}")
+        ratios[wl] = (m["async"]["samples_per_s"] or 0) / max(
+            1e-9, m["baseline"]["samples_per_s"] or 0
+        )
+    fields += [f"ratio_{wl}={ratios[wl]:.2f}" for wl in AGENTIC if wl in ratios]
+    first = next(iter(results))
+    return f"RESULT e2e {' '.join(fields)} ratio={ratios[first]:.2f}"
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def start_models(cfgs: dict[str, dict[str, Any]], work: Path, quick: bool) -> dict[str, Path]:
+    """Workload -> its starting policy: in full mode each distinct warm start (the up.sft_*
+    keys) built once and shared by every contestant and rep of the workloads that use it;
+    with ``quick`` the tiny model, no SFT, for all."""
+    if quick:
+        from libludic.models.tiny import init_model
+
+        tiny = init_model(work / "tiny", size="tiny")
+        return {wl: tiny for wl in cfgs}
+    from services.launcher.settings import UpSettings
+    from services.launcher.worker import prepare_model
+
+    built: dict[str, Path] = {}
+    out: dict[str, Path] = {}
+    for wl, cfg in cfgs.items():
+        up = cfg["up"]
+        key = json.dumps({k: v for k, v in up.items() if k.startswith("sft_")}, sort_keys=True)
+        if key not in built:
+            s = UpSettings(**{k: v for k, v in up.items() if k in UpSettings.__dataclass_fields__})
+            s.name, s.runs_dir = f"warm-start-{len(built)}", str(work)
+            built[key] = prepare_model(s, work / s.name)
+        out[wl] = built[key]
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--config", default=str(ROOT / "examples/arith/grpo.yaml"))
-    ap.add_argument("--workload", choices=["demo", "gen-heavy", "both"], default="both")
+    ap.add_argument(
+        "--workload",
+        choices=list(WORKLOAD_SETS),
+        default=None,
+        help="default: both (demo with --quick)",
+    )
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument(
         "--target", type=float, default=None, help="pass-rate target (default: before + 0.10)"
@@ -356,38 +565,26 @@ def main() -> int:
 
     cfg = yaml.safe_load(Path(a.config).read_text())
     work = Path(tempfile.mkdtemp(prefix="ludic-e2e-"))
-    workloads = ["demo", "gen-heavy"] if a.workload == "both" else [a.workload]
+    workloads = WORKLOAD_SETS[a.workload or ("demo" if a.quick else "both")]
     reps = a.reps
     if a.quick:
-        from libludic.models.tiny import init_model
-
-        model = init_model(work / "tiny", size="tiny")
-        cfg["up"].update(
-            model=str(model), sft_steps=0, actors=1, eval_n=16, eval_every_steps=2, timeout_s=300
-        )
+        cfg["up"].update(actors=1, eval_n=16, eval_every_steps=2, timeout_s=300)
         cfg["learner"].update(num_steps=4, batch_size=16)
-        workloads, reps = ["demo"], 1
-    else:
-        from services.launcher.settings import UpSettings
-        from services.launcher.worker import prepare_model
-
-        s = UpSettings(
-            **{k: v for k, v in cfg["up"].items() if k in UpSettings.__dataclass_fields__}
-        )
-        s.name, s.runs_dir = "shared", str(work)
-        model = prepare_model(s, work / "shared")
-        cfg["up"].update(model=str(model), sft_steps=0)
-    print(f"e2e: model {model}, work dir {work}", flush=True)
+        reps = 1
+    cfgs = {wl: workload(cfg, wl) for wl in workloads}
+    models = start_models(cfgs, work, a.quick)
+    for wl, wcfg in cfgs.items():
+        wcfg["up"].update(model=str(models[wl]), sft_steps=0)
+    print(f"e2e: models {sorted({str(m) for m in models.values()})}, work dir {work}", flush=True)
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for wl in workloads:
-        wcfg = workload(cfg, wl)
+    for wl, wcfg in cfgs.items():
         runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "sync": [], "async": []}
         for rep in range(reps):  # alternating: one of each per round
             for who in runs:
                 name = f"e2e-{wl}-{who}-{rep}"
                 t = time.monotonic()
                 if who == "baseline":
-                    r = baseline_subprocess(wcfg, Path(model), work, name, seed=rep)
+                    r = baseline_subprocess(wcfg, models[wl], work, name, seed=rep)
                 else:
                     r = run_services(wcfg, name, work, sync=(who == "sync"))
                 runs[who].append(r)
@@ -398,25 +595,13 @@ def main() -> int:
                     flush=True,
                 )
         results[wl] = runs
-    out: dict[str, Any] = {}
+    targets: dict[str, float] = {}
     for wl, runs in results.items():
         start = med([r["pass_before"] for rs in runs.values() for r in rs]) or 0.0
-        target = a.target if a.target is not None else start + 0.10
-        table(wl, runs, target)
-        for who, rs in runs.items():
-            out[f"{wl}_{who}"] = med([r["samples_per_s"] for r in rs])
-        out[f"{wl}_overlap"] = med([r["overlap_bound"] for r in runs["baseline"]])
-    (work / "results.json").write_text(json.dumps({"out": out, "runs": results}, indent=1))
-    first = workloads[0]
-    ratio = (out[f"{first}_async"] or 0) / max(1e-9, out[f"{first}_baseline"] or 0)
-    fields = " ".join(
-        f"{k.replace('-', '_')}_samples_per_s={v:.1f}"
-        if "overlap" not in k
-        else f"{k.replace('-', '_')}_bound={v:.2f}"
-        for k, v in out.items()
-        if v is not None
-    )
-    print(f"RESULT e2e {fields} ratio={ratio:.2f}")
+        targets[wl] = a.target if a.target is not None else start + 0.10
+        table(wl, runs, targets[wl])
+    (work / "results.json").write_text(json.dumps({"targets": targets, "runs": results}, indent=1))
+    print(result_line(results, targets))
     return 0
 
 
