@@ -82,7 +82,8 @@ def built() -> None:
 def test_a_misspelt_kind_stops_the_container_at_start_up(built, service, tmp_path):
     cfg = yaml.safe_load((ROOT / "examples/custom_env/grpo.yaml").read_text())
     cfg["feeder"]["tasks"][0]["env"]["kind"] = "gues"
-    cfg["up"]["eval_env"]["kind"] = "gues"
+    for eval_set in cfg["up"]["eval_sets"]:
+        eval_set["env"]["kind"] = "gues"
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(cfg))
     bad.chmod(0o644)
