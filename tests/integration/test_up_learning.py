@@ -15,7 +15,8 @@ seed's runs differ): at 100 steps two runs of this test gained +23.0 and +13.0 a
 table's curves +16.0, +30.5 and +15.5, too close to the margin (about 10 points) for a test
 that must not flake; at 200 steps the curves gained +22.5, +33.5 and +34.0 (an earlier
 run without feeder.seed_base: +13.5). This test runs seed 1's configuration for 200 steps,
-514 s here (+35.0 points), about a third of it the warm start.
+514 s here (+35.0 points), about a third of it the warm start, with the shipped evaluation
+(k: 4 sampled games a seed); the test evaluates greedy only.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.up, pytest.mark.vllm]
 REPO = Path(__file__).resolve().parents[2]
@@ -56,8 +58,15 @@ def test_tic_tac_toe_learns_to_win_through_the_services(tmp_path: Path) -> None:
         "LUDIC_SEED": str(SEED),  # the learner's torch seed
         "LUDIC_SEED_BASE": str((SEED + 1) * 1_000_000),  # the feeder's first env seed
     }
+    # the held-out sets as shipped but greedy only (the asserted figures; the shipped k: 4
+    # sampled games a seed are the README's pass@4 / mean@4), self-play with 16 sampled games
+    doc = yaml.safe_load(CONFIG.read_text())
+    for eval_set in doc["up"]["eval_sets"]:
+        eval_set["k"] = 0 if eval_set["name"] == "vs-heuristic" else 16
+    config = tmp_path / "grpo.yaml"
+    config.write_text(yaml.safe_dump(doc))
     argv = [
-        sys.executable, "-m", "services.cli", "up", "--config", str(CONFIG),
+        sys.executable, "-m", "services.cli", "up", "--config", str(config),
         "--runs-dir", str(tmp_path / "runs"), "--init-seed", str(SEED), "--sft-seed", str(SEED),
         "--eval-every-steps", str(10 * STEPS),  # before and after only
         "--timeout-s", "1200", "--no-live",
@@ -82,8 +91,7 @@ def test_tic_tac_toe_learns_to_win_through_the_services(tmp_path: Path) -> None:
     noise = gain_noise(p0, p1, n)
     print(
         f"tic-tac-toe: win rate {p0:.3f} -> {p1:.3f} (+{100 * (p1 - p0):.1f} points, noise "
-        f"{100 * noise:.1f}), illegal {vs['after']['illegal_rate']:.3f}, mean@4 "
-        f"{vs['before']['mean_at_k']:.3f} -> {vs['after']['mean_at_k']:.3f}, stale "
+        f"{100 * noise:.1f}), illegal {vs['after']['illegal_rate']:.3f}, stale "
         f"{summary['stale_dropped']}, {wall:.0f} s"
     )
     assert p1 - p0 > 2 * noise, (p0, p1, noise)
