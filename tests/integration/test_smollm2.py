@@ -179,7 +179,10 @@ def perturbed(model_dir: Path, scale: float, seed: int) -> dict[str, torch.Tenso
     return out
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+# fp32 serving only in the up tier: its floor (1e-3) is the tight check; bf16 serving of an
+# fp32 publish (tolerance 0.5, measured 0.19; 45 s) is make test's test_served_logprobs.py
+# on the tiny model. LUDIC_SMOLLM2_DTYPES=float32,bfloat16 runs both here.
+@pytest.mark.parametrize("dtype", os.environ.get("LUDIC_SMOLLM2_DTYPES", "float32").split(","))
 def test_smollm2_serves_the_weights_pushed_to_it(smollm2, tmp_path, dtype):
     """Served = trained on a real pretrained model: after an HTTP update with fp32 weights
     (an fp32 learner's publish; a bf16 server casts them as it serves the checkpoint in
