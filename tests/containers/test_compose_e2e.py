@@ -36,8 +36,10 @@ PROM = "http://127.0.0.1:9090"
 # Short run for CI: enough steps that every fault lands mid-run (each recovery is seconds to
 # ~2 min for inference on 2 cores). At the 2-4 steps/s the pipeline trains on 2 cores the
 # learner fault lands near step 120 and the credit fault near step 200, and a 300-step run
-# ends during the actor fault: 1200 steps outlast the scale step and the five faults.
-NUM_STEPS = int(os.environ.get("NUM_STEPS", "1200"))
+# ends during the actor fault. Measured on 2026-11-29 (the report's "faults"): kills at steps
+# 136, 196, 213, 274 and 299, the last 5 steps after the inference fault done by step ~330;
+# 700 steps leave twice that (1200 did: ~170 s more of the tier, spent after the faults).
+NUM_STEPS = int(os.environ.get("NUM_STEPS", "700"))
 REPORT: dict[str, Any] = {"faults": []}
 
 
@@ -249,7 +251,7 @@ def test_a_crashed_service_comes_back_by_restart_policy(stack, service):
 
 # its own waits bound it (1800 + 300 + 300 s), not the suite's 600 s guard: on a slower
 # 2-core machine the pipeline trains ~1.5 steps/s, and this test starts after the faults, so
-# its 1200 steps take longer than 600 s (seen: step 1023 when pytest-timeout stopped it)
+# its steps take longer than 600 s (seen with 1200: step 1023 when pytest-timeout stopped it)
 @pytest.mark.timeout(2460)
 def test_run_reaches_its_step_count_and_keeps_the_policy(stack):
     (cid,) = containers("learner")
