@@ -11,7 +11,8 @@ greedy checks.
 ``steps``. ``check`` with ``target_pass_rate`` makes ``steps`` a limit: every ``check_every``
 steps the greedy pass rate on ``check``'s problems is measured and training stops at the
 first check that reaches the target (every step once a check is within ``FINE_MARGIN`` of
-it: near a steep part of the curve the pass rate can move 0.1 in a few steps), so the start
+it, or half the target when that is less: near a steep part of the curve the pass rate can
+move 0.1 in a few steps, and a target of 0.1 is not near from 0), so the start
 lands just above the target whatever the seed or machine. Not reaching it within ``steps``
 is an error. ``held_out``, measured once at the end, is what the run reports; it is never
 looked at before.
@@ -38,7 +39,7 @@ from libludic.training.trainer import Trainer
 
 __all__ = ["run_sft", "FINE_MARGIN"]
 
-FINE_MARGIN = 0.1  # within this of the target, check every step
+FINE_MARGIN = 0.1  # within this of the target (at most half the target), check every step
 
 
 def run_sft(
@@ -101,6 +102,8 @@ def run_sft(
     losses: list[float] = []
     checks: list[dict[str, float]] = []
     t0 = time.perf_counter()
+    # a target below FINE_MARGIN would be "near" from a pass rate of 0: every step checked
+    margin = min(FINE_MARGIN, target_pass_rate / 2)
 
     async def loop() -> None:
         window: list[float] = []
@@ -116,7 +119,7 @@ def run_sft(
                     flush=True,
                 )
                 window = []
-            near = bool(checks) and checks[-1]["train_pass_rate"] >= target_pass_rate - FINE_MARGIN
+            near = bool(checks) and checks[-1]["train_pass_rate"] >= target_pass_rate - margin
             if check is not None and target_pass_rate > 0 and (i % check_every == 0 or near):
                 rate = greedy_pass_rate(trainer.model, tok, check)
                 checks.append({"step": i, "train_pass_rate": rate})

@@ -170,6 +170,30 @@ def test_target_pass_rate_stops_at_the_first_check_that_reaches_it(
     assert (tmp_path / "o" / "model.safetensors").exists()
 
 
+def test_a_low_target_is_not_near_from_a_pass_rate_of_zero(tiny_model_dir, tmp_path, monkeypatch):
+    """A target below FINE_MARGIN (0.1, a tool-call warm start stopped early) is near only
+    within half of it: from 0.0 the checks stay every check_every steps (they were every
+    step, each a greedy generation of the whole check set)."""
+    rates = iter([0.0, 0.0, 0.06, 0.11])
+    monkeypatch.setattr(sft, "greedy_pass_rate", lambda *a, **k: next(rates))
+    data = tmp_path / "d.jsonl"
+    task = make_task("arithmetic")
+    task.write(data, 64)
+    res = sft.run_sft(
+        tiny_model_dir,
+        tmp_path / "o",
+        data,
+        steps=50,
+        batch_size=4,
+        quiet=True,
+        check=task.check,
+        target_pass_rate=0.1,
+        check_every=4,
+    )
+    # 4: 0.0, 8: 0.0 (not near: 0.0 < 0.1 - 0.05), 12: 0.06 (near), 13: 0.11 >= 0.1
+    assert [c["step"] for c in res["checks"]] == [4, 8, 12, 13]
+
+
 def test_target_pass_rate_not_reached_is_an_error(tiny_model_dir, tmp_path) -> None:
     # the untrained tiny model answers no problem in 2 steps: 0.0 < 1.0
     task = make_task("arithmetic")
