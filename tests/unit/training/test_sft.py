@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -137,6 +139,25 @@ def test_seed_changes_the_result_and_the_same_seed_reproduces_it(tiny_model_dir,
     assert any(not torch.equal(wa[k], wc[k]) for k in wa)
 
 
+def sft_to_target(
+    model_dir: Path, tmp_path: Path, check: GreedyCheck, target: float
+) -> dict[str, Any]:
+    """50 SFT steps of batch 4 on arithmetic data, checked every 4 steps against ``target``."""
+    data = tmp_path / "d.jsonl"
+    make_task("arithmetic").write(data, 64)
+    return sft.run_sft(
+        model_dir,
+        tmp_path / "o",
+        data,
+        steps=50,
+        batch_size=4,
+        quiet=True,
+        check=check,
+        target_pass_rate=target,
+        check_every=4,
+    )
+
+
 def test_target_pass_rate_stops_at_the_first_check_that_reaches_it(
     tiny_model_dir, tmp_path, monkeypatch
 ) -> None:
@@ -149,19 +170,7 @@ def test_target_pass_rate_stops_at_the_first_check_that_reaches_it(
         return next(rates)
 
     monkeypatch.setattr(sft, "greedy_pass_rate", fake)
-    data = tmp_path / "d.jsonl"
-    make_task("arithmetic").write(data, 64)
-    res = sft.run_sft(
-        tiny_model_dir,
-        tmp_path / "o",
-        data,
-        steps=50,
-        batch_size=4,
-        quiet=True,
-        check=check,
-        target_pass_rate=0.6,
-        check_every=4,
-    )
+    res = sft_to_target(tiny_model_dir, tmp_path, check, 0.6)
     # checks every 4 steps (4: 0.1, 8: 0.52); 0.52 is within FINE_MARGIN 0.1 of 0.6, so then
     # every step (9: 0.55, 10: 0.58, 11: 0.61 >= 0.6): 11 steps ran
     assert [c["step"] for c in res["checks"]] == [4, 8, 9, 10, 11]
@@ -176,20 +185,7 @@ def test_a_low_target_is_not_near_from_a_pass_rate_of_zero(tiny_model_dir, tmp_p
     step, each a greedy generation of the whole check set)."""
     rates = iter([0.0, 0.0, 0.06, 0.11])
     monkeypatch.setattr(sft, "greedy_pass_rate", lambda *a, **k: next(rates))
-    data = tmp_path / "d.jsonl"
-    task = make_task("arithmetic")
-    task.write(data, 64)
-    res = sft.run_sft(
-        tiny_model_dir,
-        tmp_path / "o",
-        data,
-        steps=50,
-        batch_size=4,
-        quiet=True,
-        check=task.check,
-        target_pass_rate=0.1,
-        check_every=4,
-    )
+    res = sft_to_target(tiny_model_dir, tmp_path, make_task("arithmetic").check, 0.1)
     # 4: 0.0, 8: 0.0 (not near: 0.0 < 0.1 - 0.05), 12: 0.06 (near), 13: 0.11 >= 0.1
     assert [c["step"] for c in res["checks"]] == [4, 8, 12, 13]
 
