@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from libludic.models.tiny import PAD_ID, init_model  # noqa: E402
 from libludic.saw import SampleAttachments, SAWBatch, SAWItem  # noqa: E402
-from libludic.training.batching.saw import collate  # noqa: E402
+from libludic.training.collate import collate  # noqa: E402
 from libludic.training.config import TrainerConfig  # noqa: E402
 from libludic.training.presets import make_sft  # noqa: E402
 from libludic.training.trainer import Trainer, TrainerHooks  # noqa: E402

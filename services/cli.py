@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "demo": ("services.demo:main", "rollouts of the tiny model in-process (no services)"),
     "sft": (
-        "libludic.training.sft_cli:main",
+        "libludic.sft.cli:main",
         "supervised fine-tuning on a JSONL file or a task's data",
     ),
     "inference": ("services.inference.main:main", "vLLM inference service with weight updates"),

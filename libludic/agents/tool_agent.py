@@ -11,7 +11,7 @@ The model learns the tools from the system prompt: ``reset()`` appends a section
 each tool's JSON schema and the ``<tool_call>`` format (not the OpenAI ``tools`` request
 field, which vLLM rejects unless the server runs with ``--enable-auto-tool-choice``);
 ``describe_tools=False`` leaves it out, for a model that learned its tools (a warm start on
-tool calls: libludic/training/sft_tasks.py ``tool_task``) and whose prompts must stay short.
+tool calls: libludic/sft/tasks.py ``tool_task``) and whose prompts must stay short.
 Tools run in a worker thread (``asyncio.to_thread``) so a slow one (the sandboxed
 ``python`` tool) does not stall the other episodes of the event loop.
 """

@@ -186,7 +186,7 @@ class ArithmeticEnv(SingleAgentEnv):
 
     def reference_tool_call(self) -> tuple[str, dict[str, Any]]:
         """The tool call that solves the problem: the calculator on its expression (a tool
-        demonstration for a warm start, libludic/training/sft_tasks.py ``tool_task``)."""
+        demonstration for a warm start, libludic/sft/tasks.py ``tool_task``)."""
         if self.problem is None:
             raise RuntimeError("ArithmeticEnv has no problem before env_reset")
         p = self.problem
@@ -195,7 +195,7 @@ class ArithmeticEnv(SingleAgentEnv):
 
 def sft_task(digits: int = 2, **env_kwargs: Any) -> dict[str, Any]:
     """The demo's supervised task (``ludic sft --task arithmetic``, ``up.sft_task:
-    arithmetic``), as ``libludic.training.sft_tasks.env_task``'s arguments. Two-digit
+    arithmetic``), as ``libludic.sft.tasks.env_task``'s arguments. Two-digit
     addition has only 8,100 distinct problems, so training and its target check draw from
     ``split="train"`` and the held-out report from ``split="eval"`` (env seeds ``0..n-1``, the
     problems ``ludic up`` evaluates); a greedy answer gets ``2 x digits + 3`` tokens (the

@@ -2,7 +2,7 @@
 
 Supervised training needs (prompt, completion) pairs and a way to score a greedy answer. An
 env that can state its reference completion gives both, for any seed
-(``libludic.training.sft_tasks.env_task``): ``env_reset(seed=s)``'s observation is the
+(``libludic.sft.tasks.env_task``): ``env_reset(seed=s)``'s observation is the
 prompt, ``reference_completion()`` the completion that solves it, and
 ``score_completion(answer, reference)`` the reward the env gives ``answer`` on a problem
 whose reference completion is ``reference`` (1.0: solved).

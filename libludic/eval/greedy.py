@@ -4,7 +4,7 @@ inference (services/common/heldout.py).
 
 A :class:`GreedyCheck` is a task's side of it: the problems as (user prompt, reference)
 pairs, the scorer of a decoded answer against its reference (1.0 = passed), and the answer's
-token budget. Any task provides one (``libludic/training/sft_tasks.py``).
+token budget. Any task provides one (``libludic/sft/tasks.py``).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from libludic.saw import SAWItem
-from libludic.training.batching.saw import rollouts_to_saw_items
+from libludic.training.collate import rollouts_to_saw_items
 from libludic.training.credit_assignment import CreditAssigner
 from libludic.training.filters import (
     PreprocessFn,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from libludic.saw import SAWItem
-from libludic.training.batching.saw import effective_len
+from libludic.training.collate import effective_len
 from libludic.training.loss import is_max_stat
 
 

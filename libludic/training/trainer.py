@@ -119,7 +119,7 @@ from libludic.saw import SAWItem
 from libludic.training import loss as L
 from libludic.training import parallel, policies, ranks
 from libludic.training.algorithm import RLAlgorithm
-from libludic.training.batching.saw import (
+from libludic.training.collate import (
     collate,
     pack_micro_batches,
     untrainable,

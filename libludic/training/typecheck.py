@@ -3,7 +3,7 @@
 ``LUDIC_TYPECHECK=1`` turns them on (read at call time, so tests can flip it); they are off
 by default because jaxtyping + beartype cost a few hundred microseconds per call.
 
-Checked contract of a collated batch (see ``libludic.training.batching.saw.collate``)::
+Checked contract of a collated batch (see ``libludic.training.collate.collate``)::
 
     input_ids       int64  [B, T]
     attention_mask  int64  [B, T]

@@ -14,7 +14,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from libludic.training.sft_tasks import task_spec
+from libludic.sft.tasks import task_spec
 from services.common import heldout
 from services.common.heldout import protocol_spec
 from services.launcher.cpus import PINNING_MODES
@@ -56,7 +56,7 @@ class UpSettings:
         default="arithmetic",
         metadata={
             "help": "SFT data and checks: a task kind or {kind, kwargs} "
-            "(libludic/training/sft_tasks.py: arithmetic, or env with any env that states "
+            "(libludic/sft/tasks.py: arithmetic, or env with any env that states "
             "its reference completion)"
         },
     )

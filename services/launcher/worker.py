@@ -20,7 +20,7 @@ import redis
 import yaml
 
 from libludic.models.tiny import init_model
-from libludic.training.sft_tasks import make_task
+from libludic.sft.tasks import make_task
 from libludic.transport import Keys, accounting
 from services.common.eval_tensorboard import UP_EVENTS_DIR, write_scalars
 from services.common.heldout import evaluate_served, evaluate_snapshot, split
@@ -101,7 +101,7 @@ def prepare_model(s: UpSettings, run_dir: Path) -> Path:
         out,
     )
     # the Trainer and transformers (seconds to import) for a warm start only
-    from libludic.training.sft import run_sft
+    from libludic.sft.run import run_sft
 
     check = None
     if s.sft_data:

@@ -60,7 +60,7 @@ def test_fsdp2_two_ranks_match_single_process(tiny_model_dir, tmp_path, split, a
         import fsdp2_worker as w
     finally:
         sys.path.remove(str(HERE))
-    from libludic.training.batching.saw import pack_micro_batches
+    from libludic.training.collate import pack_micro_batches
 
     packed = [
         len(pack_micro_batches(w.share(r, 2, split), w.config().micro_token_budget, None))

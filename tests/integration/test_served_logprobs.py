@@ -245,7 +245,7 @@ async def test_onpolicy_importance_ratio_is_one_at_the_sampling_temperature(
     from libludic.inference.request import ChatCompletionRequest
     from libludic.inference.sampling import SamplingConfig
     from libludic.models.tiny import PAD_ID
-    from libludic.training.batching.saw import rollouts_to_saw_items
+    from libludic.training.collate import rollouts_to_saw_items
     from libludic.training.config import TrainerConfig
     from libludic.training.presets import make_grpo
     from libludic.training.trainer import Trainer

@@ -114,7 +114,7 @@ def test_saw_item_round_trip_and_size() -> None:
 
 
 def test_decoded_saw_items_hold_packed_arrays_and_collate_like_lists() -> None:
-    from libludic.training.batching.saw import collate
+    from libludic.training.collate import collate
 
     items = [make_item(n) for n in (7, 12, 3)]
     items[1].attachments.ref_logprobs = [-0.5] * 12

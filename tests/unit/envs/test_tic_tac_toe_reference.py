@@ -1,7 +1,7 @@
 """TicTacToeEnv as a supervised task: legal play (libludic/envs/tic_tac_toe.py)."""
 
 from libludic.envs.tic_tac_toe import TicTacToeEnv, board_of, parse_move
-from libludic.training.sft_tasks import env_task
+from libludic.sft.tasks import env_task
 
 
 def test_the_reference_is_a_legal_move_of_positions_from_the_whole_game():

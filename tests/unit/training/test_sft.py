@@ -12,11 +12,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import libludic.training.sft as sft
+import libludic.sft.run as sft
 from libludic.eval.greedy import GreedyCheck
-from libludic.training.sft import run_sft
-from libludic.training.sft_cli import main
-from libludic.training.sft_tasks import CHECK_SEEDS, MAX_HELD_OUT, make_task
+from libludic.sft.run import run_sft
+from libludic.sft.cli import main
+from libludic.sft.tasks import CHECK_SEEDS, MAX_HELD_OUT, make_task
 
 
 def test_sft_cli_lowers_loss_and_saves(tiny_model_dir, tmp_path, capsys) -> None:

@@ -1,4 +1,4 @@
-"""SFT tasks from any env that states its reference completion (libludic/training/sft_tasks.py):
+"""SFT tasks from any env that states its reference completion (libludic/sft/tasks.py):
 the arithmetic demo's task with its options, a dataset's rows, and the refusals."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import yaml
 
 from libludic.envs.dataset_qa_env import DatasetQAEnv, gsm8k_extract_answer, numeric_verifier
 from libludic.envs.reference import ReferenceEnv
-from libludic.training.sft_cli import main
-from libludic.training.sft_tasks import (
+from libludic.sft.cli import main
+from libludic.sft.tasks import (
     ANSWER_SLACK_TOKENS,
     TRAIN_SEED_BASE,
     make_task,

@@ -7,7 +7,7 @@ import torch
 from jaxtyping import TypeCheckError
 
 from libludic.models.tiny import IM_END_ID, PAD_ID, encode_bytes
-from libludic.training.batching.saw import collate, pack_micro_batches, rollouts_to_saw_items
+from libludic.training.collate import collate, pack_micro_batches, rollouts_to_saw_items
 from tests.fakes import make_item, make_rollout
 
 

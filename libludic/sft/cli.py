@@ -1,5 +1,5 @@
-"""``ludic sft``: the command line of ``libludic.training.sft.run_sft`` (see its module
-docstring), on a JSONL file or on a task's data (``libludic/training/sft_tasks.py``).
+"""``ludic sft``: the command line of ``libludic.sft.run.run_sft`` (see its module
+docstring), on a JSONL file or on a task's data (``libludic/sft/tasks.py``).
 
     ludic sft --model DIR --out DIR --data pairs.jsonl [--steps 600] [--batch-size 64]
               [--lr 1e-3] [--seed 0] [--lr-schedule constant|linear]
@@ -23,8 +23,8 @@ from typing import Any
 
 import yaml
 
-from libludic.training.sft import run_sft
-from libludic.training.sft_tasks import TASKS, make_task
+from libludic.sft.run import run_sft
+from libludic.sft.tasks import TASKS, make_task
 
 
 def task_args(items: list[str]) -> dict[str, Any]:

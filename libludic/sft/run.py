@@ -1,5 +1,5 @@
 """Supervised fine-tuning of a model directory on any dataset (``run_sft``; its command line
-is ``ludic sft``, libludic/training/sft_cli.py).
+is ``ludic sft``, libludic/sft/cli.py).
 
 Data: a JSONL file of ``{"prompt": ..., "completion": ...}`` pairs or chat samples
 ``{"messages": [..., {"role": "assistant", ...}]}``, read through OfflineBatchSource with
