@@ -61,14 +61,20 @@ def _n(rng: random.Random, lo: int, hi: int) -> int:
 
 def _buy(rng: random.Random, m: int, name: str, friend: str, item: str) -> tuple[str, int]:
     a, b = _n(rng, 2, m), _n(rng, 2, m)
-    return f"{name} has {a} {item}. {name} buys {b} more {item}. How many {item} does {name} have now?", a + b
+    return (
+        f"{name} has {a} {item}. {name} buys {b} more {item}. How many {item} does {name} have now?",
+        a + b,
+    )
 
 
 def _give(rng: random.Random, m: int, name: str, friend: str, item: str) -> tuple[str, int] | None:
     a, b = _n(rng, 2, m), _n(rng, 1, m)
     if b >= a:
         return None
-    return f"{name} has {a} {item} and gives {b} of them to {friend}. How many {item} does {name} have left?", a - b
+    return (
+        f"{name} has {a} {item} and gives {b} of them to {friend}. How many {item} does {name} have left?",
+        a - b,
+    )
 
 
 def _groups(rng: random.Random, m: int, name: str, friend: str, item: str) -> tuple[str, int]:
@@ -79,7 +85,10 @@ def _groups(rng: random.Random, m: int, name: str, friend: str, item: str) -> tu
 
 def _share(rng: random.Random, m: int, name: str, friend: str, item: str) -> tuple[str, int]:
     k, each = _n(rng, 2, min(m, 10)), _n(rng, 2, min(m, 12))
-    return f"{name} shares {k * each} {item} equally among {k} friends. How many {item} does each friend get?", each
+    return (
+        f"{name} shares {k * each} {item} equally among {k} friends. How many {item} does each friend get?",
+        each,
+    )
 
 
 def _more_than(rng: random.Random, m: int, name: str, friend: str, item: str) -> tuple[str, int]:
@@ -91,7 +100,9 @@ def _more_than(rng: random.Random, m: int, name: str, friend: str, item: str) ->
     )
 
 
-def _buy_then_give(rng: random.Random, m: int, name: str, friend: str, item: str) -> tuple[str, int] | None:
+def _buy_then_give(
+    rng: random.Random, m: int, name: str, friend: str, item: str
+) -> tuple[str, int] | None:
     a, b, c = _n(rng, 2, m), _n(rng, 2, m), _n(rng, 1, m)
     if c >= a + b:
         return None
@@ -102,7 +113,9 @@ def _buy_then_give(rng: random.Random, m: int, name: str, friend: str, item: str
     )
 
 
-def _groups_minus(rng: random.Random, m: int, name: str, friend: str, item: str) -> tuple[str, int] | None:
+def _groups_minus(
+    rng: random.Random, m: int, name: str, friend: str, item: str
+) -> tuple[str, int] | None:
     a, b, c = _n(rng, 2, min(m, 10)), _n(rng, 2, min(m, 10)), _n(rng, 1, m)
     if c >= a * b:
         return None

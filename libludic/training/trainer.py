@@ -119,17 +119,17 @@ from libludic.saw import SAWItem
 from libludic.training import loss as L
 from libludic.training import parallel, policies, ranks
 from libludic.training.algorithm import RLAlgorithm
-from libludic.training.collate import (
-    collate,
-    pack_micro_batches,
-    untrainable,
-)
 from libludic.training.checkpoint import (
     CheckpointManager,
     LoadedCheckpoint,
     full_training_state,
     restore_training_state,
     share_checkpoint,
+)
+from libludic.training.collate import (
+    collate,
+    pack_micro_batches,
+    untrainable,
 )
 from libludic.training.config import TrainerConfig
 from libludic.training.hooks import TrainerHooks

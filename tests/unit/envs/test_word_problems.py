@@ -31,7 +31,10 @@ SOLVERS = [
     (r"has (\d+) \w+\. \w+ has (\d+) more \w+ than", lambda a, b: a + a + b),
     (r"has (\d+) \w+\. \w+ buys (\d+) more and then gives (\d+)", lambda a, b, c: a + b - c),
     (r"buys (\d+) \w+ of \w+ with (\d+) \w+ in each\. \w+ uses (\d+)", lambda a, b, c: a * b - c),
-    (r"earns (\d+) dollars a day and works for (\d+) days, then spends (\d+)", lambda a, b, c: a * b - c),
+    (
+        r"earns (\d+) dollars a day and works for (\d+) days, then spends (\d+)",
+        lambda a, b, c: a * b - c,
+    ),
     (r"has (\d+) \w+\. \w+ has (\d+) times as many", lambda a, b: a + a * b),
 ]
 

@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 
 import libludic.sft.run as sft
 from libludic.eval.greedy import GreedyCheck
-from libludic.sft.run import run_sft
 from libludic.sft.cli import main
+from libludic.sft.run import run_sft
 from libludic.sft.tasks import CHECK_SEEDS, MAX_HELD_OUT, make_task
 
 
