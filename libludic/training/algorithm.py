@@ -43,7 +43,7 @@ from libludic.training.filters import (
     apply_filter,
     drop_zero_variance_groups,
 )
-from libludic.training.loss import Loss
+from libludic.training.loss import Loss, LossInputs, loss_inputs
 from libludic.training.normalization import SumFn
 from libludic.training.rewards import RewardShaping
 from libludic.types import Rollout
@@ -81,21 +81,26 @@ class RLAlgorithm:
     mask_no_eos_with_zero: bool = False
 
     @property
+    def inputs(self) -> LossInputs:
+        """What the loss reads beyond the logits and the batch (``loss.requires``)."""
+        return loss_inputs(self.loss)
+
+    @property
     def needs_actor_logprobs(self) -> bool:
-        return bool(getattr(self.loss, "needs_actor_logprobs", False))
+        return self.inputs.actor_logprobs
 
     @property
     def needs_ref_logprobs(self) -> bool:
         """The loss reads ``batch["ref_logprobs"]`` (a KL term): the Trainer then computes
         them with a frozen copy of the initial policy for items that do not carry them."""
-        return bool(getattr(self.loss, "needs_ref_logprobs", False))
+        return self.inputs.ref_logprobs
 
     @property
     def needs_prox_logprobs(self) -> bool:
         """The loss reads ``batch["prox_logprobs"]`` (``recompute_logprob`` or
         ``use_decoupled_loss``): the Trainer computes them with a no-grad forward of the
         current weights per micro-batch, before the update."""
-        return bool(getattr(self.loss, "needs_prox_logprobs", False))
+        return self.inputs.prox_logprobs
 
     def prox_logprobs_needed(self, n_minibatches: int) -> bool:
         """The Trainer computes ``batch["prox_logprobs"]``: the loss reads them
@@ -103,9 +108,8 @@ class RLAlgorithm:
         ``pi_old_is_trained``) and a step takes ``n_minibatches`` > 1 optimizer steps,
         where pi_old must be the policy the step starts from, not the one the previous
         minibatch left (else the ratio is 1 at every minibatch)."""
-        return self.needs_prox_logprobs or (
-            n_minibatches > 1 and bool(getattr(self.loss, "pi_old_is_trained", False))
-        )
+        inputs = self.inputs
+        return inputs.prox_logprobs or (n_minibatches > 1 and inputs.pi_old_is_trained)
 
     @property
     def has_batch_stage(self) -> bool:

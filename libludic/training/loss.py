@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -73,6 +73,58 @@ Stats = dict[str, Tensor]
 
 class Loss(Protocol):
     def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> tuple[Tensor, Stats]: ...
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """What a loss reads beyond the logits and the collated batch, each supplied by the
+    Trainer when asked: ``actor_logprobs`` (the server's logprobs of the sampled tokens,
+    kept on the items), ``ref_logprobs`` (a frozen reference policy's: a KL term),
+    ``prox_logprobs`` (the current weights' before the update, a no-grad forward), and
+    ``pi_old_is_trained`` (pi_old is the trainer's own logprob, so with several optimizer
+    steps a step the Trainer supplies ``prox_logprobs`` taken before the first). A loss
+    declares them as ``requires``; one without it (the spec's Protocol asks only
+    ``compute``) reads nothing more. ``a | b``: what either reads (a sum of losses)."""
+
+    actor_logprobs: bool = False
+    ref_logprobs: bool = False
+    prox_logprobs: bool = False
+    pi_old_is_trained: bool = False
+
+    def __or__(self, other: LossInputs) -> LossInputs:
+        return LossInputs(*(a or b for a, b in zip(astuple(self), astuple(other))))
+
+
+NO_INPUTS = LossInputs()
+# how a loss declared its inputs before ``requires``: refused with the new spelling
+_FORMER_FLAGS = {
+    "needs_actor_logprobs": "actor_logprobs",
+    "needs_ref_logprobs": "ref_logprobs",
+    "needs_prox_logprobs": "prox_logprobs",
+    "pi_old_is_trained": "pi_old_is_trained",
+}
+
+
+def loss_inputs(loss: object) -> LossInputs:
+    """``loss.requires``, or :data:`NO_INPUTS` for a loss that declares none. A loss that
+    still declares them by the former flags (``needs_actor_logprobs = True``, ...) is
+    refused with the spelling that replaces them, rather than run without its inputs."""
+    requires = getattr(loss, "requires", None)
+    if requires is None:
+        former = [f for f in _FORMER_FLAGS if getattr(loss, f, False)]
+        if former:
+            new = ", ".join(f"{_FORMER_FLAGS[f]}=True" for f in former)
+            raise TypeError(
+                f"{type(loss).__name__} declares {former}: a loss now declares its inputs as "
+                f"`requires = LossInputs({new})` (libludic.training.loss.LossInputs)"
+            )
+        return NO_INPUTS
+    if not isinstance(requires, LossInputs):
+        raise TypeError(
+            f"{type(loss).__name__}.requires is {requires!r}, not a LossInputs "
+            "(libludic.training.loss.LossInputs)"
+        )
+    return requires
 
 
 def token_logprobs(logits: Tensor, input_ids: Tensor) -> Tensor:
@@ -330,6 +382,15 @@ class OffPolicyCorrection:
         ``prox_logprobs``, taken before the first."""
         return self.needs_prox_logprobs or self.mismatch_correction is not None
 
+    @property
+    def requires(self) -> LossInputs:
+        """The inputs of a ratio loss that takes this correction."""
+        return LossInputs(
+            actor_logprobs=True,
+            prox_logprobs=self.needs_prox_logprobs,
+            pi_old_is_trained=self.pi_old_is_trained,
+        )
+
     def terms(
         self, logp: Tensor, m: Tensor, batch: Mapping[str, Any], who: str
     ) -> tuple[Tensor, Tensor, Stats]:
@@ -380,7 +441,7 @@ class ReinforceLoss:
 
     aggregation: str = "token-mean"
     max_new_tokens: int | None = None  # C of aggregation "seq-mean-token-sum-norm"
-    needs_actor_logprobs: ClassVar[bool] = False
+    requires: ClassVar[LossInputs] = NO_INPUTS
     stat_keys: ClassVar[tuple[str, ...]] = ("loss", "logp_mean", "entropy")
 
     def __post_init__(self) -> None:
@@ -411,7 +472,7 @@ class ReinforceBaselineLoss:
 
     aggregation: str = "token-mean"
     max_new_tokens: int | None = None  # C of aggregation "seq-mean-token-sum-norm"
-    needs_actor_logprobs: ClassVar[bool] = False
+    requires: ClassVar[LossInputs] = NO_INPUTS
     stat_keys: ClassVar[tuple[str, ...]] = ("loss", "logp_mean", "entropy", "baseline")
 
     def __post_init__(self) -> None:
@@ -455,7 +516,6 @@ class TokenClippedSurrogateLoss:
     aggregation: str = "token-mean"
     max_new_tokens: int | None = None  # C of aggregation "seq-mean-token-sum-norm"
     off_policy: OffPolicyCorrection = field(default_factory=OffPolicyCorrection)
-    needs_actor_logprobs: ClassVar[bool] = True
     stat_keys: ClassVar[tuple[str, ...]] = (
         "loss",
         "logp_mean",
@@ -469,12 +529,8 @@ class TokenClippedSurrogateLoss:
     )
 
     @property
-    def needs_prox_logprobs(self) -> bool:
-        return self.off_policy.needs_prox_logprobs
-
-    @property
-    def pi_old_is_trained(self) -> bool:
-        return self.off_policy.pi_old_is_trained
+    def requires(self) -> LossInputs:
+        return self.off_policy.requires
 
     def __post_init__(self) -> None:
         _check_agg(self)
@@ -532,7 +588,6 @@ class CISPOLoss:
     aggregation: str = "token-mean"
     max_new_tokens: int | None = None  # C of aggregation "seq-mean-token-sum-norm"
     off_policy: OffPolicyCorrection = field(default_factory=OffPolicyCorrection)
-    needs_actor_logprobs: ClassVar[bool] = True
     stat_keys: ClassVar[tuple[str, ...]] = (
         "loss",
         "logp_mean",
@@ -545,12 +600,8 @@ class CISPOLoss:
     )
 
     @property
-    def needs_prox_logprobs(self) -> bool:
-        return self.off_policy.needs_prox_logprobs
-
-    @property
-    def pi_old_is_trained(self) -> bool:
-        return self.off_policy.pi_old_is_trained
+    def requires(self) -> LossInputs:
+        return self.off_policy.requires
 
     def __post_init__(self) -> None:
         _check_agg(self)
@@ -603,7 +654,6 @@ class GSPOLoss:
     aggregation: str = "seq-mean-token-mean"
     max_new_tokens: int | None = None  # C of aggregation "seq-mean-token-sum-norm"
     off_policy: OffPolicyCorrection = field(default_factory=OffPolicyCorrection)
-    needs_actor_logprobs: ClassVar[bool] = True
     stat_keys: ClassVar[tuple[str, ...]] = (
         "loss",
         "logp_mean",
@@ -616,12 +666,8 @@ class GSPOLoss:
     )
 
     @property
-    def needs_prox_logprobs(self) -> bool:
-        return self.off_policy.needs_prox_logprobs
-
-    @property
-    def pi_old_is_trained(self) -> bool:
-        return self.off_policy.pi_old_is_trained
+    def requires(self) -> LossInputs:
+        return self.off_policy.requires
 
     def __post_init__(self) -> None:
         _check_agg(self)
@@ -667,14 +713,13 @@ class TokenKLLoss:
     With lr = logp_ref - logp (Schulman's estimators of KL(pi || ref)):
     k1 = -lr,   k2 = lr^2 / 2,   k3 = exp(lr) - 1 - lr  (unbiased, always >= 0).
     Needs ``batch["ref_logprobs"]`` [B, T] (SampleAttachments.ref_logprobs, or computed by
-    the Trainer's frozen reference policy: ``needs_ref_logprobs``).
+    the Trainer's frozen reference policy: ``requires.ref_logprobs``).
     """
 
     coeff: float = 1.0
     estimator: str = "k3"
     aggregation: str = "token-mean"
-    needs_actor_logprobs: ClassVar[bool] = False
-    needs_ref_logprobs: ClassVar[bool] = True
+    requires: ClassVar[LossInputs] = LossInputs(ref_logprobs=True)
     stat_keys: ClassVar[tuple[str, ...]] = ("loss", "kl")
 
     def __post_init__(self) -> None:
@@ -708,7 +753,7 @@ class MaskedCausalLMCrossEntropyLoss:
     """SFT negative log-likelihood of the action tokens: L = agg(-logp). Ignores weight."""
 
     aggregation: str = "token-mean"
-    needs_actor_logprobs: ClassVar[bool] = False
+    requires: ClassVar[LossInputs] = NO_INPUTS
     stat_keys: ClassVar[tuple[str, ...]] = ("loss", "nll", "token_accuracy")
 
     def __post_init__(self) -> None:
@@ -748,20 +793,11 @@ class CompositeLoss:
             raise ValueError(f"CompositeLoss term names must be unique, got {names}")
 
     @property
-    def needs_actor_logprobs(self) -> bool:
-        return any(getattr(t.loss, "needs_actor_logprobs", False) for t in self.terms)
-
-    @property
-    def needs_ref_logprobs(self) -> bool:
-        return any(getattr(t.loss, "needs_ref_logprobs", False) for t in self.terms)
-
-    @property
-    def needs_prox_logprobs(self) -> bool:
-        return any(getattr(t.loss, "needs_prox_logprobs", False) for t in self.terms)
-
-    @property
-    def pi_old_is_trained(self) -> bool:
-        return any(getattr(t.loss, "pi_old_is_trained", False) for t in self.terms)
+    def requires(self) -> LossInputs:
+        out = NO_INPUTS
+        for t in self.terms:
+            out = out | loss_inputs(t.loss)
+        return out
 
     @property
     def stat_keys(self) -> tuple[str, ...]:

@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM
 from libludic.models.tiny import PAD_ID
 from libludic.saw import SAWBatch
 from libludic.training.config import TrainerConfig
+from libludic.training.loss import loss_inputs
 from libludic.training.presets import make_grpo, make_scalerl
 from libludic.training.trainer import Trainer
 from libludic.types import Rollout, Step, TokenTrace
@@ -44,7 +45,7 @@ class Fixed:
 class Recording:
     def __init__(self, inner, seen) -> None:
         self.inner, self.seen = inner, seen
-        self.needs_actor_logprobs = inner.needs_actor_logprobs
+        self.requires = loss_inputs(inner)
 
     def compute(self, logits, batch):
         self.seen.extend(float(x) for x in batch["weight"])

@@ -36,6 +36,7 @@ from inference_server import InferenceServer
 from safetensors.torch import load_file
 
 from libludic.distributed.weight_sync import CollectiveWeightSender, push_http
+from libludic.training.loss import LossInputs
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -212,8 +213,7 @@ class MaxLogRatio:
 
     def __init__(self, inner: object) -> None:
         self.inner = inner
-        self.needs_actor_logprobs = True
-        self.needs_ref_logprobs = False
+        self.requires = LossInputs(actor_logprobs=True)
         self.seen: list[float] = []
 
     def compute(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> object:

@@ -17,6 +17,7 @@ from libludic.saw import SampleAttachments, SAWItem
 from libludic.training.algorithm import PENDING_BATCH_STAGE
 from libludic.training.config import TrainerConfig
 from libludic.training.credit_assignment import HybridNormalizedReturn
+from libludic.training.loss import LossInputs, loss_inputs
 from libludic.training.presets import make_grpo, make_scalerl
 from libludic.training.trainer import Trainer
 from tests.fakes import ListBatchSource, make_rollout
@@ -107,8 +108,8 @@ class Recording:
     seen: list[float]
 
     @property
-    def needs_actor_logprobs(self) -> bool:
-        return bool(self.inner.needs_actor_logprobs)
+    def requires(self) -> LossInputs:
+        return loss_inputs(self.inner)
 
     def compute(
         self, logits: torch.Tensor, batch: Mapping[str, Any]

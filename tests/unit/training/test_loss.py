@@ -217,7 +217,7 @@ def test_composite_sums_terms_with_prefixed_stats() -> None:
     )
     assert set(stats) == set(comp.stat_keys)
     assert {"loss", "pg/loss", "kl/kl"} <= set(stats)
-    assert not comp.needs_actor_logprobs
+    assert comp.requires == L.LossInputs(ref_logprobs=True)
     with pytest.raises(ValueError, match="unique"):
         L.CompositeLoss(
             terms=[L.LossTerm("x", L.ReinforceLoss()), L.LossTerm("x", L.ReinforceLoss())]
@@ -467,7 +467,7 @@ def test_a_mismatch_correction_takes_pi_old_from_the_prox_logprobs_the_batch_car
     # per action token exp(logp - prox) = 1.5, 1.5, 0.5 and exp(prox - b) = 3, 3, 0.5
     logits, batch = decoupled_batch()
     loss_obj = L.TokenClippedSurrogateLoss(eps_clip=0.2, off_policy=off("tis"))
-    assert loss_obj.pi_old_is_trained and not loss_obj.needs_prox_logprobs
+    assert loss_obj.requires.pi_old_is_trained and not loss_obj.requires.prox_logprobs
     loss, stats = loss_obj.compute(logits, batch)
     # r against prox: min(1.5, 1.2) = 1.2 (x2), min(0.5, 0.8) = 0.5; w = min(rho, 2) with
     # rho = exp(prox - b) = 3, 3, 0.5 -> 2, 2, 0.5: L = -(2 * 1.2 * 2 + 0.5 * 0.5) / 3
@@ -480,7 +480,9 @@ def test_a_mismatch_correction_takes_pi_old_from_the_prox_logprobs_the_batch_car
     loss, stats = loss_obj.compute(logits, batch)
     assert float(loss.detach()) == pytest.approx(-4.25 / 3, rel=1e-5)
     assert float(stats["ratio_mean"]) == pytest.approx(1.0)
-    assert not L.TokenClippedSurrogateLoss().pi_old_is_trained  # pi_old = b: no prox needed
+    assert (
+        not L.TokenClippedSurrogateLoss().requires.pi_old_is_trained
+    )  # pi_old = b: no prox needed
 
 
 def test_decoupled_cispo() -> None:
@@ -497,11 +499,13 @@ def test_prox_logprobs_are_required_and_announced() -> None:
     loss_obj = L.TokenClippedSurrogateLoss(off_policy=decoupled())
     with pytest.raises(KeyError, match=r"needs batch\['prox_logprobs'\].*algo.needs_prox_logprobs"):
         loss_obj.compute(logits, batch)
-    assert loss_obj.needs_prox_logprobs
-    assert L.CISPOLoss(off_policy=L.OffPolicyCorrection(recompute_logprob=True)).needs_prox_logprobs
-    assert not L.TokenClippedSurrogateLoss(off_policy=off("tis")).needs_prox_logprobs
+    assert loss_obj.requires.prox_logprobs
+    assert L.CISPOLoss(
+        off_policy=L.OffPolicyCorrection(recompute_logprob=True)
+    ).requires.prox_logprobs
+    assert not L.TokenClippedSurrogateLoss(off_policy=off("tis")).requires.prox_logprobs
     comp = L.CompositeLoss(terms=[L.LossTerm("pg", loss_obj), L.LossTerm("kl", L.TokenKLLoss())])
-    assert comp.needs_prox_logprobs
+    assert comp.requires.prox_logprobs and comp.requires.ref_logprobs
 
 
 def test_decoupled_options_are_validated() -> None:
@@ -632,7 +636,7 @@ def test_gspo_takes_the_off_policy_correction() -> None:
     assert float(loss.detach()) == pytest.approx(-1.25, rel=1e-5)
     assert float(stats["mismatch_capped_frac"]) == pytest.approx(2 / 3)
     assert set(stats) == set(L.GSPOLoss.stat_keys)
-    assert L.GSPOLoss(off_policy=decoupled()).needs_prox_logprobs
+    assert L.GSPOLoss(off_policy=decoupled()).requires.prox_logprobs
 
 
 # ------------------------------------------------------------------------ importance-weight max
@@ -683,3 +687,34 @@ def test_masked_max_skips_padding_and_is_zero_without_tokens() -> None:
 def test_the_combine_rule_is_max_for_max_keys_only() -> None:
     assert L.is_max_stat("ratio_max") and L.is_max_stat("pg/mismatch_weight_max")
     assert not L.is_max_stat("ratio_mean") and not L.is_max_stat("entropy")
+
+
+def test_a_loss_declares_its_inputs_once_and_the_former_flags_are_refused() -> None:
+    assert L.loss_inputs(L.ReinforceLoss()) == L.NO_INPUTS
+    assert L.loss_inputs(L.TokenClippedSurrogateLoss()) == L.LossInputs(actor_logprobs=True)
+    assert L.LossInputs(actor_logprobs=True) | L.LossInputs(ref_logprobs=True) == L.LossInputs(
+        actor_logprobs=True, ref_logprobs=True
+    )
+
+    class SpecLoss:  # the spec's Protocol: compute() alone reads nothing more
+        def compute(self, logits, batch):
+            raise NotImplementedError
+
+    class Former(SpecLoss):
+        needs_actor_logprobs = True
+        needs_prox_logprobs = False
+
+    class Wrong(SpecLoss):
+        requires = {"actor_logprobs": True}
+
+    assert L.loss_inputs(SpecLoss()) == L.NO_INPUTS
+    with pytest.raises(
+        TypeError,
+        match=r"Former declares \['needs_actor_logprobs'\].*"
+        r"requires = LossInputs\(actor_logprobs=True\)",
+    ):
+        L.loss_inputs(Former())
+    with pytest.raises(TypeError, match="Wrong.requires is .* not a LossInputs"):
+        L.loss_inputs(Wrong())
+    comp = L.CompositeLoss(terms=[L.LossTerm("a", SpecLoss()), L.LossTerm("b", L.CISPOLoss())])
+    assert comp.requires == L.LossInputs(actor_logprobs=True)

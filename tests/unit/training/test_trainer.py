@@ -170,16 +170,8 @@ class SpyLoss:
         self.batches = []
 
     @property
-    def needs_actor_logprobs(self) -> bool:
-        return self.inner.needs_actor_logprobs
-
-    @property
-    def needs_prox_logprobs(self) -> bool:
-        return self.inner.needs_prox_logprobs
-
-    @property
-    def pi_old_is_trained(self) -> bool:
-        return self.inner.pi_old_is_trained
+    def requires(self) -> L.LossInputs:
+        return L.loss_inputs(self.inner)
 
     def compute(self, logits, batch):
         self.batches.append(dict(batch))
@@ -287,7 +279,6 @@ class StatLoss:
     """Zero loss whose stats are the credit weight's mean over a micro-batch's action tokens
     and its max: shows how the Trainer combines the micro-batches' stats."""
 
-    needs_actor_logprobs = False
     stat_keys = ("loss", "w_mean", "w_max")
 
     def compute(self, logits, batch):
