@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from libludic.saw import SAWItem
 from libludic.training.collate import rollouts_to_saw_items
-from libludic.training.credit_assignment import CreditAssigner
+from libludic.training.credit_assignment import CreditAssigner, StagedCreditAssigner, staged
 from libludic.training.filters import (
     PreprocessFn,
     SampleFilter,
@@ -112,10 +112,13 @@ class RLAlgorithm:
         return inputs.prox_logprobs or (n_minibatches > 1 and inputs.pi_old_is_trained)
 
     @property
+    def staged_credit(self) -> StagedCreditAssigner | None:
+        """The credit assigner when it has statistics over the whole training batch."""
+        return staged(self.credit_assigner)
+
+    @property
     def has_batch_stage(self) -> bool:
-        """The credit assigner has statistics over the whole training batch."""
-        ca = self.credit_assigner
-        return bool(getattr(ca, "needs_batch_stage", hasattr(ca, "batch_stage")))
+        return self.staged_credit is not None
 
     @property
     def dynamic_sampling(self) -> bool:
@@ -149,8 +152,9 @@ class RLAlgorithm:
                 stats.groups_zero_variance += len(before - {r.group_id for r in rs})
         if not rs:
             return []
-        if self.has_batch_stage:
-            weights = self.credit_assigner.group_stage(rs)  # type: ignore[attr-defined]
+        two_stage = self.staged_credit
+        if two_stage is not None:
+            weights = two_stage.group_stage(rs)
             episode = {str(r.id): float(weights[(r.id, r.steps[0].index)]) for r in rs if r.steps}
             items = apply_filter(rollouts_to_saw_items(rs, weights), sample_filter)
             per_rollout = Counter(str(it.meta["rollout_id"]) for it in items)
@@ -219,13 +223,14 @@ class RLAlgorithm:
                 "Trainer either the credit worker's items or fully credited ones, not both"
             )
         names = sorted({str(it.meta[PENDING_BATCH_STAGE]) for it in items})
-        if names != [self.name] or not self.has_batch_stage:
+        two_stage = self.staged_credit
+        if names != [self.name] or two_stage is None:
             raise ValueError(
                 f"items were credited by algorithm {names} (batch-level stage pending) but the "
                 f"trainer runs {self.name!r}; configure the algorithm once, in the top-level "
                 "algorithm: section read by credit and learner"
             )
-        stage = self.credit_assigner.batch_stage  # type: ignore[attr-defined]
+        stage = two_stage.batch_stage
         values, shares = [it.weight for it in items], _rollout_shares(items)
         if any(EPISODE_WEIGHT in it.meta for it in items):  # per-step credit
             episodes = [float(it.meta.get(EPISODE_WEIGHT, it.weight)) for it in items]

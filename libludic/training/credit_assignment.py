@@ -31,7 +31,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 from libludic.training.normalization import (
     NormConfig,
@@ -46,6 +46,48 @@ from libludic.types import Rollout, RolloutStepKey
 @runtime_checkable
 class CreditAssigner(Protocol):
     def compute(self, rollouts: list[Rollout]) -> dict[RolloutStepKey, float]: ...
+
+
+@runtime_checkable
+class StagedCreditAssigner(Protocol):
+    """A credit assigner whose credit needs statistics over the whole training batch, in
+    two stages: ``group_stage`` over whole groups (the credit worker, which sees one group
+    at a time) and ``batch_stage`` over the values of exactly the items of one optimizer
+    step (the learner; ``all_sum`` adds the other data-parallel ranks' shards, ``weights``
+    counts each value, ``episodes`` are the values its statistics are taken over).
+    ``needs_batch_stage`` False: this instance has no batch-level statistic and runs as a
+    plain ``compute`` (NormalizedReturn with group-level norms only)."""
+
+    @property
+    def needs_batch_stage(self) -> bool: ...
+
+    def compute(self, rollouts: list[Rollout]) -> dict[RolloutStepKey, float]: ...
+
+    def group_stage(self, rollouts: list[Rollout]) -> dict[RolloutStepKey, float]: ...
+
+    def batch_stage(
+        self,
+        values: Sequence[float],
+        all_sum: SumFn | None = None,
+        weights: Sequence[float] | None = None,
+        episodes: Sequence[float] | None = None,
+    ) -> list[float]: ...
+
+
+def staged(assigner: CreditAssigner) -> StagedCreditAssigner | None:
+    """``assigner`` when it has a batch-level stage to run, else None. One with a
+    ``batch_stage`` that lacks the rest of :class:`StagedCreditAssigner` is refused rather
+    than run without its batch statistics."""
+    if isinstance(assigner, StagedCreditAssigner):
+        return assigner if assigner.needs_batch_stage else None
+    if hasattr(assigner, "batch_stage"):
+        missing = [n for n in ("needs_batch_stage", "group_stage") if not hasattr(assigner, n)]
+        raise TypeError(
+            f"{type(assigner).__name__} has batch_stage but no {' or '.join(missing)}: a "
+            "two-stage credit assigner is a StagedCreditAssigner "
+            "(libludic.training.credit_assignment)"
+        )
+    return None
 
 
 def group_rollouts(rollouts: Sequence[Rollout], group_size: int) -> OrderedDict[str, list[Rollout]]:
@@ -202,6 +244,8 @@ class HybridNormalizedReturn:
     eps: float = 1e-8
     positive_only: bool = False
     gamma: float | None = None
+
+    needs_batch_stage: ClassVar[bool] = True  # std_batch is always a batch statistic
 
     def __post_init__(self) -> None:
         if self.group_size < 1:

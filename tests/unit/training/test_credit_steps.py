@@ -321,3 +321,38 @@ def test_item_problem_names_a_bad_episode_weight() -> None:
     assert "not a finite number" in (make_scalerl().item_problem(it) or "")
     it.meta["episode_weight"] = -0.25
     assert make_scalerl().item_problem(it) is None
+
+
+def test_a_two_stage_assigner_is_found_by_its_protocol_and_a_partial_one_is_refused() -> None:
+    from libludic.training.credit_assignment import (
+        GroupNormalizedReturn,
+        HybridNormalizedReturn,
+        NormalizedReturn,
+        StagedCreditAssigner,
+        staged,
+    )
+    from libludic.training.normalization import NormConfig
+
+    hybrid = HybridNormalizedReturn(group_size=2)
+    assert staged(hybrid) is hybrid and isinstance(hybrid, StagedCreditAssigner)
+    batch_std = NormalizedReturn(
+        group_size=2, adv_norm=NormConfig(mean_level="group", std_level="batch")
+    )
+    assert staged(batch_std) is batch_std
+    group_only = NormalizedReturn(
+        group_size=2, adv_norm=NormConfig(mean_level="group", std_level="group")
+    )
+    assert staged(group_only) is None  # runs as a plain compute
+    assert staged(GroupNormalizedReturn(group_size=2)) is None
+
+    class Partial:
+        def compute(self, rollouts):
+            return {}
+
+        def batch_stage(self, values, all_sum=None, weights=None, episodes=None):
+            return list(values)
+
+    with pytest.raises(
+        TypeError, match="Partial has batch_stage but no needs_batch_stage or group_stage"
+    ):
+        staged(Partial())
