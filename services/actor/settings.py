@@ -8,16 +8,14 @@ from typing import Any, ClassVar
 
 from libludic import staleness
 from libludic.tasks import DEFAULT_TASKS, TaskSet, check_task, parse_tasks
-from services.common.settings import secret
+from services.common.settings import RedisService, secret
 
 
 @dataclass
-class ActorSettings:
+class ActorSettings(RedisService):
     # the run's tasks are the feeder's: one list in the run config, read by both
     FROM_SECTIONS: ClassVar[dict[str, tuple[str, str]]] = {"tasks": ("feeder", "tasks")}
 
-    redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={"help": "Redis URL"})
-    run_id: str = field(default="default", metadata={"help": "run namespace of the Redis keys"})
     inference_urls: list[str] = field(
         default_factory=lambda: ["http://127.0.0.1:8000"],
         metadata={"help": "comma-separated inference base URLs (round-robin)"},
@@ -53,7 +51,6 @@ class ActorSettings:
     inference_timeout_s: float = field(default=120.0, metadata={"help": "per-call timeout"})
     metrics_port: int = field(default=9101, metadata={"help": "/metrics and /health (0 off)"})
     consumer: str | None = field(default=None, metadata={"help": "consumer name (default auto)"})
-    log_level: str = field(default="INFO", metadata={"help": "logging level"})
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:

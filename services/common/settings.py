@@ -55,6 +55,20 @@ _FALSE = {"0", "false", "no", "off", "n", ""}
 _SECRET_WORDS = ("token", "password", "secret", "api_key")
 
 
+@dataclasses.dataclass
+class RedisService:
+    """The fields every Redis-backed service shares (actor, credit, eval, feeder, learner),
+    declared once: each service's settings dataclass extends it."""
+
+    redis_url: str = dataclasses.field(
+        default="redis://127.0.0.1:6379/0", metadata={"help": "Redis URL"}
+    )
+    run_id: str = dataclasses.field(
+        default="default", metadata={"help": "run namespace of the Redis keys"}
+    )
+    log_level: str = dataclasses.field(default="INFO", metadata={"help": "logging level"})
+
+
 def secret(help_: str, where: str) -> Any:
     """A secret setting (default None): environment only, never shown (``env_only``: no
     flag, a YAML key naming it is an error whose text is ``where``, where to set it)."""

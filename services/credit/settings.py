@@ -6,13 +6,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from libludic.training.presets import AlgorithmSpec
-from services.common.settings import SAW_HIGH_WATER
+from services.common.settings import SAW_HIGH_WATER, RedisService
 
 
 @dataclass
-class CreditSettings:
-    redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={"help": "Redis URL"})
-    run_id: str = field(default="default", metadata={"help": "run namespace of the Redis keys"})
+class CreditSettings(RedisService):
     algorithm: dict[str, Any] = field(
         default_factory=dict,
         metadata={
@@ -39,7 +37,6 @@ class CreditSettings:
     lease_ttl_ms: int = field(default=10_000, metadata={"help": "leader lease TTL"})
     metrics_port: int = field(default=9102, metadata={"help": "/metrics and /health (0 off)"})
     consumer: str | None = field(default=None, metadata={"help": "consumer name (default auto)"})
-    log_level: str = field(default="INFO", metadata={"help": "logging level"})
 
     def __post_init__(self) -> None:
         self.spec = AlgorithmSpec.from_mapping(self.algorithm)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from services.common import heldout
-from services.common.settings import secret
+from services.common.settings import RedisService, secret
 
 _UP_FALLBACK = {
     "env": "eval_env",
@@ -22,15 +22,13 @@ _UP_FALLBACK = {
 
 
 @dataclass
-class EvalSettings:
+class EvalSettings(RedisService):
     # a field left unset takes the launcher's value in the run config's up: section, then
     # the launcher's default
     FROM_SECTIONS: ClassVar[dict[str, tuple[str, str]]] = {
         mine: ("up", theirs) for mine, theirs in _UP_FALLBACK.items()
     }
 
-    redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={"help": "Redis URL"})
-    run_id: str = field(default="default", metadata={"help": "run namespace of the Redis keys"})
     inference_urls: list[str] = field(
         default_factory=lambda: ["http://127.0.0.1:8000"],
         metadata={"help": "inference base URLs; the first one is evaluated"},
@@ -79,7 +77,6 @@ class EvalSettings:
         },
     )
     metrics_port: int = field(default=9105, metadata={"help": "/metrics and /health (0 off)"})
-    log_level: str = field(default="INFO", metadata={"help": "logging level"})
 
     def __post_init__(self) -> None:
         for mine, theirs in _UP_FALLBACK.items():

@@ -9,13 +9,11 @@ from typing import Any
 
 from libludic import staleness
 from libludic.tasks import DEFAULT_TASKS, check_task, parse_tasks
-from services.common.settings import algorithm_group_size
+from services.common.settings import RedisService, algorithm_group_size
 
 
 @dataclass
-class FeederSettings:
-    redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={"help": "Redis URL"})
-    run_id: str = field(default="default", metadata={"help": "run namespace of the Redis keys"})
+class FeederSettings(RedisService):
     tasks: list[dict[str, Any]] = field(
         default_factory=lambda: copy.deepcopy(list(DEFAULT_TASKS)),
         metadata={
@@ -49,7 +47,6 @@ class FeederSettings:
     max_requests: int = field(default=0, metadata={"help": "stop after this many (0: forever)"})
     poll_s: float = field(default=0.5, metadata={"help": "seconds between top-ups"})
     metrics_port: int = field(default=9104, metadata={"help": "/metrics and /health (0 off)"})
-    log_level: str = field(default="INFO", metadata={"help": "logging level"})
 
     def __post_init__(self) -> None:
         self.group_size = algorithm_group_size(self.algorithm)

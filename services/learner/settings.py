@@ -33,6 +33,7 @@ from libludic.training.presets import TRAINER_OPTIONS, AlgorithmSpec
 from services.common.settings import (
     AUTH_TOKEN_WHERE,
     SAW_HIGH_WATER,
+    RedisService,
     check_ack_window,
     load_settings,
     secret,
@@ -72,7 +73,7 @@ def _where_instead(key: str) -> str | None:
 
 
 @dataclass
-class LearnerSettings:
+class LearnerSettings(RedisService):
     # mapping field -> {its key: the flat field naming the same setting}
     # credit's setting, read where credit reads it (its section of the run config, or
     # LUDIC_SAW_HIGH_WATER), for the ack-window check below
@@ -86,8 +87,6 @@ class LearnerSettings:
             "max_to_keep": "max_to_keep",
         },
     }
-    redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={"help": "Redis URL"})
-    run_id: str = field(default="default", metadata={"help": "run namespace of the Redis keys"})
     model_dir: str = field(default="", metadata={"help": "HF model directory to train (required)"})
     output_dir: str = field(
         default="", metadata={"help": "checkpoints and the trained-items log ('' = none)"}
@@ -224,7 +223,6 @@ class LearnerSettings:
     tensorboard_dir: str = field(default="", metadata={"help": "TensorBoard event dir ('' off)"})
     device: str = field(default="cuda", metadata={"help": "cuda | cpu (cuda falls back to cpu)"})
     seed: int = field(default=0, metadata={"help": "torch/python/numpy seed"})
-    log_level: str = field(default="INFO", metadata={"help": "logging level"})
     saw_high_water: int = field(
         default=SAW_HIGH_WATER,
         metadata={
