@@ -23,14 +23,15 @@ scores what it extracted.
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from libludic.envs import splits
 from libludic.envs.single_agent_env import SingleAgentEnv
+from libludic.envs.splits import SPLITS
 from libludic.types import Info, Obs, StepOutcome
 
 
@@ -47,12 +48,9 @@ class ArithmeticProblem:
         return f"{self.a}{self.op}{self.b}="
 
 
-SPLITS = (None, "train", "eval")
-
-
 def in_eval_split(a: int, b: int) -> bool:
-    h = hashlib.blake2b(f"{a},{b}".encode(), digest_size=8).digest()
-    return int.from_bytes(h, "big") % 10 == 0
+    """The operands' held-out bucket (libludic/envs/splits.py)."""
+    return splits.in_eval_split(f"{a},{b}")
 
 
 def generate_problem(

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import hashlib
 import json
 import random
 from collections.abc import Mapping
@@ -45,15 +44,8 @@ import reasoning_gym
 from reasoning_gym.factory import DATASETS
 
 from libludic.envs.single_agent_env import SingleAgentEnv
+from libludic.envs.splits import EVAL_BUCKETS, SPLITS, in_eval_split
 from libludic.types import Info, Obs, StepOutcome
-
-SPLITS = (None, "train", "eval")
-EVAL_BUCKETS = 10  # one bucket of ten is held out
-
-
-def in_eval_split(question: str) -> bool:
-    h = hashlib.blake2b(question.encode(), digest_size=8).digest()
-    return int.from_bytes(h, "big") % EVAL_BUCKETS == 0
 
 
 @dataclass

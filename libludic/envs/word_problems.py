@@ -18,18 +18,19 @@ last integer of the reply, or ``boxed``).
 
 Held-out split: a problem is an *eval* problem when a hash of its question text falls in the
 first tenth of the hash range; ``split="train"`` never yields one, ``split="eval"`` only
-those, ``split=None`` anything (as libludic/envs/arithmetic.py).
+those, ``split=None`` anything (libludic/envs/splits.py, shared with arithmetic and
+reasoning_gym).
 """
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from libludic.envs.single_agent_env import SingleAgentEnv
+from libludic.envs.splits import SPLITS, in_eval_split
 from libludic.types import Info, Obs, StepOutcome
 
 NAMES = (
@@ -151,12 +152,6 @@ TEMPLATES: dict[int, tuple[Template, ...]] = {
     1: (_buy, _give, _groups, _share),
     2: (_more_than, _buy_then_give, _groups_minus, _wage, _two_friends),
 }
-SPLITS = (None, "train", "eval")
-
-
-def in_eval_split(question: str) -> bool:
-    h = hashlib.blake2b(question.encode(), digest_size=8).digest()
-    return int.from_bytes(h, "big") % 10 == 0
 
 
 def generate_problem(
