@@ -53,7 +53,10 @@ async def run(
         )
     try:
         async with serving(
-            settings.redis_url, settings.metrics_port, socket_timeout=settings.block_ms / 1000 + 30
+            settings.redis_url,
+            settings.metrics_port,
+            socket_timeout=settings.block_ms / 1000 + 30,
+            metrics_host=settings.metrics_host,
         ) as (r, endpoint):
             actor = Actor(settings, client, r, stop)
             endpoint.check = actor.health

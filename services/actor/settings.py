@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from libludic import staleness
 from libludic.tasks import DEFAULT_TASKS, TaskSet, check_task, parse_tasks
-from services.common.settings import RedisService, secret
+from services.common.settings import RedisService, secret, secret_from_file
 
 
 @dataclass
@@ -20,7 +20,13 @@ class ActorSettings(RedisService):
         default_factory=lambda: ["http://127.0.0.1:8000"],
         metadata={"help": "comma-separated inference base URLs (round-robin)"},
     )
-    api_key: str | None = secret("bearer token for inference", "set LUDIC_API_KEY")
+    api_key: str | None = secret(
+        "bearer token for inference",
+        "set LUDIC_API_KEY, or name a file holding it with api_key_file (--api-key-file)",
+    )
+    api_key_file: str | None = field(
+        default=None, metadata={"help": "file holding the inference token (else LUDIC_API_KEY)"}
+    )
     max_head_offpolicyness: int | None = field(
         default=staleness.DEFAULT_MAX_HEAD_OFFPOLICYNESS,
         metadata={
@@ -53,6 +59,7 @@ class ActorSettings(RedisService):
     consumer: str | None = field(default=None, metadata={"help": "consumer name (default auto)"})
 
     def __post_init__(self) -> None:
+        self.api_key = secret_from_file(self.api_key, self.api_key_file, "LUDIC_API_KEY", "api key")
         if self.concurrency < 1:
             raise ValueError(f"actor concurrency={self.concurrency} must be >= 1")
         staleness.check_bound("max_head_offpolicyness", self.max_head_offpolicyness)

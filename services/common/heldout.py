@@ -215,9 +215,11 @@ async def evaluate_sets(
         await client.aclose()
 
 
-def evaluate_served(url: str, sets: Sequence[EvalSet]) -> dict[str, float]:
+def evaluate_served(
+    url: str, sets: Sequence[EvalSet], api_key: str | None = None
+) -> dict[str, float]:
     """:func:`evaluate_sets` from synchronous code (``ludic up``'s before/curve/after)."""
-    return asyncio.run(evaluate_sets(url, sets))
+    return asyncio.run(evaluate_sets(url, sets, api_key))
 
 
 def evaluate_snapshot(

@@ -23,8 +23,10 @@ async def start_http(
     health: HealthFn | None = None,
     registry: CollectorRegistry = REGISTRY,
     host: str = "0.0.0.0",
+    render: Callable[[], bytes] | None = None,
 ) -> asyncio.AbstractServer | None:
-    """Serve /metrics and /health on ``port`` (0 disables; returns None)."""
+    """Serve /metrics and /health on ``port`` (0 disables; returns None). /metrics is
+    ``render()`` when given, else ``registry``'s exposition."""
     if port <= 0:
         return None
 
@@ -38,7 +40,8 @@ async def start_http(
             parts = line.decode("latin-1").split()
             path = parts[1].split("?")[0] if len(parts) > 1 else "/"
             if path == "/metrics":
-                status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, generate_latest(registry)
+                body = render() if render is not None else generate_latest(registry)
+                status, ctype = "200 OK", CONTENT_TYPE_LATEST
             elif path == "/health":
                 ok = True if health is None else bool(await health())
                 status = "200 OK" if ok else "503 Service Unavailable"

@@ -67,6 +67,11 @@ class RedisService:
         default="default", metadata={"help": "run namespace of the Redis keys"}
     )
     log_level: str = dataclasses.field(default="INFO", metadata={"help": "logging level"})
+    # where /metrics and /health listen: every address in a container or a pod (probes and
+    # Prometheus come from outside), loopback under `ludic up` (nothing else needs them)
+    metrics_host: str = dataclasses.field(
+        default="0.0.0.0", metadata={"help": "address of the /metrics and /health server"}
+    )
 
 
 def secret(help_: str, where: str) -> Any:
@@ -79,6 +84,25 @@ def secret(help_: str, where: str) -> Any:
 AUTH_TOKEN_WHERE = (
     "set LUDIC_AUTH_TOKEN, or name a file holding it with auth_token_file (--auth-token-file)"
 )
+
+
+def secret_from_file(value: str | None, path: str | None, env: str, what: str) -> str | None:
+    """A secret given in the environment variable ``env`` (``value``) or in the file ``path``
+    names (a mounted Secret; surrounding whitespace dropped); both given must agree. Raises
+    ``ValueError`` naming the file when it cannot be read, is empty or disagrees."""
+    if not path:
+        return value
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as e:
+        raise ValueError(f"cannot read {what} file {path!r}: {e.strerror}") from e
+    if not token:
+        raise ValueError(f"{what} file {path!r} is empty")
+    if value and value != token:
+        raise ValueError(
+            f"{env} and the file {path!r} both give a token, and they differ: keep one"
+        )
+    return token
 
 
 def _is_secret(name: str) -> bool:

@@ -54,13 +54,17 @@ class Endpoint:
 
 @contextlib.asynccontextmanager
 async def serving(
-    redis_url: str, metrics_port: int, *, socket_timeout: float = 30.0
+    redis_url: str,
+    metrics_port: int,
+    *,
+    socket_timeout: float = 30.0,
+    metrics_host: str = "0.0.0.0",
 ) -> AsyncIterator[tuple[aioredis.Redis, Endpoint]]:
     """Redis client + metrics/health server for the life of the block; set
     ``endpoint.check`` to the service's health function once it exists."""
     r = transport.connect(redis_url, socket_timeout=socket_timeout)
     endpoint = Endpoint()
-    server = await start_http(metrics_port, endpoint.health)
+    server = await start_http(metrics_port, endpoint.health, host=metrics_host)
     try:
         yield r, endpoint
     finally:

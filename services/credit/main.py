@@ -53,7 +53,10 @@ log = logging.getLogger("ludic.credit")
 async def run(settings: CreditSettings, *, stop: asyncio.Event | None = None) -> CreditWorker:
     stop = stop or asyncio.Event()
     async with serving(
-        settings.redis_url, settings.metrics_port, socket_timeout=settings.block_ms / 1000 + 30
+        settings.redis_url,
+        settings.metrics_port,
+        socket_timeout=settings.block_ms / 1000 + 30,
+        metrics_host=settings.metrics_host,
     ) as (r, endpoint):
         worker = CreditWorker(settings, r, stop)
         endpoint.check = worker.health

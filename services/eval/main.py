@@ -42,7 +42,9 @@ log = logging.getLogger("ludic.eval")
 
 async def run(settings: EvalSettings, *, stop: asyncio.Event | None = None) -> EvalService:
     stop = stop or asyncio.Event()
-    async with serving(settings.redis_url, settings.metrics_port) as (r, endpoint):
+    async with serving(
+        settings.redis_url, settings.metrics_port, metrics_host=settings.metrics_host
+    ) as (r, endpoint):
         svc = EvalService(settings, r, stop)
         endpoint.check = svc.health
         await svc.run()

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from services.common import heldout
-from services.common.settings import RedisService, secret
+from services.common.settings import RedisService, secret, secret_from_file
 
 _UP_FALLBACK = {
     "env": "eval_env",
@@ -33,7 +33,13 @@ class EvalSettings(RedisService):
         default_factory=lambda: ["http://127.0.0.1:8000"],
         metadata={"help": "inference base URLs; the first one is evaluated"},
     )
-    api_key: str | None = secret("bearer token for inference", "set LUDIC_API_KEY")
+    api_key: str | None = secret(
+        "bearer token for inference",
+        "set LUDIC_API_KEY, or name a file holding it with api_key_file (--api-key-file)",
+    )
+    api_key_file: str | None = field(
+        default=None, metadata={"help": "file holding the inference token (else LUDIC_API_KEY)"}
+    )
     env: dict[str, Any] | None = field(
         default=None, metadata={"help": "held-out env {kind, kwargs} (default: up.eval_env)"}
     )
@@ -79,6 +85,7 @@ class EvalSettings(RedisService):
     metrics_port: int = field(default=9105, metadata={"help": "/metrics and /health (0 off)"})
 
     def __post_init__(self) -> None:
+        self.api_key = secret_from_file(self.api_key, self.api_key_file, "LUDIC_API_KEY", "api key")
         for mine, theirs in _UP_FALLBACK.items():
             if getattr(self, mine) is None:
                 setattr(self, mine, copy.deepcopy(heldout.DEFAULTS[theirs]))

@@ -47,7 +47,9 @@ async def run(settings: FeederSettings, *, stop: asyncio.Event | None = None) ->
     keys = transport.Keys(settings.run_id)
     added, attempt = 0, 0
     footprint_at = -FOOTPRINT_EVERY_S
-    async with serving(settings.redis_url, settings.metrics_port) as (r, _):
+    async with serving(
+        settings.redis_url, settings.metrics_port, metrics_host=settings.metrics_host
+    ) as (r, _):
         while not stop.is_set():
             limit = settings.max_requests - added if settings.max_requests > 0 else 1 << 30
             if limit <= 0:

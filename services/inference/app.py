@@ -166,6 +166,35 @@ def create_app(
                 headers={"WWW-Authenticate": "Bearer"},
             )
 
+    if not settings.api_key:
+        log.warning(
+            "no LUDIC_API_KEY: the generation routes (/v1/completions, /v1/chat/completions, "
+            "/v1/models, /v1/policy_version) are open to whoever can reach %s:%d",
+            settings.host,
+            settings.port,
+        )
+    # the tokens a generation or read route takes: its own, and the (stronger) weight token
+    readers = [t.encode() for t in (settings.api_key, settings.auth_token) if t]
+
+    def may_read(request: Request) -> None:
+        if not settings.api_key:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        ok = scheme.lower() == "bearer" and any(
+            hmac.compare_digest(given.strip().encode(), t) for t in readers
+        )
+        if not ok:
+            path = request.url.path
+            endpoint = "chat" if path.endswith("/chat/completions") else path.rsplit("/", 1)[-1]
+            metrics.requests.labels(endpoint, "401").inc()
+            raise HTTPException(
+                status_code=401,
+                detail="missing or wrong bearer token (Authorization: Bearer <LUDIC_API_KEY>)",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    in_flight = [0]  # generation requests admitted and not finished (streams included)
+
     def versioned(body: Any, version: int, status: int = 200) -> JSONResponse:
         return JSONResponse(body, status_code=status, headers={VERSION_HEADER: str(version)})
 
@@ -182,11 +211,17 @@ def create_app(
         )
         return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
 
-    @app.get("/metrics")
-    async def prometheus() -> Response:
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    if settings.metrics_port is None:  # else main.py serves it on its own port
 
-    @app.get("/v1/policy_version", response_model=PolicyVersionResponse)
+        @app.get("/metrics")
+        async def prometheus() -> Response:
+            return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get(
+        "/v1/policy_version",
+        response_model=PolicyVersionResponse,
+        dependencies=[Depends(may_read)],
+    )
     async def policy_version() -> JSONResponse:
         e = eng()
         served = getattr(getattr(e, "spec", None), "served_dtype", None)
@@ -195,13 +230,61 @@ def create_app(
         return versioned(body.model_dump(), e.version)
 
     # ------------------------------------------------------------------ OpenAI
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=[Depends(may_read)])
     async def models() -> JSONResponse:
         e = eng()
         listing = await e.serving.openai_serving_models.show_available_models()
         return versioned(listing.model_dump(), e.version)
 
+    def _refuse(endpoint: str, status: int, message: str, **headers: str) -> JSONResponse:
+        metrics.requests.labels(endpoint, str(status)).inc()
+        kind = {413: "RequestTooLarge", 429: "TooManyRequests"}.get(status, "BadRequestError")
+        return JSONResponse(
+            {"error": {"message": message, "type": kind, "code": status}},
+            status_code=status,
+            headers=headers or None,
+        )
+
+    def _over_limits(req: Any) -> str | None:
+        """Why ``req`` asks for more than this server grants (None: it does not). A request
+        without max_tokens gets ``max_tokens_limit`` when one is set."""
+        n = getattr(req, "n", None) or 1
+        if n > settings.max_n:
+            return f"n={n} exceeds this server's max_n={settings.max_n}"
+        limit = settings.max_tokens_limit
+        if limit is None:
+            return None
+        for name in ("max_completion_tokens", "max_tokens"):
+            asked = getattr(req, name, None)
+            if asked is not None and asked > limit:
+                return f"{name}={asked} exceeds this server's max_tokens_limit={limit}"
+        if getattr(req, "max_completion_tokens", None) is None and req.max_tokens is None:
+            req.max_tokens = limit
+        return None
+
     async def _openai(raw_request: Request, endpoint: str) -> Response:
+        if in_flight[0] >= settings.max_concurrent_requests:
+            return _refuse(
+                endpoint,
+                429,
+                f"{in_flight[0]} requests in flight, this server's max_concurrent_requests="
+                f"{settings.max_concurrent_requests}: retry later",
+                **{"Retry-After": "1"},
+            )
+        in_flight[0] += 1
+        streaming = False
+        try:
+            resp = await _generate(raw_request, endpoint)
+            if isinstance(resp, StreamingResponse):
+                # the slot is the stream's until its last chunk went out (or it was dropped)
+                streaming = True
+                resp.body_iterator = _release_after(resp.body_iterator, in_flight)
+            return resp
+        finally:
+            if not streaming:
+                in_flight[0] -= 1
+
+    async def _generate(raw_request: Request, endpoint: str) -> Response:
         e = eng()
         if endpoint == "completions":
             # vLLM's request models where a generation route runs: the weight routes and
@@ -216,14 +299,19 @@ def create_app(
 
             handler = e.serving.openai_serving_chat
         try:
-            req = Req.model_validate(await raw_request.json())
-        except (ValidationError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-            metrics.requests.labels(endpoint, "400").inc()
-            msg = exc.errors() if isinstance(exc, ValidationError) else str(exc)
-            return JSONResponse(
-                {"error": {"message": str(msg), "type": "BadRequestError", "code": 400}},
-                status_code=400,
+            body = await read_body_once(
+                raw_request, settings.max_request_bytes, "max_request_bytes"
             )
+        except HTTPException as exc:
+            return _refuse(endpoint, exc.status_code, str(exc.detail))
+        try:
+            req = Req.model_validate(json.loads(body))
+        except (ValidationError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            msg = exc.errors() if isinstance(exc, ValidationError) else str(exc)
+            return _refuse(endpoint, 400, str(msg))
+        why = _over_limits(req)
+        if why is not None:
+            return _refuse(endpoint, 400, why)
         if handler is None:
             raise _http_error(404, f"the model does not support /v1/{endpoint}")
         collector = VersionCollector(detokenize=not decodes_once(req, endpoint, handler))
@@ -272,11 +360,11 @@ def create_app(
             headers={VERSION_HEADER: str(started_version)},
         )
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=[Depends(may_read)])
     async def completions(raw_request: Request) -> Response:
         return await _openai(raw_request, "completions")
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", dependencies=[Depends(may_read)])
     async def chat_completions(raw_request: Request) -> Response:
         return await _openai(raw_request, "chat")
 
@@ -498,6 +586,16 @@ def create_app(
             return await _apply(e, "collective", version, swap, t0)
 
     return app
+
+
+async def _release_after(body: Any, in_flight: list[int]) -> AsyncIterator[Any]:
+    """``body``'s chunks; the request's concurrency slot is given back when the stream ends,
+    fails or its client goes away (the generator is closed)."""
+    try:
+        async for chunk in body:
+            yield chunk
+    finally:
+        in_flight[0] -= 1
 
 
 async def _versioned_stream(

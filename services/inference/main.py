@@ -21,6 +21,7 @@ import logging
 import os
 import socket
 
+from services.common.http import start_http
 from services.common.lifecycle import abort_on_stop_signals
 from services.common.skeleton import service_main
 from services.inference.settings import InferenceSettings
@@ -99,6 +100,7 @@ async def run(settings: InferenceSettings, *, stop: asyncio.Event | None = None)
     from services.inference.worker import LudicEngine
 
     stop = stop or asyncio.Event()
+    metrics_server = None
     try:
         sock = listen(settings.host, settings.port)
     except OSError as e:
@@ -113,6 +115,16 @@ async def run(settings: InferenceSettings, *, stop: asyncio.Event | None = None)
             raise InferenceFailed(f"failed to start: {_one_line(e)}") from e
         try:
             app = create_app(settings, engine=engine, metrics=metrics)
+            if settings.metrics_port is not None:
+                # /metrics alone (its /health says the process is up; the API port's
+                # /health probes the engine)
+                try:
+                    metrics_server = await start_http(
+                        settings.metrics_port, host=settings.metrics_host, render=metrics.render
+                    )
+                except OSError as e:
+                    where = f"{settings.metrics_host}:{settings.metrics_port}"
+                    raise InferenceFailed(f"cannot listen on metrics port {where}: {e}") from e
             config = uvicorn.Config(
                 app,
                 host=settings.host,
@@ -132,6 +144,8 @@ async def run(settings: InferenceSettings, *, stop: asyncio.Event | None = None)
             finally:
                 for w in watchers:
                     w.cancel()
+                if metrics_server is not None:
+                    metrics_server.close()
             why = engine_failure(engine)
             if why is not None:
                 raise InferenceFailed(f"{why} while serving (see the log above)")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from services.common.settings import AUTH_TOKEN_WHERE, secret
+from services.common.settings import AUTH_TOKEN_WHERE, secret, secret_from_file
 
 
 class SettingsError(ValueError):
@@ -45,7 +45,13 @@ class InferenceSettings:
         },
     )
     host: str = field(default="0.0.0.0", metadata={"help": "API address"})
-    port: int = field(default=8000, metadata={"help": "API, weight and metrics port"})
+    port: int = field(default=8000, metadata={"help": "API and weight port"})
+    # /metrics on a port of its own (with /health), so a NetworkPolicy can admit Prometheus
+    # to it alone; None: /metrics is served on the API port (`ludic up`, loopback only)
+    metrics_port: int | None = field(
+        default=None, metadata={"help": "port of /metrics alone (default: on the API port)"}
+    )
+    metrics_host: str = field(default="0.0.0.0", metadata={"help": "address of the metrics port"})
     served_model_name: str | None = field(
         default=None, metadata={"help": "the API's model name (default: the model path)"}
     )
@@ -56,6 +62,32 @@ class InferenceSettings:
     insecure_no_auth: bool = field(
         default=False,
         metadata={"help": "accept weight updates without a token (local experiments only)"},
+    )
+    # The generation and read routes (/v1/completions, /v1/chat/completions, /v1/models,
+    # /v1/policy_version) take this bearer token (or the weight token) once it is set; the
+    # actors and the eval service send theirs (LUDIC_API_KEY, the same variable). Unset: those
+    # routes are open to whoever reaches the port (a warning at start-up). /health stays open.
+    api_key: str | None = secret(
+        "bearer token of the generation routes",
+        "set LUDIC_API_KEY, or name a file holding it with api_key_file (--api-key-file)",
+    )
+    api_key_file: str | None = field(
+        default=None, metadata={"help": "file holding the generation token (else LUDIC_API_KEY)"}
+    )
+    # Bounds of one generation request, checked before vLLM sees it: a body over
+    # max_request_bytes is refused (413) before it is parsed; n over max_n and max_tokens
+    # over max_tokens_limit get 400 (None: the model's context bounds max_tokens, vLLM's own
+    # check); past max_concurrent_requests in flight a request gets 429 with Retry-After.
+    max_request_bytes: int = field(
+        default=8 << 20, metadata={"help": "largest generation request body (413 beyond)"}
+    )
+    max_n: int = field(default=256, metadata={"help": "largest n (completions per request)"})
+    max_tokens_limit: int | None = field(
+        default=None,
+        metadata={"help": "largest max_tokens of a request (default: the model's context)"},
+    )
+    max_concurrent_requests: int = field(
+        default=1024, metadata={"help": "generation requests in flight at once (429 beyond)"}
     )
     # Served dtype. Default: the learner's parameter dtype (fp32), so served logprobs equal a
     # training-side forward to ~5e-7 nats; "bfloat16" is faster but off by up to ~5e-3.
@@ -169,16 +201,24 @@ class InferenceSettings:
             )
         if not any(d.glob("*.safetensors")):
             raise SettingsError(f"{self.model_dir!r} has no *.safetensors weights")
-        if self.auth_token_file:
-            token = _read_token(self.auth_token_file)
-            if self.auth_token and self.auth_token != token:
-                raise SettingsError(
-                    f"LUDIC_AUTH_TOKEN and auth_token_file {self.auth_token_file!r} both give "
-                    "a token, and they differ: keep one"
-                )
-            self.auth_token = token
+        self.auth_token = _token(self.auth_token, self.auth_token_file, "LUDIC_AUTH_TOKEN")
+        self.api_key = _token(self.api_key, self.api_key_file, "LUDIC_API_KEY")
+        for name in ("max_request_bytes", "max_n", "max_concurrent_requests"):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.max_tokens_limit is not None and self.max_tokens_limit < 1:
+            raise SettingsError(
+                f"max_tokens_limit={self.max_tokens_limit} must be >= 1 (or unset: the context)"
+            )
         if not 0 < self.port < 65536:
             raise SettingsError(f"port {self.port} out of range 1..65535")
+        if self.metrics_port is not None and not 0 < self.metrics_port < 65536:
+            raise SettingsError(f"metrics_port {self.metrics_port} out of range 1..65535")
+        if self.metrics_port == self.port:
+            raise SettingsError(
+                f"metrics_port {self.metrics_port} is the API port: pick another, or leave it "
+                "unset to serve /metrics on the API port"
+            )
         if self.max_weight_bytes <= 0:
             raise SettingsError("max_weight_bytes must be > 0")
         if self.max_lora_rank < 0:
@@ -212,14 +252,13 @@ class InferenceSettings:
     def public_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["auth_token"] = "<set>" if self.auth_token else None
+        d["api_key"] = "<set>" if self.api_key else None
         return d
 
 
-def _read_token(path: str) -> str:
+def _token(value: str | None, path: str | None, env: str) -> str | None:
+    what = "auth token" if env == "LUDIC_AUTH_TOKEN" else "api key"
     try:
-        tok = Path(path).read_text().strip()
-    except OSError as e:
-        raise SettingsError(f"cannot read auth token file {path!r}: {e.strerror}") from e
-    if not tok:
-        raise SettingsError(f"auth token file {path!r} is empty")
-    return tok
+        return secret_from_file(value, path, env, what)
+    except ValueError as e:
+        raise SettingsError(str(e)) from e

@@ -108,9 +108,9 @@ class LiveView:
     def inference_version(self) -> int | None:
         try:
             return int(
-                probes.get(f"{self.run.inference_url}/v1/policy_version", 1.0).json()[
-                    "policy_version"
-                ]
+                probes.get(
+                    f"{self.run.inference_url}/v1/policy_version", 1.0, self.run.api_key
+                ).json()["policy_version"]
             )
         except (httpx.HTTPError, KeyError, ValueError):
             return None

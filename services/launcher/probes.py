@@ -28,9 +28,11 @@ def client() -> httpx.Client:
         return _client
 
 
-def get(url: str, timeout_s: float) -> httpx.Response:
-    """``GET url`` with the kept client (raises ``httpx.HTTPError`` as ``httpx.get``)."""
-    return client().get(url, timeout=timeout_s)
+def get(url: str, timeout_s: float, token: str | None = None) -> httpx.Response:
+    """``GET url`` with the kept client (raises ``httpx.HTTPError`` as ``httpx.get``),
+    with ``Authorization: Bearer token`` when given."""
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    return client().get(url, timeout=timeout_s, headers=headers)
 
 
 def check(url: str, timeout_s: float) -> str | None:

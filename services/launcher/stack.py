@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import random
 import shutil
 import socket
@@ -10,12 +9,11 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.common import heldout
+from services.common.redis_acl import ADMIN, RunUsers
 from services.launcher import probes
 from services.launcher.supervisor import ServiceSpec
 
@@ -90,15 +88,23 @@ def local_redis_url(port: int, password: str | None = None) -> str:
     return f"redis://{'' if password is None else f':{password}@'}127.0.0.1:{port}/0"
 
 
-def redis_spec(data_dir: Path, port: int, password: str | None = None) -> ServiceSpec:
+def redis_spec(
+    data_dir: Path, port: int, password: str | None = None, users: RunUsers | None = None
+) -> ServiceSpec:
     """redis-server with appendonly persistence (fsync every second) in ``data_dir``; when
     it reaches maxmemory writes fail loudly (noeviction): no stream entry is ever evicted.
     Restarted when it exits: it reloads its append-only file (a killed process loses
     nothing the kernel holds; only a crash of the machine can lose the last second), and
     every service retries Redis meanwhile. With ``password`` it requires AUTH: the
-    ``requirepass`` line reaches it on stdin (``redis-server -``), never in its argv."""
+    ``requirepass`` line reaches it on stdin (``redis-server -``), never in its argv. With
+    ``users`` (services/common/redis_acl.py) the default user is off and each role has its
+    own user, the ``user`` lines on stdin the same way."""
     data_dir.mkdir(parents=True, exist_ok=True)
     stdin = None if password is None else f"requirepass {password}\n".encode()
+    health_url = local_redis_url(port, password)
+    if users is not None:
+        stdin = users.acl_config().encode()
+        health_url = users.url(ADMIN, "127.0.0.1", port)
     return ServiceSpec(
         name="redis",
         argv=[
@@ -126,14 +132,16 @@ def redis_spec(data_dir: Path, port: int, password: str | None = None) -> Servic
         restart=True,
         stdin=stdin,
         # its watchdog probe: PING (probes.check); the password is the one it reads on stdin
-        health_url=local_redis_url(port, password),
+        health_url=health_url,
     )
 
 
-def wait_redis(port: int, timeout_s: float = 15.0, password: str | None = None) -> None:
-    """Until the redis-server on ``port`` answers PING (after AUTH with ``password``): the
-    watchdog's probe (``probes.check``) until it passes."""
-    url = local_redis_url(port, password)
+def wait_redis(
+    port: int, timeout_s: float = 15.0, password: str | None = None, url: str | None = None
+) -> None:
+    """Until the redis-server on ``port`` answers PING (after AUTH with ``password``, or as
+    ``url`` says): the watchdog's probe (``probes.check``) until it passes."""
+    url = url or local_redis_url(port, password)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if probes.check(url, 0.5) is None:
@@ -162,18 +170,6 @@ def scrape(url: str, timeout_s: float = 2.0) -> dict[str, float]:
 
 def sum_prefix(metrics: Mapping[str, float], name: str) -> float:
     return sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))
-
-
-def evaluate(
-    url: str,
-    env: Mapping[str, Any],
-    n: int,
-    max_tokens: int,
-    protocol: Mapping[str, Any] | None = None,
-) -> dict[str, float]:
-    """Greedy held-out evaluation against the inference service (its current weights);
-    the same pass as the ``ludic eval`` service (services/common/heldout.py)."""
-    return asyncio.run(heldout.evaluate(url, env, n, max_tokens, protocol=protocol))
 
 
 def prometheus_config(targets: Mapping[str, list[str]], interval_s: int = 5) -> str:

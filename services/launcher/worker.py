@@ -24,6 +24,7 @@ from libludic.sft.tasks import make_task
 from libludic.transport import Keys, accounting
 from services.common.eval_tensorboard import UP_EVENTS_DIR, write_scalars
 from services.common.heldout import evaluate_served, evaluate_snapshot, split
+from services.common.redis_acl import ADMIN, RunUsers
 from services.common.settings import read_yaml
 from services.launcher import cpus, stack
 from services.launcher.deadletters import NO_TASK, TaskFailureWatch, first_reason
@@ -171,7 +172,11 @@ class Run:
             restart_startup_s=s.startup_timeout_s,
         )
         self.run_id = s.run_id or f"{s.name}-{int(time.time())}"
-        self.token = secrets.token_hex(24)
+        self.redis_users: RunUsers | None = None  # the embedded Redis's (start_redis)
+        self.redis_port = 0
+        self.token = secrets.token_hex(24)  # the weight routes' (inference, learner)
+        # the generation routes' (inference, actors, this process's evaluations and probes)
+        self.api_key = secrets.token_hex(24)
         self.metrics: dict[str, str] = {}  # service -> /metrics URL
         self.curve: list[dict[str, float]] = []
         self.last_learner: dict[str, float] = {}
@@ -214,8 +219,9 @@ class Run:
     def env(self, **extra: Any) -> dict[str, str]:
         base = {
             "LUDIC_CONFIG": str(self.s.config_path),
-            "LUDIC_REDIS_URL": self.redis_url,
             "LUDIC_RUN_ID": self.run_id,
+            # the services' /metrics and /health: for this process and its Prometheus only
+            "LUDIC_METRICS_HOST": "127.0.0.1",
             "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
             "TOKENIZERS_PARALLELISM": "false",
             "PYTHONUNBUFFERED": "1",
@@ -232,12 +238,23 @@ class Run:
         data = self.run_dir / "redis"
         if self.s.fresh and data.exists():
             shutil.rmtree(data)
-        # a password of this process's own (a resumed run makes a new one): nothing else on
-        # the machine that can reach loopback can read or write the run's streams
-        password = secrets.token_hex(24)
-        self.start(stack.redis_spec(data, port, password))
-        stack.wait_redis(port, password=password)
-        self.redis_url = stack.local_redis_url(port, password)
+        # a user per role with passwords of this process's own (a resumed run makes new
+        # ones), the default user off: nothing else on the machine that can reach loopback
+        # can read or write the run's streams, and no service can do more than its role
+        # (services/common/redis_acl.py); this process keeps the admin user
+        self.redis_users = RunUsers(self.run_id)
+        self.redis_port = port
+        self.start(stack.redis_spec(data, port, users=self.redis_users))
+        self.redis_url = self.redis_users.url(ADMIN, "127.0.0.1", port)
+        stack.wait_redis(port, url=self.redis_url)
+
+    def redis_url_for(self, service: str) -> str:
+        """The Redis URL of ``service`` (``actor-3`` is an actor): its role's user on the
+        embedded Redis; the given LUDIC_REDIS_URL as it is for an external one."""
+        if self.redis_users is None:
+            return self.redis_url
+        role = service.split("-")[0]
+        return self.redis_users.url(role, "127.0.0.1", self.redis_port)
 
     def start_services(self, model_dir: Path) -> None:
         ip = stack.free_port()
@@ -253,7 +270,7 @@ class Run:
         return ServiceSpec(
             "inference",
             LUDIC + ["inference", "--model-dir", str(model_dir), *host],
-            env=self.env(LUDIC_AUTH_TOKEN=self.token),
+            env=self.env(LUDIC_AUTH_TOKEN=self.token, LUDIC_API_KEY=self.api_key),
             health_url=f"http://127.0.0.1:{port}/health",
             # a restarted server serves the starting weights as version 0: actors' admission
             # holds generation until the learner, idle for items, republishes its version
@@ -299,7 +316,7 @@ class Run:
         if not sets:
             return None
         t = time.monotonic()
-        res = evaluate_served(self.inference_url, sets)
+        res = evaluate_served(self.inference_url, sets, self.api_key)
         rl_t0 = getattr(self, "rl_t0", None)
         res.update(
             step=float(step),
@@ -340,7 +357,12 @@ class Run:
                 ServiceSpec(
                     name,
                     argv,
-                    env=self.env(LUDIC_METRICS_PORT=mp, OMP_NUM_THREADS=threads, **env),
+                    env=self.env(
+                        LUDIC_REDIS_URL=self.redis_url_for(name),
+                        LUDIC_METRICS_PORT=mp,
+                        OMP_NUM_THREADS=threads,
+                        **env,
+                    ),
                     health_url=f"http://127.0.0.1:{mp}/health",  # the service's own check
                     critical=critical,
                     may_finish=may_finish,
@@ -360,6 +382,7 @@ class Run:
                 critical=False,
                 restart=True,
                 LUDIC_INFERENCE_URLS=self.inference_url,
+                LUDIC_API_KEY=self.api_key,
                 LUDIC_CONSUMER=f"actor-{i}",
             )
         learner = LUDIC + ["learner"]

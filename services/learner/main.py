@@ -82,10 +82,12 @@ async def run(settings: LearnerSettings, *, stop: asyncio.Event | None = None) -
     learner = Learner(settings, stop)
     server = None
     if learner.rank == 0:
-        server = await start_http(settings.metrics_port, learner.health)
+        server = await start_http(settings.metrics_port, learner.health, host=settings.metrics_host)
     elif int(os.environ.get("LOCAL_RANK", "0")) == 0:
         # the first rank of another node (pod): /health for its probes; the metrics are rank 0's
-        server = await start_http(settings.metrics_port, learner.health, CollectorRegistry())
+        server = await start_http(
+            settings.metrics_port, learner.health, CollectorRegistry(), settings.metrics_host
+        )
     try:
         await learner.run()
     finally:

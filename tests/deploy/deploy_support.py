@@ -136,8 +136,20 @@ def containers(workload: Doc) -> list[Doc]:
     return workload["spec"]["template"]["spec"]["containers"]
 
 
+def scrape_ports() -> dict[str, int]:
+    """service -> the port Prometheus scrapes in compose and the chart: the table's port, or
+    the one its cell names as "`/metrics` on N" (inference: /metrics apart from its API)."""
+    text = (ROOT / "DEVELOPERS.md").read_text()
+    out = {name: port for name, (port, _) in developers_table().items()}
+    for line in text.splitlines():
+        m = re.match(r"^\|\s*(inference|actor|credit|learner|feeder)\s*\|.*?\|([^|]*)\|", line)
+        if m and (apart := re.search(r"`/metrics` on (\d+)", m.group(2))):
+            out[m.group(1)] = int(apart.group(1))
+    return out
+
+
 def developers_table() -> dict[str, tuple[int, list[str]]]:
-    """service -> (metrics port, LUDIC_* variables it reads), from DEVELOPERS.md's table."""
+    """service -> (health port, LUDIC_* variables it reads), from DEVELOPERS.md's table."""
     text = (ROOT / "DEVELOPERS.md").read_text()
     table: dict[str, tuple[int, list[str]]] = {}
     for line in text.splitlines():

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_support import KNOWN_METRICS, ROOT, developers_table, promtool
+from deploy_support import KNOWN_METRICS, ROOT, developers_table, promtool, scrape_ports
 
 # No conftest.py in tests/deploy on purpose: a second `conftest` module would shadow
 # tests/conftest.py for modules that do `from conftest import free_port`.
@@ -232,12 +232,22 @@ def test_no_service_gets_a_variable_the_settings_loader_refuses(compose):
 
 def test_no_secret_is_written_in_the_compose_file(compose):
     for key, value in ludic_env(compose).items():
-        if key.endswith(("AUTH_TOKEN", "REDIS_URL")):
+        if key.endswith(("AUTH_TOKEN", "API_KEY", "REDIS_URL")):
             assert "${" in value and ":?" in value, f"{key} must come from .env (${{VAR:?...}})"
     for name, svc in compose["services"].items():
         for key, value in (svc.get("environment") or {}).items():
-            if re.search(r"PASSWORD|TOKEN|SECRET", key) and not key.startswith("TOKENIZERS"):
+            if re.search(r"PASSWORD|TOKEN|SECRET|API_KEY", key) and not key.startswith(
+                "TOKENIZERS"
+            ):
                 assert str(value).startswith("${") and ":?" in str(value), f"{name}:{key} is inline"
+
+
+def test_the_generation_token_reaches_inference_and_every_client_of_it(compose):
+    """inference requires LUDIC_API_KEY on its generation routes; the actors and the
+    evaluator send it; the services that never call those routes do not get it."""
+    env = ludic_env(compose)
+    got = {k.split(":")[0] for k in env if k.endswith(":LUDIC_API_KEY")}
+    assert got == {"inference", "inference-gpu", "actor", "eval"}, got
 
 
 # ---------------------------------------------------------------- Prometheus targets
@@ -293,7 +303,7 @@ def test_every_scrape_target_is_a_compose_service_and_port(compose, prometheus_c
 
 def test_every_ludic_service_is_scraped_on_its_documented_port(prometheus_config):
     targets = {(h, p) for _, h, p in scrape_targets(prometheus_config)}
-    for name, (port, _) in developers_table().items():
+    for name, port in scrape_ports().items():
         assert (name, port) in targets, f"{name}:{port} is not scraped"
 
 

@@ -42,7 +42,7 @@ kubernetes_validate = pytest.importorskip(
 )
 
 ALL = ["default", *SCENARIOS]
-SECRET_ENV = {"LUDIC_AUTH_TOKEN", "REDIS_PASSWORD", "REDISCLI_AUTH"}
+SECRET_ENV = {"LUDIC_AUTH_TOKEN", "LUDIC_API_KEY", "REDIS_PASSWORD", "REDISCLI_AUTH"}
 
 
 def test_every_issue_scenario_has_a_ci_values_file():
@@ -299,6 +299,7 @@ def test_hpa_owns_actor_replicas_when_enabled():
 def secret_literals(values: dict[str, Any]) -> list[str]:
     out = [
         values.get("auth", {}).get("token", ""),
+        values.get("auth", {}).get("apiKey", ""),
         values.get("redis", {}).get("auth", {}).get("password", ""),
         values.get("externalRedis", {}).get("password", ""),
     ]
@@ -364,6 +365,27 @@ def test_inline_secret_values_land_only_in_secret_objects():
     token = scenario_values("cpu-minimal")["auth"]["token"]
     (auth,) = [d for d in by_kind(docs, "Secret") if "auth-token" in d.get("data", {})]
     assert base64.b64decode(auth["data"]["auth-token"]).decode() == token
+
+
+@pytest.mark.parametrize("scenario", ALL)
+def test_the_generation_token_reaches_inference_and_every_client_of_it(scenario):
+    """inference requires LUDIC_API_KEY on its generation routes (from the auth Secret's
+    api-key, or auth.existingSecretApiKeyKey); actors and eval send it; nothing else gets it."""
+    docs = rendered(scenario)
+    values = scenario_values(scenario)
+    key = values.get("auth", {}).get("existingSecretApiKeyKey", "api-key")
+    got = set()
+    for d in docs:
+        if d["kind"] in WORKLOAD_KINDS:
+            for c in containers(d):
+                for env in c.get("env", []):
+                    if env["name"] == "LUDIC_API_KEY":
+                        assert env["valueFrom"]["secretKeyRef"]["key"] == key
+                        got.add(d["metadata"]["labels"]["app.kubernetes.io/component"])
+    want = {"inference", "actor"} | (
+        {"eval"} if values.get("eval", {}).get("enabled", True) else set()
+    )
+    assert got == want, (scenario, got)
 
 
 def test_gpu_scenario_creates_no_secret_when_existing_ones_are_given():
@@ -739,7 +761,7 @@ def test_each_component_block_has_the_same_shape():
 def test_scrapers_reach_metrics_ports_only_when_selected():
     docs = rendered("gpu")
     monitoring = {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
-    for comp, port in (("inference", "http"), ("learner", "metrics")):
+    for comp, port in (("inference", "metrics"), ("learner", "metrics")):
         rules = policy_for(docs, comp)["spec"]["ingress"]
         scrape = [r for r in rules if {"namespaceSelector": monitoring} in r["from"]]
         assert scrape and scrape[0]["ports"] == [{"port": port, "protocol": "TCP"}], comp

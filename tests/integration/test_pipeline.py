@@ -58,7 +58,7 @@ def recompute_logprobs(model_dir: Path, input_ids: Any) -> list[float]:
 
 
 async def run_pipeline(
-    redis_url: str, run_id: str, client: Any = None, urls: Any = None
+    redis_url: str, run_id: str, client: Any = None, urls: Any = None, api_key: str | None = None
 ) -> list[Any]:
     keys = t.Keys(run_id)
     r = t.connect(redis_url)
@@ -82,6 +82,7 @@ async def run_pipeline(
         concurrency=2,
         tasks=TASKS,
         inference_urls=urls or ["http://unused"],
+        api_key=api_key,
     )
     c_s = credit_main.CreditSettings(
         redis_url=redis_url,
@@ -151,6 +152,7 @@ async def test_pipeline_real_vllm(redis_url: str, tiny_model_dir: Path, tmp_path
         "PYTHONPATH": str(REPO),
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "LUDIC_AUTH_TOKEN": "test-token",
+        "LUDIC_API_KEY": "gen-token",  # the generation routes take it: the actor sends it
     }
     log = open(tmp_path / "inference.log", "wb")
     proc = subprocess.Popen(
@@ -183,7 +185,9 @@ async def test_pipeline_real_vllm(redis_url: str, tiny_model_dir: Path, tmp_path
                 await asyncio.sleep(2)
             else:
                 raise AssertionError("ludic inference did not become healthy in 600 s")
-        items = await run_pipeline(redis_url, "pipev", urls=[url])
+            body = {"prompt": "1+1=", "max_tokens": 2}
+            assert (await http.post(f"{url}/v1/completions", json=body)).status_code == 401
+        items = await run_pipeline(redis_url, "pipev", urls=[url], api_key="gen-token")
         # vLLM's CPU kernels vs transformers' forward: same weights, different kernels
         check_items(items, tiny_model_dir, atol=2e-2)
     finally:

@@ -105,18 +105,18 @@ def finished(
 
 def run_secrets(run_id: str, proc: subprocess.Popen[bytes], timeout_s: float = 300) -> set[bytes]:
     """The secrets ``ludic up`` generated for this run, read from its services' environments
-    (root may read them; the services are non-dumpable): the inference token and the
-    embedded Redis's password."""
+    (root may read them; the services are non-dumpable): the weight token, the generation
+    token and the embedded Redis's passwords (one per role)."""
     deadline = time.monotonic() + timeout_s
     found: set[bytes] = set()
-    while len(found) < 2:
+    while len(found) < 4:
         assert proc.poll() is None and time.monotonic() < deadline, f"secrets seen: {len(found)}"
         for p in procs.of_run(run_id):
             for kv in p.environ.split(b"\0"):
                 key, _, value = kv.partition(b"=")
-                if key == b"LUDIC_AUTH_TOKEN" and value:
+                if key in (b"LUDIC_AUTH_TOKEN", b"LUDIC_API_KEY") and value:
                     found.add(value)
-                elif key == b"LUDIC_REDIS_URL" and b"@" in value:  # redis://:<password>@host
+                elif key == b"LUDIC_REDIS_URL" and b"@" in value:  # redis://<user>:<pw>@host
                     found.add(value.split(b"@")[0].rsplit(b":", 1)[1])
         time.sleep(0.5)
     assert all(len(x) >= 32 for x in found), "generated secrets are 48 hex characters"

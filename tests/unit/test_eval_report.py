@@ -68,7 +68,8 @@ def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Run:
     r.redis_url = "redis://127.0.0.1:9/0"  # queues unknown
     calls: list[int] = []
 
-    def fake_served(url: str, sets: Any) -> dict[str, float]:
+    def fake_served(url: str, sets: Any, api_key: str | None = None) -> dict[str, float]:
+        assert api_key  # ludic up's evaluations send the run's generation token
         assert [x.name for x in sets] == ["add", "selfplay"] and sets[1].k == 4
         calls.append(1)
         return flatten(fake_results(len(calls) - 1))

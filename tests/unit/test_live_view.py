@@ -62,6 +62,7 @@ def fake_run(actors: int) -> SimpleNamespace:
         evals=[{"eval/pass_rate": 0.655}],
         redis_url="redis://127.0.0.1:9/0",  # nothing listens: queues unknown
         inference_url="http://127.0.0.1:9",
+        api_key="k",
         last_learner={
             "ludic_learner_step": 30.0,
             "ludic_learner_rl_wall_seconds": 60.0,

@@ -97,6 +97,10 @@ imagePullSecrets:
 {{- if .Values.auth.existingSecret -}}{{ .Values.auth.existingSecretTokenKey }}{{- else -}}auth-token{{- end -}}
 {{- end -}}
 
+{{- define "ludic.apiKeySecretKey" -}}
+{{- if .Values.auth.existingSecret -}}{{ .Values.auth.existingSecretApiKeyKey }}{{- else -}}api-key{{- end -}}
+{{- end -}}
+
 {{/* Redis password Secret name, or "" when external Redis runs without AUTH */}}
 {{- define "ludic.redisSecretName" -}}
 {{- if .Values.redis.enabled -}}
@@ -209,6 +213,15 @@ imagePullSecrets:
     secretKeyRef:
       name: {{ include "ludic.authSecretName" . }}
       key: {{ include "ludic.authSecretKey" . }}
+{{- end -}}
+
+{{/* the generation routes' token: inference requires it, actors and eval send it */}}
+{{- define "ludic.env.apiKey" -}}
+- name: LUDIC_API_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "ludic.authSecretName" . }}
+      key: {{ include "ludic.apiKeySecretKey" . }}
 {{- end -}}
 
 {{/* Inference replicas: one headless-Service name; clients expand it to every pod address */}}

@@ -55,6 +55,7 @@ spec:
             {{- include "ludic.env.redis" $root | nindent 12 }}
             {{- if .withInference }}
             {{- include "ludic.env.inferenceUrls" $root | nindent 12 }}
+            {{- include "ludic.env.apiKey" $root | nindent 12 }}
             {{- end }}
             {{- if .withAuth }}
             {{- include "ludic.env.authToken" $root | nindent 12 }}
