@@ -5,7 +5,8 @@ run's keys (``ludic:{<run_id>}:*``) with the commands the services use, never ``
 What every role may run: the data types of the run's streams, leases, counters and markers,
 the project's Lua scripts (Redis 7 checks each key a script touches against the caller's
 user), transactions and blocking reads. The feeder also reads ``INFO`` (memory and keyspace:
-its footprint gauges, services/common/lifecycle.py). The ``default`` user is off; an admin
+its footprint gauges, services/common/lifecycle.py). The ``default`` user is off (it keeps
+every permission only for redis-server's replay of its own append-only file); an admin
 user (every key and command) is the launcher's own: ``ludic status``, the live view and
 the run's accounting read through it, and no service gets its password.
 
@@ -61,8 +62,12 @@ class RunUsers:
 
     def acl_config(self) -> str:
         """``user`` lines for redis.conf: default off, the admin, one user per role."""
+        # default: off (nobody can authenticate as it) but with every permission, because
+        # redis-server replays its append-only file as the default user and re-checks a
+        # MULTI/EXEC's commands against it (Redis 7.0-7.4; redis/redis#14541): a default
+        # without permissions silently drops every transaction and script effect on restart
         lines = [
-            "user default off",
+            "user default off resetpass ~* &* +@all",
             f"user {ADMIN} on >{self.passwords[ADMIN]} ~* &* +@all",
         ]
         for role in ROLES:

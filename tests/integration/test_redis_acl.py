@@ -19,32 +19,57 @@ from services.launcher.stack import free_port, redis_server_binary
 pytestmark = pytest.mark.integration
 
 
+class AclRedis:
+    """redis-server with the run's users on stdin (as ``ludic up`` starts it), append-only
+    with fsync on every write, restartable on the same data."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.users = RunUsers("run-a")
+        self.port = free_port()
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        conf = (
+            f'port {self.port}\nbind 127.0.0.1\ndir {self.workdir}\nsave ""\n'
+            "appendonly yes\nappendfsync always\n" + self.users.acl_config()
+        )
+        self.proc = subprocess.Popen(
+            [redis_server_binary(), "-"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(conf.encode())
+        self.proc.stdin.close()
+        admin = redis.Redis.from_url(self.users.url(ADMIN, "127.0.0.1", self.port))
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                admin.ping()
+                return
+            except (redis.ConnectionError, redis.BusyLoadingError):
+                assert self.proc.poll() is None and time.monotonic() < deadline, "redis died"
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+
 @pytest.fixture
-def acl_redis(tmp_path: Path) -> Iterator[tuple[RunUsers, int]]:
-    users = RunUsers("run-a")
-    port = free_port()
-    conf = f'port {port}\nbind 127.0.0.1\ndir {tmp_path}\nsave ""\n' + users.acl_config()
-    proc = subprocess.Popen(
-        [redis_server_binary(), "-"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    assert proc.stdin is not None
-    proc.stdin.write(conf.encode())
-    proc.stdin.close()
-    admin = redis.Redis.from_url(users.url(ADMIN, "127.0.0.1", port))
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            admin.ping()
-            break
-        except redis.ConnectionError:
-            assert proc.poll() is None and time.monotonic() < deadline, "redis-server died"
-            time.sleep(0.05)
-    yield users, port
-    proc.kill()
-    proc.wait(10)
+def server(tmp_path: Path) -> Iterator[AclRedis]:
+    s = AclRedis(tmp_path)
+    s.start()
+    yield s
+    s.kill()
+
+
+@pytest.fixture
+def acl_redis(server: AclRedis) -> tuple[RunUsers, int]:
+    return server.users, server.port
 
 
 def as_role(users: RunUsers, port: int, role: str) -> redis.Redis:
@@ -116,3 +141,29 @@ def test_only_the_feeder_reads_info_and_the_default_user_is_off(acl_redis) -> No
 
 def test_glob_characters_of_a_run_id_are_matched_literally() -> None:
     assert key_pattern("a*b?[c]") == r"ludic:{a\*b\?\[c\]}:*"
+
+
+def test_transactions_and_script_effects_survive_a_restart(server: AclRedis) -> None:
+    """redis-server replays its append-only file as the default user and re-checks each
+    MULTI/EXEC (script effects are written as one) against it: with a default user without
+    permissions they were silently dropped on restart (the run's accounting lost its counts
+    after a Redis kill); the default user is off but keeps its permissions for that."""
+    keys = t.Keys("run-a")
+    r = as_role(server.users, server.port, "learner")
+    with r.pipeline(transaction=True) as p:
+        p.incrby(keys.learner_step, 5).hset(keys.admission, "served_step", 3).execute()
+    r.eval(
+        "redis.call('SET', KEYS[1], ARGV[1]); return redis.call('XADD', KEYS[2], '*', 'd', 'x')",
+        2,
+        keys.policy_version,
+        keys.saw,
+        "7",
+    )
+    server.kill()
+    server.start()
+    r = as_role(server.users, server.port, "learner")
+    assert int(r.get(keys.learner_step)) == 5 and r.hget(keys.admission, "served_step") == b"3"
+    assert int(r.get(keys.policy_version)) == 7 and r.xlen(keys.saw) == 1
+    # still nobody can authenticate as the default user
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        redis.Redis(port=server.port, username="default", password="").ping()
