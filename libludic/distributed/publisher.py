@@ -219,12 +219,15 @@ def wire_dtype_of(name: str | None) -> torch.dtype | None:
     return dt if dt is not None and dt.is_floating_point and dt != torch.float64 else None
 
 
-def replica_versions(urls: Sequence[str], timeout_s: float = 5.0) -> dict[str, int | None]:
-    """Version of every replica (None where it could not be read), queried in parallel."""
+def replica_versions(
+    urls: Sequence[str], timeout_s: float = 5.0, token: str | None = None
+) -> dict[str, int | None]:
+    """Version of every replica (None where it could not be read), queried in parallel;
+    ``token``: the bearer token (a replica with an api key requires one)."""
     if not urls:
         return {}
     with cf.ThreadPoolExecutor(min(16, len(urls))) as pool:
-        futs = {u: pool.submit(replica_version, u, timeout_s) for u in urls}
+        futs = {u: pool.submit(replica_version, u, timeout_s, token) for u in urls}
         out: dict[str, int | None] = {}
         for u, f in futs.items():
             try:

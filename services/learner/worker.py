@@ -245,7 +245,7 @@ class Learner:
                 stop=self.stop,
             )
             if self.inner_publisher is not None:
-                vs = replica_versions(self.inner_publisher.replicas.resolve())
+                vs = replica_versions(self.inner_publisher.replicas.resolve(), token=self.s.token())
                 floor = max([floor] + [v for v in vs.values() if v is not None])
         (floor,) = self._shared_ints([floor])
         tr.version_floor = floor
@@ -315,7 +315,7 @@ class Learner:
         if tr is None or self.inner_publisher is None or tr.served_version <= 0:
             return False
         urls = self.inner_publisher.replicas.resolve()
-        vs = await asyncio.to_thread(replica_versions, urls)
+        vs = await asyncio.to_thread(replica_versions, urls, 5.0, self.s.token())
         behind = {u: v for u, v in vs.items() if v is not None and v < tr.served_version}
         if behind:
             log.warning(

@@ -250,6 +250,28 @@ def test_the_generation_token_reaches_inference_and_every_client_of_it(compose):
     assert got == {"inference", "inference-gpu", "actor", "eval"}, got
 
 
+def test_every_ludic_container_is_hardened(compose):
+    """No capabilities, no privilege through setuid files, bounded processes and memory for
+    every service of the ludic image (it runs as uid 10001); Redis keeps the capabilities its
+    entrypoint needs to drop root, with the other bounds."""
+    ludic = {
+        n: s for n, s in compose["services"].items() if str(s.get("image", "")).startswith("ludic:")
+    }
+    assert {"inference", "actor", "credit", "learner", "feeder", "eval", "model-init"} <= set(ludic)
+    for name, svc in ludic.items():
+        assert svc.get("cap_drop") == ["ALL"], name
+        assert "no-new-privileges:true" in svc.get("security_opt", []), name
+        assert 0 < int(svc["pids_limit"]) <= 4096, name
+        assert svc.get("read_only") is True, name
+        writable = [t.split(":")[0] for t in svc.get("tmpfs", [])]
+        writable += [v.split(":")[-2] if ":" in v else v.split()[0] for v in svc.get("volumes", [])]
+        assert "/tmp" in writable and "/home/ludic" in writable, (name, writable)
+        assert re.fullmatch(r"\$\{[A-Z_]+_MEM_LIMIT:-\d+g\}", svc["mem_limit"]), name
+    redis = compose["services"]["redis"]
+    assert "no-new-privileges:true" in redis["security_opt"] and redis["pids_limit"] <= 256
+    assert "mem_limit" in redis
+
+
 # ---------------------------------------------------------------- Prometheus targets
 
 
