@@ -381,6 +381,26 @@ spec:
     {{- include "ludic.selectorLabels" . | nindent 4 }}
 {{- end -}}
 
+{{/* ---------- scratch of a read-only root filesystem ---------- */}}
+
+{{/* /tmp and the home directory (caches, vLLM's config), writable on a read-only root */}}
+{{- define "ludic.scratchMounts" -}}
+- name: tmp
+  mountPath: /tmp
+- name: home
+  mountPath: /home/ludic
+{{- end -}}
+
+{{/* their emptyDirs; call with the component's values */}}
+{{- define "ludic.scratchVolumes" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: {{ .tmpSizeLimit }}
+- name: home
+  emptyDir:
+    sizeLimit: 512Mi
+{{- end -}}
+
 {{/* ---------- model volume (inference + learner) ---------- */}}
 
 {{/* initContainers writing the demo model when no claim is given. Call with (dict "root" $ "values" <component values>) */}}
@@ -407,6 +427,7 @@ initContainers:
     volumeMounts:
       - name: models
         mountPath: /models
+      {{- include "ludic.scratchMounts" . | nindent 6 }}
 {{- end }}
 {{- end -}}
 

@@ -127,6 +127,7 @@ spec:
           readOnly: true
         - name: shm
           mountPath: /dev/shm
+        {{- include "ludic.scratchMounts" . | nindent 8 }}
   volumes:
     - name: config
       configMap:
@@ -136,6 +137,7 @@ spec:
       emptyDir:
         medium: Memory
         sizeLimit: {{ $v.shmSize }}
+    {{- include "ludic.scratchVolumes" $v | nindent 4 }}
     {{- if not $v.persistence.enabled }}
     - name: checkpoints
       emptyDir: {}

@@ -72,16 +72,18 @@ spec:
           securityContext:
             {{- toYaml . | nindent 12 }}
           {{- end }}
-          {{- if .withConfig }}
           volumeMounts:
+            {{- if .withConfig }}
             - name: config
               mountPath: /etc/ludic
               readOnly: true
-          {{- end }}
-      {{- if .withConfig }}
+            {{- end }}
+            {{- include "ludic.scratchMounts" . | nindent 12 }}
       volumes:
+        {{- if .withConfig }}
         - name: config
           configMap:
             name: {{ include "ludic.configMapName" $root }}
-      {{- end }}
+        {{- end }}
+        {{- include "ludic.scratchVolumes" $v | nindent 8 }}
 {{- end -}}
