@@ -122,7 +122,10 @@ class CreditWorker:
     # ---- leadership ---------------------------------------------------------------------
 
     async def _keep_lease(self) -> None:
-        while True:
+        # until stop, not only until cancelled: a cancel that lands inside a Redis call can be
+        # absorbed by the client, and the worker's shutdown then waited for this loop forever
+        # (tests/fuzz/test_fuzz_streams.py::test_credit_survives_hostile_rollouts, once)
+        while not self.stop.is_set():
             try:
                 held = await self.lease.hold()
             except (rexc.RedisError, OSError):
@@ -143,7 +146,9 @@ class CreditWorker:
             except (rexc.RedisError, OSError):
                 ERRORS.labels(kind="redis").inc()
             BUFFERED.set(len(self.groups))
-            await asyncio.sleep(min(self.s.lease_ttl_ms / 3000, self.s.claim_idle_ms / 3000))
+            await sleep_or_stop(
+                self.stop, min(self.s.lease_ttl_ms / 3000, self.s.claim_idle_ms / 3000)
+            )
 
     # ---- groups -------------------------------------------------------------------------
 
