@@ -1,0 +1,62 @@
+"""The chart's least-privilege rules (issue: least privilege everywhere), rendered offline for
+every scenario: who gets the generation token, and read-only roots with bounded scratch."""
+
+from __future__ import annotations
+
+import pytest
+from deploy_support import SCENARIOS, WORKLOAD_KINDS, containers, rendered, scenario_values
+
+pytest.importorskip("helm_python", reason="helm-python-sdk not installed")
+
+ALL = ["default", *SCENARIOS]
+
+
+@pytest.mark.parametrize("scenario", ALL)
+def test_the_generation_token_reaches_inference_and_every_client_of_it(scenario):
+    """inference requires LUDIC_API_KEY on its generation routes (from the auth Secret's
+    api-key, or auth.existingSecretApiKeyKey); actors and eval send it; nothing else gets it."""
+    docs = rendered(scenario)
+    values = scenario_values(scenario)
+    key = values.get("auth", {}).get("existingSecretApiKeyKey", "api-key")
+    got = set()
+    for d in docs:
+        if d["kind"] in WORKLOAD_KINDS:
+            for c in containers(d):
+                for env in c.get("env", []):
+                    if env["name"] == "LUDIC_API_KEY":
+                        assert env["valueFrom"]["secretKeyRef"]["key"] == key
+                        got.add(d["metadata"]["labels"]["app.kubernetes.io/component"])
+    want = {"inference", "actor"} | (
+        {"eval"} if values.get("eval", {}).get("enabled", True) else set()
+    )
+    assert got == want, (scenario, got)
+
+
+@pytest.mark.parametrize("scenario", ALL)
+def test_every_ludic_container_has_a_read_only_root_with_bounded_scratch(scenario):
+    """readOnlyRootFilesystem on every container and init container of every workload, with
+    /tmp and the home directory writable from emptyDirs that have a sizeLimit (the compose
+    file gives the same containers the same layout: tests/containers runs it)."""
+    docs = rendered(scenario)
+    seen = set()
+    for d in docs:
+        if d["kind"] not in WORKLOAD_KINDS:
+            continue
+        pod = d["spec"]["template"]["spec"] if "template" in d["spec"] else None
+        if pod is None:  # LeaderWorkerSet: its leader and worker templates
+            tmpl = d["spec"]["leaderWorkerTemplate"]
+            pods = [t["spec"] for k, t in tmpl.items() if k.endswith("Template")]
+        else:
+            pods = [pod]
+        for p in pods:
+            empty = {v["name"]: v["emptyDir"] for v in p.get("volumes", []) if "emptyDir" in v}
+            for c in p["containers"] + p.get("initContainers", []):
+                seen.add(c["name"])
+                assert c["securityContext"]["readOnlyRootFilesystem"] is True, c["name"]
+                mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+                for path in ("/tmp", "/home/ludic"):
+                    if c["name"] == "redis":
+                        continue
+                    assert path in mounts, (c["name"], path)
+                    assert empty[mounts[path]].get("sizeLimit"), (c["name"], path)
+    assert {"inference", "actor", "credit", "learner", "feeder"} <= seen, seen
