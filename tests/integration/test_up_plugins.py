@@ -62,7 +62,12 @@ def up(
 
 
 class RolloutWatcher(threading.Thread):
-    """Copies every rollout that passes through the stream (credit XDELs on commit)."""
+    """Copies every rollout that passes through the stream (credit XDELs on commit).
+
+    A blocking XREAD, not a poll: Redis answers a reader blocked on the stream right after the
+    XADD that wakes it, before credit (which needs a round trip) can XDEL the entry. A poll
+    every 50 ms missed every rollout of a fast run once (CI: credit commits a group within
+    milliseconds of its last rollout)."""
 
     def __init__(self, url: str, run_id: str):
         super().__init__(daemon=True)
@@ -70,19 +75,24 @@ class RolloutWatcher(threading.Thread):
         self.key = transport.Keys(run_id).rollouts
         self.rollouts: dict[bytes, Any] = {}
         self.done = threading.Event()
+        self.errors: list[str] = []
 
     def run(self) -> None:
-        last = "-"
+        last = b"0-0"
         while not self.done.is_set():
             try:
-                entries = self.r.xrange(self.key, min=last, count=1000)
-            except redis.RedisError:
-                entries = []
-            for eid, fields in entries:
-                self.rollouts[eid] = transport.decode_rollout(fields[b"d"])
-                last = "(" + eid.decode()
-            if len(entries) < 1000:
+                reply = self.r.xread({self.key: last}, count=1000, block=200)
+            except redis.RedisError as e:
+                self.errors.append(repr(e))
                 time.sleep(0.05)
+                continue
+            for _, entries in reply or []:
+                for eid, fields in entries:
+                    try:
+                        self.rollouts[eid] = transport.decode_rollout(fields[b"d"])
+                    except Exception as e:  # noqa: BLE001 - reported by the test
+                        self.errors.append(f"{eid!r}: {e!r}")
+                    last = eid
 
 
 def test_a_users_package_trains_through_the_services(tmp_path, tiny_model_dir, redis_url):
@@ -103,7 +113,7 @@ def test_a_users_package_trains_through_the_services(tmp_path, tiny_model_dir, r
     assert r.xlen(transport.Keys(run_id).deadletter) == 0
     # the actors built the package's env, tool and reward function from their short names
     ros = list(watcher.rollouts.values())
-    assert ros, "no rollout was seen"
+    assert ros, f"no rollout was seen; the watcher's errors: {watcher.errors[:5]}"
     assert all(ro.steps[0].prev_obs.startswith("Between ") for ro in ros)  # GuessEnv's prompt
     assert all(set(ro.steps[-1].info["reward_fns"]) == {"fewer_guesses"} for ro in ros)
     assert all(ro.meta["task"] == "guess" for ro in ros)
