@@ -33,9 +33,10 @@ Planes:
   (re)built when the replica set changes or after a failed round; a round is all-or-nothing
   (a replica that refuses aborts it for all), retried up to ``max_attempts`` times.
 
-Ranks: under torch.distributed the Trainer gathers the state dict on every rank, calls
-``publish`` on rank 0 only (in a background thread) and shares the outcome with the other
-ranks itself (libludic/training/trainer.py: ``finish_publish``).
+Ranks: under torch.distributed the Trainer gathers the state dict on every rank and every
+rank calls ``publish`` (in a background thread) through :class:`Rank0OnlyPublisher`: only
+rank 0, which alone holds the gathered weights, sends; the outcome reaches the other ranks
+from the Trainer's publishing (libludic/training/publishing.py: ``VersionedPublisher.finish``).
 
 LoRA: by default the Trainer's ``publish_state_dict()`` merges the adapters (W + B A *
 scale, base-layer names), so every publisher ships full merged weights. With
@@ -365,6 +366,20 @@ class HttpPolicyPublisher:
 
 
 # ---------------------------------------------------------------------------- collective plane
+
+
+class Rank0OnlyPublisher:
+    """The spec's wrapper for multi-GPU training: every rank may call ``publish``; rank 0
+    sends through ``inner``, every other rank returns at once (it holds no gathered
+    weights). Sharing rank 0's outcome is the caller's (VersionedPublisher.finish)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def publish(self, state_dict: Mapping[str, torch.Tensor], version: int | None) -> None:
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        if rank == 0:
+            self.inner.publish(state_dict, version)
 
 
 def _free_port() -> int:

@@ -17,21 +17,15 @@ One optimizer step (``train_step``):
 5. Gradients are clipped to ``max_grad_norm``, AdamW steps; a non-finite gradient norm skips
    the update (counted in ``nonfinite_skipped_total``, weights and optimizer state unchanged).
 6. The batch source's items are marked trained (``mark_trained()``, when it has one).
-7. Every ``sync_every_steps`` steps, ``start_publish()``: the full state dict is gathered
-   and copied (a snapshot: training may change the live weights at once), labelled
-   ``version = max(policy_version, version_floor, last attempted version) + 1`` (a version
-   number is never reused, even after a failed publish), and handed to
-   ``publisher.publish(snapshot, version)`` in a background thread on rank 0. With
-   ``cfg.async_publish`` (default) the next step trains while it is sent; the publish is
-   finished (``finish_publish()``: its outcome shared by every rank) before the next one
-   starts, so at most one is in flight: double buffering. ``policy_version`` is the last
-   version a publish *acknowledged*: what inference serves; staleness and the admission of
-   new episodes are measured against it. The Trainer is the only writer of
-   ``policy_version`` (finish_publish, load_checkpoint). A ``PublishError`` is counted and
-   training goes on with the old version served (the next publish retries);
-   ``cfg.max_publish_failures`` failures in a row raise :class:`PublishFailed`.
-   ``publish_wait_s`` in the step stats is the time the step spent on publishing (snapshot
-   plus waiting for the previous publish); without ``async_publish`` it is the whole send.
+7. Every ``sync_every_steps`` steps the weights are published (``start_publish()``: the
+   full state dict gathered and copied, a snapshot training may change the live weights
+   under) through ``self.publishing`` (libludic/training/publishing.py: the one version
+   counter, double buffering and the failure policy). With ``cfg.async_publish`` (default)
+   the next step trains while it is sent. ``policy_version`` is the last version a publish
+   *acknowledged*: what inference serves; staleness and the admission of new episodes are
+   measured against it. ``publish_wait_s`` in the step stats is the time the step spent on
+   publishing (snapshot plus waiting for the previous publish); without ``async_publish``
+   it is the whole send.
 8. Every ``eval_every_n_steps``, the evaluator; then the checkpoint when
    ``checkpointer.should_save(step)`` (after which the batch source's trained items are
    committed: ``commit()``, when it has one, so an item is committed iff it is inside a saved
@@ -114,7 +108,6 @@ from torch import nn
 
 from libludic import staleness
 from libludic.distributed.interfaces import PolicyPublisher
-from libludic.distributed.publisher import PublishError
 from libludic.saw import SAWItem
 from libludic.training import loss as L
 from libludic.training import parallel, policies, ranks
@@ -134,6 +127,7 @@ from libludic.training.collate import (
 from libludic.training.config import TrainerConfig
 from libludic.training.hooks import TrainerHooks
 from libludic.training.minibatch import combine_minibatch_stats, split_largest, split_minibatches
+from libludic.training.publishing import VersionedPublisher
 from libludic.training.spare_core import spare_core_grads, spare_core_helper
 from libludic.training.types import (
     BatchSource,
@@ -154,10 +148,6 @@ class _Prepared:
     batches: list[dict[str, Any]]
     n_tok: list[float]  # action tokens per micro-batch (this rank's)
     macro: dict[str, float]  # over every rank: NUM_ACTION_TOKENS, NUM_SEQUENCES, WEIGHT_MEAN
-
-
-class PublishFailed(RuntimeError):
-    """``cfg.max_publish_failures`` consecutive publishes failed: training cannot go on."""
 
 
 class Trainer:
@@ -182,7 +172,6 @@ class Trainer:
         # items to acknowledge once trained (Redis entries): the source says what it trained
         self._committing = batch_source if isinstance(batch_source, CommittingBatchSource) else None
         check_contract(batch_source)
-        self.publisher = publisher
         self.evaluator = evaluator
         if evaluator is not None and getattr(evaluator, "concurrency", 0) is None:
             evaluator.concurrency = self.cfg.eval_concurrency
@@ -257,32 +246,32 @@ class Trainer:
             fused=fused or None,
         )
         self.step = 0
-        self.policy_version = 0  # written only by publish() and load_checkpoint()
-        # rank 0: the last version replicas acknowledged, known the moment the publish
-        # thread has it (policy_version follows at finish_publish, on every rank alike)
-        self.served_version = 0
-        self.version_floor = 0  # publish never labels a version <= this (set before training)
+        # the versions (acknowledged, rank 0's served, the counter) and the failure policy
+        self.publishing = VersionedPublisher(
+            publisher,
+            max_failures=self.cfg.max_publish_failures,
+            device=self.device,
+            hooks=self.hooks,
+        )
         self.stale_dropped_total = 0
         self.nonfinite_skipped_total = 0  # steps whose loss or gradient was not finite
         self.last_progress = time.monotonic()  # when a step last started or finished
-        self.publish_failures = 0
-        self.consecutive_publish_failures = 0
-        self.last_publish_error = ""
-        self.last_publish_step = -1  # step whose weights the last acknowledged publish carried
-        self.last_attempted_version = 0
         self.rl_wall_s = 0.0  # see train_step: the denominator of samples_per_s
         self.items_trained_total = 0
         self.tokens_trained_total = 0
         self.time_totals: dict[
             str, float
         ] = {}  # batch_wait_s, train_s, publish_wait_s, step_wall_s
-        self._inflight: asyncio.Task[None] | None = None  # rank 0's background send
-        self._inflight_meta: tuple[int, int, float] | None = None  # (version, step, t0)
         self.last_checkpoint_step = -1
         self.checkpoint_extra: dict[str, Any] = {}  # stored with every checkpoint
         self.stop_reason = ""
 
     # ------------------------------------------------------------------ helpers
+
+    @property
+    def policy_version(self) -> int:
+        """The last version a publish acknowledged (``self.publishing`` owns it)."""
+        return self.publishing.version
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self._amp_dtype is None:
@@ -612,7 +601,7 @@ class Trainer:
         stats.update(step=float(self.step), batch_items=batch_items, step_time_s=dt)
         # (step_time_s: batch wait + update; step_wall_s, set below: the whole step)
         t_pub = time.perf_counter()
-        if self.publisher is not None and self.step % self.cfg.sync_every_steps == 0:
+        if self.publishing.publisher is not None and self.step % self.cfg.sync_every_steps == 0:
             if self.cfg.async_publish:
                 await self.start_publish()
             else:
@@ -714,91 +703,13 @@ class Trainer:
 
     async def start_publish(self) -> None:
         """Finish the publish in flight, snapshot the weights and start sending them as the
-        next version (rank 0 sends in a background thread; every rank must call this)."""
-        if self.publisher is None:
-            raise ValueError("Trainer has no publisher; pass publisher=...")
-        await self.finish_publish()
-        version = max(self.policy_version, self.version_floor, self.last_attempted_version) + 1
-        self.last_attempted_version = version
-        t0 = time.perf_counter()
-        sd = await self.off_loop(self.snapshot_state_dict)
-        self._inflight_meta = (version, self.step, t0)
-        if parallel.rank() == 0:
-            self._inflight = asyncio.create_task(
-                asyncio.to_thread(self._send, sd, version, self.step), name=f"publish-v{version}"
-            )
-
-    def _send(self, sd: dict[str, torch.Tensor], version: int, step: int) -> None:
-        """The publish thread (rank 0): send, then tell ``on_served`` at once."""
-        assert self.publisher is not None
-        self.publisher.publish(sd, version)
-        self.served_version = max(self.served_version, version)
-        if self.hooks.on_served is not None:
-            try:
-                self.hooks.on_served(version, step)
-            except Exception as e:  # the publish itself succeeded; finish_publish applies it
-                log.warning("on_served(v%d) failed: %s", version, e)
+        next version (every rank must call this: the gather is collective under FSDP2)."""
+        await self.publishing.start(lambda: self.off_loop(self.snapshot_state_dict), self.step)
 
     async def finish_publish(self) -> bool | None:
-        """Wait for the publish in flight (if any) and apply its outcome on every rank:
-        True acknowledged, False failed (counted; ``PublishFailed`` after
-        ``max_publish_failures`` in a row), None when nothing was in flight."""
-        if self._inflight_meta is None:
-            return None
-        version, step, t0 = self._inflight_meta
-        error: str | None = None
-        code = 0  # 0 served, 1 PublishError, 2 any other error
-        unexpected: BaseException | None = None
-        if self._inflight is not None:
-            try:
-                await self._inflight
-            except PublishError as e:
-                code, error = 1, str(e)
-            except Exception as e:  # re-raised below, after every rank heard of it
-                code, error, unexpected = 2, f"{type(e).__name__}: {e}", e
-        self._inflight, self._inflight_meta = None, None
-        if self.distributed:  # only rank 0 sent: share its outcome
-            flag = torch.tensor([code], dtype=torch.int32, device=self.device)
-            dist.broadcast(flag, 0)
-            code = int(flag.item())
-            if code and error is None:
-                error = "publish failed on rank 0 (see its log)"
-        dt = time.perf_counter() - t0
-        if code == 2:
-            if unexpected is not None:
-                raise unexpected
-            raise RuntimeError(f"publish of v{version} raised an unexpected error on rank 0")
-        if code == 1:
-            assert error is not None
-            self.publish_failures += 1
-            self.consecutive_publish_failures += 1
-            self.last_publish_error = error[:1000]
-            (log.error if parallel.rank() == 0 else log.debug)(
-                "PUBLISH FAILED (%d in a row, limit %d); training continues on v%d weights, "
-                "v%d stays served: %s",
-                self.consecutive_publish_failures,
-                self.cfg.max_publish_failures,
-                version,
-                self.policy_version,
-                error,
-            )
-            if self.hooks.on_publish is not None:
-                await self.hooks.on_publish(version, error, dt)
-            if self.consecutive_publish_failures >= self.cfg.max_publish_failures:
-                raise PublishFailed(
-                    f"{self.consecutive_publish_failures} consecutive publishes failed "
-                    f"(max_publish_failures={self.cfg.max_publish_failures}); last: {error}"
-                )
-            return False
-        self.policy_version = version
-        self.served_version = max(self.served_version, version)
-        self.consecutive_publish_failures = 0
-        self.last_publish_step = step
-        if parallel.rank() == 0:
-            log.info("published policy v%d (weights of step %d) in %.2fs", version, step, dt)
-        if self.hooks.on_publish is not None:
-            await self.hooks.on_publish(version, None, dt)
-        return True
+        """Wait for the publish in flight and apply its outcome on every rank
+        (:meth:`VersionedPublisher.finish`)."""
+        return await self.publishing.finish()
 
     async def commit(self) -> int:
         """Commit the batch source's trained items (a CommittingBatchSource's ``commit()``)."""
@@ -885,8 +796,7 @@ class Trainer:
         restore_training_state(self.model, self.optimizer, ck, from_rank0=self.distributed)
         self.step = int(ck.extra.get("trainer_step", ck.step))
         self.last_checkpoint_step = self.step
-        self.policy_version = int(ck.extra.get("policy_version", 0))
-        self.served_version = self.policy_version
+        self.publishing.restore(int(ck.extra.get("policy_version", 0)))
         self.rl_wall_s = float(ck.extra.get("rl_wall_s", 0.0))
         self.items_trained_total = int(ck.extra.get("items_trained_total", 0))
         self.tokens_trained_total = int(ck.extra.get("tokens_trained_total", 0))

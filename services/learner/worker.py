@@ -34,7 +34,8 @@ from libludic.distributed.weight_sync import to_safetensors_bytes
 from libludic.training import parallel
 from libludic.training.batching.pipeline import PipelineBatchSource
 from libludic.training.checkpoint import CheckpointManager
-from libludic.training.trainer import PublishFailed, Trainer, TrainerHooks
+from libludic.training.publishing import PublishFailed
+from libludic.training.trainer import Trainer, TrainerHooks
 from libludic.transport import accounting
 from services.common.settings import redacted
 from services.learner import metrics as M
@@ -118,7 +119,7 @@ class Learner:
             batch_size=s.batch_size,
             # rank 0 decides staleness for every rank: the last acknowledged version, as soon
             # as the publish thread has it
-            version_fn=lambda: self.trainer.served_version if self.trainer else 0,
+            version_fn=lambda: self.trainer.publishing.served_version if self.trainer else 0,
             max_lag=cfg.max_lag,  # the Trainer's: the source filters before batching
             consumer=s.consumer,
             block_ms=s.block_ms,
@@ -166,7 +167,7 @@ class Learner:
                     on_result=M.on_replica_result,
                 )
             self.inner_publisher = inner
-            self.publisher = inner  # the Trainer calls it on rank 0 only
+            self.publisher = inner  # the Trainer wraps it: only rank 0 sends (Rank0OnlyPublisher)
         self.source = source
         self.device = device
         self.trainer = Trainer(
@@ -248,7 +249,7 @@ class Learner:
                 vs = replica_versions(self.inner_publisher.replicas.resolve(), token=self.s.token())
                 floor = max([floor] + [v for v in vs.values() if v is not None])
         (floor,) = self._shared_ints([floor])
-        tr.version_floor = floor
+        tr.publishing.raise_floor(floor)
         M.STEP.set(tr.step)
         M.POLICY_VERSION.set(max(tr.policy_version, 0))
         if self.publisher is not None and (resumed or floor > tr.policy_version):
@@ -259,7 +260,7 @@ class Learner:
                 floor,
             )
             await tr.publish()
-        await self._announce(max(tr.last_publish_step, 0) if self.publisher else tr.step)
+        await self._announce(max(tr.publishing.last_step, 0) if self.publisher else tr.step)
         await self._status()
 
     def _on_served(self, version: int, step: int) -> None:
@@ -304,7 +305,7 @@ class Learner:
                 stop=self.stop,
             )
             assert self.trainer is not None
-            await self._announce(self.trainer.last_publish_step)
+            await self._announce(self.trainer.publishing.last_step)
 
     async def _replica_behind(self) -> bool:
         """Rank 0, while the source waits for items: does a reachable replica serve an older
@@ -312,16 +313,16 @@ class Learner:
         its base weights at version 0; actors then wait on max_lag, no fresh item comes, and
         without this the next publish, after the next step, would never come.)"""
         tr = self.trainer
-        if tr is None or self.inner_publisher is None or tr.served_version <= 0:
+        if tr is None or self.inner_publisher is None or tr.publishing.served_version <= 0:
             return False
         urls = self.inner_publisher.replicas.resolve()
         vs = await asyncio.to_thread(replica_versions, urls, 5.0, self.s.token())
-        behind = {u: v for u, v in vs.items() if v is not None and v < tr.served_version}
+        behind = {u: v for u, v in vs.items() if v is not None and v < tr.publishing.served_version}
         if behind:
             log.warning(
                 "replica(s) %s serve older weights than the learner's v%d; republishing",
                 ", ".join(f"{u} (v{v})" for u, v in behind.items()),
-                tr.served_version,
+                tr.publishing.served_version,
             )
             M.REPUBLISHES.inc()
         return bool(behind)
@@ -346,9 +347,9 @@ class Learner:
             "step": tr.step,
             "policy_version": tr.policy_version,
             "replicas": dict(getattr(self.inner_publisher, "acked", {}) or {}),
-            "publish_failures": tr.publish_failures,
-            "consecutive_publish_failures": tr.consecutive_publish_failures,
-            "last_publish_error": tr.last_publish_error,
+            "publish_failures": tr.publishing.failures,
+            "consecutive_publish_failures": tr.publishing.consecutive_failures,
+            "last_publish_error": tr.publishing.last_error,
             "items_trained": self.source.items_trained,
             "stale_dropped": self.source.stale_dropped,
             "uncommitted": self.source.uncommitted,
@@ -465,7 +466,11 @@ class Learner:
             )
             reason = "done" if tr.stop_reason == "done" else "signal"
             await tr.finish_publish()  # the last step's publish may still be in flight
-            if reason == "done" and self.publisher is not None and tr.last_publish_step != tr.step:
+            if (
+                reason == "done"
+                and self.publisher is not None
+                and tr.publishing.last_step != tr.step
+            ):
                 await tr.publish()
             if tr.checkpointer is None:
                 await tr.commit()
@@ -477,8 +482,8 @@ class Learner:
                 reason = "final_policy_not_served"
                 raise LearnerFatal(
                     f"the final policy (step {tr.step}) was never served: inference serves "
-                    f"v{tr.policy_version}; {tr.publish_failures} publish(es) failed, the last "
-                    f"with: {tr.last_publish_error or '?'}"
+                    f"v{tr.policy_version}; {tr.publishing.failures} publish(es) failed, the last "
+                    f"with: {tr.publishing.last_error or '?'}"
                 )
             if self.rank == 0:
                 log.info(
@@ -510,7 +515,7 @@ class Learner:
         """True when no inference replica is configured (nothing to serve) or the last
         successful publish carried the weights of the current step."""
         tr = self.trainer
-        return self.publisher is None or (tr is not None and tr.last_publish_step == tr.step)
+        return self.publisher is None or (tr is not None and tr.publishing.last_step == tr.step)
 
     def _save_final(self) -> None:
         """``<output_dir>/final/``: the policy at a clean exit (after the final publish, so
@@ -568,8 +573,8 @@ class Learner:
             },
             # the model as trained: activations recomputed (algorithm.gradient_checkpointing)
             "gradient_checkpointing": bool(getattr(tr.model, "is_gradient_checkpointing", False)),
-            "publish_failures": tr.publish_failures,
-            "last_publish_error": tr.last_publish_error,
+            "publish_failures": tr.publishing.failures,
+            "last_publish_error": tr.publishing.last_error,
             "final_policy_served": self.final_policy_served(),
             "accounting": self.accounting,  # libludic/transport/accounting.py, read at the last status
         }

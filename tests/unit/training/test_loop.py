@@ -19,7 +19,8 @@ from libludic.saw import SAWBatch
 from libludic.training.checkpoint import CheckpointConfig, CheckpointManager
 from libludic.training.config import TrainerConfig
 from libludic.training.presets import make_sft
-from libludic.training.trainer import PublishFailed, Trainer, TrainerHooks
+from libludic.training.publishing import PublishFailed
+from libludic.training.trainer import Trainer, TrainerHooks
 from libludic.training.types import (
     CheckpointedBatchSource,
     CommittingBatchSource,
@@ -103,15 +104,15 @@ async def test_versions_start_above_the_floor_and_a_failed_publish_number_is_nev
         cfg=cfg(),
         hooks=TrainerHooks(on_publish=on_publish),
     )
-    tr.version_floor = 7  # Redis or a replica already serves v7
+    tr.publishing.raise_floor(7)  # Redis or a replica already serves v7
     await tr.train(num_steps=3)
     # step 1 -> v8; step 2's v9 fails (v8 stays served); step 3 publishes v10: a replica that
     # took v9 before failing to answer must not be told v9 again for other weights
     assert tr.policy_version == 8  # v10 is still in flight (async_publish)
     assert await tr.finish_publish() is True and await tr.finish_publish() is None
     assert pub.calls == [8, 9, 10]
-    assert tr.policy_version == 10 and tr.publish_failures == 1
-    assert tr.consecutive_publish_failures == 0 and tr.last_publish_step == 3
+    assert tr.policy_version == 10 and tr.publishing.failures == 1
+    assert tr.publishing.consecutive_failures == 0 and tr.publishing.last_step == 3
     assert [v for v, _ in seen] == [8, 9, 10] and seen[1][1] is not None and "503" in seen[1][1]
 
 

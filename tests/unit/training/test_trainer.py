@@ -268,7 +268,7 @@ async def test_all_stale_batch_makes_no_update(base_model) -> None:
         batch_source=ListBatchSource([[make_item(4, 2, policy_version=0)]]),
         cfg=cpu_cfg(max_lag=0),
     )
-    tr.policy_version = 5
+    tr.publishing.restore(5)  # inference serves v5
     before = [p.detach().clone() for p in tr.model.parameters()]
     stats = await tr.train_step()
     assert stats["num_items"] == 0 and stats["stale_dropped"] == 1
