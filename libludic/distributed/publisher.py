@@ -38,7 +38,7 @@ rank calls ``publish`` (in a background thread) through :class:`Rank0OnlyPublish
 rank 0, which alone holds the gathered weights, sends; the outcome reaches the other ranks
 from the Trainer's publishing (libludic/training/publishing.py: ``VersionedPublisher.finish``).
 
-LoRA: by default the Trainer's ``publish_state_dict()`` merges the adapters (W + B A *
+LoRA: by default the Trainer's ``OptimizerStep.publish_state_dict()`` merges the adapters (W + B A *
 scale, base-layer names), so every publisher ships full merged weights. With
 ``TrainerConfig.lora_publish == "adapter"`` it holds the LoRA tensors alone, and an
 :class:`HttpPolicyPublisher` given ``adapter`` (the peft config) POSTs them to

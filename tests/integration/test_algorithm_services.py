@@ -15,7 +15,7 @@ import pytest
 
 from libludic import transport as t
 from libludic.training.algorithm import PENDING_BATCH_STAGE
-from libludic.training.trainer import Trainer
+from libludic.training.step import OptimizerStep
 from libludic.types import Rollout, Step, TokenTrace
 from services.common.settings import load_settings
 from services.credit import main as credit_main
@@ -99,13 +99,13 @@ async def credit_then_learner(
     await r.aclose()
 
     trained: list[Any] = []
-    original = Trainer.accumulate_gradients
+    original = OptimizerStep.accumulate_gradients
 
-    def recording(self: Trainer, items: Any) -> Any:  # what the learner trains on
+    def recording(self: OptimizerStep, items: Any) -> Any:  # what the learner trains on
         trained.extend(items)
         return original(self, items)
 
-    monkeypatch.setattr(Trainer, "accumulate_gradients", recording)
+    monkeypatch.setattr(OptimizerStep, "accumulate_gradients", recording)
     ls = load_settings(LearnerSettings, ["--config", str(cfg)], service="learner", environ={})
     learner = await learner_main.run(ls)
     return saw, trained, learner

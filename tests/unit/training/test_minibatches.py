@@ -15,7 +15,8 @@ from libludic.training.algorithm import RLAlgorithm
 from libludic.training.config import TrainerConfig
 from libludic.training.credit_assignment import ConstantCredit
 from libludic.training.loss import OffPolicyCorrection, ReinforceLoss, TokenClippedSurrogateLoss
-from libludic.training.trainer import Trainer, combine_minibatch_stats, split_minibatches
+from libludic.training.minibatch import combine_minibatch_stats, split_minibatches
+from libludic.training.trainer import Trainer
 from tests.fakes import ListBatchSource, make_item
 
 from .test_trainer import SpyLoss, sampled_at
@@ -121,7 +122,7 @@ def test_the_proximal_policy_is_the_one_the_step_starts_from(base_model, correct
         batch_source=ListBatchSource([]),
         cfg=cfg(ppo_n_minibatches=2),
     )
-    st = tr._update(items)
+    st = tr.stepper.update(items, tr.step)
     assert st["num_minibatches"] == 2 and st["prox_time_s"] > 0
     assert len(spy.batches) == 2  # one micro-batch per minibatch here
     second = spy.batches[1]

@@ -155,7 +155,7 @@ def test_the_helper_is_not_used_with_gradient_checkpointing(base_model, caplog) 
 
 
 def test_split_largest_cuts_the_costliest_micro_batch_until_there_are_enough() -> None:
-    from libludic.training.trainer import split_largest
+    from libludic.training.minibatch import split_largest
 
     long_ = [make_item(20, 4, seed=i) for i in range(4)]
     short = [make_item(2, 2, seed=10 + i) for i in range(4)]

@@ -464,7 +464,7 @@ def test_cuda_default_falls_back_to_cpu(base_model) -> None:
             batch_source=ListBatchSource([[make_item(3, 1)]]),
             cfg=TrainerConfig(),
         )
-    assert tr.device.type == "cpu" and tr._amp_dtype is None  # no CPU autocast by default
+    assert tr.device.type == "cpu" and tr.stepper._amp_dtype is None  # no CPU autocast by default
 
 
 async def test_lora_trains_adapters_and_publishes_merged_hf_names(base_model) -> None:
