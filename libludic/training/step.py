@@ -187,6 +187,21 @@ class OptimizerStep:
             return parallel.adapter_state_dict(self.model, to_cpu=to_cpu, rank0_only=rank0_only)
         return self.full_state_dict(to_cpu=to_cpu, rank0_only=rank0_only)
 
+    def snapshot_state_dict(self) -> dict[str, torch.Tensor]:
+        """The published state dict (:meth:`publish_state_dict`) as CPU tensors that later
+        training steps cannot change, on rank 0 ({} elsewhere: every rank must call it, the
+        gather is collective under FSDP2, but only rank 0 sends and only it holds the whole
+        model). Gathered and device-to-host tensors are fresh already; a CPU model's own
+        tensors are copied."""
+        live = set()
+        for t in [*self.model.parameters(), *self.model.buffers()]:
+            local = t.to_local() if hasattr(t, "to_local") else t
+            live.add(local.untyped_storage().data_ptr())
+        return {
+            k: v.clone() if v.untyped_storage().data_ptr() in live else v
+            for k, v in self.publish_state_dict(rank0_only=True).items()
+        }
+
     def item_problem(self, item: SAWItem) -> str | None:
         """Why ``item`` cannot be trained by this Trainer (None: it can): the checks a
         batch source runs before an item reaches a step, so one bad item is dead-lettered

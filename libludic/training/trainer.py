@@ -1,62 +1,31 @@
-"""Trainer: SAWBatch -> micro-batches -> gradients -> AdamW step -> publish.
+"""Trainer: the RL loop. One optimizer step (``train_step``):
 
-One optimizer step (``train_step``):
+1. ``batch_source.next_batch()`` gives the step's items; stale ones are dropped
+   (``libludic.staleness``: kept iff ``v >= policy_version - max_lag``; no version: kept).
+2. ``algo.apply_batch_stage`` finishes batch-level credit (ScaleRL's std) over exactly the
+   step's items (every rank's shard).
+3. ``self.stepper`` (libludic/training/step.py) makes the update: micro-batches, exact
+   gradient accumulation, the clipped AdamW step; a non-finite norm skips it.
+4. The source's items are marked trained (``mark_trained()``), ``hooks.on_trained``.
+5. Every ``sync_every_steps`` steps the weights are published through ``self.publishing``
+   (libludic/training/publishing.py: the one version counter, double buffering, the failure
+   policy); with ``cfg.async_publish`` the next step trains while they are sent.
+   ``policy_version`` is the last version acknowledged: what inference serves.
+6. Every ``eval_every_n_steps`` the evaluator; then the checkpoint when
+   ``checkpointer.should_save(step)``, after which the trained items are committed (an item
+   is committed iff it is inside a saved checkpoint); without a checkpointer at once.
 
-1. ``batch_source.next_batch()`` gives the macro-batch.
-2. Stale items are dropped (``max_lag``, decided by ``libludic.staleness``): an item sampled
-   by policy version v is kept iff ``v >= policy_version - max_lag`` (items without a
-   version are kept); ``policy_version`` is the last version a publish acknowledged.
-3. Items are packed into micro-batches of at most ``micro_token_budget`` padded tokens.
-4. Every micro-batch is forwarded and backpropagated. **Exactness of accumulation:** the
-   losses are sums over tokens (or sequences) divided by a normaliser N; the trainer
-   computes N over the whole macro-batch (and over all ranks) and passes it in the batch
-   (``loss.NUM_ACTION_TOKENS_KEY`` / ``NUM_SEQUENCES_KEY``, plus the macro weight mean for
-   baselines), so each micro loss is its *share* of the full-batch loss and the
-   accumulated gradient equals the full-batch gradient up to float rounding. Under FSDP2
-   the loss is multiplied by world_size because the reduce-scatter averages gradients.
-5. Gradients are clipped to ``max_grad_norm``, AdamW steps; a non-finite gradient norm skips
-   the update (counted in ``nonfinite_skipped_total``, weights and optimizer state unchanged).
-6. The batch source's items are marked trained (``mark_trained()``, when it has one).
-7. Every ``sync_every_steps`` steps the weights are published (``start_publish()``: the
-   full state dict gathered and copied, a snapshot training may change the live weights
-   under) through ``self.publishing`` (libludic/training/publishing.py: the one version
-   counter, double buffering and the failure policy). With ``cfg.async_publish`` (default)
-   the next step trains while it is sent. ``policy_version`` is the last version a publish
-   *acknowledged*: what inference serves; staleness and the admission of new episodes are
-   measured against it. ``publish_wait_s`` in the step stats is the time the step spent on
-   publishing (snapshot plus waiting for the previous publish); without ``async_publish``
-   it is the whole send.
-8. Every ``eval_every_n_steps``, the evaluator; then the checkpoint when
-   ``checkpointer.should_save(step)`` (after which the batch source's trained items are
-   committed: ``commit()``, when it has one, so an item is committed iff it is inside a saved
-   checkpoint), or, without a checkpointer, the commit right away.
-9. ``hooks`` (TrainerHooks) let a service wire metrics, logs and Redis into the loop:
-   ``on_step``, ``on_publish``, ``on_checkpoint``, awaited on every rank.
+Throughput: ``samples_per_s`` is the one definition used everywhere (console, Prometheus,
+live view, summary.json, every bench): items trained per second of RL wall, the time inside
+``train_step`` minus the Trainer's own evaluations (``rl_wall_s``, saved in checkpoints so
+a resumed run's figure covers the whole run). Step stats: ``reward_mean`` (this rank's
+items), ``adv_mean``/``adv_std`` (every rank's weights), ``loss/<key>`` (token-weighted
+means, maxima for ``_max`` keys), the times ``batch_wait_s``, ``train_s``,
+``publish_wait_s``, ``step_wall_s``.
 
-Throughput. ``samples_per_s`` in the step stats is the one definition used everywhere (the
-console line, ``ludic_learner_samples_per_second``, the live view, ``summary.json`` and every
-bench): trained items divided by the RL wall, which is the time spent inside ``train_step``
-(waiting for items, training, publishing, committing) minus the Trainer's own evaluations,
-summed since this Trainer was built (``rl_wall_s``, ``items_trained_total``), or since the
-run began when it resumed from a checkpoint (the totals are saved in every checkpoint).
-
-``train(num_steps, should_stop)`` repeats ``train_step`` until ``num_steps`` more steps, until
-``should_stop()`` is true on any rank, or until the source raises ``SourceStopped``
-(``stop_reason`` says which: "done" or "stopped").
-
-Batch-level credit. Before step 3, ``algo.apply_batch_stage`` finishes the credit of items
-whose algorithm has a batch-level statistic (ScaleRL's std) that the credit worker left
-pending: it is computed over exactly the items of this step (all ranks' shards).
-
-Step stats of the batch. ``reward_mean`` (this rank's items' ``meta["reward"]``) and
-``adv_mean`` / ``adv_std`` (``ranks.weight_stats``: mean and population std of the items'
-credit ``weight``, over every rank's items) are computed once per step, after the batch
-stage. The loss stats (``loss/<key>``) are per micro-batch and combined by
-``loss.is_max_stat``'s rule: token-weighted means, maxima for ``_max`` keys.
-
-The update itself (micro-batches, the reference and proximal forwards, minibatches,
-temperature, autocast, model placement under FSDP2) is :class:`OptimizerStep`'s
-(libludic/training/step.py).
+``train(num_steps, should_stop)`` repeats ``train_step`` until ``num_steps`` more steps,
+``should_stop()`` on any rank, or ``SourceStopped`` (``stop_reason``: "done" or "stopped").
+``hooks`` (TrainerHooks) wire a service's metrics, logs and Redis into the loop.
 """
 
 from __future__ import annotations
@@ -328,25 +297,12 @@ class Trainer:
         await self.start_publish()
         return bool(await self.finish_publish())
 
-    def snapshot_state_dict(self) -> dict[str, torch.Tensor]:
-        """The published state dict (:meth:`publish_state_dict`) as CPU tensors that later
-        training steps cannot change, on rank 0 ({} elsewhere: every rank must call it, the
-        gather is collective under FSDP2, but only rank 0 sends and only it holds the whole
-        model). Gathered and device-to-host tensors are fresh already; a CPU model's own
-        tensors are copied."""
-        live = set()
-        for t in [*self.model.parameters(), *self.model.buffers()]:
-            local = t.to_local() if hasattr(t, "to_local") else t
-            live.add(local.untyped_storage().data_ptr())
-        return {
-            k: v.clone() if v.untyped_storage().data_ptr() in live else v
-            for k, v in self.stepper.publish_state_dict(rank0_only=True).items()
-        }
-
     async def start_publish(self) -> None:
         """Finish the publish in flight, snapshot the weights and start sending them as the
         next version (every rank must call this: the gather is collective under FSDP2)."""
-        await self.publishing.start(lambda: self.off_loop(self.snapshot_state_dict), self.step)
+        await self.publishing.start(
+            lambda: self.off_loop(self.stepper.snapshot_state_dict), self.step
+        )
 
     async def finish_publish(self) -> bool | None:
         """Wait for the publish in flight and apply its outcome on every rank
