@@ -75,6 +75,7 @@ class Learner:
         self.keys = transport.Keys(s.run_id)
         self.r: Any = None
         self._sync_redis: Any = None  # the publish thread's client (TrainerHooks.on_served)
+        self._announced = 0  # the last version the publish thread announced to Redis
         self.trainer: Trainer | None = None
         self.started_at = time.monotonic()
         self.publisher: Any = None
@@ -264,8 +265,9 @@ class Learner:
         await self._status()
 
     def _on_served(self, version: int, step: int) -> None:
-        """Rank 0's publish thread, right at the ack: actors and the feeder may use the new
-        weights at once (the Trainer applies the outcome only at its next publish)."""
+        """Rank 0's publish thread, right at the ack: the one announcement of ``version``
+        (policy version, served step, the feeder woken; actors and the feeder may use the
+        new weights at once). ``_on_publish`` announces only if this one failed."""
         if self._sync_redis is None:
             self._sync_redis = redis.Redis.from_url(
                 self.s.redis_url, socket_timeout=10.0, socket_connect_timeout=5.0
@@ -274,7 +276,8 @@ class Learner:
             accounting.announce_served_sync(
                 self._sync_redis, self.keys, version, step, self.s.batch_size
             )
-        except (redis.RedisError, OSError) as e:  # on_publish sets the same a step later
+            self._announced = max(self._announced, version)
+        except (redis.RedisError, OSError) as e:  # _on_publish announces it instead
             log.warning("cannot announce served v%d: %s", version, e)
 
     async def _announce(self, served_step: int) -> None:
@@ -298,7 +301,7 @@ class Learner:
         M.PUBLISH_SECONDS.observe(seconds)
         M.PUBLISH_BYTES.inc(getattr(self.inner_publisher, "last_bytes", 0))
         M.POLICY_VERSION.set(version)
-        if self.rank == 0:  # actors' admission control reads it
+        if self.rank == 0 and self._announced < version:  # the thread's announcement failed
             await transport.retry_redis(
                 lambda: transport.set_policy_version(self.r, self.keys, version),
                 deadline_s=60,
