@@ -494,15 +494,73 @@ class ReinforceBaselineLoss:
         }
 
 
+RATIO_STAT_KEYS = (
+    "loss",
+    "logp_mean",
+    "entropy",
+    "ratio_mean",
+    "ratio_max",
+    "clip_frac",
+    "approx_kl",
+    *OffPolicyCorrection.stat_keys,
+)
+
+
+def _check_eps(eps_clip: float, eps_clip_higher: float | None) -> None:
+    if not 0.0 <= eps_clip < 1.0:
+        raise ValueError(f"eps_clip={eps_clip} must be in [0, 1)")
+    if eps_clip_higher is not None and eps_clip_higher < 0:
+        raise ValueError(f"eps_clip_higher={eps_clip_higher} must be >= 0")
+
+
 @dataclass
-class TokenClippedSurrogateLoss:
+class RatioLoss:
+    """What the ratio losses share (TokenClippedSurrogateLoss, CISPOLoss, GSPOLoss):
+    ``L = -agg(w * obj)``, with pi_old and the detached weight w (1 unless corrected) from
+    ``off_policy``, A_b = weight_b, and the stats of :data:`RATIO_STAT_KEYS`. A subclass
+    gives ``objective(logp, old, adv, m) -> (obj [B, T-1], its ratio stats)``: the ratio
+    (a token's, or a sequence's) and how it is clipped."""
+
+    aggregation: str = "token-mean"
+    max_new_tokens: int | None = None  # C of aggregation "seq-mean-token-sum-norm"
+    off_policy: OffPolicyCorrection = field(default_factory=OffPolicyCorrection)
+    stat_keys: ClassVar[tuple[str, ...]] = RATIO_STAT_KEYS
+
+    @property
+    def requires(self) -> LossInputs:
+        return self.off_policy.requires
+
+    def __post_init__(self) -> None:
+        _check_agg(self)
+
+    def objective(self, logp: Tensor, old: Tensor, adv: Tensor, m: Tensor) -> tuple[Tensor, Stats]:
+        raise NotImplementedError
+
+    @checked_loss
+    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> tuple[Tensor, Stats]:
+        logp = token_logprobs(logits, batch["input_ids"])
+        m = token_mask(batch, logp.dtype)
+        old, w, mismatch = self.off_policy.terms(logp, m, batch, type(self).__name__)
+        adv = batch["weight"].to(logp.dtype).unsqueeze(-1)
+        obj, stats = self.objective(logp, old, adv, m)
+        loss = aggregate(-w * obj, m, batch, self.aggregation, self.max_new_tokens)
+        return loss, {
+            "loss": loss.detach(),
+            "logp_mean": masked_mean(logp, m),
+            "entropy": token_entropy(logits, m),
+            **stats,
+            **mismatch,
+        }
+
+
+@dataclass
+class TokenClippedSurrogateLoss(RatioLoss):
     """PPO/GRPO token-level clipped surrogate against pi_old (the behaviour logprobs).
 
     r_bt = exp(logp_bt - logp_old_bt),  A_b = weight_b
     obj  = min(r A, clip(r, 1 - eps_clip, 1 + eps_clip_higher) A)
     dual clip (``c_clip`` = c > 1): for A < 0, obj = max(obj, c A)
     L    = -agg(w * obj).   ``eps_clip_higher=None`` means symmetric (= eps_clip).
-    pi_old and the detached weight w (1 unless corrected) come from ``off_policy``.
 
     Decoupled PPO (``off_policy.use_decoupled_loss``, AReaL), with prox = the proximal
     policy's logprobs (the current weights before the update) and b = the behaviour's:
@@ -513,40 +571,15 @@ class TokenClippedSurrogateLoss:
     eps_clip: float = 0.2
     eps_clip_higher: float | None = None
     c_clip: float | None = None
-    aggregation: str = "token-mean"
-    max_new_tokens: int | None = None  # C of aggregation "seq-mean-token-sum-norm"
-    off_policy: OffPolicyCorrection = field(default_factory=OffPolicyCorrection)
-    stat_keys: ClassVar[tuple[str, ...]] = (
-        "loss",
-        "logp_mean",
-        "entropy",
-        "ratio_mean",
-        "ratio_max",
-        "clip_frac",
-        "dual_clip_frac",
-        "approx_kl",
-        *OffPolicyCorrection.stat_keys,
-    )
-
-    @property
-    def requires(self) -> LossInputs:
-        return self.off_policy.requires
+    stat_keys: ClassVar[tuple[str, ...]] = (*RATIO_STAT_KEYS, "dual_clip_frac")
 
     def __post_init__(self) -> None:
-        _check_agg(self)
-        if not 0.0 <= self.eps_clip < 1.0:
-            raise ValueError(f"eps_clip={self.eps_clip} must be in [0, 1)")
-        if self.eps_clip_higher is not None and self.eps_clip_higher < 0:
-            raise ValueError(f"eps_clip_higher={self.eps_clip_higher} must be >= 0")
+        super().__post_init__()
+        _check_eps(self.eps_clip, self.eps_clip_higher)
         if self.c_clip is not None and self.c_clip <= 1.0:
             raise ValueError(f"c_clip={self.c_clip} must be > 1 (or None)")
 
-    @checked_loss
-    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> tuple[Tensor, Stats]:
-        logp = token_logprobs(logits, batch["input_ids"])
-        m = token_mask(batch, logp.dtype)
-        old, w, mismatch = self.off_policy.terms(logp, m, batch, "TokenClippedSurrogateLoss")
-        adv = batch["weight"].to(logp.dtype).unsqueeze(-1)
+    def objective(self, logp: Tensor, old: Tensor, adv: Tensor, m: Tensor) -> tuple[Tensor, Stats]:
         log_ratio = logp - old
         ratio = torch.exp(log_ratio)
         hi = 1.0 + (self.eps_clip if self.eps_clip_higher is None else self.eps_clip_higher)
@@ -558,83 +591,50 @@ class TokenClippedSurrogateLoss:
             floor = self.c_clip * adv
             dual = (adv < 0) & (obj < floor)
             obj = torch.where(dual, floor.expand_as(obj), obj)
-        loss = aggregate(-w * obj, m, batch, self.aggregation, self.max_new_tokens)
-        return loss, {
-            "loss": loss.detach(),
-            "logp_mean": masked_mean(logp, m),
-            "entropy": token_entropy(logits, m),
+        return obj, {
             "ratio_mean": masked_mean(ratio, m),
             "ratio_max": masked_max(ratio, m),
             "clip_frac": masked_mean((surr2 < surr1).to(m.dtype), m),
             "dual_clip_frac": masked_mean(dual.to(m.dtype), m),
             "approx_kl": masked_mean(ratio - 1.0 - log_ratio, m),
-            **mismatch,
         }
 
 
 @dataclass
-class CISPOLoss:
+class CISPOLoss(RatioLoss):
     """CISPO: REINFORCE with a clipped, stop-gradient importance weight.
 
     r_bt = exp(logp_bt - logp_old_bt)
     L    = -agg( w * sg(clip(r, 1 - eps_clip_low, 1 + eps_clip_high)) * A_b * logp_bt )
     ``eps_clip_low=None`` leaves the ratio unbounded below (the MiniMax-M1 setting). Unlike
     the PPO surrogate, no token's gradient is zeroed: the weight is clipped, not the update.
-    pi_old and the detached weight w (1 unless corrected) come from ``off_policy``.
     """
 
     eps_clip_low: float | None = None
     eps_clip_high: float = 0.2
-    aggregation: str = "token-mean"
-    max_new_tokens: int | None = None  # C of aggregation "seq-mean-token-sum-norm"
-    off_policy: OffPolicyCorrection = field(default_factory=OffPolicyCorrection)
-    stat_keys: ClassVar[tuple[str, ...]] = (
-        "loss",
-        "logp_mean",
-        "entropy",
-        "ratio_mean",
-        "ratio_max",
-        "clip_frac",
-        "approx_kl",
-        *OffPolicyCorrection.stat_keys,
-    )
-
-    @property
-    def requires(self) -> LossInputs:
-        return self.off_policy.requires
 
     def __post_init__(self) -> None:
-        _check_agg(self)
+        super().__post_init__()
         if self.eps_clip_high < 0:
             raise ValueError(f"eps_clip_high={self.eps_clip_high} must be >= 0")
         if self.eps_clip_low is not None and not 0.0 <= self.eps_clip_low <= 1.0:
             raise ValueError(f"eps_clip_low={self.eps_clip_low} must be in [0, 1] or None")
 
-    @checked_loss
-    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> tuple[Tensor, Stats]:
-        logp = token_logprobs(logits, batch["input_ids"])
-        m = token_mask(batch, logp.dtype)
-        old, w, mismatch = self.off_policy.terms(logp, m, batch, "CISPOLoss")
-        adv = batch["weight"].to(logp.dtype).unsqueeze(-1)
+    def objective(self, logp: Tensor, old: Tensor, adv: Tensor, m: Tensor) -> tuple[Tensor, Stats]:
         log_ratio = logp.detach() - old
         ratio = torch.exp(log_ratio)
         lo = 0.0 if self.eps_clip_low is None else 1.0 - self.eps_clip_low
         is_w = ratio.clamp(lo, 1.0 + self.eps_clip_high)
-        loss = aggregate(-w * is_w * adv * logp, m, batch, self.aggregation, self.max_new_tokens)
-        return loss, {
-            "loss": loss.detach(),
-            "logp_mean": masked_mean(logp, m),
-            "entropy": token_entropy(logits, m),
+        return is_w * adv * logp, {
             "ratio_mean": masked_mean(ratio, m),
             "ratio_max": masked_max(ratio, m),
             "clip_frac": masked_mean((is_w != ratio).to(m.dtype), m),
             "approx_kl": masked_mean(ratio - 1.0 - log_ratio, m),
-            **mismatch,
         }
 
 
 @dataclass
-class GSPOLoss:
+class GSPOLoss(RatioLoss):
     """GSPO (Zheng et al. 2025, Group Sequence Policy Optimization): the clipped surrogate
     on a length-normalised sequence-level ratio.
 
@@ -646,60 +646,30 @@ class GSPOLoss:
     grad s_b = s_b (1/n_b) sum_t grad logp_bt: a sequence's tokens share one weight, and a
     clipped sequence passes no gradient. Clipping ranges default to the paper's 3e-4 (left)
     and 4e-4 (right): s is a geometric mean over tokens, far closer to 1 than a token ratio.
-    pi_old and the detached per-token weight w (1 unless corrected) come from ``off_policy``.
+    ``ratio_max`` is of the sequence ratios s_b; ``approx_kl`` per token.
     """
 
+    aggregation: str = "seq-mean-token-mean"
     eps_clip: float = 3e-4
     eps_clip_higher: float | None = 4e-4
-    aggregation: str = "seq-mean-token-mean"
-    max_new_tokens: int | None = None  # C of aggregation "seq-mean-token-sum-norm"
-    off_policy: OffPolicyCorrection = field(default_factory=OffPolicyCorrection)
-    stat_keys: ClassVar[tuple[str, ...]] = (
-        "loss",
-        "logp_mean",
-        "entropy",
-        "ratio_mean",
-        "ratio_max",
-        "clip_frac",
-        "approx_kl",
-        *OffPolicyCorrection.stat_keys,
-    )
-
-    @property
-    def requires(self) -> LossInputs:
-        return self.off_policy.requires
 
     def __post_init__(self) -> None:
-        _check_agg(self)
-        if not 0.0 <= self.eps_clip < 1.0:
-            raise ValueError(f"eps_clip={self.eps_clip} must be in [0, 1)")
-        if self.eps_clip_higher is not None and self.eps_clip_higher < 0:
-            raise ValueError(f"eps_clip_higher={self.eps_clip_higher} must be >= 0")
+        super().__post_init__()
+        _check_eps(self.eps_clip, self.eps_clip_higher)
 
-    @checked_loss
-    def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> tuple[Tensor, Stats]:
-        logp = token_logprobs(logits, batch["input_ids"])
-        m = token_mask(batch, logp.dtype)
-        old, w, mismatch = self.off_policy.terms(logp, m, batch, "GSPOLoss")
-        adv = batch["weight"].to(logp.dtype).unsqueeze(-1)  # [B, 1]
+    def objective(self, logp: Tensor, old: Tensor, adv: Tensor, m: Tensor) -> tuple[Tensor, Stats]:
         log_ratio = (logp - old) * m
         seq_log_ratio = log_ratio.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)
         ratio = torch.exp(seq_log_ratio)  # [B, 1]
         hi = 1.0 + (self.eps_clip if self.eps_clip_higher is None else self.eps_clip_higher)
         surr1 = ratio * adv
         surr2 = ratio.clamp(1.0 - self.eps_clip, hi) * adv
-        obj = torch.minimum(surr1, surr2).expand_as(logp)
-        loss = aggregate(-w * obj, m, batch, self.aggregation, self.max_new_tokens)
         tok_ratio = torch.exp(log_ratio.detach())
-        return loss, {
-            "loss": loss.detach(),
-            "logp_mean": masked_mean(logp, m),
-            "entropy": token_entropy(logits, m),
+        return torch.minimum(surr1, surr2).expand_as(logp), {
             "ratio_mean": masked_mean(ratio.expand_as(m), m),
-            "ratio_max": masked_max(ratio, m),  # of the sequence ratios s_b
+            "ratio_max": masked_max(ratio, m),
             "clip_frac": masked_mean((surr2 < surr1).to(m.dtype).expand_as(m), m),
             "approx_kl": masked_mean(tok_ratio - 1.0 - log_ratio.detach(), m),
-            **mismatch,
         }
 
 
