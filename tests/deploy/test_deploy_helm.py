@@ -682,6 +682,11 @@ def test_schema_accepts_defaults_and_ci_values(scenario):
             "not both",
         ),
         ({"redis": {"enabled": False}}, "externalRedis.url"),
+        # an external Redis without AUTH is refused unless said so
+        (
+            {"redis": {"enabled": False}, "externalRedis": {"url": "redis://redis:6379/0"}},
+            "externalRedis has no password",
+        ),
         (
             {"redis": {"enabled": False}, "externalRedis": {"url": "http://redis:6379"}},
             "does not match pattern",
@@ -697,6 +702,16 @@ def test_schema_accepts_defaults_and_ci_values(scenario):
 def test_template_guards_fail_with_a_fix(values, message):
     with pytest.raises(helm_python.HelmError, match=re.escape(message)):
         render(values)
+
+
+def test_external_redis_without_auth_renders_only_when_allowed():
+    values = {
+        "redis": {"enabled": False},
+        "externalRedis": {"url": "redis://redis:6379/0", "allowNoAuth": True},
+    }
+    actor = containers(find(parse_docs(render(values)), "Deployment", "actor"))[0]
+    names = {e["name"] for e in actor.get("env", [])}
+    assert "REDIS_PASSWORD" not in names and "LUDIC_REDIS_URL" in names
 
 
 def test_every_value_is_documented_with_a_param_comment():
