@@ -60,3 +60,26 @@ def test_every_ludic_container_has_a_read_only_root_with_bounded_scratch(scenari
                     assert path in mounts, (c["name"], path)
                     assert empty[mounts[path]].get("sizeLimit"), (c["name"], path)
     assert {"inference", "actor", "credit", "learner", "feeder"} <= seen, seen
+
+
+BOUNDED_DISK = {"actor", "credit", "feeder", "eval"}  # no emptyDir of theirs holds a model
+
+
+@pytest.mark.parametrize("scenario", ALL)
+def test_every_service_container_has_cpu_and_memory_limits(scenario):
+    """A runaway service (a sandboxed tool in an actor, a loop in credit) is throttled and
+    bounded instead of starving its node: CPU and memory limits on every service container,
+    ephemeral-storage on those whose emptyDirs hold no model, checkpoints or AOF."""
+    seen = set()
+    for d in rendered(scenario):
+        if d["kind"] not in WORKLOAD_KINDS:
+            continue
+        comp = d["metadata"]["labels"]["app.kubernetes.io/component"]
+        for c in containers(d):
+            limits = c.get("resources", {}).get("limits", {})
+            assert {"cpu", "memory"} <= set(limits), (scenario, comp, c["name"], limits)
+            if comp in BOUNDED_DISK:
+                requests = c["resources"].get("requests", {})
+                assert "ephemeral-storage" in limits and "ephemeral-storage" in requests, comp
+            seen.add(comp)
+    assert {"inference", "learner", "actor", "credit", "feeder"} <= seen
