@@ -63,6 +63,11 @@ class RedisService:
     redis_url: str = dataclasses.field(
         default="redis://127.0.0.1:6379/0", metadata={"help": "Redis URL"}
     )
+    # the URL carries the password: from a file (a mounted Secret) it stays out of the
+    # environment, argv and `docker inspect`
+    redis_url_file: str | None = dataclasses.field(
+        default=None, metadata={"help": "file holding the Redis URL (instead of redis_url)"}
+    )
     run_id: str = dataclasses.field(
         default="default", metadata={"help": "run namespace of the Redis keys"}
     )
@@ -100,7 +105,7 @@ def secret_from_file(value: str | None, path: str | None, env: str, what: str) -
         raise ValueError(f"{what} file {path!r} is empty")
     if value and value != token:
         raise ValueError(
-            f"{env} and the file {path!r} both give a token, and they differ: keep one"
+            f"{env} and the file {path!r} both give a value, and they differ: keep one"
         )
     return token
 
@@ -290,6 +295,10 @@ def load_settings(
         for k, v in values.items()
     }
     _resolve_nested(cls, out, origin)
+    if out.get("redis_url_file"):
+        out["redis_url"] = secret_from_file(
+            out.get("redis_url"), out["redis_url_file"], "LUDIC_REDIS_URL", "redis_url"
+        )
     return cls(**out)
 
 

@@ -213,7 +213,7 @@ def test_auth_token_comes_from_the_environment_or_a_file_never_the_yaml(
     base = {"LUDIC_MODEL_DIR": str(model_dir)}
     assert load(["--auth-token-file", str(token)], base).auth_token == "s3cret"
     assert load([], {**base, "LUDIC_AUTH_TOKEN_FILE": str(token)}).auth_token == "s3cret"
-    with pytest.raises(SettingsError, match="both give a token, and they differ"):
+    with pytest.raises(SettingsError, match="both give a value, and they differ"):
         load(["--auth-token-file", str(token)], {**base, "LUDIC_AUTH_TOKEN": "other"})
     with pytest.raises(SystemExit):
         load(["--help"], base)

@@ -47,3 +47,30 @@ def test_redact_url_masks_only_the_password() -> None:
     assert redact_url("http://10.0.0.1:8000,http://10.0.0.2:8000") == (
         "http://10.0.0.1:8000,http://10.0.0.2:8000"
     )
+
+
+@pytest.mark.parametrize(
+    "cls", [ActorSettings, CreditSettings, EvalSettings, FeederSettings, LearnerSettings]
+)
+def test_the_redis_url_comes_from_a_file(cls, tmp_path) -> None:
+    """redis_url_file (a mounted Secret): the password stays out of the environment and argv;
+    the file's URL is used, an unreadable or empty file is an error naming it, and a
+    LUDIC_REDIS_URL that disagrees with it is refused rather than one silently winning."""
+    from services.common.settings import load_settings
+
+    url = f"redis://:{PASSWORD}@redis:6379/3"
+    f = tmp_path / "redis-url"
+    f.write_text(url + "\n")
+    env = {"LUDIC_REDIS_URL_FILE": str(f)}
+    assert load_settings(cls, [], service="svc", environ=env).redis_url == url
+    same = {**env, "LUDIC_REDIS_URL": url}
+    assert load_settings(cls, [], service="svc", environ=same).redis_url == url
+    with pytest.raises(ValueError, match="both give a value, and they differ"):
+        load_settings(
+            cls, [], service="svc", environ={**env, "LUDIC_REDIS_URL": "redis://other:6379/0"}
+        )
+    with pytest.raises(ValueError, match="cannot read redis_url file"):
+        load_settings(cls, [], service="svc", environ={"LUDIC_REDIS_URL_FILE": str(f) + ".x"})
+    f.write_text("  \n")
+    with pytest.raises(ValueError, match="is empty"):
+        load_settings(cls, [], service="svc", environ=env)
