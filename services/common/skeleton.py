@@ -36,7 +36,7 @@ import redis.asyncio as aioredis
 from libludic import transport
 from services.common.http import HealthFn, start_http
 from services.common.lifecycle import StartupAborted, install_stop_signals
-from services.common.secrets import keep_secrets_in
+from services.common.secrets import drop_secret_env, keep_secrets_in
 from services.common.settings import load_settings, log_settings, setup_logging
 
 S = TypeVar("S")
@@ -99,6 +99,7 @@ def service_main(
     except (ValueError, OSError) as e:
         print(f"ludic {service}: {e}", file=sys.stderr)
         return 2
+    drop_secret_env()  # the settings hold them; no child inherits them
     setup_logging(settings.log_level)  # type: ignore[attr-defined]
     if log_config:
         log_settings(log, service, settings)

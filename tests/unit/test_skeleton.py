@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -167,3 +168,50 @@ async def test_a_stopping_process_does_not_wait_for_redis(monkeypatch) -> None:
     transport.stop_retrying()
     with pytest.raises(rexc.ConnectionError):
         await asyncio.wait_for(task, 10)
+
+
+CHILD_ENV = """
+import subprocess, sys
+from dataclasses import dataclass, field
+from services.common.skeleton import service_main
+
+@dataclass
+class S:
+    log_level: str = "INFO"
+    redis_url: str = ""
+    auth_token: str | None = field(default=None, repr=False)
+
+async def run(s, *, stop):
+    child = subprocess.run(
+        [sys.executable, "-c", "import os; print(sorted(k for k in os.environ if 'LUDIC' in k or 'REDIS' in k))"],
+        capture_output=True, text=True, check=True,
+    )
+    print("settings", bool(s.auth_token), s.redis_url.startswith("redis://:pw@"), flush=True)
+    print("child", child.stdout.strip(), flush=True)
+
+sys.exit(service_main("t", S, run, [], description="t"))
+"""
+
+
+def test_a_service_keeps_its_secrets_and_no_child_inherits_them() -> None:
+    """The settings hold the token and the Redis URL (with its password); once read, they
+    leave the process's environment, so a child it starts (vLLM's engine, a tool) has none."""
+    env = {
+        **os.environ,
+        "LUDIC_AUTH_TOKEN": "tok",
+        "LUDIC_API_KEY": "key",
+        "LUDIC_REDIS_URL": "redis://:pw@127.0.0.1:6379/0",
+        "REDISCLI_AUTH": "pw",
+        "LUDIC_LOG_LEVEL": "INFO",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD_ENV],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "settings True True" in out.stdout
+    assert "child ['LUDIC_LOG_LEVEL']" in out.stdout, out.stdout
