@@ -15,6 +15,7 @@ import redis.exceptions as rexc
 from prometheus_client import Counter, Gauge, Histogram
 
 from libludic import transport
+from libludic.envs.code_exec.sandbox import described_sandboxes
 from libludic.inference.client import InferenceError
 from libludic.registry import build_registries
 from libludic.requests import RolloutRequest
@@ -57,6 +58,11 @@ DUPLICATES = Counter(
     "ludic_actor_duplicates_total", "Requests already done by someone else (redelivery)"
 )
 INFLIGHT = Gauge("ludic_actor_inflight_requests", "Requests being run by this actor")
+SANDBOX = Gauge(
+    "ludic_actor_sandbox_info",
+    "1 per code sandbox this actor probed, labelled with what it enforces on this host",
+    ["mode", "runs_as_fresh_uid", "network_isolated", "environment_private", "allowed_without"],
+)
 GENERATE = Histogram(
     "ludic_actor_generate_seconds",
     "Time to run every episode of a request (inference + env)",
@@ -67,6 +73,19 @@ COMMIT = Histogram(
     "Time to commit a request's rollouts to Redis",
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
 )
+
+
+def export_sandboxes() -> None:
+    """``ludic_actor_sandbox_info``: what each code sandbox the envs probed enforces."""
+    for d in described_sandboxes():
+        allowed = d["allowed_without"]
+        SANDBOX.labels(
+            mode=str(d["mode"]),
+            runs_as_fresh_uid=str(d["runs_as_fresh_uid"]).lower(),
+            network_isolated=str(d["network_isolated"]).lower(),
+            environment_private=str(d["environment_private"]).lower(),
+            allowed_without=",".join(map(str, allowed)) if isinstance(allowed, list) else "",
+        ).set(1)
 
 
 @dataclass
@@ -247,6 +266,7 @@ class Actor:
             return
         EPISODES.inc(len(rollouts))
         self.stats.episodes += len(rollouts)
+        export_sandboxes()
         for ro in rollouts:
             REWARD.observe(ro.total_reward)
             TOKENS.inc(sum(len(s.trace.completion_token_ids) for s in ro.steps if s.trace))

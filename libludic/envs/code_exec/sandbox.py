@@ -82,6 +82,7 @@ in asyncio run it in a worker thread (``asyncio.to_thread``), see ``CodeExecEnv`
 from __future__ import annotations
 
 import ctypes
+import logging
 import math
 import os
 import platform
@@ -103,6 +104,19 @@ from typing import Protocol
 
 from libludic.envs.code_exec import landlock
 from libludic.envs.code_exec.seccomp import NETWORK_PROBE, python_argv, socket_filter_code
+
+log = logging.getLogger(__name__)
+# what every SubprocessSandbox of this process enforces, once probed (described_sandboxes)
+_DESCRIBED: dict[int, dict[str, object]] = {}
+_DESCRIBED_LOCK = threading.Lock()
+
+
+def described_sandboxes() -> list[dict[str, object]]:
+    """``describe()`` of every SubprocessSandbox this process has probed (a service exports
+    them: the actor's ``ludic_actor_sandbox_info``)."""
+    with _DESCRIBED_LOCK:
+        return [dict(d) for d in _DESCRIBED.values()]
+
 
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
@@ -593,7 +607,9 @@ class SubprocessSandbox:
 
     def describe(self) -> dict[str, object]:
         """What this sandbox enforces on this host (for logs and run metadata)."""
-        p = self._plan()
+        return self._describe(self._plan())
+
+    def _describe(self, p: _Plan) -> dict[str, object]:
         return {
             "mode": p.mode,
             "python": p.python,
@@ -638,6 +654,10 @@ class SubprocessSandbox:
                         f"LUDIC_SANDBOX_ALLOW={','.join(missing)}"
                     )
                 self._plan_cache = plan
+                desc = self._describe(plan)
+                log.info("code sandbox: %s", desc)
+                with _DESCRIBED_LOCK:
+                    _DESCRIBED[id(self)] = desc
             return self._plan_cache
 
     def _resolve(self) -> _Plan:
