@@ -83,3 +83,30 @@ def test_every_service_container_has_cpu_and_memory_limits(scenario):
                 assert "ephemeral-storage" in limits and "ephemeral-storage" in requests, comp
             seen.add(comp)
     assert {"inference", "learner", "actor", "credit", "feeder"} <= seen
+
+
+def _pod_checksums(values) -> dict[str, str]:
+    from deploy_support import parse_docs, render
+
+    out = {}
+    for d in parse_docs(render(values)):
+        if d["kind"] in WORKLOAD_KINDS and "template" in d["spec"]:
+            ann = d["spec"]["template"]["metadata"].get("annotations", {})
+            out[d["metadata"]["labels"]["app.kubernetes.io/component"]] = ann.get(
+                "checksum/secrets"
+            )
+    return out
+
+
+def test_a_new_or_rotated_secret_rolls_the_pods_that_read_it():
+    """Every pod carries checksum/secrets over the secrets' inputs (not their generated
+    values, which lookup keeps across upgrades): a token or password given in values, or a
+    bumped rotation after an existingSecret was rotated, changes it; rendering the same
+    values twice does not (no random value in it)."""
+    base = _pod_checksums({})
+    assert base == _pod_checksums({})
+    assert all(base.values()) and {"inference", "actor", "learner", "redis"} <= set(base)
+    token = _pod_checksums({"auth": {"token": "t" * 32}})
+    assert all(token[c] != base[c] for c in ("inference", "actor", "learner"))
+    rotated = _pod_checksums({"redis": {"auth": {"rotation": "2026-12-06"}}})
+    assert all(rotated[c] != base[c] for c in base), rotated

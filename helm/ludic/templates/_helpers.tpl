@@ -289,6 +289,10 @@ prometheus.io/port: {{ .port | quote }}
 prometheus.io/path: {{ .path | quote }}
 {{- end }}
 checksum/config: {{ toYaml .root.Values.config | sha256sum }}
+{{- /* the secrets' inputs, not their generated values (lookup keeps those across upgrades):
+       a new token, api key or password given in values rolls every pod that reads it;
+       auth.rotation / redis.auth.rotation roll them for a rotated existingSecret */}}
+checksum/secrets: {{ list .root.Values.auth .root.Values.redis.auth .root.Values.externalRedis | toJson | sha256sum }}
 {{- with .values.podAnnotations }}
 {{ toYaml . }}
 {{- end }}
