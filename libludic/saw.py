@@ -14,6 +14,7 @@ gives lists.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
@@ -30,6 +31,47 @@ FloatArray: TypeAlias = list[float] | npt.NDArray[np.floating[Any]]
 def as_list(values: IntArray | FloatArray) -> list[Any]:
     """Plain Python numbers (for JSON, msgpack maps and comparisons)."""
     return values.tolist() if isinstance(values, np.ndarray) else list(values)
+
+
+@dataclass(frozen=True)
+class PendingBatchStage:
+    """Credit that has had its group stage only: the learner finishes it over the step's
+    items (``RLAlgorithm.apply_batch_stage``; ScaleRL's batch std).
+
+    algorithm       the algorithm that credited the item (the learner must run the same)
+    rollout_items   items of the same rollout that credit wrote (each weighs 1 / this in
+                    the batch statistic, so a rollout counts once)
+    episode_weight  the rollout's first-step group-stage weight, when the item's differs
+                    (per-step credit): the batch statistic is over episode values
+    """
+
+    algorithm: str
+    rollout_items: int
+    episode_weight: float | None = None
+
+    def problem(self) -> str | None:
+        """Why these fields are unusable (None: they are fine)."""
+        n, e = self.rollout_items, self.episode_weight
+        if not isinstance(self.algorithm, str) or not self.algorithm:
+            return f"pending_batch_stage.algorithm={self.algorithm!r} is not a name"
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            return f"pending_batch_stage.rollout_items={n!r} is not a positive integer"
+        if e is not None and (
+            isinstance(e, bool) or not isinstance(e, int | float) or not math.isfinite(e)
+        ):
+            return f"pending_batch_stage.episode_weight={e!r} is not a finite number"
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "algorithm": self.algorithm,
+            "rollout_items": self.rollout_items,
+            "episode_weight": self.episode_weight,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PendingBatchStage:
+        return cls(d.get("algorithm"), d.get("rollout_items"), d.get("episode_weight"))  # type: ignore[arg-type]
 
 
 @dataclass
@@ -90,6 +132,8 @@ class SAWItem:
     weight: float
     meta: dict[str, Any] = field(default_factory=dict)
     attachments: SampleAttachments = field(default_factory=SampleAttachments)
+    # credit's group stage only: the learner applies the batch stage (None: fully credited)
+    pending: PendingBatchStage | None = None
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -131,6 +175,7 @@ class SAWItem:
             "weight": float(self.weight),
             "meta": dict(self.meta),
             "attachments": self.attachments.to_dict(),
+            "pending_batch_stage": None if self.pending is None else self.pending.to_dict(),
         }
 
     @classmethod
@@ -142,6 +187,9 @@ class SAWItem:
             weight=float(d["weight"]),
             meta=dict(d.get("meta") or {}),
             attachments=SampleAttachments.from_dict(d.get("attachments") or {}),
+            pending=None
+            if not d.get("pending_batch_stage")
+            else PendingBatchStage.from_dict(d["pending_batch_stage"]),
         )
 
 

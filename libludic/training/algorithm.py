@@ -11,30 +11,29 @@ the run's ``AlgorithmSpec``: libludic.training.presets.
 Batch-level stage. A credit assigner whose statistics span the whole training batch
 (``HybridNormalizedReturn``: the std of ScaleRL; ``NormalizedReturn`` with a batch-level
 ``reward_norm`` / ``adv_norm``) has ``group_stage``/``batch_stage``. ``to_saw_items`` runs
-the group stage, makes and filters the items, stamps each with ``meta[ROLLOUT_ITEMS]`` (its
-rollout's items that survived the filters) and runs ``apply_batch_stage`` over the items of
-the call. The services' credit worker sees one group at a time, so it calls
-``to_saw_items(..., defer_batch_stage=True)``: items carry the group-stage weight and
-``meta[PENDING_BATCH_STAGE] = algorithm name``, and the Trainer calls ``apply_batch_stage``
-on exactly the items of each optimizer step. Both paths take the batch statistics over the
-same population, one value per rollout: an item weighs 1 / ``meta[ROLLOUT_ITEMS]``.
-With per-step returns (the assigners' ``gamma``) a rollout's items carry different
-group-stage weights, while the batch statistics are taken over its episode value, the
-group-stage weight of its first step: an item whose weight differs from it carries it as
-``meta[EPISODE_WEIGHT]`` (its first step may be filtered out, or in another batch), and
-``apply_batch_stage`` passes those values as the assigner's ``batch_stage(...,
-episodes=...)``. Items without per-step differences are written as before.
+the group stage, makes and filters the items, stamps each with ``item.pending``
+(libludic.saw.PendingBatchStage: the algorithm, its rollout's items that survived the
+filters) and runs ``apply_batch_stage`` over the items of the call. The services' credit
+worker sees one group at a time, so it calls ``to_saw_items(..., defer_batch_stage=True)``:
+items carry the group-stage weight and the stamp, and the Trainer calls
+``apply_batch_stage`` on exactly the items of each optimizer step. Both paths take the
+batch statistics over the same population, one value per rollout: an item weighs
+1 / ``pending.rollout_items``. With per-step returns (the assigners' ``gamma``) a rollout's
+items carry different group-stage weights, while the batch statistics are taken over its
+episode value, the group-stage weight of its first step: an item whose weight differs from
+it carries it as ``pending.episode_weight`` (its first step may be filtered out, or in
+another batch), and ``apply_batch_stage`` passes those values as the assigner's
+``batch_stage(..., episodes=...)``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from libludic.saw import SAWItem
+from libludic.saw import PendingBatchStage, SAWItem
 from libludic.training.collate import rollouts_to_saw_items
 from libludic.training.credit_assignment import CreditAssigner, StagedCreditAssigner, staged
 from libludic.training.filters import (
@@ -47,10 +46,6 @@ from libludic.training.loss import Loss, LossInputs, loss_inputs
 from libludic.training.normalization import SumFn
 from libludic.training.rewards import RewardShaping
 from libludic.types import Rollout
-
-PENDING_BATCH_STAGE = "pending_batch_stage"
-ROLLOUT_ITEMS = "rollout_items"  # items of the same rollout credit wrote (batch-stage weights)
-EPISODE_WEIGHT = "episode_weight"  # the rollout's first-step group-stage weight, when it differs
 
 
 @dataclass
@@ -137,7 +132,7 @@ class RLAlgorithm:
 
         ``defer_batch_stage=True`` (the credit worker, which sees one group per call): a
         batch-level stage is left to ``apply_batch_stage`` on the training batch; the items
-        carry the group-stage weight and ``meta[PENDING_BATCH_STAGE] = self.name`` (and the
+        carry the group-stage weight and ``item.pending`` (and the
         no-EOS mask waits for that stage too). ``stats`` (optional) is incremented with what
         dynamic sampling dropped and what the mask zeroed. Items keep the task's rewards in
         ``meta["reward"]`` / ``meta["step_reward"]``; with shaping, the shaped rollout total
@@ -160,10 +155,9 @@ class RLAlgorithm:
             per_rollout = Counter(str(it.meta["rollout_id"]) for it in items)
             for it in items:
                 rid = str(it.meta["rollout_id"])
-                it.meta[PENDING_BATCH_STAGE] = self.name
-                it.meta[ROLLOUT_ITEMS] = per_rollout[rid]
-                if it.weight != episode[rid]:  # per-step credit: the batch stage needs both
-                    it.meta[EPISODE_WEIGHT] = episode[rid]
+                # per-step credit (the weight differs): the batch stage needs both
+                ep = episode[rid] if it.weight != episode[rid] else None
+                it.pending = PendingBatchStage(self.name, per_rollout[rid], ep)
         else:
             items = rollouts_to_saw_items(rs, self.credit_assigner.compute(rs))
             items = apply_filter(items, sample_filter)
@@ -180,8 +174,8 @@ class RLAlgorithm:
         return items
 
     def item_problem(self, item: SAWItem) -> str | None:
-        """Why this algorithm cannot train ``item`` (None: it can): meta it reads in a
-        step (``reward``, the batch-stage stamp), checked when an item is read so a
+        """Why this algorithm cannot train ``item`` (None: it can): what it reads in a step
+        (``meta["reward"]``, the batch-stage stamp), checked when an item is read so a
         malformed one is dead-lettered instead of failing the step of every batch-mate."""
         meta = item.meta
         reward = meta.get("reward")
@@ -189,40 +183,34 @@ class RLAlgorithm:
             isinstance(reward, bool) or not isinstance(reward, (int, float))
         ):
             return f"meta.reward={reward!r} is not a number"
-        stage = meta.get(PENDING_BATCH_STAGE)
-        if stage is not None and (stage != self.name or not self.has_batch_stage):
+        p = item.pending
+        if p is None:
+            return None
+        if p.algorithm != self.name or not self.has_batch_stage:
             return (
-                f"meta.{PENDING_BATCH_STAGE}={stage!r}: credited for another algorithm than "
-                f"{self.name!r} (batch stage {'pending' if self.has_batch_stage else 'none'})"
+                f"pending_batch_stage.algorithm={p.algorithm!r}: credited for another algorithm "
+                f"than {self.name!r} (batch stage {'pending' if self.has_batch_stage else 'none'})"
             )
-        n = meta.get(ROLLOUT_ITEMS)
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            return f"meta.{ROLLOUT_ITEMS}={n!r} is not a positive integer"
-        e = meta.get(EPISODE_WEIGHT)
-        if e is not None and (
-            isinstance(e, bool) or not isinstance(e, int | float) or not math.isfinite(e)
-        ):
-            return f"meta.{EPISODE_WEIGHT}={e!r} is not a finite number"
-        return None
+        return p.problem()
 
     def apply_batch_stage(
         self, items: Sequence[SAWItem], all_sum: SumFn | None = None
     ) -> list[SAWItem]:
         """Items whose weight still lacks the batch-level stage get it, computed over
         exactly ``items`` (plus the other ranks' shards through ``all_sum``), one value per
-        rollout (``_rollout_shares``; the value is the item's ``meta[EPISODE_WEIGHT]``, else
+        rollout (``_rollout_shares``; the value is the item's ``pending.episode_weight``, else
         its weight); other items are returned as they are. A batch must not mix the two.
         The no-EOS mask, when on, applies here."""
-        pending = [it for it in items if PENDING_BATCH_STAGE in it.meta]
+        pending = [it for it in items if it.pending is not None]
         if not pending:
             return list(items)
         if len(pending) != len(items):
             raise ValueError(
                 f"{len(pending)} of {len(items)} items of the batch still need the batch-level "
-                f"credit stage (meta[{PENDING_BATCH_STAGE!r}]) and the others do not; feed the "
+                "credit stage (item.pending) and the others do not; feed the "
                 "Trainer either the credit worker's items or fully credited ones, not both"
             )
-        names = sorted({str(it.meta[PENDING_BATCH_STAGE]) for it in items})
+        names = sorted({it.pending.algorithm for it in items if it.pending is not None})
         two_stage = self.staged_credit
         if names != [self.name] or two_stage is None:
             raise ValueError(
@@ -232,32 +220,34 @@ class RLAlgorithm:
             )
         stage = two_stage.batch_stage
         values, shares = [it.weight for it in items], _rollout_shares(items)
-        if any(EPISODE_WEIGHT in it.meta for it in items):  # per-step credit
-            episodes = [float(it.meta.get(EPISODE_WEIGHT, it.weight)) for it in items]
+        eps = [None if it.pending is None else it.pending.episode_weight for it in items]
+        if any(e is not None for e in eps):  # per-step credit
+            episodes = [float(it.weight if e is None else e) for it, e in zip(items, eps)]
             weights = stage(values, all_sum, shares, episodes=episodes)
         else:
             weights = stage(values, all_sum, shares)
         out = []
         for it, w in zip(items, weights, strict=True):
-            meta = {k: v for k, v in it.meta.items() if k not in _BATCH_STAGE_KEYS}
-            meta["group_weight"] = it.weight
+            meta = {**it.meta, "group_weight": it.weight}
             if self.mask_no_eos_with_zero and ended_without_eos(it):
                 w = 0.0
-            out.append(dataclasses.replace(it, weight=float(w), meta=meta))
+            out.append(dataclasses.replace(it, weight=float(w), meta=meta, pending=None))
         return out
-
-
-_BATCH_STAGE_KEYS = (PENDING_BATCH_STAGE, ROLLOUT_ITEMS, EPISODE_WEIGHT)
 
 
 def _rollout_shares(items: Sequence[SAWItem]) -> list[float]:
     """Each item's weight in a batch statistic: 1 / (items of its rollout after the
-    filters, ``meta[ROLLOUT_ITEMS]`` stamped by credit), so a rollout counts once however
+    filters, ``pending.rollout_items`` stamped by credit), so a rollout counts once however
     many steps it has (a fraction when its items straddle two training batches). Items
     without the stamp are counted among ``items``."""
     here = Counter(str(it.meta.get("rollout_id")) for it in items)
     return [
-        1.0 / int(it.meta.get(ROLLOUT_ITEMS) or here[str(it.meta.get("rollout_id"))])
+        1.0
+        / (
+            it.pending.rollout_items
+            if it.pending is not None
+            else here[str(it.meta.get("rollout_id"))]
+        )
         for it in items
     ]
 

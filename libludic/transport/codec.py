@@ -14,7 +14,7 @@ import msgpack
 import numpy as np
 
 from libludic.requests import RolloutRequest
-from libludic.saw import SampleAttachments, SAWItem
+from libludic.saw import PendingBatchStage, SampleAttachments, SAWItem
 from libludic.types import Rollout
 
 log = logging.getLogger("libludic.transport")
@@ -285,6 +285,8 @@ def encode_saw_item(item: SAWItem) -> bytes:
             "temperature": att.temperature,
         },
     }
+    if item.pending is not None:
+        body["pending_batch_stage"] = item.pending.to_dict()
     return envelope(KIND_SAW, body)
 
 
@@ -293,6 +295,29 @@ def _required_array(raw: Any, dtype: np.dtype, what: str) -> np.ndarray:
     if out is None:
         raise TypeError(f"{what} must be packed {dtype} bytes, got nil")
     return out
+
+
+# how an item said its batch stage was pending before the typed field: read, then dropped
+_LEGACY_PENDING = ("pending_batch_stage", "rollout_items", "episode_weight")
+
+
+def _pending_stage(raw: Any, meta: dict[str, Any]) -> PendingBatchStage | None:
+    """The typed batch-stage stamp (or the meta keys of an item written before it), checked:
+    a malformed one is a TypeError (the item is dead-lettered, never trained)."""
+    if raw is None and "pending_batch_stage" in meta:
+        raw = {k: meta.get(k) for k in _LEGACY_PENDING}
+        raw["algorithm"] = raw.pop("pending_batch_stage")
+    for k in _LEGACY_PENDING:
+        meta.pop(k, None)
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise TypeError(f"pending_batch_stage must be a map, got {type(raw).__name__}")
+    pending = PendingBatchStage.from_dict(raw)
+    why = pending.problem()
+    if why is not None:
+        raise TypeError(why)
+    return pending
 
 
 def decode_saw_item(data: Any) -> SAWItem:
@@ -309,6 +334,7 @@ def decode_saw_item(data: Any) -> SAWItem:
             raise TypeError(f"meta must be a map, got {type(meta).__name__}")
         if pv is not None and (not isinstance(pv, int) or isinstance(pv, bool)):
             raise TypeError(f"policy_version must be an int or nil, got {pv!r}")
+        pending = _pending_stage(body.get("pending_batch_stage"), meta)
         # the token arrays stay packed: read-only numpy views of the received bytes, which
         # collate copies straight into the batch tensors (no Python number per token)
         return SAWItem(
@@ -323,6 +349,7 @@ def decode_saw_item(data: Any) -> SAWItem:
                 policy_version=pv,
                 temperature=_opt_number(att.get("temperature"), "temperature"),
             ),
+            pending=pending,
         )
 
     item = _build("SAWItem", build)

@@ -9,7 +9,7 @@ Then ``algorithm.to_saw_items(group, sample_filter, defer_batch_stage=True)`` (p
 SAWItems, the ``done:credit:{group_id}`` marker and the XACK of every rollout entry of the
 group. The algorithm is the run's top-level ``algorithm:`` section (the learner reads the
 same one). A batch-level statistic (ScaleRL's std) cannot be computed one group at a time:
-its items carry the group-stage weight and ``meta["pending_batch_stage"]``, and the learner's
+its items carry the group-stage weight and ``SAWItem.pending``, and the learner's
 Trainer finishes it over exactly each training batch.
 
 Incomplete-group policy (a group still short ``group_timeout_s`` after its first

@@ -237,6 +237,7 @@ ROLLOUT_CASES: list[Case] = [
 ]  # fmt: skip
 
 SAW_UNUSABLE = frozenset({"unusable_item"})
+BAD_FIELD = frozenset({"bad_field"})
 SAW_CASES: list[Case] = [
     ("missing input_ids", "input_ids", _DROP, DEADLETTER, SHAPE),
     ("missing weight", "weight", _DROP, DEADLETTER, SHAPE),
@@ -257,9 +258,38 @@ SAW_CASES: list[Case] = [
     ("temperature str", "attachments.temperature", "hot", DEADLETTER, SHAPE),
     ("temperature NaN", "attachments.temperature", NAN, DEADLETTER, frozenset({"bad_field"})),
     ("temperature inf", "attachments.temperature", INF, DEADLETTER, frozenset({"bad_field"})),
-    ("pending stage foreign", "meta.pending_batch_stage", "scalerl", DEADLETTER, SAW_UNUSABLE),
-    ("rollout_items str", "meta.rollout_items", "abc", DEADLETTER, SAW_UNUSABLE),
-    ("rollout_items 0", "meta.rollout_items", 0, DEADLETTER, SAW_UNUSABLE),
+    # the typed batch-stage stamp: checked by the codec, its algorithm by the learner's
+    (
+        "pending stage foreign",
+        "pending_batch_stage",
+        {"algorithm": "scalerl", "rollout_items": 1},
+        DEADLETTER,
+        SAW_UNUSABLE,
+    ),
+    ("pending stage not a map", "pending_batch_stage", "scalerl", DEADLETTER, BAD_FIELD),
+    (
+        "rollout_items str",
+        "pending_batch_stage",
+        {"algorithm": "grpo", "rollout_items": "abc"},
+        DEADLETTER,
+        BAD_FIELD,
+    ),
+    (
+        "rollout_items 0",
+        "pending_batch_stage",
+        {"algorithm": "grpo", "rollout_items": 0},
+        DEADLETTER,
+        BAD_FIELD,
+    ),
+    (
+        "episode_weight NaN",
+        "pending_batch_stage",
+        {"algorithm": "grpo", "rollout_items": 1, "episode_weight": NAN},
+        DEADLETTER,
+        BAD_FIELD,
+    ),
+    # written before the typed field (meta keys): read as the same stamp
+    ("legacy pending stage", "meta.pending_batch_stage", "scalerl", DEADLETTER, BAD_FIELD),
     ("temperature 0 (greedy)", "attachments.temperature", 0.0, PROCESSED, frozenset()),
     ("policy_version nil", "attachments.policy_version", None, PROCESSED, frozenset()),
     ("policy_version -7", "attachments.policy_version", -7, PROCESSED, frozenset()),

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from libludic import transport as t
-from libludic.training.algorithm import PENDING_BATCH_STAGE
 from libludic.training.step import OptimizerStep
 from libludic.types import Rollout, Step, TokenTrace
 from services.common.settings import load_settings
@@ -126,7 +125,7 @@ async def test_scalerl_batch_std_is_over_the_learners_batch(
     ids = [f"{g}-r{i}:0" for g in "ab" for i in range(4)]
     # credit wrote the group stage only, marked pending
     assert [by_id[i].weight for i in ids] == pytest.approx(CENTRED)
-    assert all(by_id[i].meta[PENDING_BATCH_STAGE] == "scalerl" for i in ids)
+    assert all(by_id[i].pending.algorithm == "scalerl" for i in ids)
     # the learner trained on the batch-level values
     assert learner.trainer.step == 1 and len(trained) == 8
     got = {it.meta["item_id"]: it.weight for it in trained}
@@ -152,7 +151,7 @@ async def test_grpo_with_kl_trains_through_credit_and_learner(
     saw, trained, learner = await credit_then_learner(cfg, "alg2", redis_url, monkeypatch)
     assert learner.trainer.step == 1 and len(trained) == 8
     assert learner.trainer.ref_model is not None
-    assert all(PENDING_BATCH_STAGE not in it.meta for it in saw)  # grpo has no batch stage
+    assert all(it.pending is None for it in saw)  # grpo has no batch stage
 
 
 def multi_step_rollout(gid: str, name: str, rewards: list[float]) -> Rollout:
@@ -197,7 +196,7 @@ async def test_scalerl_batch_std_counts_each_multi_step_rollout_once(
         batch_size=7,
     )
     saw, trained, learner = await credit_then_learner(cfg, "alg3", redis_url, monkeypatch, rs, 7)
-    assert sorted(it.meta["rollout_items"] for it in saw) == [1, 1, 2, 2, 3, 3, 3]
+    assert sorted(it.pending.rollout_items for it in saw) == [1, 1, 2, 2, 3, 3, 3]
     assert learner.trainer.step == 1 and len(trained) == 7
     got = {it.meta["item_id"]: it.weight for it in trained}
     library = {

@@ -239,8 +239,8 @@ async def test_scalerl_episode_value_crosses_the_wire_when_step_0_is_filtered(
         redis_url, "steps-filtered", algorithm, filters=["drop_incomplete_completions"]
     )
     by_key = {(it.meta["rollout_id"], it.meta["step_index"]): it for it in items}
-    assert ("a", 0) not in by_key and by_key[("a", 1)].meta["rollout_items"] == 2
-    assert by_key[("a", 1)].meta["episode_weight"] == pytest.approx(-0.03)
+    assert ("a", 0) not in by_key and by_key[("a", 1)].pending.rollout_items == 2
+    assert by_key[("a", 1)].pending.episode_weight == pytest.approx(-0.03)
     algo = AlgorithmSpec.from_mapping({**algorithm, "group_size": 3}).build()
     want = expected()
     for it in algo.apply_batch_stage(items):

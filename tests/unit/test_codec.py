@@ -375,3 +375,24 @@ def test_non_finite_temperature_is_never_sent_nor_read(temp: float) -> None:
     with pytest.raises(t.CodecError, match="non-finite temperature") as ei:
         t.decode_saw_item(msgpack.packb(env, use_bin_type=True))
     assert ei.value.reason == "bad_field"
+
+
+def test_a_pending_batch_stage_travels_typed_and_is_checked_once() -> None:
+    """credit's group-stage-only stamp (PendingBatchStage) round-trips as a typed field; an
+    item written before the field (meta keys) decodes to the same; a malformed stamp is a
+    codec error (dead-lettered at read), never an item that fails a step."""
+    from libludic.saw import PendingBatchStage
+
+    item = make_item(8)
+    item.pending = PendingBatchStage("scalerl", 3, -0.25)
+    back = t.decode_saw_item(t.encode_saw_item(item))
+    assert back.pending == item.pending and "rollout_items" not in back.meta
+    legacy = make_item(8)
+    legacy.meta.update(pending_batch_stage="scalerl", rollout_items=3, episode_weight=-0.25)
+    back = t.decode_saw_item(t.encode_saw_item(legacy))
+    assert back.pending == item.pending and "pending_batch_stage" not in back.meta
+    assert t.decode_saw_item(t.encode_saw_item(make_item(8))).pending is None
+    bad = make_item(8)
+    bad.pending = PendingBatchStage("scalerl", 0)
+    with pytest.raises(t.CodecError, match="rollout_items=0 is not a positive integer"):
+        t.decode_saw_item(t.encode_saw_item(bad))

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from libludic.saw import PendingBatchStage
 from libludic.training.algorithm import CreditStats, RLAlgorithm
 from libludic.training.credit_assignment import (
     ConstantCredit,
@@ -333,28 +334,30 @@ def test_dynamic_sampling_defaults_and_scalerls_filter_zvp() -> None:
 
 
 @pytest.mark.parametrize(
-    "make, meta, match",
+    "make, meta, pending, match",
     [
-        (make_grpo, {"reward": "abc"}, r"meta.reward='abc' is not a number"),
-        (make_grpo, {"reward": [1.0]}, "is not a number"),
-        (make_grpo, {"pending_batch_stage": "grpo"}, "batch stage none"),
-        (make_scalerl, {"pending_batch_stage": "grpo"}, "another algorithm than 'scalerl'"),
-        (make_scalerl, {"pending_batch_stage": "scalerl", "rollout_items": "abc"}, "positive"),
-        (make_scalerl, {"pending_batch_stage": "scalerl", "rollout_items": 0}, "positive"),
+        (make_grpo, {"reward": "abc"}, None, r"meta.reward='abc' is not a number"),
+        (make_grpo, {"reward": [1.0]}, None, "is not a number"),
+        (make_grpo, {}, PendingBatchStage("grpo", 1), "batch stage none"),
+        (make_scalerl, {}, PendingBatchStage("grpo", 1), "another algorithm than 'scalerl'"),
+        (make_scalerl, {}, PendingBatchStage("scalerl", "abc"), "positive"),  # type: ignore[arg-type]
+        (make_scalerl, {}, PendingBatchStage("scalerl", 0), "positive"),
     ],
 )
-def test_item_problem_names_meta_a_step_would_fail_on(
-    make: Any, meta: dict[str, Any], match: str
+def test_item_problem_names_what_a_step_would_fail_on(
+    make: Any, meta: dict[str, Any], pending: Any, match: str
 ) -> None:
     # each of these would raise inside Trainer.train_step (float(reward), apply_batch_stage),
     # taking the learner down with every batch-mate: the source dead-letters the item first
     it = make_item(3, 2)
     it.meta.update(meta)
+    it.pending = pending
     assert re.search(match, make().item_problem(it) or "")
 
 
 def test_item_problem_passes_items_credit_writes() -> None:
     it = make_item(3, 2)
     assert make_grpo().item_problem(it) is None
-    it.meta.update(pending_batch_stage="scalerl", rollout_items=2, reward=1)
+    it.meta.update(reward=1)
+    it.pending = PendingBatchStage("scalerl", 2)
     assert make_scalerl().item_problem(it) is None

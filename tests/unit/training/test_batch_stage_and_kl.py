@@ -14,7 +14,6 @@ from torch import nn
 
 from libludic.models.tiny import PAD_ID
 from libludic.saw import SampleAttachments, SAWItem
-from libludic.training.algorithm import PENDING_BATCH_STAGE
 from libludic.training.config import TrainerConfig
 from libludic.training.credit_assignment import HybridNormalizedReturn
 from libludic.training.loss import LossInputs, loss_inputs
@@ -69,10 +68,10 @@ def test_credit_worker_items_one_group_at_a_time_get_the_batch_std_from_apply_ba
         b, defer_batch_stage=True
     )
     assert [it.weight for it in items] == pytest.approx([-0.25] * 3 + [0.75] + [-1.25] * 3 + [3.75])
-    assert all(it.meta[PENDING_BATCH_STAGE] == "scalerl" for it in items)
+    assert all(it.pending is not None and it.pending.algorithm == "scalerl" for it in items)
     done = algo.apply_batch_stage(items)
     assert [it.weight for it in done] == pytest.approx(WANT_A + WANT_B, rel=1e-6)
-    assert all(PENDING_BATCH_STAGE not in it.meta for it in done)
+    assert all(it.pending is None for it in done)
     assert [it.meta["group_weight"] for it in done] == pytest.approx([it.weight for it in items])
     # positive_only clips after scaling by the std of the *unclipped* c
     pos = make_scalerl(group_size=4, filter_zvp=False, positive_only=True)
@@ -93,7 +92,7 @@ def test_batch_stage_errors_name_the_fix() -> None:
         make_grpo(group_size=4).apply_batch_stage(pending)
     # algorithms without a batch stage are unaffected by defer_batch_stage
     g = make_grpo(group_size=4).to_saw_items(a, defer_batch_stage=True)
-    assert all(PENDING_BATCH_STAGE not in it.meta for it in g)
+    assert all(it.pending is None for it in g)
 
 
 def cpu_cfg(**kw: Any) -> TrainerConfig:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from libludic.training.algorithm import EPISODE_WEIGHT, PENDING_BATCH_STAGE
+from libludic.saw import PendingBatchStage
 from libludic.training.credit_assignment import (
     GroupNormalizedReturn,
     HybridNormalizedReturn,
@@ -233,12 +233,12 @@ def test_scalerl_per_step_survives_the_split_with_step_0_filtered_out() -> None:
     ).build()
     pending = algo.to_saw_items(rs[:3], keep, defer_batch_stage=True)
     pending += algo.to_saw_items(rs[3:], keep, defer_batch_stage=True)
-    meta = {it.item_id: it.meta for it in pending}
-    assert "a:0" not in meta and meta["a:1"]["rollout_items"] == 2
-    assert meta["a:1"][EPISODE_WEIGHT] == meta["a:2"][EPISODE_WEIGHT] == pytest.approx(-0.03)
-    assert meta["d:1"][EPISODE_WEIGHT] == pytest.approx(0.2)
-    assert EPISODE_WEIGHT not in meta["b:1"]  # b's steps all weigh its c_0: nothing to add
-    assert EPISODE_WEIGHT not in meta["d:0"]  # the first step's weight is its c_0
+    stamp = {it.item_id: it.pending for it in pending}
+    assert "a:0" not in stamp and stamp["a:1"].rollout_items == 2
+    assert stamp["a:1"].episode_weight == stamp["a:2"].episode_weight == pytest.approx(-0.03)
+    assert stamp["d:1"].episode_weight == pytest.approx(0.2)
+    assert stamp["b:1"].episode_weight is None  # b's steps all weigh its c_0: nothing to add
+    assert stamp["d:0"].episode_weight is None  # the first step's weight is its c_0
     done = {it.item_id: it for it in algo.apply_batch_stage(pending)}
     library = {it.item_id: it.weight for it in algo.to_saw_items(rs, keep)}
     assert (
@@ -250,11 +250,11 @@ def test_scalerl_per_step_survives_the_split_with_step_0_filtered_out() -> None:
         rid, t = k.split(":")
         assert it.weight == pytest.approx(HYBRID_A[rid][int(t)], rel=1e-6), k
         assert library[k] == pytest.approx(it.weight, rel=1e-9), k
-        assert EPISODE_WEIGHT not in it.meta and PENDING_BATCH_STAGE not in it.meta
+        assert it.pending is None
     assert done["a:2"].meta["group_weight"] == pytest.approx(0.61)
-    # without meta[EPISODE_WEIGHT] the learner would take the std over the items' c
+    # without pending.episode_weight the learner would take the std over the items' c
     bare = [
-        dataclasses.replace(it, meta={k: v for k, v in it.meta.items() if k != EPISODE_WEIGHT})
+        dataclasses.replace(it, pending=dataclasses.replace(it.pending, episode_weight=None))
         for it in pending
     ]
     assert algo.apply_batch_stage(bare)[0].weight != pytest.approx(HYBRID_A["a"][1], rel=1e-3)
@@ -268,7 +268,7 @@ def test_grpo_defaults_write_what_they_wrote_before() -> None:
         f"{r}:{t}": w for r, w in (("a", 0.0), ("b", -0.5), ("c", 0.5)) for t in range(3)
     }
     pending = make_scalerl(group_size=3).to_saw_items(rs, defer_batch_stage=True)
-    assert all(EPISODE_WEIGHT not in it.meta for it in pending)
+    assert all(it.pending is not None and it.pending.episode_weight is None for it in pending)
 
 
 # ---- presets ------------------------------------------------------------------------------
@@ -313,13 +313,13 @@ def test_reinforce_and_custom_gamma() -> None:
 
 def test_item_problem_names_a_bad_episode_weight() -> None:
     it = make_item(3, 2)
-    it.meta.update(pending_batch_stage="scalerl", rollout_items=2, episode_weight="x")
-    assert "meta.episode_weight='x' is not a finite number" in (
+    it.pending = PendingBatchStage("scalerl", 2, "x")  # type: ignore[arg-type]
+    assert "pending_batch_stage.episode_weight='x' is not a finite number" in (
         make_scalerl().item_problem(it) or ""
     )
-    it.meta["episode_weight"] = float("nan")
+    it.pending = PendingBatchStage("scalerl", 2, float("nan"))
     assert "not a finite number" in (make_scalerl().item_problem(it) or "")
-    it.meta["episode_weight"] = -0.25
+    it.pending = PendingBatchStage("scalerl", 2, -0.25)
     assert make_scalerl().item_problem(it) is None
 
 
