@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -49,6 +50,13 @@ SEED = 1
 def gain_noise(p0: float, p1: float, n: int) -> float:
     """Standard error of p1 - p0, each a proportion over n independent games."""
     return math.sqrt(p0 * (1 - p0) / n + p1 * (1 - p1) / n)
+
+
+def held_out(summary: dict[str, Any], name: str) -> tuple[float, float, float]:
+    """Eval set ``name``'s greedy pass rate before and after, and the noise of their difference."""
+    res = summary["eval_sets"][name]
+    p0, p1 = res["before"]["pass_rate"], res["after"]["pass_rate"]
+    return p0, p1, gain_noise(p0, p1, int(res["n"]))
 
 
 def test_gain_noise_is_the_binomial_standard_error_of_a_difference() -> None:
@@ -99,9 +107,7 @@ def test_tic_tac_toe_learns_to_win_through_the_services(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "runs" / "ttt-grpo" / "summary.json").read_text())
     assert summary["steps"] == STEPS
     vs = summary["eval_sets"]["vs-heuristic"]
-    n = int(vs["n"])
-    p0, p1 = vs["before"]["pass_rate"], vs["after"]["pass_rate"]
-    noise = gain_noise(p0, p1, n)
+    p0, p1, noise = held_out(summary, "vs-heuristic")
     print(
         f"tic-tac-toe: win rate {p0:.3f} -> {p1:.3f} (+{100 * (p1 - p0):.1f} points, noise "
         f"{100 * noise:.1f}), illegal {vs['after']['illegal_rate']:.3f}, stale "
@@ -123,10 +129,7 @@ def test_tool_use_learns_to_call_the_calculator_through_the_services(tmp_path: P
     wall = run_up(REPO / "examples" / "tool_use" / "grpo.yaml", tmp_path, TOOL_STEPS, 1, 1200)
     summary = json.loads((tmp_path / "runs" / "tool-grpo" / "summary.json").read_text())
     assert summary["steps"] == TOOL_STEPS
-    res = summary["eval_sets"]["mul3-tool"]
-    n = int(res["n"])
-    p0, p1 = res["before"]["pass_rate"], res["after"]["pass_rate"]
-    noise = gain_noise(p0, p1, n)
+    p0, p1, noise = held_out(summary, "mul3-tool")
     print(
         f"tool use: pass rate {p0:.3f} -> {p1:.3f} (+{100 * (p1 - p0):.1f} points, noise "
         f"{100 * noise:.1f}), stale {summary['stale_dropped']}, {wall:.0f} s"
