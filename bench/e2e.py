@@ -28,7 +28,7 @@ start on tool-call demonstrations; held out: the eval split, played the same way
 Figures per workload and contestant, each the median over reps, one definition each:
 
 * samples/s: trained items (one per model call) per second of RL wall, evaluation
-  excluded (``Trainer.rl_wall_s``: the time inside train steps; the services' learner
+  excluded (``Trainer.throughput.rl_wall_s``: the time inside train steps; the services' learner
   reports it, the summary's ``samples_per_second``);
 * time to target: RL wall at the first curve point (``eval_every_steps`` apart, then the
   end) whose held-out greedy pass rate (the first eval set's) reaches the target (default:
@@ -353,7 +353,7 @@ def run_baseline(cfg: dict[str, Any], model_dir: Path, seed: int = 0) -> dict[st
 
         async def evaluate(self) -> dict[str, float]:
             res = await evaluate_sets_client(client, sets)
-            self.points.append((float(tr.step), tr.rl_wall_s, res["eval/pass_rate"]))
+            self.points.append((float(tr.step), tr.throughput.rl_wall_s, res["eval/pass_rate"]))
             return res
 
     curve = Curve()
@@ -377,13 +377,13 @@ def run_baseline(cfg: dict[str, Any], model_dir: Path, seed: int = 0) -> dict[st
         return {"before": before["eval/pass_rate"], "after": after["eval/pass_rate"]}
 
     res = asyncio.run(go())
-    prof = {k: round(v / max(tr.step, 1), 4) for k, v in tr.time_totals.items()}
+    prof = {k: round(v / max(tr.step, 1), 4) for k, v in tr.throughput.time_totals.items()}
     print(f"baseline per step: {prof}", file=sys.stderr)
     t_gen = gen["s"]
-    t_train = tr.rl_wall_s - t_gen
+    t_train = tr.throughput.rl_wall_s - t_gen
     return {
-        "samples_per_s": tr.items_trained_total / tr.rl_wall_s,
-        "rl_wall_s": tr.rl_wall_s,
+        "samples_per_s": tr.throughput.items_trained_total / tr.throughput.rl_wall_s,
+        "rl_wall_s": tr.throughput.rl_wall_s,
         "pass_before": res["before"],
         "pass_after": res["after"],
         "curve": [p for p in curve.points if 0 < p[0] < tr.step],

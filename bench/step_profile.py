@@ -5,7 +5,7 @@ Runs ``ludic up --config CONFIG`` (curve evaluation off: it is not part of a ste
 the CPU seconds of every process of the run from /proc once a second, and at the end reads
 the services' own accounts of their time:
 
-* learner (``learner_final.json`` ``step_profile``: ``Trainer.time_totals``): per step,
+* learner (``learner_final.json`` ``step_profile``: ``Trainer.throughput.time_totals``): per step,
   waiting for items, training (forward, backward, optimizer), publishing (snapshot +
   waiting for the previous publish), and the whole step;
 * actors (their ``actor profile`` log line): per request, generating every episode

@@ -27,13 +27,17 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
 from libludic.training import parallel
+from libludic.training.types import CheckpointedBatchSource
+
+if TYPE_CHECKING:
+    from libludic.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -386,3 +390,48 @@ class CheckpointManager:
         cps = self.list_checkpoints()
         for p in cps[: max(0, len(cps) - self.cfg.max_to_keep)]:
             shutil.rmtree(p, ignore_errors=True)
+
+
+def save_trainer(
+    tr: Trainer, checkpointer: CheckpointManager, extra: dict[str, Any] | None = None
+) -> Path | None:
+    """Save ``tr``'s model + optimizer + RNG + step + policy_version + its throughput totals
+    (a resumed Trainer's ``samples_per_s`` covers the steps before the resume) + its batch
+    source's position + ``extra``. Collective under FSDP2; rank 0 writes and returns the
+    path."""
+    msd, osd = full_training_state(tr.model, tr.optimizer)  # collective under FSDP2
+    if parallel.rank() != 0:
+        return None
+    ex: dict[str, Any] = {
+        "trainer_step": tr.step,
+        "policy_version": tr.policy_version,
+        **tr.throughput.state(),
+    }
+    if isinstance(tr.batch_source, CheckpointedBatchSource):
+        ex["batch_source"] = tr.batch_source.state_dict()
+    ex.update(extra or {})
+    return checkpointer.save(tr.step, msd, osd, extra=ex)
+
+
+def load_trainer(
+    tr: Trainer, checkpointer: CheckpointManager, path: Path | None = None
+) -> LoadedCheckpoint | None:
+    """Restore the newest valid checkpoint (or ``path``) into ``tr``; None if there is none.
+    Under FSDP2 rank 0 reads it and every rank gets it from rank 0 (``share_checkpoint``,
+    then the tensors broadcast into the shards): only rank 0 needs the files, and no other
+    rank holds the whole model or optimizer state."""
+    if tr.distributed:
+        ck = checkpointer.load(path) if parallel.rank() == 0 else None
+        ck = share_checkpoint(ck, tr.device)
+    else:
+        ck = checkpointer.load(path)
+    if ck is None:
+        return None
+    restore_training_state(tr.model, tr.optimizer, ck, from_rank0=tr.distributed)
+    tr.step = int(ck.extra.get("trainer_step", ck.step))
+    tr.last_checkpoint_step = tr.step
+    tr.publishing.restore(int(ck.extra.get("policy_version", 0)))
+    tr.throughput.restore(ck.extra)
+    if "batch_source" in ck.extra and isinstance(tr.batch_source, CheckpointedBatchSource):
+        tr.batch_source.load_state_dict(ck.extra["batch_source"])
+    return ck

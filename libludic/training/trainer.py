@@ -15,10 +15,8 @@
    ``checkpointer.should_save(step)``, after which the trained items are committed (an item
    is committed iff it is inside a saved checkpoint); without a checkpointer at once.
 
-Throughput: ``samples_per_s`` is the one definition used everywhere (console, Prometheus,
-live view, summary.json, every bench): items trained per second of RL wall, the time inside
-``train_step`` minus the Trainer's own evaluations (``rl_wall_s``, saved in checkpoints so
-a resumed run's figure covers the whole run). Step stats: ``reward_mean`` (this rank's
+Throughput (``self.throughput``, libludic/training/throughput.py): ``samples_per_s``, the
+one definition everywhere, items trained per second of RL wall. Step stats: ``reward_mean`` (this rank's
 items), ``adv_mean``/``adv_std`` (every rank's weights), ``loss/<key>`` (token-weighted
 means, maxima for ``_max`` keys), the times ``batch_wait_s``, ``train_s``,
 ``publish_wait_s``, ``step_wall_s``.
@@ -50,17 +48,16 @@ from libludic.training.algorithm import RLAlgorithm
 from libludic.training.checkpoint import (
     CheckpointManager,
     LoadedCheckpoint,
-    full_training_state,
-    restore_training_state,
-    share_checkpoint,
+    load_trainer,
+    save_trainer,
 )
 from libludic.training.config import TrainerConfig
 from libludic.training.hooks import TrainerHooks
 from libludic.training.publishing import VersionedPublisher
 from libludic.training.step import OptimizerStep
+from libludic.training.throughput import Throughput
 from libludic.training.types import (
     BatchSource,
-    CheckpointedBatchSource,
     CommittingBatchSource,
     SourceStopped,
     check_contract,
@@ -113,12 +110,7 @@ class Trainer:
         )
         self.stale_dropped_total = 0
         self.last_progress = time.monotonic()  # when a step last started or finished
-        self.rl_wall_s = 0.0  # see train_step: the denominator of samples_per_s
-        self.items_trained_total = 0
-        self.tokens_trained_total = 0
-        self.time_totals: dict[
-            str, float
-        ] = {}  # batch_wait_s, train_s, publish_wait_s, step_wall_s
+        self.throughput = Throughput()  # samples_per_s: libludic/training/throughput.py
         self.last_checkpoint_step = -1
         self.checkpoint_extra: dict[str, Any] = {}  # stored with every checkpoint
         self.stop_reason = ""
@@ -227,33 +219,21 @@ class Trainer:
             t_eval = time.perf_counter()
             stats.update(await self.evaluate())
             eval_s = time.perf_counter() - t_eval
-        # the one definition of throughput: trained items per second of RL wall (every
-        # train_step from its start to its end, evaluation excluded); the totals count the
-        # step before its checkpoint, which saves them
-        self.items_trained_total += int(batch_items)
-        self.tokens_trained_total += int(stats["num_tokens"])
+        # RL wall: every train_step from its start to its end, evaluation excluded; the
+        # totals count the step before its checkpoint, which saves them
+        tp = self.throughput
+        tp.count(int(batch_items), int(stats["num_tokens"]))
         before_commit = time.perf_counter() - t0 - eval_s
-        self.rl_wall_s += before_commit
+        tp.rl_wall_s += before_commit
         if self.checkpointer is None:
             await self.commit()
         elif self.checkpointer.should_save(self.step):
             await self.checkpoint()
         wall = time.perf_counter() - t0 - eval_s
-        self.rl_wall_s += wall - before_commit
-        for k, v in (
-            ("batch_wait_s", stats["batch_wait_s"]),
-            ("train_s", stats["train_s"]),
-            ("publish_wait_s", stats["publish_wait_s"]),
-            ("step_wall_s", wall),
-        ):
-            self.time_totals[k] = self.time_totals.get(k, 0.0) + v
-        stats.update(
-            step_wall_s=wall,
-            rl_wall_s=self.rl_wall_s,
-            samples_per_s=self.items_trained_total / max(self.rl_wall_s, 1e-9),
-            tokens_per_s=self.tokens_trained_total / max(self.rl_wall_s, 1e-9),
-            eval_s=eval_s,
-        )
+        tp.rl_wall_s += wall - before_commit
+        stats.update(step_wall_s=wall, rl_wall_s=tp.rl_wall_s, eval_s=eval_s)
+        stats.update(samples_per_s=tp.samples_per_s, tokens_per_s=tp.tokens_per_s)
+        tp.add_times(stats)
         if (
             self.hooks.on_log is not None
             and self.step % self.cfg.log_every == 0
@@ -358,46 +338,11 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self, extra: dict[str, Any] | None = None) -> Path | None:
-        """Model + optimizer + RNG + step + policy_version + the throughput totals
-        (``rl_wall_s``, items and tokens trained: a resumed Trainer's ``samples_per_s``
-        covers the steps before the resume) (+ batch-source position)."""
-        checkpointer = self._checkpointer()
-        msd, osd = full_training_state(self.model, self.optimizer)  # collective under FSDP2
-        if parallel.rank() != 0:
-            return None
-        ex: dict[str, Any] = {
-            "trainer_step": self.step,
-            "policy_version": self.policy_version,
-            # the throughput totals continue across a resume (samples_per_s covers the run)
-            "rl_wall_s": self.rl_wall_s,
-            "items_trained_total": self.items_trained_total,
-            "tokens_trained_total": self.tokens_trained_total,
-        }
-        if isinstance(self.batch_source, CheckpointedBatchSource):
-            ex["batch_source"] = self.batch_source.state_dict()
-        ex.update(extra or {})
-        return checkpointer.save(self.step, msd, osd, extra=ex)
+        """Model, optimizer, RNG, step, version, throughput totals and the batch source's
+        position (checkpoint.py ``save_trainer``; collective under FSDP2; rank 0's path)."""
+        return save_trainer(self, self._checkpointer(), extra)
 
     def load_checkpoint(self, path: Path | None = None) -> LoadedCheckpoint | None:
-        """Restore the newest valid checkpoint (or ``path``); None if there is none.
-        Under FSDP2 rank 0 reads it and every rank gets it from rank 0 (``share_checkpoint``,
-        then the tensors broadcast into the shards): only rank 0 needs the files, and no
-        other rank holds the whole model or optimizer state."""
-        checkpointer = self._checkpointer()
-        if self.distributed:
-            ck = checkpointer.load(path) if parallel.rank() == 0 else None
-            ck = share_checkpoint(ck, self.device)
-        else:
-            ck = checkpointer.load(path)
-        if ck is None:
-            return None
-        restore_training_state(self.model, self.optimizer, ck, from_rank0=self.distributed)
-        self.step = int(ck.extra.get("trainer_step", ck.step))
-        self.last_checkpoint_step = self.step
-        self.publishing.restore(int(ck.extra.get("policy_version", 0)))
-        self.rl_wall_s = float(ck.extra.get("rl_wall_s", 0.0))
-        self.items_trained_total = int(ck.extra.get("items_trained_total", 0))
-        self.tokens_trained_total = int(ck.extra.get("tokens_trained_total", 0))
-        if "batch_source" in ck.extra and isinstance(self.batch_source, CheckpointedBatchSource):
-            self.batch_source.load_state_dict(ck.extra["batch_source"])
-        return ck
+        """Restore the newest valid checkpoint (or ``path``); None if there is none
+        (checkpoint.py ``load_trainer``: under FSDP2 only rank 0 needs the files)."""
+        return load_trainer(self, self._checkpointer(), path)

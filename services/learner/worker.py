@@ -399,7 +399,7 @@ class Learner:
                     {
                         "step": step,
                         "time": time.time(),
-                        "rl_wall_s": round(tr.rl_wall_s, 4),
+                        "rl_wall_s": round(tr.throughput.rl_wall_s, 4),
                         "path": path.name,
                         "policy_version": tr.policy_version,
                     }
@@ -559,11 +559,11 @@ class Learner:
             "items_trained": self.source.items_trained,
             "stale_dropped": self.source.stale_dropped,
             "nonfinite_steps_skipped": tr.nonfinite_skipped_total,
-            "rl_wall_seconds": round(tr.rl_wall_s, 3),
+            "rl_wall_seconds": round(tr.throughput.rl_wall_s, 3),
             # mean seconds per step: waiting for items, training, publishing, all of it
-            "step_profile": {k: round(v / max(tr.step, 1), 4) for k, v in tr.time_totals.items()},
-            "samples_per_second": round(tr.items_trained_total / tr.rl_wall_s, 2)
-            if tr.rl_wall_s > 0
+            "step_profile": {k: round(v / max(tr.step, 1), 4) for k, v in tr.throughput.time_totals.items()},
+            "samples_per_second": round(tr.throughput.items_trained_total / tr.throughput.rl_wall_s, 2)
+            if tr.throughput.rl_wall_s > 0
             else None,
             # the spare-core training thread (libludic/training/spare_core.py), when used
             "spare_core": None

@@ -134,7 +134,7 @@ async def test_the_specs_training_loop_trains(policy) -> None:
     assert trainer.cfg.lr == 2e-5  # the spec's learning_rate spelling reached the optimizer
     assert trainer.optimizer.param_groups[0]["lr"] == 2e-5
     # each step trained one batch of the arithmetic episodes: 2 groups x 8, one step each
-    assert trainer.step == STEPS and trainer.items_trained_total == STEPS * GROUPS * 8
+    assert trainer.step == STEPS and trainer.throughput.items_trained_total == STEPS * GROUPS * 8
     moved = [k for k, v in model.state_dict().items() if not torch.equal(v, start[k])]
     assert moved, "two optimizer steps left every parameter where it started"
 

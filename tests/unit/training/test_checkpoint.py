@@ -58,11 +58,11 @@ async def test_resume_is_bit_identical(base_model, tmp_path) -> None:
     assert ck is not None and ck.step == 2 and ck.extra["batch_source"] == {"pos": 2}
     assert resumed.step == 2 and resumed.batch_source.pos == 2
     # the throughput totals go on from the checkpoint: samples/s covers the whole run
-    assert resumed.items_trained_total == first.items_trained_total == 6
-    assert 0 < resumed.rl_wall_s <= first.rl_wall_s  # (less the time of writing it)
-    assert resumed.tokens_trained_total == first.tokens_trained_total
+    assert resumed.throughput.items_trained_total == first.throughput.items_trained_total == 6
+    assert 0 < resumed.throughput.rl_wall_s <= first.throughput.rl_wall_s  # (less the time of writing it)
+    assert resumed.throughput.tokens_trained_total == first.throughput.tokens_trained_total
     await resumed.train(num_steps=2)
-    assert resumed.items_trained_total == 12
+    assert resumed.throughput.items_trained_total == 12
 
     for (n, p), q in zip(
         straight.model.named_parameters(), resumed.model.parameters(), strict=True
