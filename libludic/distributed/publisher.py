@@ -405,6 +405,7 @@ class BroadcastPolicyPublisher:
     on_result: ResultFn | None = None
     acked: dict[str, int] = field(default_factory=dict)
     last_replicas: list[str] = field(default_factory=list)
+    last_bytes: int = field(default=0, init=False)  # the last publish's tensor bytes
     _sender: Any = None
     _urls: list[str] = field(default_factory=list)
 
@@ -448,6 +449,7 @@ class BroadcastPolicyPublisher:
                 _bounded(
                     functools.partial(sender.send, state_dict, version), t + 5.0, "collective send"
                 )
+                self.last_bytes = sum(t.numel() * t.element_size() for t in state_dict.values())
                 for u in urls:
                     self._record(u, version, None)
                 return

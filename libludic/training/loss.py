@@ -127,6 +127,12 @@ def loss_inputs(loss: object) -> LossInputs:
     return requires
 
 
+def declared_stat_keys(loss: object) -> tuple[str, ...]:
+    """The stats ``loss`` declares it returns (``stat_keys``); () for one that declares none
+    (the spec's Protocol asks only ``compute``): what the learner exports per step."""
+    return tuple(getattr(loss, "stat_keys", ()) or ())
+
+
 def token_logprobs(logits: Tensor, input_ids: Tensor) -> Tensor:
     """log pi(input_ids[:, t+1] | prefix) for t < T-1.   logits [B, T, V] -> [B, T-1]."""
     lg = logits[:, :-1]
@@ -774,7 +780,7 @@ class CompositeLoss:
         keys = ["loss"]
         for t in self.terms:
             # the built-in losses declare theirs; a user's Loss needs only compute()
-            keys += [f"{t.name}/{k}" for k in getattr(t.loss, "stat_keys", ())]
+            keys += [f"{t.name}/{k}" for k in declared_stat_keys(t.loss)]
         return tuple(keys)
 
     @checked_loss

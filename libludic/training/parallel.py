@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from libludic.distributed.weight_sync import PEFT_PREFIX
 from libludic.training.config import TrainerConfig
@@ -185,9 +186,9 @@ def shard_from_rank0(
     return shell
 
 
-def _full(t: torch.Tensor) -> torch.Tensor:
-    full = getattr(t, "full_tensor", None)  # DTensor (FSDP2 shard) -> gathered tensor
-    return full() if callable(full) else t
+def full_tensor(t: Any) -> torch.Tensor:
+    """A DTensor (an FSDP2 shard) gathered whole (collective); a plain tensor as it is."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def full_state_dict(
@@ -229,17 +230,17 @@ def full_state_dict(
         for name, t in untied(base.state_dict(keep_vars=True)):
             if "lora_" in name:
                 continue
-            put(name.replace(".base_layer.", "."), _full(t).detach())
+            put(name.replace(".base_layer.", "."), full_tensor(t).detach())
         for mname, mod in base.named_modules():
             if isinstance(mod, LoraLayer):
-                w = _full(mod.get_base_layer().weight).detach()  # type: ignore[arg-type]
+                w = full_tensor(mod.get_base_layer().weight).detach()
                 for a in mod.active_adapters:
                     if a in mod.lora_A:
-                        w = w + _full(mod.get_delta_weight(a)).detach()  # type: ignore[attr-defined]
+                        w = w + full_tensor(mod.get_delta_weight(a)).detach()  # type: ignore[attr-defined]
                 put(f"{mname}.weight", w)
     else:
         for name, t in untied(model.state_dict(keep_vars=True)):
-            put(name, _full(t).detach())
+            put(name, full_tensor(t).detach())
     return out
 
 
@@ -276,7 +277,7 @@ def adapter_state_dict(
             continue
         (a,) = [x for x in mod.active_adapters if x in mod.lora_A]
         for part, layers in (("lora_A", mod.lora_A), ("lora_B", mod.lora_B)):
-            t = _full(layers[a].weight).detach()  # type: ignore[arg-type]
+            t = full_tensor(layers[a].weight).detach()
             if keep:
                 out[f"{PEFT_PREFIX}{mname}.{part}.weight"] = t.to("cpu") if to_cpu else t
     return out

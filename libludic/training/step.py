@@ -425,10 +425,7 @@ class OptimizerStep:
         global) skips the update: the gradients are dropped, the weights and the optimizer
         state stay as they were, ``nonfinite_skipped_total`` counts it."""
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
-        full = getattr(norm, "full_tensor", None)
-        norm = full() if callable(full) else norm
-        value = float(norm)
+        value = float(parallel.full_tensor(torch.nn.utils.clip_grad_norm_(self.params, max_norm)))
         if math.isfinite(value):
             for group in self.optimizer.param_groups:
                 group["lr"] = self.cfg.lr_at(step)

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from libludic import transport
+from libludic.distributed.interfaces import WeightPlane
 from libludic.distributed.publisher import (
     BroadcastPolicyPublisher,
     HttpPolicyPublisher,
@@ -34,6 +35,7 @@ from libludic.distributed.weight_sync import to_safetensors_bytes
 from libludic.training import parallel
 from libludic.training.batching.pipeline import PipelineBatchSource
 from libludic.training.checkpoint import CheckpointManager
+from libludic.training.loss import declared_stat_keys
 from libludic.training.publishing import PublishFailed
 from libludic.training.trainer import Trainer, TrainerHooks
 from libludic.transport import accounting
@@ -78,8 +80,7 @@ class Learner:
         self._announced = 0  # the last version the publish thread announced to Redis
         self.trainer: Trainer | None = None
         self.started_at = time.monotonic()
-        self.publisher: Any = None
-        self.inner_publisher: Any = None
+        self.publisher: WeightPlane | None = None  # the Trainer wraps it (Rank0OnlyPublisher)
         self.logger: M.StepLogger | None = None
         self.ckcfg = s.checkpoint_config()
         self.trained_log: Path | None = None
@@ -141,7 +142,7 @@ class Learner:
                 total_timeout_s=s.publish_total_timeout_s,
             )
             replicas = ReplicaSet(s.inference_urls)
-            inner: Any
+            inner: WeightPlane
             if s.publish_plane == "http":
                 inner = HttpPolicyPublisher(
                     replicas,
@@ -167,8 +168,7 @@ class Learner:
                     retry,
                     on_result=M.on_replica_result,
                 )
-            self.inner_publisher = inner
-            self.publisher = inner  # the Trainer wraps it: only rank 0 sends (Rank0OnlyPublisher)
+            self.publisher = inner
         self.source = source
         self.device = device
         self.trainer = Trainer(
@@ -246,8 +246,8 @@ class Learner:
                 deadline_s=60,
                 stop=self.stop,
             )
-            if self.inner_publisher is not None:
-                vs = replica_versions(self.inner_publisher.replicas.resolve(), token=self.s.token())
+            if self.publisher is not None:
+                vs = replica_versions(self.publisher.replicas.resolve(), token=self.s.token())
                 floor = max([floor] + [v for v in vs.values() if v is not None])
         (floor,) = self._shared_ints([floor])
         tr.publishing.raise_floor(floor)
@@ -299,7 +299,8 @@ class Learner:
             return
         M.PUBLISHES.labels(outcome="ok").inc()
         M.PUBLISH_SECONDS.observe(seconds)
-        M.PUBLISH_BYTES.inc(getattr(self.inner_publisher, "last_bytes", 0))
+        if self.publisher is not None:
+            M.PUBLISH_BYTES.inc(self.publisher.last_bytes)
         M.POLICY_VERSION.set(version)
         if self.rank == 0 and self._announced < version:  # the thread's announcement failed
             await transport.retry_redis(
@@ -316,9 +317,9 @@ class Learner:
         its base weights at version 0; actors then wait on max_lag, no fresh item comes, and
         without this the next publish, after the next step, would never come.)"""
         tr = self.trainer
-        if tr is None or self.inner_publisher is None or tr.publishing.served_version <= 0:
+        if tr is None or self.publisher is None or tr.publishing.served_version <= 0:
             return False
-        urls = self.inner_publisher.replicas.resolve()
+        urls = self.publisher.replicas.resolve()
         vs = await asyncio.to_thread(replica_versions, urls, 5.0, self.s.token())
         behind = {u: v for u, v in vs.items() if v is not None and v < tr.publishing.served_version}
         if behind:
@@ -349,7 +350,7 @@ class Learner:
             "pid": os.getpid(),
             "step": tr.step,
             "policy_version": tr.policy_version,
-            "replicas": dict(getattr(self.inner_publisher, "acked", {}) or {}),
+            "replicas": dict(self.publisher.acked) if self.publisher else {},
             "publish_failures": tr.publishing.failures,
             "consecutive_publish_failures": tr.publishing.consecutive_failures,
             "last_publish_error": tr.publishing.last_error,
@@ -433,12 +434,7 @@ class Learner:
                         await accounting.wake_admission(self.r, self.keys)
                 except transport.REDIS_DOWN_ERRORS as e:  # the feeder polls anyway
                     log.warning("cannot wake the feeder: %s", e)
-            M.export_step(
-                stats,
-                tuple(getattr(self.trainer.algo.loss, "stat_keys", ()) or ())
-                if self.trainer is not None
-                else (),
-            )
+            M.export_step(stats, declared_stat_keys(self.trainer.algo.loss) if self.trainer else ())
             M.UNCOMMITTED.set(self.source.uncommitted)
             await self._status()  # reads the run accounting
             if self.logger is not None:
@@ -561,8 +557,10 @@ class Learner:
             "nonfinite_steps_skipped": tr.nonfinite_skipped_total,
             "rl_wall_seconds": round(tr.throughput.rl_wall_s, 3),
             # mean seconds per step: waiting for items, training, publishing, all of it
-            "step_profile": {k: round(v / max(tr.step, 1), 4) for k, v in tr.throughput.time_totals.items()},
-            "samples_per_second": round(tr.throughput.items_trained_total / tr.throughput.rl_wall_s, 2)
+            "step_profile": {
+                k: round(v / max(tr.step, 1), 4) for k, v in tr.throughput.time_totals.items()
+            },
+            "samples_per_second": round(tr.throughput.samples_per_s, 2)
             if tr.throughput.rl_wall_s > 0
             else None,
             # the spare-core training thread (libludic/training/spare_core.py), when used
@@ -586,9 +584,8 @@ class Learner:
         tmp.replace(out / "learner_final.json")
 
     async def close(self) -> None:
-        close = getattr(self.publisher, "close", None)
-        if callable(close):
-            close()
+        if self.publisher is not None:
+            self.publisher.close()
         if self._sync_redis is not None:
             self._sync_redis.close()
         if self.r is not None:

@@ -59,7 +59,8 @@ async def test_resume_is_bit_identical(base_model, tmp_path) -> None:
     assert resumed.step == 2 and resumed.batch_source.pos == 2
     # the throughput totals go on from the checkpoint: samples/s covers the whole run
     assert resumed.throughput.items_trained_total == first.throughput.items_trained_total == 6
-    assert 0 < resumed.throughput.rl_wall_s <= first.throughput.rl_wall_s  # (less the time of writing it)
+    # (less the time of writing it)
+    assert 0 < resumed.throughput.rl_wall_s <= first.throughput.rl_wall_s
     assert resumed.throughput.tokens_trained_total == first.throughput.tokens_trained_total
     await resumed.train(num_steps=2)
     assert resumed.throughput.items_trained_total == 12
