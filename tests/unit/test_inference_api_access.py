@@ -1,4 +1,4 @@
-"""The generation routes' access rules (services/inference/app.py): the bearer token
+"""The generation routes' access rules (services/inference/access.py): the bearer token
 (LUDIC_API_KEY, or the weight token), the body cap checked before parsing, caps on n and
 max_tokens, and the concurrency cap with its slot held by a stream until it ends. The app is
 the real one; vLLM's serving objects are replaced by a fake that records what reached it."""

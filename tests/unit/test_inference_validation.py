@@ -585,7 +585,7 @@ async def test_a_declared_length_is_checked_not_allocated() -> None:
 
     from fastapi import HTTPException
 
-    from services.inference.app import read_body_once
+    from services.inference.context import read_body_once
 
     tracemalloc.start()
     try:

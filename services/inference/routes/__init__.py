@@ -1,0 +1,1 @@
+"""The routes of ``ludic inference``, one module per concern."""
