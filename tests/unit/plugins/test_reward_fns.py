@@ -61,7 +61,7 @@ async def test_a_failing_reward_function_fails_the_episode_naming_it():
     "spec, match",
     [
         (RewardFnSpec("tests.user_plugins:brevity", {"max_char": 3}), r"unknown keyword\(s\) \['max_char'\]"),
-        (RewardFnSpec("nope"), r"reward.functions\[nope\].kind='nope' is unknown; registered: \[.*http_verifier, llm_judge\]"),
+        (RewardFnSpec("nope"), r"reward.functions\[nope\].kind='nope' is unknown; registered: \[.*http_verifier, llm_judge, tool_result\]"),
         (RewardFnSpec("llm_judge", {"template": "no completion field"}), r"must contain \{completion\}"),
         (RewardFnSpec("http_verifier", {"url": "ftp://x"}), r"must be an http\(s\) URL"),
     ],
@@ -171,3 +171,44 @@ async def test_http_verifier_that_is_down_fails_after_its_retries():
     v = HTTPVerifier("http://127.0.0.1:9/score", retries=1, backoff_s=0.01, timeout_s=2)
     with pytest.raises(RewardError, match="failed after 2 attempts: ConnectError"):
         await v(RewardInput.of(make_rollout("r", [0.0])))
+
+
+@pytest.mark.parametrize(
+    "call, answer, want",
+    [
+        ("{a}*{b}", "{p}", [0.0, 1.0 + 0.5]),  # the call and the answer right: 1 + 0.5 x 1
+        ("{a}*{b}", "1", [0.0, 0.0 + 0.5]),  # the call right, the answer wrong: 0.5 x 1
+        ("{a}*{b}1", "{p}", [0.0, 1.0 + 0.0]),  # an operand mis-copied; the answer right
+        ("{a}*/{b}", "{p}", [0.0, 1.0 + 0.0]),  # the tool failed ("error: ...")
+    ],
+)
+async def test_tool_result_rewards_a_tool_call_that_returned_the_reference(
+    call: str, answer: str, want: list[float]
+):
+    # 3-digit products with the calculator (examples/tool_use): the tool step is the first
+    from libludic.envs.arithmetic import generate_problem
+    from libludic.requests import AgentSpec, ProtocolSpec
+
+    q = generate_problem(7, digits=3, ops=("*",))
+    fill = {"a": q.a, "b": q.b, "p": q.answer}
+    expr = call.format(**fill)
+    replies = [
+        f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{expr}"}}}}</tool_call>',
+        answer.format(**fill),
+    ]
+    eng = RolloutEngine(*build_registries(ScriptedClient(replies)))
+    req = RolloutRequest(
+        env=EnvSpec("arithmetic", {"digits": 3, "ops": ["*"]}),
+        env_seed=7,
+        protocol=ProtocolSpec(agent=AgentSpec("tool", {"tools": ["calculator"]})),
+        reward=RewardSpec(functions=(RewardFnSpec("tool_result", weight=0.5),)),
+    )
+    (ro,) = await eng.generate_rollouts([req], max_steps=2)
+    assert [s.info.get("kind") for s in ro.steps] == ["tool_call", "action"]
+    assert [s.reward for s in ro.steps] == pytest.approx(want)
+
+
+async def test_tool_result_without_a_reference_answer_names_the_key():
+    spec = RewardSpec(functions=(RewardFnSpec("tool_result", {"answer_key": "solution"}),))
+    with pytest.raises(RewardError, match=r"info\['solution'\]"):
+        await run(spec, ["3", "2", "1"])
