@@ -121,7 +121,8 @@ def test_tic_tac_toe_learns_to_win_through_the_services(tmp_path: Path) -> None:
     assert summary["stale_dropped"] <= 0.05 * summary["samples_trained"]
 
 
-TOOL_STEPS = 50  # seed 1 reached 0.410 at step 50 from 0.070 (README curve); the test asks > 2 x noise
+# seed 1 reached 0.410 at step 50 from 0.070 (README curve); the test asks > 2 x noise
+TOOL_STEPS = 50
 
 
 @pytest.mark.timeout(1500)
