@@ -97,34 +97,41 @@ def _dynamic_sampling(dynamic_sampling: bool) -> PreprocessFn | None:
     return drop_zero_variance_groups if dynamic_sampling else None
 
 
-def _reward_options(
-    *,
-    dynamic_sampling: bool,
-    reward_scaling: float,
-    reward_bias: float,
-    reward_clip: float,
-    overlong_reward_penalty: bool,
-    overlong_tokens: int | None,
-    overlong_penalty_factor: float | None,
-    max_new_tokens: int | None,
-    mask_no_eos_with_zero: bool,
-) -> dict[str, Any]:
-    """The RLAlgorithm fields every RL preset sets from the same kwargs (module docstring)."""
-    if not isinstance(mask_no_eos_with_zero, bool):
-        raise ValueError(f"mask_no_eos_with_zero={mask_no_eos_with_zero!r} must be true or false")
-    return {
-        "preprocess": _dynamic_sampling(dynamic_sampling),
-        "reward_shaping": RewardShaping(
-            reward_scaling=reward_scaling,
-            reward_bias=reward_bias,
-            reward_clip=reward_clip,
-            overlong_reward_penalty=overlong_reward_penalty,
-            overlong_tokens=overlong_tokens,
-            overlong_penalty_factor=overlong_penalty_factor,
-            max_new_tokens=max_new_tokens,
-        ),
-        "mask_no_eos_with_zero": mask_no_eos_with_zero,
+#: a preset's reward kwargs (module docstring), and the fields of its OffPolicyCorrection
+REWARD_KEYS = (
+    "dynamic_sampling",
+    "reward_scaling",
+    "reward_bias",
+    "reward_clip",
+    "overlong_reward_penalty",
+    "overlong_tokens",
+    "overlong_penalty_factor",
+    "max_new_tokens",
+    "mask_no_eos_with_zero",
+)
+OFF_POLICY_KEYS = tuple(f.name for f in dataclasses.fields(OffPolicyCorrection))
+
+
+def _reward_options(kw: Mapping[str, Any]) -> dict[str, Any]:
+    """The RLAlgorithm fields every RL preset sets from its reward kwargs (``kw``: the
+    preset's arguments, its ``locals()``; module docstring)."""
+    if not isinstance(kw["mask_no_eos_with_zero"], bool):
+        raise ValueError(
+            f"mask_no_eos_with_zero={kw['mask_no_eos_with_zero']!r} must be true or false"
+        )
+    shaping = {
+        k: kw[k] for k in REWARD_KEYS if k not in ("dynamic_sampling", "mask_no_eos_with_zero")
     }
+    return {
+        "preprocess": _dynamic_sampling(kw["dynamic_sampling"]),
+        "reward_shaping": RewardShaping(**shaping),
+        "mask_no_eos_with_zero": kw["mask_no_eos_with_zero"],
+    }
+
+
+def _off_policy(kw: Mapping[str, Any]) -> OffPolicyCorrection:
+    """The loss's OffPolicyCorrection from the preset's arguments (its ``locals()``)."""
+    return OffPolicyCorrection(**{k: kw[k] for k in OFF_POLICY_KEYS})
 
 
 NormArg = NormConfig | Mapping[str, Any] | None
@@ -212,21 +219,12 @@ def make_reinforce(
     ``dynamic_sampling`` drops the groups (rollouts sharing ``meta.group_id``) whose total
     rewards are all equal, as in every RL preset.
     """
+    reward = _reward_options(locals())
     return RLAlgorithm(
         name="reinforce",
         credit_assigner=MonteCarloReturn(gamma=gamma),
         loss=ReinforceLoss(aggregation=aggregation, max_new_tokens=max_new_tokens),
-        **_reward_options(
-            dynamic_sampling=dynamic_sampling,
-            reward_scaling=reward_scaling,
-            reward_bias=reward_bias,
-            reward_clip=reward_clip,
-            overlong_reward_penalty=overlong_reward_penalty,
-            overlong_tokens=overlong_tokens,
-            overlong_penalty_factor=overlong_penalty_factor,
-            max_new_tokens=max_new_tokens,
-            mask_no_eos_with_zero=mask_no_eos_with_zero,
-        ),
+        **reward,
     )
 
 
@@ -280,6 +278,8 @@ def make_grpo(
     presets take them too. ``aggregation`` (and its constant ``max_new_tokens`` for
     "seq-mean-token-sum-norm") is the loss's: see libludic.training.loss.
     """
+    reward = _reward_options(locals())
+    off_policy = _off_policy(locals())
     std = bool(normalize_adv)
     loss = TokenClippedSurrogateLoss(
         eps_clip=eps_clip,
@@ -287,14 +287,7 @@ def make_grpo(
         c_clip=c_clip,
         aggregation=aggregation,
         max_new_tokens=max_new_tokens,
-        off_policy=OffPolicyCorrection(
-            mismatch_correction=mismatch_correction,
-            mismatch_level=mismatch_level,
-            mismatch_cap=mismatch_cap,
-            recompute_logprob=recompute_logprob,
-            use_decoupled_loss=use_decoupled_loss,
-            behav_imp_weight_cap=behav_imp_weight_cap,
-        ),
+        off_policy=off_policy,
     )
     return RLAlgorithm(
         name="grpo",
@@ -307,17 +300,7 @@ def make_grpo(
             positive_only=positive_only,
         ),
         loss=_with_kl(loss, kl_coeff, "pg", kl_estimator),
-        **_reward_options(
-            dynamic_sampling=dynamic_sampling,
-            reward_scaling=reward_scaling,
-            reward_bias=reward_bias,
-            reward_clip=reward_clip,
-            overlong_reward_penalty=overlong_reward_penalty,
-            overlong_tokens=overlong_tokens,
-            overlong_penalty_factor=overlong_penalty_factor,
-            max_new_tokens=max_new_tokens,
-            mask_no_eos_with_zero=mask_no_eos_with_zero,
-        ),
+        **reward,
     )
 
 
@@ -365,12 +348,14 @@ def make_scalerl(
     filter", is the same switch and may be given instead) drops every group whose rollouts
     all have the same total reward before credit.
     """
+    off_policy = _off_policy(locals())
     if dynamic_sampling is not None and filter_zvp is not None and dynamic_sampling != filter_zvp:
         raise ValueError(
             f"dynamic_sampling={dynamic_sampling!r} and filter_zvp={filter_zvp!r} are the same "
             "switch (filter_zvp is ScaleRL's name for it); give only dynamic_sampling"
         )
     zvp = next((x for x in (dynamic_sampling, filter_zvp) if x is not None), True)
+    reward = _reward_options({**locals(), "dynamic_sampling": zvp})
     return RLAlgorithm(
         name="scalerl",
         credit_assigner=_group_credit(
@@ -383,26 +368,9 @@ def make_scalerl(
             eps_clip_high=eps_clip_high,
             aggregation=aggregation,
             max_new_tokens=max_new_tokens,
-            off_policy=OffPolicyCorrection(
-                mismatch_correction=mismatch_correction,
-                mismatch_level=mismatch_level,
-                mismatch_cap=mismatch_cap,
-                recompute_logprob=recompute_logprob,
-                use_decoupled_loss=use_decoupled_loss,
-                behav_imp_weight_cap=behav_imp_weight_cap,
-            ),
+            off_policy=off_policy,
         ),
-        **_reward_options(
-            dynamic_sampling=zvp,
-            reward_scaling=reward_scaling,
-            reward_bias=reward_bias,
-            reward_clip=reward_clip,
-            overlong_reward_penalty=overlong_reward_penalty,
-            overlong_tokens=overlong_tokens,
-            overlong_penalty_factor=overlong_penalty_factor,
-            max_new_tokens=max_new_tokens,
-            mask_no_eos_with_zero=mask_no_eos_with_zero,
-        ),
+        **reward,
     )
 
 
@@ -435,19 +403,14 @@ def make_cispo(
 ) -> RLAlgorithm:
     """GroupNormalizedReturn + CISPOLoss (+ the KL term when kl_coeff > 0, estimator kl_estimator); ``reward_norm`` /
     ``adv_norm`` as in make_grpo."""
+    reward = _reward_options(locals())
+    off_policy = _off_policy(locals())
     loss = CISPOLoss(
         eps_clip_low=eps_clip_low,
         eps_clip_high=eps_clip_high,
         aggregation=aggregation,
         max_new_tokens=max_new_tokens,
-        off_policy=OffPolicyCorrection(
-            mismatch_correction=mismatch_correction,
-            mismatch_level=mismatch_level,
-            mismatch_cap=mismatch_cap,
-            recompute_logprob=recompute_logprob,
-            use_decoupled_loss=use_decoupled_loss,
-            behav_imp_weight_cap=behav_imp_weight_cap,
-        ),
+        off_policy=off_policy,
     )
     return RLAlgorithm(
         name="cispo",
@@ -457,17 +420,7 @@ def make_cispo(
             adv_norm=adv_norm,
         ),
         loss=_with_kl(loss, kl_coeff, "cispo", kl_estimator),
-        **_reward_options(
-            dynamic_sampling=dynamic_sampling,
-            reward_scaling=reward_scaling,
-            reward_bias=reward_bias,
-            reward_clip=reward_clip,
-            overlong_reward_penalty=overlong_reward_penalty,
-            overlong_tokens=overlong_tokens,
-            overlong_penalty_factor=overlong_penalty_factor,
-            max_new_tokens=max_new_tokens,
-            mask_no_eos_with_zero=mask_no_eos_with_zero,
-        ),
+        **reward,
     )
 
 
@@ -507,20 +460,15 @@ def make_gspo(
     term per sequence (aggregation "seq-mean-token-mean"). ``reward_norm`` / ``adv_norm`` as
     in make_grpo.
     """
+    reward = _reward_options(locals())
+    off_policy = _off_policy(locals())
     std = True if normalize_adv is None else normalize_adv
     loss = GSPOLoss(
         eps_clip=eps_clip,
         eps_clip_higher=eps_clip_higher,
         aggregation=aggregation,
         max_new_tokens=max_new_tokens,
-        off_policy=OffPolicyCorrection(
-            mismatch_correction=mismatch_correction,
-            mismatch_level=mismatch_level,
-            mismatch_cap=mismatch_cap,
-            recompute_logprob=recompute_logprob,
-            use_decoupled_loss=use_decoupled_loss,
-            behav_imp_weight_cap=behav_imp_weight_cap,
-        ),
+        off_policy=off_policy,
     )
     return RLAlgorithm(
         name="gspo",
@@ -533,17 +481,7 @@ def make_gspo(
             positive_only=positive_only,
         ),
         loss=_with_kl(loss, kl_coeff, "pg", kl_estimator),
-        **_reward_options(
-            dynamic_sampling=dynamic_sampling,
-            reward_scaling=reward_scaling,
-            reward_bias=reward_bias,
-            reward_clip=reward_clip,
-            overlong_reward_penalty=overlong_reward_penalty,
-            overlong_tokens=overlong_tokens,
-            overlong_penalty_factor=overlong_penalty_factor,
-            max_new_tokens=max_new_tokens,
-            mask_no_eos_with_zero=mask_no_eos_with_zero,
-        ),
+        **reward,
     )
 
 
@@ -589,20 +527,15 @@ def make_dr_grpo(
     normalize_adv knob: dropping the std is half of the algorithm, so ``reward_norm`` and
     ``adv_norm`` (e.g. a leave-one-out mean) must keep ``std_level: null``.
     """
+    reward = _reward_options(locals())
+    off_policy = _off_policy(locals())
     loss = TokenClippedSurrogateLoss(
         eps_clip=eps_clip,
         eps_clip_higher=eps_clip_higher,
         c_clip=c_clip,
         aggregation=aggregation,
         max_new_tokens=max_new_tokens,
-        off_policy=OffPolicyCorrection(
-            mismatch_correction=mismatch_correction,
-            mismatch_level=mismatch_level,
-            mismatch_cap=mismatch_cap,
-            recompute_logprob=recompute_logprob,
-            use_decoupled_loss=use_decoupled_loss,
-            behav_imp_weight_cap=behav_imp_weight_cap,
-        ),
+        off_policy=off_policy,
     )
     return RLAlgorithm(
         name="dr_grpo",
@@ -612,17 +545,7 @@ def make_dr_grpo(
             adv_norm=_no_std("dr_grpo", "adv_norm", adv_norm),
         ),
         loss=_with_kl(loss, kl_coeff, "pg", kl_estimator),
-        **_reward_options(
-            dynamic_sampling=dynamic_sampling,
-            reward_scaling=reward_scaling,
-            reward_bias=reward_bias,
-            reward_clip=reward_clip,
-            overlong_reward_penalty=overlong_reward_penalty,
-            overlong_tokens=overlong_tokens,
-            overlong_penalty_factor=overlong_penalty_factor,
-            max_new_tokens=max_new_tokens,
-            mask_no_eos_with_zero=mask_no_eos_with_zero,
-        ),
+        **reward,
     )
 
 
@@ -663,6 +586,7 @@ def make_custom(
                   - {name: pg, loss: {kind: TokenClippedSurrogateLoss, kwargs: {eps_clip: 0.2}}}
                   - {name: kl, coeff: 0.01, loss: {kind: TokenKLLoss}}
     """
+    reward = _reward_options(locals())
     if credit is None or loss is None:
         raise ValueError(
             "algorithm custom needs kwargs.credit and kwargs.loss, each {kind, kwargs}: "
@@ -672,17 +596,7 @@ def make_custom(
         name="custom",
         credit_assigner=_custom_credit(credit, group_size, gamma),
         loss=build_component("algorithm.kwargs.loss", loss, LOSSES),
-        **_reward_options(
-            dynamic_sampling=dynamic_sampling,
-            reward_scaling=reward_scaling,
-            reward_bias=reward_bias,
-            reward_clip=reward_clip,
-            overlong_reward_penalty=overlong_reward_penalty,
-            overlong_tokens=overlong_tokens,
-            overlong_penalty_factor=overlong_penalty_factor,
-            max_new_tokens=max_new_tokens,
-            mask_no_eos_with_zero=mask_no_eos_with_zero,
-        ),
+        **reward,
     )
 
 
