@@ -27,17 +27,16 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
 from libludic.training import parallel
-from libludic.training.types import CheckpointedBatchSource
-
-if TYPE_CHECKING:
-    from libludic.training.trainer import Trainer
+from libludic.training.publishing import VersionedPublisher
+from libludic.training.throughput import Throughput
+from libludic.training.types import BatchSource, CheckpointedBatchSource
 
 log = logging.getLogger(__name__)
 
@@ -392,8 +391,32 @@ class CheckpointManager:
             shutil.rmtree(p, ignore_errors=True)
 
 
+class Resumable(Protocol):
+    """What a checkpoint saves of a training loop and restores into it (the Trainer)."""
+
+    step: int
+    last_checkpoint_step: int
+
+    @property
+    def model(self) -> torch.nn.Module: ...
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+    @property
+    def publishing(self) -> VersionedPublisher: ...
+    @property
+    def throughput(self) -> Throughput: ...
+    @property
+    def batch_source(self) -> BatchSource: ...
+    @property
+    def distributed(self) -> bool: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def policy_version(self) -> int: ...
+
+
 def save_trainer(
-    tr: Trainer, checkpointer: CheckpointManager, extra: dict[str, Any] | None = None
+    tr: Resumable, checkpointer: CheckpointManager, extra: dict[str, Any] | None = None
 ) -> Path | None:
     """Save ``tr``'s model + optimizer + RNG + step + policy_version + its throughput totals
     (a resumed Trainer's ``samples_per_s`` covers the steps before the resume) + its batch
@@ -414,7 +437,7 @@ def save_trainer(
 
 
 def load_trainer(
-    tr: Trainer, checkpointer: CheckpointManager, path: Path | None = None
+    tr: Resumable, checkpointer: CheckpointManager, path: Path | None = None
 ) -> LoadedCheckpoint | None:
     """Restore the newest valid checkpoint (or ``path``) into ``tr``; None if there is none.
     Under FSDP2 rank 0 reads it and every rank gets it from rank 0 (``share_checkpoint``,

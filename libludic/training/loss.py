@@ -679,6 +679,50 @@ class GSPOLoss(RatioLoss):
         }
 
 
+@dataclass
+class SAPOLoss(RatioLoss):
+    """SAPO (Gao et al. 2025, Soft Adaptive Policy Optimization, arXiv 2511.20347): a
+    smooth, temperature-controlled gate on the token ratio instead of the hard clip.
+
+    r_bt = exp(logp_bt - logp_old_bt),   A_b = weight_b,   tau = tau_pos if A_b > 0 else tau_neg
+    obj  = f(r) A,   f(r) = (4 / tau) sigmoid(tau (r - 1))
+    L    = -agg(w * obj)
+
+    d obj / d logp = g(r) r A with the gate g(r) = 4 sigmoid(tau (r - 1)) (1 - sigmoid(...)):
+    1 at r = 1 (the on-policy gradient), decaying smoothly as r leaves 1, the faster the
+    larger tau; no token's gradient is cut off at a band's edge. ``tau_neg`` > ``tau_pos``
+    damps the negative-advantage tokens more (the paper: their updates destabilise training
+    more). Defaults 1.0 and 1.05 (Trinity-RFT's and TorchForge's SAPO). ``clip_frac`` is the
+    fraction of tokens the gate attenuates by more than half (g < 1/2); ``gate_mean`` the
+    mean of g.
+    """
+
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+    stat_keys: ClassVar[tuple[str, ...]] = (*RATIO_STAT_KEYS, "gate_mean")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("tau_pos", "tau_neg"):
+            tau = getattr(self, name)
+            if isinstance(tau, bool) or not isinstance(tau, int | float) or not tau > 0:
+                raise ValueError(f"{name}={tau!r} must be a number > 0")
+
+    def objective(self, logp: Tensor, old: Tensor, adv: Tensor, m: Tensor) -> tuple[Tensor, Stats]:
+        log_ratio = logp - old
+        ratio = torch.exp(log_ratio)
+        tau = torch.where(adv > 0, self.tau_pos, self.tau_neg).to(logp.dtype)
+        s = torch.sigmoid(tau * (ratio - 1.0))
+        gate = (4.0 * s * (1.0 - s)).detach()
+        return (4.0 / tau) * s * adv, {
+            "ratio_mean": masked_mean(ratio, m),
+            "ratio_max": masked_max(ratio, m),
+            "clip_frac": masked_mean((gate < 0.5).to(m.dtype), m),
+            "gate_mean": masked_mean(gate, m),
+            "approx_kl": masked_mean(ratio - 1.0 - log_ratio, m),
+        }
+
+
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
 

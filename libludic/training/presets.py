@@ -82,6 +82,7 @@ from libludic.training.loss import (
     MaskedCausalLMCrossEntropyLoss,
     OffPolicyCorrection,
     ReinforceLoss,
+    SAPOLoss,
     TokenClippedSurrogateLoss,
     TokenKLLoss,
 )
@@ -302,6 +303,112 @@ def make_grpo(
         loss=_with_kl(loss, kl_coeff, "pg", kl_estimator),
         **reward,
     )
+
+
+def make_sapo(
+    *,
+    group_size: int = 8,
+    gamma: float | None = None,
+    normalize_adv: bool | None = None,
+    positive_only: bool = False,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    kl_coeff: float = 0.0,
+    kl_estimator: str = "k3",
+    aggregation: str = "token-mean",
+    max_new_tokens: int | None = None,
+    mismatch_correction: str | None = None,
+    mismatch_level: str = "token",
+    mismatch_cap: float = 2.0,
+    recompute_logprob: bool = False,
+    use_decoupled_loss: bool = False,
+    behav_imp_weight_cap: float | None = None,
+    reward_norm: NormArg = None,
+    adv_norm: NormArg = None,
+    dynamic_sampling: bool = False,
+    reward_scaling: float = 1.0,
+    reward_bias: float = 0.0,
+    reward_clip: float = 20.0,
+    overlong_reward_penalty: bool = False,
+    overlong_tokens: int | None = None,
+    overlong_penalty_factor: float | None = None,
+    mask_no_eos_with_zero: bool = False,
+) -> RLAlgorithm:
+    """SAPO: make_grpo's credit (and its options) with SAPOLoss, the soft gate of
+    temperatures ``tau_pos`` / ``tau_neg`` in place of the clipped surrogate (+ the KL term
+    when kl_coeff > 0)."""
+    reward = _reward_options(locals())
+    loss = SAPOLoss(
+        tau_pos=tau_pos,
+        tau_neg=tau_neg,
+        aggregation=aggregation,
+        max_new_tokens=max_new_tokens,
+        off_policy=_off_policy(locals()),
+    )
+    return RLAlgorithm(
+        name="sapo",
+        credit_assigner=_group_credit(
+            GroupNormalizedReturn(
+                group_size,
+                normalize_adv=bool(normalize_adv),
+                positive_only=positive_only,
+                gamma=gamma,
+            ),
+            reward_norm=_norm_with_preset_std("sapo", normalize_adv, reward_norm),
+            adv_norm=adv_norm,
+            positive_only=positive_only,
+        ),
+        loss=_with_kl(loss, kl_coeff, "pg", kl_estimator),
+        **reward,
+    )
+
+
+def make_dapo(
+    *,
+    group_size: int = 8,
+    gamma: float | None = None,
+    normalize_adv: bool | None = None,
+    positive_only: bool = False,
+    eps_clip: float = 0.2,
+    eps_clip_higher: float | None = 0.28,
+    c_clip: float | None = None,
+    kl_coeff: float = 0.0,
+    kl_estimator: str = "k3",
+    aggregation: str = "token-mean",
+    max_new_tokens: int | None = None,
+    mismatch_correction: str | None = None,
+    mismatch_level: str = "token",
+    mismatch_cap: float = 2.0,
+    recompute_logprob: bool = False,
+    use_decoupled_loss: bool = False,
+    behav_imp_weight_cap: float | None = None,
+    reward_norm: NormArg = None,
+    adv_norm: NormArg = None,
+    dynamic_sampling: bool = True,
+    reward_scaling: float = 1.0,
+    reward_bias: float = 0.0,
+    reward_clip: float = 20.0,
+    overlong_reward_penalty: bool = True,
+    overlong_tokens: int | None = None,
+    overlong_penalty_factor: float | None = None,
+    mask_no_eos_with_zero: bool = False,
+) -> RLAlgorithm:
+    """DAPO (Yu et al. 2025): make_grpo with the paper's choices as defaults: clip-higher
+    (``eps_clip`` 0.2 below, ``eps_clip_higher`` 0.28 above), the token-mean loss, dynamic
+    sampling (groups whose rewards are all equal dropped) and the overlong reward shaping
+    (``overlong_penalty_factor``, unset: 1.0, within ``overlong_tokens`` of
+    ``max_new_tokens``: both are the run's to give, the paper's 4096 of 20480), no KL term.
+    Every make_grpo kwarg."""
+    kw = dict(locals())
+    if overlong_reward_penalty and (max_new_tokens is None or overlong_tokens is None):
+        raise ValueError(
+            "dapo shapes overlong completions: give max_new_tokens (the generation budget, "
+            "the tasks' max_tokens) and overlong_tokens (the span before it that is penalised; "
+            "DAPO: 4096 of 20480), or set overlong_reward_penalty: false"
+        )
+    if overlong_reward_penalty and overlong_penalty_factor is None:
+        kw["overlong_penalty_factor"] = 1.0
+    return dataclasses.replace(make_grpo(**kw), name="dapo")
 
 
 def make_sft(*, aggregation: str = "token-mean") -> RLAlgorithm:
@@ -631,6 +738,8 @@ ALGORITHMS: dict[str, Callable[..., RLAlgorithm]] = {
     "cispo": make_cispo,
     "gspo": make_gspo,
     "dr_grpo": make_dr_grpo,
+    "sapo": make_sapo,
+    "dapo": make_dapo,
     "custom": make_custom,
 }
 

@@ -86,7 +86,7 @@ def test_algorithm_section_values_are_checked_with_the_key_named(tmp_path) -> No
     bad("algorithm: grpo\n", "algorithm: must be a mapping")
     bad(
         "algorithm: {name: ppo}\n",
-        r"algorithm.name='ppo'; use one of \['cispo', 'custom', 'dr_grpo', 'grpo', 'gspo'",
+        r"algorithm.name='ppo'; use one of \['cispo', 'custom', 'dapo', 'dr_grpo', 'grpo', 'gspo'",
     )
     bad("algorithm: {name: grpo, kwargs: {group_size: 4}}\n", "move it to algorithm.group_size")
     bad(

@@ -361,3 +361,31 @@ def test_item_problem_passes_items_credit_writes() -> None:
     it.meta.update(reward=1)
     it.pending = PendingBatchStage("scalerl", 2)
     assert make_scalerl().item_problem(it) is None
+
+
+def test_sapo_and_dapo_presets() -> None:
+    from libludic.training.loss import SAPOLoss
+    from libludic.training.presets import ALGORITHMS, make_dapo, make_sapo
+
+    sp = make_sapo(tau_neg=2.0)
+    assert sp.name == "sapo" and isinstance(sp.loss, SAPOLoss)
+    assert (sp.loss.tau_pos, sp.loss.tau_neg) == (1.0, 2.0)
+    assert isinstance(sp.credit_assigner, GroupNormalizedReturn)
+    # DAPO: clip-higher, token-mean, dynamic sampling, overlong shaping (the run's budget)
+    d = make_dapo(max_new_tokens=512, overlong_tokens=128)
+    assert d.name == "dapo" and isinstance(d.loss, TokenClippedSurrogateLoss)
+    assert (d.loss.eps_clip, d.loss.eps_clip_higher, d.loss.aggregation) == (
+        0.2,
+        0.28,
+        "token-mean",
+    )
+    assert d.preprocess is drop_zero_variance_groups
+    assert d.reward_shaping is not None and d.reward_shaping.overlong_reward_penalty
+    assert (d.reward_shaping.overlong_tokens, d.reward_shaping.overlong_penalty_factor) == (
+        128,
+        1.0,
+    )
+    with pytest.raises(ValueError, match="give max_new_tokens .* or set overlong_reward_penalty"):
+        make_dapo()
+    assert make_dapo(overlong_reward_penalty=False).reward_shaping.overlong_reward_penalty is False
+    assert {"sapo", "dapo"} <= set(ALGORITHMS)

@@ -718,3 +718,45 @@ def test_a_loss_declares_its_inputs_once_and_the_former_flags_are_refused() -> N
         L.loss_inputs(Wrong())
     comp = L.CompositeLoss(terms=[L.LossTerm("a", SpecLoss()), L.LossTerm("b", L.CISPOLoss())])
     assert comp.requires == L.LossInputs(actor_logprobs=True)
+
+
+def sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def test_sapo_soft_gate_value_and_gradient() -> None:
+    # seq0: A = +1, r = 1 (tau_pos 1.0): f = (4/1) sigmoid(0) = 2, gate g = 4 s (1 - s) = 1
+    # seq1: A = -1, r = 1.5 (tau_neg 1.05): s = sigmoid(1.05 * 0.5), f = (4/1.05) s
+    logits, batch = uniform_batch(weights=(1.0, -1.0), action_lens=(1, 1), ratio=(1.0, 1.5))
+    loss, stats = L.SAPOLoss().compute(logits, batch)
+    s1 = sigmoid(1.05 * 0.5)
+    # token-mean over the two action tokens: L = -(2 * 1 + (4 / 1.05) s1 * (-1)) / 2
+    assert float(loss.detach()) == pytest.approx(-(2.0 - 4.0 / 1.05 * s1) / 2, rel=1e-5)
+    g1 = 4 * s1 * (1 - s1)
+    assert float(stats["gate_mean"]) == pytest.approx((1.0 + g1) / 2, rel=1e-5)
+    assert float(stats["clip_frac"]) == 0.0  # both gates above 1/2
+    assert set(stats) == set(L.SAPOLoss.stat_keys)
+    loss.backward()
+    # d obj / d logp = g(r) r A: REINFORCE with weights (1 * 1 * 1, g1 * 1.5 * -1)
+    logits2, batch2 = uniform_batch(weights=(1.0, -g1 * 1.5), action_lens=(1, 1))
+    L.ReinforceLoss().compute(logits2, batch2)[0].backward()
+    assert_close(logits.grad, logits2.grad)
+
+
+def test_sapo_attenuates_far_off_policy_tokens_without_a_cutoff() -> None:
+    # r = 5, A = +1, tau_pos 1: s = sigmoid(4), g = 4 s (1 - s) ~ 0.07: the token still
+    # passes a gradient (the clipped surrogate would pass none), 7% of the on-policy one
+    logits, batch = uniform_batch(weights=(1.0,), action_lens=(1,), ratio=(5.0,))
+    loss, stats = L.SAPOLoss().compute(logits, batch)
+    s = sigmoid(4.0)
+    assert float(loss.detach()) == pytest.approx(-4.0 * s, rel=1e-5)
+    assert float(stats["clip_frac"]) == 1.0
+    loss.backward()
+    logits2, batch2 = uniform_batch(weights=(4 * s * (1 - s) * 5.0,), action_lens=(1,))
+    L.ReinforceLoss().compute(logits2, batch2)[0].backward()
+    assert_close(logits.grad, logits2.grad)
+    clipped, _ = uniform_batch(weights=(1.0,), action_lens=(1,), ratio=(5.0,))
+    L.TokenClippedSurrogateLoss().compute(clipped, _)[0].backward()
+    assert float(clipped.grad.abs().sum()) == 0.0
+    with pytest.raises(ValueError, match="tau_neg=0"):
+        L.SAPOLoss(tau_neg=0)
