@@ -412,6 +412,8 @@ def emitted_signals() -> tuple[set[str], set[str]]:
     for name, make in ALGORITHMS.items():
         if name != "custom":
             kw = {"kl_coeff": 0.1} if "kl_coeff" in inspect.signature(make).parameters else {}
+            if name == "dapo":  # its overlong shaping needs the run's generation budget
+                kw.update(max_new_tokens=64, overlong_tokens=16)
             labels |= set(make(**kw).loss.stat_keys)
     keys.discard("loss")
     return keys, {k for k in labels if k.rsplit("/", 1)[-1] != "loss"}
