@@ -172,6 +172,23 @@ def _norm_with_preset_std(preset: str, normalize_adv: bool | None, reward_norm: 
     return reward_norm
 
 
+def _grpo_credit(preset: str, kw: Mapping[str, Any]) -> CreditAssigner:
+    """GRPO's credit from a preset's arguments (its ``locals()``): the group-centred return
+    (divided by the group std with ``normalize_adv``), ``reward_norm`` / ``adv_norm``."""
+    builtin = GroupNormalizedReturn(
+        kw["group_size"],
+        normalize_adv=bool(kw["normalize_adv"]),
+        positive_only=kw["positive_only"],
+        gamma=kw["gamma"],
+    )
+    return _group_credit(
+        builtin,
+        reward_norm=_norm_with_preset_std(preset, kw["normalize_adv"], kw["reward_norm"]),
+        adv_norm=kw["adv_norm"],
+        positive_only=kw["positive_only"],
+    )
+
+
 def _no_std(preset: str, name: str, cfg: NormArg) -> NormArg:
     if cfg is not None and NormConfig.parse(cfg, name).std_level is not None:
         raise ValueError(
@@ -281,7 +298,6 @@ def make_grpo(
     """
     reward = _reward_options(locals())
     off_policy = _off_policy(locals())
-    std = bool(normalize_adv)
     loss = TokenClippedSurrogateLoss(
         eps_clip=eps_clip,
         eps_clip_higher=eps_clip_higher,
@@ -292,14 +308,7 @@ def make_grpo(
     )
     return RLAlgorithm(
         name="grpo",
-        credit_assigner=_group_credit(
-            GroupNormalizedReturn(
-                group_size, normalize_adv=std, positive_only=positive_only, gamma=gamma
-            ),
-            reward_norm=_norm_with_preset_std("grpo", normalize_adv, reward_norm),
-            adv_norm=adv_norm,
-            positive_only=positive_only,
-        ),
+        credit_assigner=_grpo_credit("grpo", locals()),
         loss=_with_kl(loss, kl_coeff, "pg", kl_estimator),
         **reward,
     )
@@ -347,17 +356,7 @@ def make_sapo(
     )
     return RLAlgorithm(
         name="sapo",
-        credit_assigner=_group_credit(
-            GroupNormalizedReturn(
-                group_size,
-                normalize_adv=bool(normalize_adv),
-                positive_only=positive_only,
-                gamma=gamma,
-            ),
-            reward_norm=_norm_with_preset_std("sapo", normalize_adv, reward_norm),
-            adv_norm=adv_norm,
-            positive_only=positive_only,
-        ),
+        credit_assigner=_grpo_credit("sapo", locals()),
         loss=_with_kl(loss, kl_coeff, "pg", kl_estimator),
         **reward,
     )
