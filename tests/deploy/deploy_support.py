@@ -172,3 +172,7 @@ def promtool() -> str:
             "(make system-deps) to run the Prometheus config/rules checks"
         )
     return exe
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
