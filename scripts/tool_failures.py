@@ -27,6 +27,8 @@ from libludic.eval.sets import EvalSet
 from libludic.inference.hf_client import HFChatClient
 from libludic.registry import build_registries
 from libludic.rollout.engine import RolloutEngine
+from libludic.scoring.base import RewardInput
+from libludic.scoring.tools import tool_result
 from libludic.types import Rollout
 
 
@@ -35,12 +37,10 @@ def classify(ro: Rollout) -> str:
     last = ro.steps[-1]
     if last.reward >= 1.0:
         return "pass"
-    calls = [s for s in ro.steps if s.info.get("kind") == "tool_call"]
-    if not calls:
+    if not any(s.info.get("kind") == "tool_call" for s in ro.steps):
         return "no_call"
-    answer = str(last.info.get("answer"))
-    outputs = [line.partition(": ")[2].strip() for line in str(calls[0].next_obs).splitlines()]
-    return "answer_wrong" if answer in outputs else "call_wrong"
+    # a right call: a tool returned the reference answer (the tool_result reward's test)
+    return "answer_wrong" if tool_result(RewardInput.of(ro)) == 1.0 else "call_wrong"
 
 
 async def run(a: argparse.Namespace) -> dict[str, Any]:
