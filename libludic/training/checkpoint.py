@@ -68,7 +68,7 @@ class CheckpointConfig:
 class LoadedCheckpoint:
     step: int
     path: Path
-    model_state: dict[str, torch.Tensor]
+    model_state: dict[str, Any]  # torch.distributed.checkpoint's: tensors, by name
     optimizer_state: dict[str, Any] | None
     rng_state: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
@@ -79,7 +79,7 @@ class LoadedCheckpoint:
 
 def full_training_state(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer
-) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The model's and the optimizer's whole state on the host, unsharded (collective under
     FSDP2: every rank calls it), as ``CheckpointManager.save`` takes them."""
     # torch.distributed.checkpoint takes ~0.6 s to import: only a learner with checkpoints
@@ -92,7 +92,7 @@ def full_training_state(
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     msd = get_model_state_dict(model, options=opts)
     osd = get_optimizer_state_dict(model, optimizer, options=opts)
-    return msd, osd  # type: ignore[return-value]
+    return msd, osd
 
 
 def restore_training_state(
@@ -113,7 +113,7 @@ def restore_training_state(
     )
 
     opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=from_rank0)
-    set_model_state_dict(model, ck.model_state, options=opts)  # type: ignore[arg-type]
+    set_model_state_dict(model, ck.model_state, options=opts)
     if ck.optimizer_state is not None:
         set_optimizer_state_dict(model, optimizer, ck.optimizer_state, options=opts)
 

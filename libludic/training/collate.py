@@ -172,8 +172,9 @@ def collate(
         a_lp = it.attachments.actor_logprobs
         if a_lp is not None:
             lp[i, :n] = a_lp[o:]
-        if ref is not None:
-            ref[i, :n] = it.attachments.ref_logprobs[o:]  # type: ignore[index]
+        r_lp = it.attachments.ref_logprobs
+        if ref is not None and r_lp is not None:
+            ref[i, :n] = r_lp[o:]
     act *= attn  # padding is never an action, even if a caller left action_mask=1 under attention 0
     out = {
         "input_ids": torch.from_numpy(ids),

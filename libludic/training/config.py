@@ -98,9 +98,10 @@ class TrainerConfig:
             raise bad("lr", "must be > 0")
         if self.weight_decay < 0:
             raise bad("weight_decay", "must be >= 0")
-        self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
-        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+        betas = tuple(float(b) for b in self.betas)
+        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
             raise bad("betas", "must be two floats in [0, 1)")
+        self.betas = (betas[0], betas[1])
         if not self.eps > 0:
             raise bad("eps", "must be > 0")
         try:

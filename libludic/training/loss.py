@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import astuple, dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -96,6 +96,22 @@ class LossInputs:
 
 
 NO_INPUTS = LossInputs()
+
+
+@runtime_checkable
+class DeclaresInputs(Protocol):
+    """A loss that declares what it reads beyond the logits and the batch."""
+
+    requires: LossInputs
+
+
+@runtime_checkable
+class DeclaresStats(Protocol):
+    """A loss that declares the stats it returns (what the learner exports per step)."""
+
+    stat_keys: Sequence[str]
+
+
 # how a loss declared its inputs before ``requires``: refused with the new spelling
 _FORMER_FLAGS = {
     "needs_actor_logprobs": "actor_logprobs",
@@ -109,9 +125,9 @@ def loss_inputs(loss: object) -> LossInputs:
     """``loss.requires``, or :data:`NO_INPUTS` for a loss that declares none. A loss that
     still declares them by the former flags (``needs_actor_logprobs = True``, ...) is
     refused with the spelling that replaces them, rather than run without its inputs."""
-    requires = getattr(loss, "requires", None)
+    requires = loss.requires if isinstance(loss, DeclaresInputs) else None
     if requires is None:
-        former = [f for f in _FORMER_FLAGS if getattr(loss, f, False)]
+        former = [f for f in _FORMER_FLAGS if hasattr(loss, f) and getattr(loss, f)]
         if former:
             new = ", ".join(f"{_FORMER_FLAGS[f]}=True" for f in former)
             raise TypeError(
@@ -130,7 +146,7 @@ def loss_inputs(loss: object) -> LossInputs:
 def declared_stat_keys(loss: object) -> tuple[str, ...]:
     """The stats ``loss`` declares it returns (``stat_keys``); () for one that declares none
     (the spec's Protocol asks only ``compute``): what the learner exports per step."""
-    return tuple(getattr(loss, "stat_keys", ()) or ())
+    return tuple(loss.stat_keys or ()) if isinstance(loss, DeclaresStats) else ()
 
 
 def token_logprobs(logits: Tensor, input_ids: Tensor) -> Tensor:
@@ -250,11 +266,12 @@ def _check_agg(obj: Any) -> None:
             f"{type(obj).__name__}.aggregation={obj.aggregation!r}; use one of {AGGREGATIONS} "
             f"(or the aliases {sorted(AGGREGATION_ALIASES)})"
         )
-    c = getattr(obj, "max_new_tokens", None)
+    takes_c = hasattr(obj, "max_new_tokens")
+    c = obj.max_new_tokens if takes_c else None
     if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
         raise ValueError(f"{type(obj).__name__}.max_new_tokens={c!r} must be an integer >= 1")
     if mode == "seq-mean-token-sum-norm" and c is None:
-        if not hasattr(obj, "max_new_tokens"):
+        if not takes_c:
             raise ValueError(
                 f"{type(obj).__name__} does not take aggregation='seq-mean-token-sum-norm' "
                 "(no max_new_tokens); use another aggregation"

@@ -34,6 +34,7 @@ from torch.distributed.tensor import DTensor
 
 from libludic.distributed.weight_sync import PEFT_PREFIX
 from libludic.training.config import TrainerConfig
+from libludic.training.model_api import is_peft
 
 log = logging.getLogger(__name__)
 
@@ -112,13 +113,9 @@ def apply_lora(model: nn.Module, cfg: TrainerConfig) -> nn.Module:
     return get_peft_model(model, lcfg)
 
 
-def is_peft(model: nn.Module) -> bool:
-    return hasattr(model, "get_base_model") and hasattr(model, "peft_config")
-
-
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The repeated blocks to shard one by one: the HF ``_no_split_modules`` classes."""
-    base = model.get_base_model() if is_peft(model) else model  # type: ignore[operator]
+    base = model.get_base_model() if is_peft(model) else model
     names = set(getattr(base, "_no_split_modules", None) or [])
     layers = [
         m
@@ -226,7 +223,7 @@ def full_state_dict(
     if is_peft(model):
         from peft.tuners.lora import LoraLayer  # optional (lora extra): a peft model has it
 
-        base = model.get_base_model()  # type: ignore[operator]
+        base = model.get_base_model()
         for name, t in untied(base.state_dict(keep_vars=True)):
             if "lora_" in name:
                 continue
@@ -271,7 +268,7 @@ def adapter_state_dict(
 
     keep = not rank0_only or rank() == 0
     out: dict[str, torch.Tensor] = {}
-    base = model.get_base_model()  # type: ignore[operator]
+    base = model.get_base_model()
     for mname, mod in base.named_modules():
         if not isinstance(mod, LoraLayer):
             continue

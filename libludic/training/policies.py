@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from libludic.training import loss as L
+from libludic.training.model_api import Checkpointable, HasConfig
 
 
 @torch.no_grad()
@@ -44,13 +45,11 @@ def enable_gradient_checkpointing(model: nn.Module) -> None:
     """transformers' activation checkpointing, non-reentrant (it composes with FSDP2 and with
     inputs that need no grad); the KV cache is off while training. A model without it is
     refused: the setting must not silently do nothing."""
-    enable = getattr(model, "gradient_checkpointing_enable", None)
-    if not callable(enable) or not getattr(model, "supports_gradient_checkpointing", True):
+    if not isinstance(model, Checkpointable) or not model.supports_gradient_checkpointing:
         raise ValueError(
             f"TrainerConfig.gradient_checkpointing=True but {type(model).__name__} does not support "
             "it (a transformers PreTrainedModel with supports_gradient_checkpointing does)"
         )
-    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    config = getattr(model, "config", None)
-    if config is not None and hasattr(config, "use_cache"):
-        config.use_cache = False
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if isinstance(model, HasConfig) and hasattr(model.config, "use_cache"):
+        model.config.use_cache = False

@@ -720,13 +720,18 @@ def _custom_credit(credit: Any, group_size: int, gamma: float | None) -> CreditA
     assigner = build_component(
         "algorithm.kwargs.credit", credit, CREDIT_ASSIGNERS, group_size=group_size, **extra
     )
-    if gamma is not None and getattr(assigner, "gamma", None) != gamma:
+    if gamma is not None and (not hasattr(assigner, "gamma") or assigner.gamma != gamma):
         raise ValueError(
             f"algorithm.kwargs.gamma={gamma!r}: the credit assigner "
             f"{type(assigner).__name__} takes no gamma (ConstantCredit reads no reward); "
             "remove it"
         )
-    return assigner  # type: ignore[no-any-return]
+    if not isinstance(assigner, CreditAssigner):
+        raise TypeError(
+            f"algorithm.kwargs.credit: {type(assigner).__name__} has no compute(rollouts): "
+            "not a credit assigner (libludic.training.credit_assignment.CreditAssigner)"
+        )
+    return assigner
 
 
 ALGORITHMS: dict[str, Callable[..., RLAlgorithm]] = {

@@ -61,6 +61,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from libludic.saw import SAWItem
 from libludic.training import loss as L
@@ -69,6 +70,7 @@ from libludic.training.algorithm import RLAlgorithm
 from libludic.training.collate import collate, pack_micro_batches, untrainable
 from libludic.training.config import TrainerConfig
 from libludic.training.minibatch import combine_minibatch_stats, split_largest, split_minibatches
+from libludic.training.model_api import HasInputEmbeddings, is_peft
 from libludic.training.spare_core import spare_core_grads, spare_core_helper
 
 log = logging.getLogger(__name__)
@@ -107,9 +109,8 @@ class OptimizerStep:
         if want_amp and self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
             log.warning("bf16 is not supported on %s; training in fp32", self.device)
             want_amp = False
-        get_emb = getattr(model, "get_input_embeddings", None)
-        emb = get_emb() if callable(get_emb) else None
-        self.vocab_size: int | None = getattr(emb, "num_embeddings", None)
+        emb = model.get_input_embeddings() if isinstance(model, HasInputEmbeddings) else None
+        self.vocab_size = emb.num_embeddings if isinstance(emb, nn.Embedding) else None
         self.ref_model: nn.Module | None = None
         # LoRA with no reference given: the frozen base under the adapters is the initial
         # policy, so the reference is the model with its adapters off, not a copy
@@ -313,11 +314,11 @@ class OptimizerStep:
             return float(loss.detach()), {k: float(v) for k, v in stats.items()}, ref_time
 
         def main_fn(i: int) -> MicroOut:
-            if hasattr(self.model, "set_requires_gradient_sync"):
+            if isinstance(self.model, FSDPModule):
                 # FSDP2: reduce-scatter only after the last micro-batch
-                self.model.set_requires_gradient_sync(i == len(batches) - 1)  # type: ignore[operator]
+                self.model.set_requires_gradient_sync(i == len(batches) - 1)
             loss, stats, ref_time = self._micro_loss(prepared, i)
-            (loss * scale).backward()  # type: ignore[no-untyped-call]
+            torch.autograd.backward(loss * scale)
             return summary(loss, stats, ref_time)
 
         results: list[MicroOut]
@@ -371,7 +372,8 @@ class OptimizerStep:
     def reference_logprobs(self, batch: dict[str, Any]) -> torch.Tensor:
         """The frozen reference policy's logprobs (``_logprobs``): what ``TokenKLLoss`` reads."""
         if self.ref_is_base:  # peft: the base weights alone (adapters off, no dropout)
-            with policies.evaluating(self.model), self.model.disable_adapter():  # type: ignore[operator]
+            assert is_peft(self.model)
+            with policies.evaluating(self.model), self.model.disable_adapter():
                 return self._logprobs(self.model, batch)
         assert self.ref_model is not None
         return self._logprobs(self.ref_model, batch)

@@ -34,7 +34,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -64,6 +64,16 @@ from libludic.training.types import (
 )
 
 log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class UnsetConcurrency(Protocol):
+    """An evaluator with a ``concurrency`` the Trainer fills in (``eval_concurrency``) when
+    it is None (libludic.eval.Evaluator)."""
+
+    concurrency: int | None
+
+
 T = TypeVar("T")
 
 
@@ -89,7 +99,7 @@ class Trainer:
         self._committing = batch_source if isinstance(batch_source, CommittingBatchSource) else None
         check_contract(batch_source)
         self.evaluator = evaluator
-        if evaluator is not None and getattr(evaluator, "concurrency", 0) is None:
+        if isinstance(evaluator, UnsetConcurrency) and evaluator.concurrency is None:
             evaluator.concurrency = self.cfg.eval_concurrency
         self.checkpointer = checkpointer
         # the policy, its reference, the optimizer: one step's update

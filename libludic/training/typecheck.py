@@ -17,7 +17,7 @@ Checked contract of a collated batch (see ``libludic.training.collate.collate``)
 import functools
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 from beartype import beartype
@@ -72,4 +72,4 @@ def checked_loss(fn: F) -> F:
             check_batch(batch, logits)
         return fn(self, logits, batch)
 
-    return wrapper  # type: ignore[return-value]
+    return cast(F, wrapper)

@@ -36,6 +36,7 @@ from libludic.training import parallel
 from libludic.training.batching.pipeline import PipelineBatchSource
 from libludic.training.checkpoint import CheckpointManager
 from libludic.training.loss import declared_stat_keys
+from libludic.training.model_api import is_peft
 from libludic.training.publishing import PublishFailed
 from libludic.training.trainer import Trainer, TrainerHooks
 from libludic.transport import accounting
@@ -413,11 +414,8 @@ class Learner:
         read the saw stream for items, within ``health_stall_s`` (training runs off the
         event loop, so this answers during a step of any length)."""
         last = self.started_at
-        if self.trainer is not None:
-            last = max(last, self.trainer.last_progress)
-        source = getattr(self, "source", None)  # set by _build
-        if source is not None:
-            last = max(last, source.last_read)
+        if self.trainer is not None:  # built with its source (_build)
+            last = max(last, self.trainer.last_progress, self.source.last_read)
         return time.monotonic() - last < self.s.health_stall_s
 
     async def _on_step(self, stats: dict[str, float], ids: list[str]) -> None:
@@ -532,7 +530,7 @@ class Learner:
         tmp = out.with_name("final.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         model: Any = tr.model
-        if hasattr(model, "get_base_model"):  # LoRA: sd already holds the merged base weights
+        if is_peft(model):  # LoRA: sd already holds the merged base weights
             model = model.get_base_model()
         model.save_pretrained(tmp, state_dict=sd, safe_serialization=True)
         AutoTokenizer.from_pretrained(self.s.model_dir).save_pretrained(tmp)
@@ -573,7 +571,7 @@ class Learner:
                 "stopped": tr.spare.broken,
             },
             # the model as trained: activations recomputed (algorithm.gradient_checkpointing)
-            "gradient_checkpointing": bool(getattr(tr.model, "is_gradient_checkpointing", False)),
+            "gradient_checkpointing": tr.cfg.gradient_checkpointing,
             "publish_failures": tr.publishing.failures,
             "last_publish_error": tr.publishing.last_error,
             "final_policy_served": self.final_policy_served(),
