@@ -1,49 +1,24 @@
 """PolicyPublishers: make the learner's weights the served policy on every inference replica.
 
-Replicas. :class:`ReplicaSet` turns base URLs (``LUDIC_INFERENCE_URLS``) into replica URLs
-on every publish: a URL whose host resolves to several addresses (a Kubernetes headless
-Service, ``docker compose --scale``) stands for one replica per address
-(``http://10.0.0.7:8000``); a host with one address, or an IP literal, is kept as written.
-Resolution happens again on each publish, so replicas that come and go are followed.
-
-Success and failure. ``publish(state_dict, version)`` returns only when **every** replica
-serves ``version`` and raises :class:`PublishError` (naming each failed replica and why)
-otherwise. Every wait is bounded: a replica is tried at most ``max_attempts`` times with
-exponential backoff, each attempt limited to ``attempt_timeout_s`` (connect: at most
-``connect_timeout_s``) and the whole publish to ``total_timeout_s``; after that the
-replica counts as failed. A 409 (version not greater) is resolved by asking the replica's
-``/v1/policy_version``: already at ``version`` (a retry of an update whose reply was lost)
-counts as acknowledged. 400/401/403/413/422 are configuration errors and are not retried.
-What the *learner* does with a failed publish (continue, count, stop after N in a row) is
-the service's policy (services/learner/main.py).
+``publish(state_dict, version)`` returns only when **every** replica serves ``version`` and
+raises :class:`PublishError` (naming each failed replica and why) otherwise. The replicas are
+:class:`ReplicaSet`'s resolution of the base URLs (``LUDIC_INFERENCE_URLS``), done again on
+every publish; every wait is bounded by a :class:`RetryPolicy`. What the *learner* does with
+a failed publish (continue, count, stop after N in a row) is the service's policy
+(services/learner/README.md, "Guarantees").
 
 ``on_result(replica, version_or_None, error_or_None)`` is called once per replica per
 publish (for metrics / status); ``acked`` maps replica -> last acknowledged version.
 
 Planes:
 
-* :class:`HttpPolicyPublisher` serialises the state dict to safetensors *once* and POSTs the
-  bytes to ``/v1/weights?version=N`` of every replica in parallel (the wire format of
-  ``weight_sync.push_http``). ``wire_dtype``: floating tensors are cast to it before
-  sending; ``"auto"`` (default) asks the first replica which dtype it serves
-  (``GET /v1/policy_version`` -> ``dtype``) and uses that, so an fp32 learner sends bf16 to a
-  bf16 server (half the bytes; the server would cast anyway).
+* :class:`HttpPolicyPublisher`: safetensors over ``POST /v1/weights?version=N`` (or a LoRA
+  adapter to ``/v1/adapter``) to every replica in parallel.
 * :class:`BroadcastPolicyPublisher`: HTTP control plane + collective data plane
-  (``weight_sync.CollectiveWeightSender``: gloo on CPU, NCCL on GPU). The group is
-  (re)built when the replica set changes or after a failed round; a round is all-or-nothing
-  (a replica that refuses aborts it for all), retried up to ``max_attempts`` times.
+  (``weight_sync.CollectiveWeightSender``: gloo on CPU, NCCL on GPU).
 
-Ranks: under torch.distributed the Trainer gathers the state dict on every rank and every
-rank calls ``publish`` (in a background thread) through :class:`Rank0OnlyPublisher`: only
-rank 0, which alone holds the gathered weights, sends; the outcome reaches the other ranks
-from the Trainer's publishing (libludic/training/publishing.py: ``VersionedPublisher.finish``).
-
-LoRA: by default the Trainer's ``OptimizerStep.publish_state_dict()`` merges the adapters (W + B A *
-scale, base-layer names), so every publisher ships full merged weights. With
-``TrainerConfig.lora_publish == "adapter"`` it holds the LoRA tensors alone, and an
-:class:`HttpPolicyPublisher` given ``adapter`` (the peft config) POSTs them to
-``/v1/adapter`` of replicas started with ``max_lora_rank`` (vLLM's LoRA support loads
-them as a new adapter per version).
+:class:`Rank0OnlyPublisher` lets every rank of a distributed Trainer call ``publish``; only
+rank 0 sends.
 """
 
 from __future__ import annotations
@@ -101,7 +76,14 @@ def _default_resolver(host: str, port: int) -> list[str]:
 
 @dataclass
 class ReplicaSet:
-    """Base URLs -> replica URLs, re-resolved on every call of :meth:`resolve`."""
+    """Base URLs -> replica URLs, re-resolved on every call of :meth:`resolve`.
+
+    A URL whose host resolves to several addresses (a Kubernetes headless Service,
+    ``docker compose --scale``) stands for one replica per address
+    (``http://10.0.0.7:8000``); a host with one address, or an IP literal, is kept as
+    written. The publishers resolve again on each publish, so replicas that come and go are
+    followed.
+    """
 
     urls: Sequence[str]
     resolver: Resolver = _default_resolver
@@ -165,6 +147,11 @@ def _targets(pub: Any, version: int | None, who: str) -> tuple[int, list[str]]:
 
 @dataclass
 class RetryPolicy:
+    """How long a publish may wait for a replica: at most ``max_attempts`` tries with
+    exponential backoff (``backoff_s`` doubling up to ``backoff_cap_s``), each attempt
+    limited to ``attempt_timeout_s`` (connect: at most ``connect_timeout_s``) and the whole
+    publish to ``total_timeout_s``; after that the replica counts as failed."""
+
     max_attempts: int = 3
     attempt_timeout_s: float = 120.0
     connect_timeout_s: float = 5.0
@@ -244,7 +231,26 @@ def replica_versions(
 
 @dataclass
 class HttpPolicyPublisher:
-    """Safetensors over ``POST /v1/weights?version=N`` to every replica in parallel."""
+    """Safetensors over ``POST /v1/weights?version=N`` to every replica in parallel.
+
+    The state dict is serialised *once* and the same bytes are POSTed to every replica (the
+    wire format of ``weight_sync.push_http``). A 409 (version not greater) is resolved by
+    asking the replica's ``/v1/policy_version``: already at ``version`` (a retry of an update
+    whose reply was lost) counts as acknowledged. 400/401/403/413/422 are configuration
+    errors and are not retried.
+
+    ``wire_dtype``: floating tensors are cast to it before sending; ``"auto"`` (default) asks
+    the first replica which dtype it serves (``GET /v1/policy_version`` -> ``dtype``) and
+    uses that, so an fp32 learner sends bf16 to a bf16 server (half the bytes; the server
+    would cast anyway).
+
+    LoRA: by default the Trainer's ``OptimizerStep.publish_state_dict()`` merges the adapters
+    (W + B A * scale, base-layer names), so every publisher ships full merged weights. With
+    ``TrainerConfig.lora_publish == "adapter"`` it holds the LoRA tensors alone, and a
+    publisher given ``adapter`` (the peft config) POSTs them to ``/v1/adapter`` of replicas
+    started with ``max_lora_rank`` (vLLM's LoRA support loads them as a new adapter per
+    version).
+    """
 
     replicas: ReplicaSet
     token: str | None = None
@@ -371,7 +377,12 @@ class HttpPolicyPublisher:
 class Rank0OnlyPublisher:
     """The spec's wrapper for multi-GPU training: every rank may call ``publish``; rank 0
     sends through ``inner``, every other rank returns at once (it holds no gathered
-    weights). Sharing rank 0's outcome is the caller's (VersionedPublisher.finish)."""
+    weights). Sharing rank 0's outcome is the caller's (VersionedPublisher.finish).
+
+    Under torch.distributed the Trainer gathers the state dict on every rank and every rank
+    calls ``publish`` (in a background thread) through this wrapper: only rank 0, which
+    alone holds the gathered weights, sends; the outcome reaches the other ranks from the
+    Trainer's publishing (libludic/training/publishing.py: ``VersionedPublisher.finish``)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -391,6 +402,10 @@ def _free_port() -> int:
 @dataclass
 class BroadcastPolicyPublisher:
     """HTTP control plane + one collective broadcast of the tensors to every replica.
+
+    The group (``weight_sync.CollectiveWeightSender``) is (re)built when the replica set
+    changes or after a failed round; a round is all-or-nothing (a replica that refuses
+    aborts it for all), retried up to ``max_attempts`` times.
 
     ``master_address`` must be reachable from the replicas (the learner's pod IP / host
     name); ``master_port`` 0 picks a free port at every group (re)build.

@@ -1,11 +1,9 @@
 """Learner side of the two weight planes of ``ludic inference`` (see services/inference/README.md).
 
 HTTP plane: ``push_http(url, state_dict, version, token)`` serialises the state dict to
-safetensors bytes (HF parameter names) and POSTs them to ``/v1/weights?version=N``.
-A LoRA adapter (peft names, ``lora_A``/``lora_B`` only) goes to ``/v1/adapter?version=N``
-(:data:`ADAPTER_ROUTE`) as the same safetensors body, its peft adapter config (``r``,
-``lora_alpha``, ``target_modules``) as JSON under :data:`ADAPTER_CONFIG_KEY` in the
-safetensors metadata.
+safetensors bytes (HF parameter names) and POSTs them to ``/v1/weights?version=N``; a LoRA
+adapter goes to ``/v1/adapter?version=N`` (:data:`ADAPTER_ROUTE`, body and metadata:
+:func:`adapter_metadata`).
 
 Collective plane: ``CollectiveWeightSender`` builds a process group that is *separate* from
 the learner's default one (its own TCPStore + ``ProcessGroupGloo``, or vLLM's
@@ -13,20 +11,10 @@ the learner's default one (its own TCPStore + ``ProcessGroupGloo``, or vLLM's
 rank 0 of that group; the other ranks are the replicas' vLLM workers (vLLM's weight-transfer
 engine ``ludic``, services/inference/weight_transfer.py): replica ``i`` runs ``n_i`` workers
 (``GET /v1/weights/collective`` -> ``workers``: tensor x pipeline parallel) at ranks
-``r_i .. r_i + n_i - 1``, ``r_0 = 1``, ``r_{i+1} = r_i + n_i``. One update is a round::
-
-    learner                        replica API server            its vLLM workers
-    POST /collective/update  --->  validate names/dtypes/shapes,
-      {names,dtypes,shapes,        version; take the update lock;
-       round}                      start the receive  ---------> a thread per worker
-                                   store ack/{round}/{r_i}        waits for go/{round}
-    wait for every ack
-    store go/{round} = go|abort -------------------------------> read go/{round}
-    broadcast tensor_0..k  ------------------------------------> receive into fresh buffers,
-                                                                 check finite; store
-                                   wait recvd/{round}/{rank} <-- recvd/{round}/{rank}
-                                   apply (the pause)  ---------> copy into the served weights
-                                   relabel, reply 200
+``r_i .. r_i + n_i - 1``, ``r_0 = 1``, ``r_{i+1} = r_i + n_i``. One update is a round: every
+replica validates the metadata and acks, the learner stores go (or abort) and broadcasts
+the tensors, the workers receive them and the replica loads them in one pause (the
+sequence, key by key: DEVELOPERS.md, "Inference service HTTP API", collective round).
 
 A replica that rejects the metadata never enters the broadcast, so the learner aborts the
 round instead of hanging. Control keys travel through the group's TCPStore as plain strings
@@ -148,7 +136,12 @@ def to_safetensors_bytes(
 
 
 def adapter_metadata(config: Mapping[str, Any]) -> dict[str, str]:
-    """safetensors metadata carrying a LoRA adapter's peft config (:data:`ADAPTER_CONFIG_KEY`)."""
+    """safetensors metadata carrying a LoRA adapter's peft config (:data:`ADAPTER_CONFIG_KEY`).
+
+    An adapter (peft names, ``lora_A``/``lora_B`` only) is sent to ``/v1/adapter?version=N``
+    (:data:`ADAPTER_ROUTE`) as the same safetensors body as full weights, its peft adapter
+    config (``r``, ``lora_alpha``, ``target_modules``) as JSON under
+    :data:`ADAPTER_CONFIG_KEY` in the safetensors metadata."""
     return {ADAPTER_CONFIG_KEY: json.dumps(dict(config), sort_keys=True)}
 
 

@@ -22,12 +22,8 @@ the first tenth of the hash range. ``split="train"`` keeps the dataset's other p
 whatever the two envs' ``size`` or ``dataset_seed``: many datasets draw entry ``i`` from
 ``Random(seed + i)``, so two dataset seeds a few apart share almost every problem, and a
 small problem space (one-digit sums) repeats the same question at many indices, which a
-split by seed or by index would put on both sides. The first env of a split generates all
-``size`` entries once per process (most datasets take well under 1 ms an entry; a few take
-tens of milliseconds, like ``countdown``, or more, like ``futoshiki`` at ~0.4 s).
-
-The dataset and its generated entries are cached per process: an env is built for every
-episode.
+split by seed or by index would put on both sides. The dataset and its entries are cached
+per process (:func:`dataset_source`).
 """
 
 from __future__ import annotations
@@ -64,7 +60,10 @@ class DatasetSource:
         return self.entries[index]
 
     def split(self, name: str) -> list[int]:
-        """The indices of ``name``'s problems, in dataset order."""
+        """The indices of ``name``'s problems, in dataset order. The first call of a split
+        generates all ``size`` entries (most datasets take well under 1 ms an entry; a few
+        take tens of milliseconds, like ``countdown``, or more, like ``futoshiki`` at
+        ~0.4 s)."""
         if name not in self.splits:
             held = name == "eval"
             self.splits[name] = [
@@ -112,7 +111,10 @@ def build_dataset(dataset: str, config: Mapping[str, Any], size: int, seed: int)
 
 
 def dataset_source(dataset: str, config: Mapping[str, Any], size: int, seed: int) -> DatasetSource:
-    """The cached source of ``dataset`` with ``config``, ``size`` entries and ``seed``."""
+    """The cached source of ``dataset`` with ``config``, ``size`` entries and ``seed``.
+
+    The dataset and its generated entries are cached per process: an env is built for every
+    episode, so the first env of a split generates all ``size`` entries once per process."""
     key = json.dumps([dataset, dict(config), size, seed], sort_keys=True, default=repr)
     if key not in _SOURCES:
         _SOURCES[key] = DatasetSource(dataset, build_dataset(dataset, config, size, seed), size)

@@ -7,39 +7,25 @@ Conventions shared by every loss here:
   and the token mask is ``action_mask[:, 1:] * attention_mask[:, 1:]``. ``actor_logprobs``
   / ``ref_logprobs`` are aligned to ``input_ids`` (``[B, T]``) and shifted the same way.
 * ``batch["weight"]`` [B] is the CreditAssigner's weight (advantage) of each sequence.
-* Aggregation (field ``aggregation``): sums over action tokens divided by a normaliser,
-  with m the token mask, n_b = sum_t m_bt, N_tok = sum_b n_b, N_seq = #{b : n_b > 0}:
-    - ``"token-mean"`` (alias ``"token"``):  L = sum_{b,t} m_bt l_bt / N_tok
-    - ``"seq-mean-token-mean"`` (alias ``"sequence"``):  L = sum_b (sum_t m_bt l_bt / n_b) / N_seq
-    - ``"seq-mean-token-sum"``:  L = sum_b sum_t m_bt l_bt / N_seq
-    - ``"seq-mean-token-sum-norm"``:  L = sum_b sum_t m_bt l_bt / (N_seq * C), C the loss's
-      ``max_new_tokens`` (Dr. GRPO: a constant, the generation budget, in place of n_b)
-  N_tok / N_seq are read from ``batch[NUM_ACTION_TOKENS_KEY]`` / ``batch[NUM_SEQUENCES_KEY]``
-  when present: the Trainer puts the *macro-batch* totals there, so the sum of micro-batch
-  losses is the full-batch loss exactly (and so is its gradient). Without them N is the
-  micro-batch's own. A sequence never spans two micro-batches, so n_b is always whole.
+* Aggregation (field ``aggregation``; the four modes in :func:`aggregate`): sums over action
+  tokens divided by the *macro-batch* counts the Trainer puts in the batch, so the sum of
+  micro-batch losses is the full-batch loss exactly (and so is its gradient).
 * Behaviour policy: ``actor_logprobs`` are the logprobs the inference server returned for
   the tokens it sampled. The losses that read them (TokenClippedSurrogateLoss, CISPOLoss,
-  GSPOLoss) take an ``OffPolicyCorrection`` (field ``off_policy``) for the gap between that
-  policy and the trainer's: truncated or masked importance sampling (TIS / MIS) per token
-  or per sequence, AReaL's decoupled PPO against recomputed proximal logprobs, and the
-  mismatch stats ``mismatch_*``.
+  GSPOLoss) take an :class:`OffPolicyCorrection` (field ``off_policy``) for the gap between
+  that policy and the trainer's.
 * Stats: detached 0-d tensors under a fixed set of keys per loss (``stat_keys``), each of
   one micro-batch. One rule combines them over micro-batches (the Trainer) and over PPO
   minibatches (``combine_minibatch_stats``), ``is_max_stat``: a key ending in ``_max`` is a
   maximum over action tokens and combines with max; every other key is a mean over action
   tokens and combines as the token-weighted mean (so both equal the full batch's value).
-  Every policy-gradient loss reports ``entropy`` (``token_entropy``: the exact entropy of
-  the trained policy's next-token distribution, mean over action tokens); the ratio-based
-  ones report ``ratio_mean`` / ``ratio_max``. Batch-level figures (the advantages' mean and
-  std) are not loss stats: the Trainer computes them once per step (``adv_mean``,
-  ``adv_std``).
+  Every policy-gradient loss reports ``entropy`` (:func:`token_entropy`); the ratio-based
+  ones report ``ratio_mean`` / ``ratio_max``. The advantages' mean and std are the
+  Trainer's step stats (``adv_mean``, ``adv_std``), not loss stats.
 * Losses compute in the logits' dtype; the Trainer casts logits to fp32 first when
   ``TrainerConfig.cast_logits_to_fp32`` is set (ratios exp(logp - logp_old) need it).
 * Temperature: the logits a loss receives are already divided by each item's sampling
-  temperature (``apply_temperature``, done by the Trainer for the policy and the reference
-  model alike), so ``logp`` is the logprob under the distribution the actor sampled from,
-  the same quantity the server returned as ``actor_logprobs``.
+  temperature (:func:`apply_temperature`), so ``logp`` is the logprob the server returned.
 """
 
 from __future__ import annotations
@@ -159,6 +145,9 @@ def token_logprobs(logits: Tensor, input_ids: Tensor) -> Tensor:
 def apply_temperature(logits: Tensor, batch: Mapping[str, Any]) -> Tensor:
     """``logits / T_b`` per sequence, T from ``batch["temperature"]`` [B] (collate fills it
     from ``SampleAttachments.train_temperature``; absent means 1). Greedy items carry 1.
+    The Trainer applies it before every loss, to the policy's and the reference model's
+    logits alike, so ``logp`` is the logprob under the distribution the actor sampled from,
+    the same quantity the server returned as ``actor_logprobs``.
 
     The sampled policy at temperature T is softmax(logits / T), and vLLM (logprobs_mode
     ``processed_logprobs``) returns that policy's logprobs; the trainer must differentiate
@@ -195,7 +184,21 @@ def aggregate(
     mode: str,
     max_new_tokens: int | None = None,
 ) -> Tensor:
-    """Reduce [B, T-1] per-token losses to a scalar (see module docstring)."""
+    """Reduce [B, T-1] per-token losses to a scalar: sums over action tokens divided by a
+    normaliser, with m the token mask, n_b = sum_t m_bt, N_tok = sum_b n_b,
+    N_seq = #{b : n_b > 0}:
+
+    - ``"token-mean"`` (alias ``"token"``):  L = sum_{b,t} m_bt l_bt / N_tok
+    - ``"seq-mean-token-mean"`` (alias ``"sequence"``):  L = sum_b (sum_t m_bt l_bt / n_b) / N_seq
+    - ``"seq-mean-token-sum"``:  L = sum_b sum_t m_bt l_bt / N_seq
+    - ``"seq-mean-token-sum-norm"``:  L = sum_b sum_t m_bt l_bt / (N_seq * C), C the loss's
+      ``max_new_tokens`` (Dr. GRPO: a constant, the generation budget, in place of n_b)
+
+    N_tok / N_seq are read from ``batch[NUM_ACTION_TOKENS_KEY]`` / ``batch[NUM_SEQUENCES_KEY]``
+    when present: the Trainer puts the *macro-batch* totals there, so the sum of micro-batch
+    losses is the full-batch loss exactly (and so is its gradient). Without them N is the
+    micro-batch's own. A sequence never spans two micro-batches, so n_b is always whole.
+    """
     mode = canonical_aggregation(mode)
     if mode == "token-mean":
         n = _scalar(batch, NUM_ACTION_TOKENS_KEY, mask.sum())

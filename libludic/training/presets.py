@@ -7,49 +7,26 @@ factory; ``AlgorithmSpec`` (name, group_size, kwargs, and the optimisation optio
 :data:`TRAINER_OPTIONS`) is the one place a run configures its algorithm (the services read
 it from the top-level ``algorithm:`` section of the run config).
 
-Reward options, kwargs of every RL preset (reinforce, grpo, cispo, gspo, dr_grpo, scalerl)
-with AReaL's names and defaults, applied in this order before credit:
+Options of every RL preset (reinforce, grpo, cispo, gspo, dr_grpo, scalerl), with AReaL's
+names and defaults:
 
-- ``overlong_reward_penalty`` (False), ``overlong_tokens``, ``overlong_penalty_factor``
-  (both required with the penalty): DAPO's linear penalty on a completion within
-  ``overlong_tokens`` of ``max_new_tokens`` (the preset's kwarg: the generation budget);
-  then ``reward_bias`` (0.0), ``reward_scaling`` (1.0) and ``reward_clip`` (20.0):
-  r' = clip((r + penalty + bias) * scaling, -clip, clip) on every step reward
-  (libludic.training.rewards.RewardShaping). Items keep the task reward in
-  ``meta["reward"]``; the credit sees r'.
+- reward shaping before credit (libludic.training.rewards.RewardShaping: formula and
+  order): ``overlong_reward_penalty`` (False) with ``overlong_tokens`` and
+  ``overlong_penalty_factor`` (both required with the penalty; ``max_new_tokens``, the
+  preset's kwarg, is the generation budget), ``reward_bias`` (0.0), ``reward_scaling`` (1.0),
+  ``reward_clip`` (20.0). Items keep the task reward in ``meta["reward"]``; the credit sees
+  the shaped one.
 - ``dynamic_sampling`` (False; True in scalerl, where the paper calls it the zero-variance
-  filter ``filter_zvp``): the preprocess ``drop_zero_variance_groups`` drops every group
-  whose rollouts all have the same (shaped) total reward, whose group-centred advantage is
-  0 everywhere. In the services such a group ends with no SAWItem: credit counts it
-  ``ludic_credit_groups_total{outcome="zero_variance"}`` and the run accounting
-  ``groups_dropped_empty``, and its admission slot is free again, so the feeder requests a
-  replacement and the learner's batch stays full.
+  filter ``filter_zvp``): the preprocess ``drop_zero_variance_groups``.
 - ``mask_no_eos_with_zero`` (False): after credit, weight 0 for every item whose completion
-  ended without EOS (``Step.info["finish_reason"] == "length"``, the token budget). Its
-  rollout still counts in the group and batch statistics and its tokens in the loss's
-  counts, as in AReaL; the credit filter ``drop_incomplete_completions`` removes such items
-  from the batch instead.
+  ended without EOS (``Step.info["finish_reason"] == "length"``, the token budget).
+- ``gamma``: step t weighed by G_t = sum_k gamma^k r_{t+k} (libludic.training.credit_assignment);
+  reinforce 1.0, the others None (every step weighed by the episode's total reward).
 
-Normalisation, kwargs ``reward_norm`` and ``adv_norm`` of the grouped presets (grpo, cispo,
-gspo, dr_grpo, scalerl): AReaL's ``NormConfig`` mappings {mean_level: group | batch | null,
-mean_leave1out, std_level: group | batch | null, std_unbiased, eps} (defaults batch, false,
-batch, true, 1e-5; libludic.training.normalization), over one value per rollout.
-``reward_norm`` replaces the preset's own normalisation of the rewards (grpo, cispo,
-dr_grpo: group mean, no std; gspo and grpo with ``normalize_adv``: group mean and
-population std, eps 1e-8; scalerl: group mean, batch population std, eps 1e-8) and
-``adv_norm`` runs after it. Leave-one-out (RLOO) is ``reward_norm: {mean_level: group,
-mean_leave1out: true, std_level: null}``. Both unset: the preset's credit assigner as is.
-
-Per-step credit, kwarg ``gamma`` of every RL preset (libludic.training.credit_assignment):
-step t of an episode is credited with its return G_t = sum_k gamma^k r_{t+k} instead of the
-episode's total reward, so a per-step reward (a format penalty at step t, an intermediate
-reward) weighs the steps up to t only; the grouped presets' statistics (group mean, std,
-ScaleRL's batch std, ``reward_norm`` / ``adv_norm``) stay over one value per episode, G_0,
-and every step is normalised with its episode's. Defaults: reinforce 1.0 (MonteCarloReturn's
-reward-to-go, as before); grpo, cispo, gspo, dr_grpo, scalerl and custom None, every step
-weighed by the episode's total reward, as before. ``gamma: 1`` with a reward on the last
-step only gives the same weights as None. custom passes it to its credit assigner, which
-must take ``gamma``.
+The grouped presets (grpo, cispo, gspo, dr_grpo, scalerl) also take ``reward_norm`` and
+``adv_norm`` (AReaL's ``NormConfig``, libludic.training.normalization). What each option
+does and how it meets the services: DEVELOPERS.md, "Training" (Reward options, Dynamic
+sampling, Normalisation, Per-step credit).
 """
 
 from __future__ import annotations
@@ -92,7 +69,8 @@ from libludic.training.schedule import check_shape
 
 
 def _dynamic_sampling(dynamic_sampling: bool) -> PreprocessFn | None:
-    """The preprocess of ``dynamic_sampling``: drop the groups whose rewards are all equal."""
+    """The preprocess of ``dynamic_sampling``: drop the groups whose (shaped) total rewards
+    are all equal, whose group-centred advantage is 0 everywhere."""
     if not isinstance(dynamic_sampling, bool):
         raise ValueError(f"dynamic_sampling={dynamic_sampling!r} must be true or false")
     return drop_zero_variance_groups if dynamic_sampling else None
@@ -146,7 +124,13 @@ def _group_credit(
     positive_only: bool = False,
 ) -> CreditAssigner:
     """The preset's own assigner, or NormalizedReturn when ``reward_norm`` / ``adv_norm``
-    is given (``reward_norm`` unset: the preset's own normalisation as a NormConfig)."""
+    is given (``reward_norm`` unset: the preset's own normalisation as a NormConfig).
+
+    The presets' own normalisations of the rewards: grpo, cispo, dr_grpo: group mean, no
+    std; gspo and grpo with ``normalize_adv``: group mean and population std, eps 1e-8;
+    scalerl: group mean, batch population std, eps 1e-8. ``reward_norm`` replaces it,
+    ``adv_norm`` runs after it; leave-one-out (RLOO) is ``reward_norm: {mean_level: group,
+    mean_leave1out: true, std_level: null}``."""
     if reward_norm is None and adv_norm is None:
         return builtin
     if isinstance(builtin, HybridNormalizedReturn):

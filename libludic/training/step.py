@@ -2,7 +2,8 @@
 
 :class:`OptimizerStep` owns the policy being trained (LoRA applied, sharded under FSDP2),
 its frozen reference, the optimizer and the spare-core helper, and turns one step's items
-into one update (``update``; ``cfg.ppo_n_minibatches`` > 1: that many). The Trainer
+into one update (``update``; ``cfg.ppo_n_minibatches`` > 1: that many, the proximal
+logprobs of all of them taken before the first). The Trainer
 (libludic/training/trainer.py) owns the loop around it.
 
 Exactness of accumulation: the losses are sums over tokens (or sequences) divided by a
@@ -13,37 +14,11 @@ gradient equals the full-batch gradient up to float rounding. Under FSDP2 the lo
 multiplied by world_size because the reduce-scatter averages gradients. Gradients are
 clipped to ``max_grad_norm``; a non-finite norm skips the update (``nonfinite_skipped_total``).
 
-Reference policy. When the loss needs ``ref_logprobs`` (a KL term, ``kl_coeff > 0``) and an
-item does not carry them, a frozen reference model computes them per micro-batch (no
-grad). By default it is a copy of the model as passed in (the initial policy, before LoRA
-and before any checkpoint is loaded): one more forward per micro-batch and one more copy
-of the weights in memory, a whole one in one process and a shard per rank under FSDP2
-(sharded like the policy; its forward, a collective there, runs on every rank for every
-micro-batch). With LoRA (``lora_rank``) and no reference given, there is no copy: the
-reference is the policy's own forward with its adapters off (``ref_is_base``), the frozen
-base. ``ref_time_s`` in the step stats is the time spent in it.
-
-Model placement under FSDP2. Policy and reference are built by
-``parallel.shard_from_rank0``: each rank's shards are filled from rank 0's weights, so only
-rank 0's ``model`` (and ``reference_model``) need hold weights; the other ranks may pass
-the same architecture on the meta device, and no rank ever holds the whole model on its
-device. ``self.model`` is then a new, sharded module; the one passed in is not trained.
-
-Proximal policy. When the loss needs ``prox_logprobs`` (``algo.needs_prox_logprobs``: AReaL's
-``recompute_logprob`` / ``use_decoupled_loss``; or a TIS/MIS correction, whose pi_old is the
-trainer's logprob, with ``ppo_n_minibatches`` > 1: ``algo.prox_logprobs_needed``), every
-micro-batch first gets a no-grad forward of the current weights (eval mode, before the
-update: the logprobs of the policy this step starts from) under ``batch["prox_logprobs"]``;
-``prox_time_s`` in the step stats is its time. Off by default: no extra forward.
-
-Minibatches. ``cfg.ppo_n_minibatches`` > 1 splits a step's items into that many optimizer
-steps (``update``); the proximal logprobs of all of them are taken before the first.
-
-Temperature. Each item's logits are divided by its sampling temperature before the loss
-(``loss.apply_temperature``; the reference model's too): the policy trained is the one the
-actor sampled from, whose logprobs the server returned, so an on-policy ratio is exactly 1.
-
-Autocast: ``mixed_precision_dtype`` on CUDA; on CPU only with ``cfg.cpu_autocast``.
+Extra forwards per micro-batch, each timed in the step stats (:class:`OptimizerStep`): the
+frozen reference's (``ref_time_s``) when the loss needs ``ref_logprobs`` and an item lacks
+them, and the current weights' no-grad one (``prox_time_s``) when it needs
+``prox_logprobs``. Each item's logits are divided by its sampling temperature before the
+loss (``loss.apply_temperature``), so an on-policy ratio is exactly 1.
 """
 
 from __future__ import annotations
@@ -86,6 +61,35 @@ class _Prepared:
 
 
 class OptimizerStep:
+    """The policy, its reference and the optimizer of one Trainer, and the step that
+    updates them (module docstring).
+
+    Reference policy. When the loss needs ``ref_logprobs`` (a KL term, ``kl_coeff > 0``) and an
+    item does not carry them, a frozen reference model computes them per micro-batch (no
+    grad). By default it is a copy of the model as passed in (the initial policy, before LoRA
+    and before any checkpoint is loaded): one more forward per micro-batch and one more copy
+    of the weights in memory, a whole one in one process and a shard per rank under FSDP2
+    (sharded like the policy; its forward, a collective there, runs on every rank for every
+    micro-batch). With LoRA (``lora_rank``) and no reference given, there is no copy: the
+    reference is the policy's own forward with its adapters off (``ref_is_base``), the frozen
+    base. ``ref_time_s`` in the step stats is the time spent in it.
+
+    Model placement under FSDP2. Policy and reference are built by
+    ``parallel.shard_from_rank0``: each rank's shards are filled from rank 0's weights, so only
+    rank 0's ``model`` (and ``reference_model``) need hold weights; the other ranks may pass
+    the same architecture on the meta device, and no rank ever holds the whole model on its
+    device. ``self.model`` is then a new, sharded module; the one passed in is not trained.
+
+    Proximal policy. When the loss needs ``prox_logprobs`` (``algo.needs_prox_logprobs``: AReaL's
+    ``recompute_logprob`` / ``use_decoupled_loss``; or a TIS/MIS correction, whose pi_old is the
+    trainer's logprob, with ``ppo_n_minibatches`` > 1: ``algo.prox_logprobs_needed``), every
+    micro-batch first gets a no-grad forward of the current weights (eval mode, before the
+    update: the logprobs of the policy this step starts from) under ``batch["prox_logprobs"]``;
+    ``prox_time_s`` in the step stats is its time. Off by default: no extra forward.
+
+    Autocast: ``mixed_precision_dtype`` on CUDA; on CPU only with ``cfg.cpu_autocast``.
+    """
+
     def __init__(
         self,
         *,

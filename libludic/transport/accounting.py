@@ -1,15 +1,13 @@
-"""Run accounting: where every group (feeder request) of a run is, kept in Redis.
-
-Identity, true at every moment (see DEVELOPERS.md "Run accounting")::
+"""Run accounting: where every group (feeder request) of a run is, kept in Redis, so that at
+every moment::
 
     groups_requested = groups_trained + groups_dropped_stale + groups_dropped_incomplete
                        + groups_dropped_empty + groups_deadlettered + groups_in_flight
 
-A *group* is one feeder request (``group_id == request id``: ``group_size`` episodes of one
-env seed). Its *items* are the SAWItems credit wrote for it (one per surviving sample:
-filters may drop some, so a group can have fewer items than episodes). Each counter moves
-inside the Lua script that makes the transition durable, so a crash (kill -9 of any
-service) can never make the counters disagree with the streams:
+Each counter moves inside the Lua script that makes the transition durable, and only when
+XACK reports the entry was still pending, so neither a crash (kill -9 of any service) nor a
+redelivery can make the counters disagree with the streams. What groups, items and
+*trained* are, the observed ``in_flight`` and the known limits: DEVELOPERS.md, "Run accounting".
 
 =====================  ==========================================================  ================
 transition             script (atomic with)                                        counter
@@ -29,26 +27,6 @@ learner dead-letters   :data:`_DEADLETTER_LUA`                                  
 last item of a group   (same script) any item trained -> trained, else any stale
                        -> dropped_stale, else deadlettered
 =====================  ==========================================================  ================
-
-An item counts as *trained* when the learner acks it after the step that used it was
-committed (after the checkpoint that holds it, when checkpointing; a resumed learner
-acking entries already inside its checkpoint counts them then). ``items_trained_twice``
-counts items whose id had already been counted trained (a ``done:learner:{item}`` marker);
-it must stay 0. Counters only move when XACK reports the entry was still pending, so a
-redelivered or re-acked entry is never counted twice.
-
-``in_flight`` is derived (requested minus the rest) and also *observed* independently in the
-same atomic snapshot: ``XLEN requests`` (unread + pending requests) + groups with rollouts
-not yet credited (hash ``acct:rolling``) + groups with items not yet resolved by the learner
-(hash ``acct:open``). :func:`snapshot` reports both and ``consistent``. At item level:
-``items_written - items_trained - items_stale - items_deadlettered == XLEN saw``.
-
-Limits (documented, not hidden): a request whose ``group_id`` differs from its id (several
-requests per group, not made by the feeder) breaks the one-request-one-group premise; a
-group all of whose rollout entries are dead-lettered one by one (undecodable rollouts)
-stays in flight forever (visible, never miscounted); so does a group whose rollouts reach
-credit under another ``group_id`` (lost or corrupted on the way): credit's commit of a group
-no actor committed opens no group, its items count at item level only.
 """
 
 from __future__ import annotations

@@ -1,5 +1,15 @@
 """The msgpack wire codec: envelopes, packed token arrays, encode/decode of requests,
-rollouts and SAWItems; ``CodecError`` on anything malformed (see the package docstring)."""
+rollouts and SAWItems; ``CodecError`` on anything malformed.
+
+An entry is ``{"id": item_id, "d": payload}``; ``payload`` is msgpack of
+``{"schema_version": SCHEMA_VERSION, "kind": k, "body": {...}}`` with ``k`` one of
+``rollout_request``, ``rollout``, ``saw_item``. Token ids travel as msgpack ``bin`` of
+little-endian int32 bytes, logprobs as float32 bytes, masks as uint8 bytes -- never lists
+of Python ints. Unpacking uses ``raw=False`` (strings must be valid UTF-8),
+``strict_map_key=True`` (map keys are str/bytes only), rejects every ext type and caps
+the buffer size. Anything that does not decode to the expected shape raises
+:class:`CodecError` with a machine-readable ``reason``. No pickle anywhere.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,10 @@
 """Redis connections and the one retry/backoff policy: ``connect``, ``REDIS_DOWN_ERRORS``,
-``backoff_sleep``, ``retry_redis``."""
+``backoff_sleep``, ``retry_redis``.
+
+Reconnects: clients from :func:`connect` retry single commands with exponential backoff;
+the service loops additionally catch :data:`REDIS_DOWN_ERRORS`, back off and resume
+(consumer groups persist in the AOF; a missing group is recreated).
+"""
 
 from __future__ import annotations
 

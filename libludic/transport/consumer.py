@@ -1,7 +1,25 @@
 """Streams and consumers: ``Entry``, ``xadd``, ``backlog``/``wait_below`` (backpressure),
 ``StreamConsumer`` (read, claim, touch, commit, dead-letter: one Lua script each). The commit
 and the dead-letter move are Lua functions owned here (:data:`COMMIT_FN`,
-:data:`DEADLETTER_FN`); the accounting's scripts are composed from them."""
+:data:`DEADLETTER_FN`); the accounting's scripts are composed from them.
+
+Delivery: at-least-once in, exactly-once effect out. A consumer reads with XREADGROUP
+(and XAUTOCLAIMs entries a dead peer left pending for longer than ``claim_idle_ms``),
+does the work, then :meth:`StreamConsumer.commit` runs one Lua script that
+
+    SET done-marker NX EX ttl  ->  if new: XADD every output  ->  XACK + XDEL the inputs
+
+so outputs, the marker and the ack become durable together. A redelivered input whose
+marker exists writes nothing and is just acked: it is never counted or processed twice.
+Consumers delete entries on ack, so ``XLEN`` of a stream is its un-acked backlog
+(unread + pending) and producers apply backpressure on it (:func:`wait_below`); no
+stream is ever trimmed (no MAXLEN), so nothing is lost unread. A consumer still working
+on an entry keeps it fresh with :meth:`StreamConsumer.touch` (XCLAIM JUSTID by its owner
+resets the idle time), so ``claim_idle_ms`` can be short even when episodes are long.
+Malformed entries (bad msgpack, unknown schema_version, missing fields, wrong kind) and
+entries delivered more than ``max_deliveries`` times go to the ``deadletter`` stream
+with the reason, source stream and source id, and are acked; they never crash a worker.
+"""
 
 from __future__ import annotations
 

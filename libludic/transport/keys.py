@@ -1,4 +1,19 @@
-"""Redis key names of a run (``ludic:{run_id}:...``), stream names, consumer groups."""
+"""Redis key names of a run (``ludic:{run_id}:...``), stream names, consumer groups.
+
+Keys (all of one run share the Redis Cluster hash tag ``{run_id}``, so the Lua scripts
+of ``consumer`` and ``accounting`` may touch several of them atomically)::
+
+    ludic:{run_id}:requests | rollouts | saw | deadletter      streams
+    ludic:{run_id}:policy_version                              learner's published version
+    ludic:{run_id}:learner_step                                learner's optimizer step
+    ludic:{run_id}:admission                                   served_step, batch_size (learner)
+    ludic:{run_id}:admission:wake                              list: "room may have opened"
+    ludic:{run_id}:feeder:seed                                 next env seed (INCRBY)
+    ludic:{run_id}:heartbeat:{role}:{consumer}                 liveness, SET ... EX ttl
+    ludic:{run_id}:lease:{role}                                singleton lease (credit)
+    ludic:{run_id}:acct, acct:*                             run accounting (libludic/transport/accounting.py)
+    ludic:{run_id}:done:{role}:{item_id}                       de-dup marker, EX done_ttl
+"""
 
 from __future__ import annotations
 

@@ -3,8 +3,9 @@
 The tensors never pass through this process: the replica's vLLM workers are its ranks in
 the learner's weight group (the ``ludic`` weight-transfer engine,
 services/inference/weight_transfer.py), ``rank .. rank + workers - 1``. This process holds a
-client of the group's TCPStore for the control keys (protocol in
-libludic/distributed/weight_sync.py): it writes the replica's ack under its first rank and
+client of the group's TCPStore for the control keys (named in
+libludic/distributed/weight_sync.py; the round: DEVELOPERS.md, "Inference service HTTP
+API"): it writes the replica's ack under its first rank and
 reads its workers' joined/recvd/applied keys. Store waits run in a thread, so the event
 loop keeps serving generations while a broadcast is in flight.
 """

@@ -15,10 +15,8 @@ it sleeps on a notification socket. A GPU box has host cores to spare for that; 
 CPU machine the two spinning processes take the cores the API server, the actors and the
 learner need (DEVELOPERS.md has the figures).
 
-The cap: with no spin at all, vLLM's reader sometimes misses the writer's notification
-(a ZMQ PUB socket with a high-water mark of 1 feeding a CONFLATE subscriber) and sleeps for
-its full 5 s recheck interval; capping each wait at ``LUDIC_VLLM_POLL_MS`` bounds that to a
-few milliseconds at a cost of ~50 wake-ups a second while idle.
+The plugin sets the spin to ``LUDIC_VLLM_BUSY_LOOP_S`` and caps each wait at
+``LUDIC_VLLM_POLL_MS`` (:func:`settings`: why the cap).
 
 Plain linear layers on the CPU (``LUDIC_VLLM_CPU_PLAIN_LINEAR=1``, which ``ludic inference``
 sets for ``cpu_linear: plain``, and for ``auto`` with float32): vLLM's CPU backend replaces
@@ -57,7 +55,12 @@ def _number(env: str, kind: type, example: str) -> Any:
 
 
 def settings() -> tuple[float, int] | None:
-    """(spin seconds, wait cap in ms; 0 = uncapped), or None when the plugin is off."""
+    """(spin seconds, wait cap in ms; 0 = uncapped), or None when the plugin is off.
+
+    The cap: with no spin at all, vLLM's reader sometimes misses the writer's notification
+    (a ZMQ PUB socket with a high-water mark of 1 feeding a CONFLATE subscriber) and sleeps
+    for its full 5 s recheck interval; capping each wait at ``LUDIC_VLLM_POLL_MS`` bounds
+    that to a few milliseconds at a cost of ~50 wake-ups a second while idle."""
     spin = _number(SPIN_ENV, float, "0")
     if spin is None:
         return None

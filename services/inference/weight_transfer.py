@@ -8,11 +8,8 @@ drives it with ``AsyncLLM.init_weight_transfer_engine`` / ``start_weight_update`
 serves between two scheduler steps (services/inference/collective.py). The tensors are
 broadcast from the learner straight into this process: no serialised bytes, no staging file.
 
-Ranks: worker ``w`` (``dp_index * world_size + rank``, as vLLM's own NCCL engine counts) of a
-replica whose first rank is ``rank_offset`` is rank ``rank_offset + w``. Backend: ``gloo``
-(any device; on a GPU the tensors arrive in host memory and are copied in by the load) or
-``nccl`` (vLLM's ``PyNcclCommunicator``, CUDA workers, on a side stream so the model's
-stream keeps running), both through ``weight_sync.join_group``.
+Worker ``w`` of a replica whose first rank is ``rank_offset`` is rank ``rank_offset + w``
+(:class:`LudicTransferEngine`: ranks and backends).
 
 Phases (store keys: ``weight_sync.*_key``)::
 
@@ -144,7 +141,14 @@ class _Round:
 
 
 class LudicTransferEngine(WeightTransferEngine[LudicInitInfo, LudicUpdateInfo]):
-    """The worker end of the collective weight plane (module docstring)."""
+    """The worker end of the collective weight plane (module docstring).
+
+    Ranks: worker ``w`` (``dp_index * world_size + rank``, as vLLM's own NCCL engine counts)
+    of a replica whose first rank is ``rank_offset`` is rank ``rank_offset + w``. Backend:
+    ``gloo`` (any device; on a GPU the tensors arrive in host memory and are copied in by
+    the load) or ``nccl`` (vLLM's ``PyNcclCommunicator``, CUDA workers, on a side stream so
+    the model's stream keeps running), both through ``weight_sync.join_group``.
+    """
 
     init_info_cls = LudicInitInfo
     update_info_cls = LudicUpdateInfo

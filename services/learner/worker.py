@@ -1,6 +1,15 @@
 """The learner's wiring of the library loop: ``Learner`` builds the batch source, the
-publisher, the checkpoint manager and the hooks around ``Trainer.train`` (see main.py's
-docstring for the guarantees). ``main.py`` wires it into a process."""
+publisher, the checkpoint manager and the hooks around ``Trainer.train`` (the guarantees:
+services/learner/README.md, "Guarantees"). ``main.py`` wires it into a process.
+
+The loop is the library's (``Trainer.train``: batch, stale filter, step, publish, checkpoint
+and commit, stop conditions; ``Trainer`` is the only writer of the policy version); this
+module wires settings, Redis and metrics into it: ``PipelineBatchSource`` (rank 0 reads
+Redis, shares the batch; it drops stale items before batching, at the Trainer's
+``max_lag`` and version), the publisher, the checkpoint manager and ``TrainerHooks``
+(metrics, the version in Redis, the status entry, the trained-items log). The full state
+dict is gathered only for a publish or a checkpoint.
+"""
 
 from __future__ import annotations
 
@@ -71,6 +80,27 @@ def seed_everything(seed: int) -> None:
 
 
 class Learner:
+    """One learner process (module docstring; its guarantees: services/learner/README.md,
+    "Guarantees"). In detail:
+
+    - A checkpoint's extra holds ``batch_source.last_committed_id``, ``items_trained``,
+      ``policy_version`` and ``trainer_step``. ``--resume`` loads the newest complete
+      checkpoint (model, optimizer, step, RNG, policy version, stream position), so every
+      item trained after it is trained again exactly once, in the same batches.
+    - A publish labels the weights ``max(learner version, floor) + 1``, ``floor`` the highest
+      version seen at start-up in Redis or on any replica, so a restarted learner never
+      publishes a version the replicas refuse as old. After a successful publish the version
+      goes to Redis (``ludic:{run}:policy_version``, which actors' admission control reads).
+      Without ``inference_urls`` nothing is published.
+    - A failed publish is counted (``ludic_learner_publishes_total{outcome="failed"}``,
+      ``ludic_learner_publish_failures_total{replica}``) and the learner's served version
+      does not move; its number is never reused: a replica that took the failed one must not
+      hold other weights than its peers under it (libludic/training/trainer.py).
+    - At ``num_steps`` the final publish happens only if the last step did not publish. A
+      clean exit with ``output_dir`` set saves the policy as a Hugging Face model directory
+      ``<output_dir>/final/``.
+    """
+
     def __init__(self, s: LearnerSettings, stop: asyncio.Event) -> None:
         self.s = s
         self.stop = stop

@@ -24,14 +24,9 @@ failed (reason ``"skipped"``).
 ``"output_limit"``, ``"killed: SIGSEGV"``, ``"exited_early"``, ``"skipped"``), ``duration_s``
 and truncated ``stdout``/``stderr``.
 
-Async: ``env_step`` blocks for up to n * timeout_per_test_s. Inside an event loop call
-``await env.env_step_async(action)`` (or ``astep``), which runs it in a worker thread via
-``asyncio.to_thread``; the sandbox is re-entrant, so many episodes can run concurrently
-(bounded by the default thread pool, ``min(32, cpus + 4)`` workers).
-
-The action may be plain code or contain Markdown fences; ``extract_code`` takes the last
-```` ```python ```` (or ``py``/``python3``) block, else the last untagged block, else an
-unclosed trailing fence (a truncated generation), else the whole text.
+``env_step`` blocks for up to n * timeout_per_test_s; inside an event loop use
+``env_step_async``. The action may be plain code or contain Markdown fences
+(:func:`extract_code`).
 """
 
 from __future__ import annotations
@@ -65,7 +60,9 @@ _SNIPPET = 2000
 
 
 def extract_code(text: str) -> str:
-    """The code in a model answer (see the module docstring for the rule)."""
+    """The code in a model answer: the last ```` ```python ```` (or ``py``/``python3``)
+    block, else the last untagged block, else an unclosed trailing fence (a truncated
+    generation), else the whole text."""
     blocks = _FENCE_RE.findall(text)
     tagged = [body for tag, body in blocks if tag.lower() in _PY_TAGS]
     if tagged:
@@ -352,7 +349,12 @@ class CodeExecEnv(SingleAgentEnv):
         return StepOutcome(obs=obs, reward=reward, terminated=True, info=info)
 
     async def env_step_async(self, action: str) -> StepOutcome:
-        """``env_step`` in a worker thread, so the event loop keeps serving other episodes."""
+        """``env_step`` in a worker thread, so the event loop keeps serving other episodes.
+
+        ``env_step`` blocks for up to n * timeout_per_test_s; inside an event loop call
+        ``await env.env_step_async(action)`` (or ``astep``), which runs it in a worker thread
+        via ``asyncio.to_thread``. The sandbox is re-entrant, so many episodes can run
+        concurrently (bounded by the default thread pool, ``min(32, cpus + 4)`` workers)."""
         return await asyncio.to_thread(self.env_step, action)
 
     async def astep(self, actions: dict[str, str]) -> dict[str, StepOutcome]:

@@ -1,6 +1,6 @@
-"""Landlock confinement of the code sandbox's plain mode (``sandbox.py``, module docstring,
-Writes): the code may write only beneath its own directory (and to ``/dev/null``), and may
-not signal any process outside its own tree. Landlock (Linux 5.13 and later, when the LSM is
+"""Landlock confinement of the code sandbox's plain mode (``sandbox.py``,
+``SubprocessSandbox``): the code may write only beneath its own directory (and to
+``/dev/null``), and may not signal any process outside its own tree. Landlock (Linux 5.13 and later, when the LSM is
 enabled) needs no privilege: the bootstrap (``seccomp.python_argv``) applies it to the
 interpreter before the code runs, after ``no_new_privs``.
 

@@ -7,66 +7,13 @@ temp dir, behind. ``ExecResult.status`` is one of ``ok``, ``error``, ``timeout``
 ``memory``, ``output_limit``, ``too_many_processes``, ``signal``; ``ExecResult.reason`` is the
 human string the env reports (``"runtime_error: ZeroDivisionError: ..."``).
 
-Every run, whatever the isolation mode:
-
-- a fresh temp dir (``mkdtemp``), removed in ``finally``; the code is ``main.py`` in it and
-  runs as ``python -I`` (isolated: no env vars, no user site, no cwd on sys.path);
-- a scrubbed environment (PATH, HOME=TMPDIR=the run dir, C.UTF-8 locale);
-- rlimits: RLIMIT_CPU = ceil(timeout)+1 s (SIGXCPU, hard +1 s -> SIGKILL), RLIMIT_AS =
-  memory_limit_mb, RLIMIT_FSIZE = ``max_file_bytes``, RLIMIT_NPROC = ``max_processes``,
-  RLIMIT_CORE = 0, RLIMIT_NOFILE = 256;
-- a new session (``setsid``); on wall-clock timeout, on output overflow, and as soon as the
-  main process exits, the whole process group is SIGKILLed and the run's uid (or session)
-  is swept in /proc, so a child that sleeps forever does not survive the run;
-- stdout and stderr are read concurrently and each capped at ``max_output_bytes``; going
-  past the cap kills the run (``output_limit``), so printing gigabytes costs the host at
-  most 2 x cap bytes of memory;
-- a watchdog (every 0.1 s) kills the run when its processes reach ``max_processes`` or
-  their summed RSS exceeds ``memory_limit_mb`` (RLIMIT_AS is per process, so without it
-  ``max_processes`` children could use ``max_processes`` x the limit; the 0.1 s sampling
-  lets a burst overshoot briefly).
-
-Isolation modes (``isolation="auto"`` picks the strongest that works, probed once per
-sandbox by running a real program through it):
-
-``namespace`` (host euid 0 with util-linux ``prlimit``/``unshare``/``setpriv``/``mount``):
-    ``setpriv --pdeathsig KILL -- prlimit ... -- unshare --net --mount --pid --fork
-    --kill-child --mount-proc -- sh -c``
-    a setup script that mounts a size-capped tmpfs as the writable cwd, remounts every other
-    mount read-only (``remount,bind,ro``: per-mount flags inside the private mount
-    namespace only, the host's mounts are untouched), then ``setpriv`` drops to a fresh
-    random uid (one per run, from ``uid_range``, no groups, no capabilities,
-    ``no_new_privs``) and runs Python. So: no network (empty netns: only a down loopback);
-    writes outside the cwd fail with EROFS/EACCES; RLIMIT_NPROC is exact because the uid is
-    the run's own (as root RLIMIT_NPROC is not enforced, which is why we never run the code
-    as root); every process is killed by the kernel when the pid namespace's init dies,
-    including ones that ``setsid``/double-fork away, and the parent-death signal kills the
-    whole tree if the host process dies mid-run; the code cannot see host processes.
-``plain`` (anything else):
-    ``python -I`` with rlimits set in ``preexec_fn``; when the host is root the child also
-    drops to a fresh random uid (``Popen(user=, group=, extra_groups=[])``) and the run dir
-    is chowned to it. As a non-root host the code runs as the host's uid: it cannot read
-    the host's environment only if the host is non-dumpable (every ludic service makes
-    itself so, ``services/common/secrets.py``). Writes: where the kernel has Landlock, the
-    code can write only beneath its run dir (``landlock.py``; from Landlock ABI 6 it also
-    cannot signal processes outside its own tree); a probe run checks it holds, and
-    ``describe()`` says whether it does. Gaps, documented not hidden: without Landlock the
-    code can write to world-writable dirs (/tmp, /dev/shm); as a non-root host RLIMIT_NPROC counts
-    all of the host user's processes (we set it to current + ``max_processes``) and a child
-    that ``setsid``s into a new session escapes the sweep; if the host process dies
-    mid-run only the main child gets the parent-death SIGKILL, not its own children;
-    ``preexec_fn`` is not safe with threads that hold locks at fork time (the namespace
-    mode does not use it).
-
-Sockets, both modes (``seccomp.py``): the interpreter starts with a bootstrap (``python_argv``) that installs
-a seccomp filter (``no_new_privs``, then ``socket_filter_code``) before it runs ``main.py``:
-``socket(2)`` and ``io_uring_setup(2)`` fail with EPERM, so the code opens no socket of any
-family. The namespace mode's empty network namespace alone leaves unix sockets on the
-filesystem reachable (a host service listening on a world-writable path); the plain mode
-has no namespace at all. ``socketpair(2)``, which reaches nothing, still works (asyncio
-needs it). Where the filter is unknown (another architecture) or a probe run shows it does
-not hold, the sandbox refuses to run (below) unless ``network_isolated`` is allowed; then
-the code runs without the filter and ``describe()`` says the network is reachable.
+:class:`SubprocessSandbox` runs each program as ``python -I`` in a fresh temp dir, with a
+scrubbed environment, rlimits, its own session, capped output and a watchdog, in one of two
+isolation modes (``isolation="auto"`` picks the strongest that works, probed once per
+sandbox by running a real program through it): ``namespace`` (a root host with util-linux:
+fresh namespaces, read-only mounts, a fresh uid per run; :func:`namespace_command`) or
+``plain`` (rlimits, a fresh uid when the host is root, Landlock where the kernel has it).
+In both modes a seccomp filter stops the code opening any socket (``seccomp.py``).
 
 Guarantees: two properties must hold in every mode, else the sandbox refuses to run
 (``RuntimeError`` naming the missing one) unless ``allow`` lists it (``default_sandbox``
@@ -233,8 +180,23 @@ def namespace_command(
     tmpfs_bytes: int,
     block_network: bool = False,
 ) -> list[str]:
-    """argv of a namespace-mode run (see the module docstring). Exit status: the code's,
-    or 128+N when it died of signal N (the script does not ``exec`` so it can report it)."""
+    """argv of a namespace-mode run (host euid 0 with util-linux ``prlimit``/``unshare``/
+    ``setpriv``/``mount``). Exit status: the code's, or 128+N when it died of signal N (the
+    script does not ``exec`` so it can report it).
+
+    The command: ``setpriv --pdeathsig KILL -- prlimit ... -- unshare --net --mount --pid
+    --fork --kill-child --mount-proc -- sh -c`` with a setup script that mounts a
+    size-capped tmpfs as the writable cwd, remounts every other mount read-only
+    (``remount,bind,ro``: per-mount flags inside the private mount namespace only, the
+    host's mounts are untouched), then ``setpriv`` drops to a fresh random uid (one per run,
+    from ``uid_range``, no groups, no capabilities, ``no_new_privs``) and runs Python. So:
+    no network (empty netns: only a down loopback); writes outside the cwd fail with
+    EROFS/EACCES; RLIMIT_NPROC is exact because the uid is the run's own (as root
+    RLIMIT_NPROC is not enforced, which is why we never run the code as root); every process
+    is killed by the kernel when the pid namespace's init dies, including ones that
+    ``setsid``/double-fork away, and the parent-death signal kills the whole tree if the
+    host process dies mid-run; the code cannot see host processes.
+    """
     return [
         # SIGKILL the tree's root if the thread that started it dies (host crash): unshare's
         # --kill-child then kills the pid namespace's init and the kernel the rest.
@@ -556,7 +518,42 @@ class _Plan:
 
 @dataclass
 class SubprocessSandbox:
-    """The subprocess sandbox described in the module docstring."""
+    """The subprocess sandbox of the module docstring (its contract and guarantees).
+
+    Every run, whatever the isolation mode:
+
+    - a fresh temp dir (``mkdtemp``), removed in ``finally``; the code is ``main.py`` in it and
+      runs as ``python -I`` (isolated: no env vars, no user site, no cwd on sys.path);
+    - a scrubbed environment (PATH, HOME=TMPDIR=the run dir, C.UTF-8 locale);
+    - rlimits: RLIMIT_CPU = ceil(timeout)+1 s (SIGXCPU, hard +1 s -> SIGKILL), RLIMIT_AS =
+      memory_limit_mb, RLIMIT_FSIZE = ``max_file_bytes``, RLIMIT_NPROC = ``max_processes``,
+      RLIMIT_CORE = 0, RLIMIT_NOFILE = 256;
+    - a new session (``setsid``); on wall-clock timeout, on output overflow, and as soon as the
+      main process exits, the whole process group is SIGKILLed and the run's uid (or session)
+      is swept in /proc, so a child that sleeps forever does not survive the run;
+    - stdout and stderr are read concurrently and each capped at ``max_output_bytes``; going
+      past the cap kills the run (``output_limit``), so printing gigabytes costs the host at
+      most 2 x cap bytes of memory;
+    - a watchdog (every 0.1 s) kills the run when its processes reach ``max_processes`` or
+      their summed RSS exceeds ``memory_limit_mb`` (RLIMIT_AS is per process, so without it
+      ``max_processes`` children could use ``max_processes`` x the limit; the 0.1 s sampling
+      lets a burst overshoot briefly).
+
+    Plain mode (any other host; the namespace mode: :func:`namespace_command`):
+    ``python -I`` with rlimits set in ``preexec_fn``; when the host is root the child also drops to a
+    fresh random uid (``Popen(user=, group=, extra_groups=[])``) and the run dir is chowned
+    to it. As a non-root host the code runs as the host's uid: it cannot read the host's
+    environment only if the host is non-dumpable (every ludic service makes itself so,
+    ``services/common/secrets.py``). Writes: where the kernel has Landlock, the code can
+    write only beneath its run dir (``landlock.py``; from Landlock ABI 6 it also cannot
+    signal processes outside its own tree); a probe run checks it holds, and ``describe()``
+    says whether it does. Gaps, documented not hidden: without Landlock the code can write
+    to world-writable dirs (/tmp, /dev/shm); as a non-root host RLIMIT_NPROC counts all of
+    the host user's processes (we set it to current + ``max_processes``) and a child that
+    ``setsid``s into a new session escapes the sweep; if the host process dies mid-run only
+    the main child gets the parent-death SIGKILL, not its own children; ``preexec_fn`` is
+    not safe with threads that hold locks at fork time (the namespace mode does not use it).
+    """
 
     isolation: str = "auto"  # "auto" | "namespace" | "plain"
     python: str | None = None  # interpreter for the code (None: pick one the uid can run)
@@ -691,7 +688,7 @@ class SubprocessSandbox:
 
     def _with_write_confinement(self, plan: _Plan) -> _Plan:
         """``plan`` confining the code's writes to its directory when Landlock is there and a
-        probe run shows it holds (module docstring, Writes), else ``plan`` with a note."""
+        probe run shows it holds (``landlock.py``), else ``plan`` with a note."""
         if landlock.abi_version() < 1:
             why = "no Landlock in this kernel"
         else:
@@ -704,8 +701,8 @@ class SubprocessSandbox:
         return replace(plan, note=f"{plan.note}{sep}writes outside the run dir possible ({why})")
 
     def _with_socket_filter(self, plan: _Plan) -> _Plan:
-        """``plan`` with the socket filter when a probe run shows it holds (module
-        docstring, Sockets), else ``plan`` with a note that the network is reachable."""
+        """``plan`` with the socket filter when a probe run shows it holds (``seccomp.py``,
+        module docstring), else ``plan`` with a note that the network is reachable."""
         if socket_filter_code() is None:
             why = f"no seccomp filter for {platform.machine()}"
         else:

@@ -1,7 +1,19 @@
-"""The seccomp socket filter of the code sandbox (``sandbox.py``, module docstring, Sockets):
-the BPF program that refuses ``socket(2)`` and ``io_uring_setup(2)``, the probe that checks
-it holds, and the bootstrap the interpreter runs before the code: ``no_new_privs``, then the
-Landlock confinement (``landlock.py``) when asked, then the filter."""
+"""The seccomp socket filter of the code sandbox (``sandbox.py``): the BPF program that
+refuses ``socket(2)`` and ``io_uring_setup(2)``, the probe that checks it holds, and the
+bootstrap the interpreter runs before the code: ``no_new_privs``, then the Landlock
+confinement (``landlock.py``) when asked, then the filter.
+
+In both isolation modes the interpreter starts with a bootstrap (``python_argv``) that
+installs the filter (``no_new_privs``, then ``socket_filter_code``) before it runs
+``main.py``: ``socket(2)`` and ``io_uring_setup(2)`` fail with EPERM, so the code opens no
+socket of any family. The namespace mode's empty network namespace alone leaves unix
+sockets on the filesystem reachable (a host service listening on a world-writable path);
+the plain mode has no namespace at all. ``socketpair(2)``, which reaches nothing, still
+works (asyncio needs it). Where the filter is unknown (another architecture) or a probe run
+shows it does not hold, the sandbox refuses to run (``sandbox.py``, Guarantees) unless
+``network_isolated`` is allowed; then the code runs without the filter and ``describe()``
+says the network is reachable.
+"""
 
 from __future__ import annotations
 
@@ -84,7 +96,7 @@ def python_argv(
 ) -> list[str]:
     """How the sandbox runs ``main``: ``python -I main``, through a bootstrap that first
     confines writes and signals (``landlock.BOOTSTRAP``) when ``confine_writes``, then
-    installs the socket filter when ``block_network`` (module docstring, Sockets)."""
+    installs the socket filter when ``block_network`` (module docstring)."""
     code = socket_filter_code() if block_network else None
     if code is None and not confine_writes:
         return [python, "-I", main]

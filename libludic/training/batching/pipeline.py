@@ -1,58 +1,25 @@
 """PipelineBatchSource: SAWItems from the Redis ``saw`` stream -> macro-batches for the Trainer.
 
-Reading (rank 0 only). One consumer of group ``learner`` on ``ludic:{run}:saw`` with a
-*stable* name (``learner-0`` by default, the same across restarts). ``start()`` first
-re-reads this consumer's own pending entries (``XREADGROUP ... 0``, stream order), then new
-ones (``>``). Stale claiming (XAUTOCLAIM) is deliberately *not* used: the learner's own
-pending entries are items it trained but has not committed yet, and claiming them back
-would train them twice.
+Reading (rank 0 only): one consumer of group ``learner`` on ``ludic:{run}:saw`` with a
+*stable* name (``learner-0`` by default), its own pending entries first (:meth:`start`).
 
 Batches. A macro-batch is the next ``batch_size`` *fresh* items in stream order; it never
 closes on a timeout, so the batch sequence depends only on the stream content (this is what
 makes a resumed run retrain exactly the batches it lost). Freshness is
 ``libludic.staleness.is_stale`` at ``version_fn()`` (the learner's current policy version
-when the batch is formed, i.e. at the start of the step) and ``max_lag``: checked as items
-are read and again for buffered items at batch formation; stale items are acked at once, counted in ``stale_dropped`` (the caller exports
-``ludic_learner_stale_dropped_total``) and never trained. Undecodable entries go to the
-dead-letter stream.
+when the batch is formed, i.e. at the start of the step) and ``max_lag``; stale items are
+acked, counted and never trained (:meth:`next_batch`).
 
 Exactly-once effect (acks). An entry is acked (XACK + XDEL) only once the optimizer step
-that used it is *committed*:
+that used it is *committed*: :meth:`mark_trained` after the step, :meth:`commit` once it is
+committed. :meth:`state_dict` / :meth:`load_state_dict` carry the stream position through a
+checkpoint, so after ``--resume`` each item's update is in the final model exactly once,
+provided the stream is only consumed by this learner.
 
-* ``mark_trained()`` after ``Trainer.train_step`` moves the batch handed out last to the
-  trained-but-uncommitted list;
-* ``commit()`` acks that list. The service calls it after every step when checkpointing is
-  off, and right after a checkpoint is saved when it is on (so an item is acked iff it is
-  inside a saved checkpoint).
-
-``state_dict()`` (stored by ``Trainer.save_checkpoint`` in the checkpoint's extra) holds
-``last_committed_id`` (the largest stream id of any trained item) and ``trained_unacked``:
-the entry ids trained but not acked when it was taken, i.e. exactly the entries inside the
-checkpoint that may still be pending. After ``--resume`` (``load_state_dict``), a pending
-entry in ``trained_unacked`` (the process died between saving the checkpoint and acking) is
-acked without training, and every other pending entry is retrained, in stream order. Ids
-are not enough: a reply to XREADGROUP lost on the wire and retried by the client leaves
-older entries pending unseen behind newer trained ones; they are trained on resume, never
-acked as trained. So each item's update is in the final model exactly once, provided the
-stream is only consumed by this learner. (A checkpoint without ``trained_unacked`` falls
-back to acking every pending id <= ``last_committed_id``.)
-
-Ranks (torch.distributed initialised). Rank 0 reads Redis and broadcasts every batch as
-msgpack bytes in a uint8 tensor (no pickle: ``broadcast_object_list`` would pickle). With
-``shard=True`` (default, FSDP2 data parallel) rank ``r`` trains the contiguous shard
-``r`` of ``world_size`` near-equal shards; the Trainer normalises the loss over all ranks
-and FSDP2 averages gradients, so the update equals single-process training on the whole
-batch (up to float rounding). ``batch_size`` must then be >= world_size. With
-``shard=False`` every rank gets the whole batch (same update, world_size times the compute;
-for replicated setups). While rank 0 waits for items it broadcasts a keep-alive every
-``block_ms`` and all ranks all-reduce their stop flags, so a SIGTERM on any rank stops all of
-them at the same point (``next_batch`` raises :class:`SourceStopped` everywhere) and no
-collective waits long enough to hit the process-group timeout.
-
-Idle work. While no batch is ready, rank 0 calls ``idle_check()`` at most every
-``idle_check_s`` seconds; when it returns True, every rank runs ``idle_action()`` at the same
-point of the wait loop (so the action may be collective: the learner gathers and republishes
-its weights when an inference replica came back on older ones, see services/learner).
+Ranks (torch.distributed initialised): rank 0 reads Redis and broadcasts every batch; with
+``shard=True`` (default) each rank trains a contiguous shard of it. All ranks stop at the
+same point, and may run a collective idle action while they wait
+(:class:`PipelineBatchSource`).
 """
 
 from __future__ import annotations
@@ -128,6 +95,24 @@ class PipelineBatchSource:
     ``redis``/``keys`` are needed on rank 0 only (pass None elsewhere).
     ``version_fn()`` returns the learner's current policy version; ``stop_fn()`` True asks
     ``next_batch`` to give up waiting (raising :class:`SourceStopped`).
+
+    Ranks. Rank 0 reads Redis and broadcasts every batch as msgpack bytes in a uint8 tensor
+    (no pickle: ``broadcast_object_list`` would pickle). With ``shard=True`` (default, FSDP2
+    data parallel) rank ``r`` trains the contiguous shard ``r`` of ``world_size`` near-equal
+    shards; the Trainer normalises the loss over all ranks and FSDP2 averages gradients, so
+    the update equals single-process training on the whole batch (up to float rounding).
+    ``batch_size`` must then be >= world_size. With ``shard=False`` every rank gets the
+    whole batch (same update, world_size times the compute; for replicated setups). While
+    rank 0 waits for items it broadcasts a keep-alive every ``block_ms`` and all ranks
+    all-reduce their stop flags, so a SIGTERM on any rank stops all of them at the same
+    point (``next_batch`` raises :class:`SourceStopped` everywhere) and no collective waits
+    long enough to hit the process-group timeout.
+
+    Idle work. While no batch is ready, rank 0 calls ``idle_check()`` at most every
+    ``idle_check_s`` seconds; when it returns True, every rank runs ``idle_action()`` at the
+    same point of the wait loop (so the action may be collective: the learner gathers and
+    republishes its weights when an inference replica came back on older ones, see
+    services/learner).
     """
 
     redis: Any
@@ -214,6 +199,18 @@ class PipelineBatchSource:
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict` (stored by ``Trainer.save_checkpoint`` in the
+        checkpoint's extra): ``last_committed_id`` (the largest stream id of any trained
+        item) and ``trained_unacked``, the entry ids trained but not acked when it was taken,
+        i.e. exactly the entries inside the checkpoint that may still be pending.
+
+        After ``--resume``, a pending entry in ``trained_unacked`` (the process died between
+        saving the checkpoint and acking) is acked without training, and every other pending
+        entry is retrained, in stream order. Ids are not enough: a reply to XREADGROUP lost
+        on the wire and retried by the client leaves older entries pending unseen behind
+        newer trained ones; they are trained on resume, never acked as trained. (A
+        checkpoint without ``trained_unacked`` falls back to acking every pending id <=
+        ``last_committed_id``.)"""
         self.last_committed_id = sd.get("last_committed_id")
         unacked = sd.get("trained_unacked")
         self._resume_acked = None if unacked is None else {str(x) for x in unacked}
@@ -238,7 +235,13 @@ class PipelineBatchSource:
 
     async def start(self) -> None:
         """Create the consumer group if needed and restart reading at this consumer's own
-        pending entries (rank 0; a no-op elsewhere)."""
+        pending entries (rank 0; a no-op elsewhere).
+
+        The consumer's name is stable (``learner-0`` by default, the same across restarts):
+        it first re-reads its own pending entries (``XREADGROUP ... 0``, stream order), then
+        new ones (``>``). Stale claiming (XAUTOCLAIM) is deliberately *not* used: the
+        learner's own pending entries are items it trained but has not committed yet, and
+        claiming them back would train them twice."""
         if self.rank != 0:
             return
         assert self._sc is not None
@@ -362,7 +365,12 @@ class PipelineBatchSource:
     # ------------------------------------------------------------------ BatchSource
 
     async def next_batch(self) -> SAWBatch:
-        """The next macro-batch (this rank's shard of it when sharding across ranks)."""
+        """The next macro-batch (this rank's shard of it when sharding across ranks).
+
+        Freshness (``max_lag``) is checked as items are read and again for buffered items at
+        batch formation; stale items are acked at once, counted in ``stale_dropped`` (the
+        caller exports ``ludic_learner_stale_dropped_total``) and never trained.
+        Undecodable entries go to the dead-letter stream."""
         if self._handed:
             raise RuntimeError(
                 "next_batch() called before mark_trained() for the previous batch; call "
@@ -454,7 +462,8 @@ class PipelineBatchSource:
 
     def mark_trained(self) -> list[str]:
         """The batch handed out last was trained (its step finished). Returns its item ids
-        (of the whole batch, every rank)."""
+        (of the whole batch, every rank). Call it after ``Trainer.train_step``: it moves the
+        batch to the trained-but-uncommitted list that :meth:`commit` acks."""
         ids = [iid for _, iid in self._handed]
         if self.rank == 0:
             eids = [eid for eid, _ in self._handed]
@@ -469,7 +478,11 @@ class PipelineBatchSource:
         return ids
 
     async def commit(self) -> int:
-        """Ack every trained entry (call once the steps that used them are committed)."""
+        """Ack every trained entry (call once the steps that used them are committed).
+
+        The service calls it after every step when checkpointing is off, and right after a
+        checkpoint is saved when it is on (so an item is acked iff it is inside a saved
+        checkpoint)."""
         if self.rank != 0 or not self._uncommitted:
             self._uncommitted = []
             return 0
