@@ -22,7 +22,7 @@ error naming the fix.
 
 The algorithm is configured once, in the top-level ``algorithm:`` section
 (``{name, group_size, kwargs}`` and the optimisation options the learner reads,
-libludic.training.presets.AlgorithmSpec), read by feeder (group_size), credit and learner
+libludic.training.algorithm_spec.AlgorithmSpec), read by feeder (group_size), credit and learner
 through their ``algorithm`` field (env ``LUDIC_ALGORITHM`` as JSON). A per-service copy (``credit.algorithm``, ``learner.algorithm_kwargs``,
 ``feeder.group_size``, ...) is an error naming the fix, so the services cannot disagree.
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from libludic.training.presets import AlgorithmSpec
+from libludic.training.algorithm_spec import AlgorithmSpec
 from services.common.settings import SAW_HIGH_WATER, RedisService
 
 

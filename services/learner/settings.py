@@ -5,7 +5,7 @@ One name per TrainerConfig field: the common ones are flat settings (``lr``,
 ``micro_token_budget``, ``device`` for ``model_device``, ``mixed_precision`` for
 ``mixed_precision_dtype``, ...: :data:`FLAT_TRAINER`), the optimisation options are the run's
 ``algorithm:`` section (``lr_scheduler_type``, ``warmup_steps_proportion``, ``min_lr_ratio``,
-``ppo_n_minibatches``, ``gradient_checkpointing``: presets.TRAINER_OPTIONS), the schedule's
+``ppo_n_minibatches``, ``gradient_checkpointing``: algorithm_spec.TRAINER_OPTIONS), the schedule's
 horizon ``total_steps`` is ``num_steps``, and the nested ``trainer:`` mapping holds the rest
 (``betas``, ``eps``, ``pad_token_id``, ...). A field given under another name is an error
 naming the one to use. ``checkpoint:`` is a CheckpointConfig mapping (``output_dir``,
@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from libludic import staleness
+from libludic.training.algorithm_spec import TRAINER_OPTIONS, AlgorithmSpec
 from libludic.training.checkpoint import CheckpointConfig
 from libludic.training.config import TrainerConfig
-from libludic.training.presets import TRAINER_OPTIONS, AlgorithmSpec
 from services.common.settings import (
     AUTH_TOKEN_WHERE,
     SAW_HIGH_WATER,

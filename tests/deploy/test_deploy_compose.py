@@ -401,6 +401,7 @@ def emitted_signals() -> tuple[set[str], set[str]]:
     as signals, ``STEP_SIGNALS``; the ``signal`` labels of every preset's loss with a KL
     term), both without "loss" (it has its own gauge, services/learner)."""
     from libludic.training.components import LOSSES
+    from libludic.training.preset_options import preset_arguments
     from libludic.training.presets import ALGORITHMS
     from services.learner.metrics import STEP_SIGNALS
 
@@ -411,7 +412,7 @@ def emitted_signals() -> tuple[set[str], set[str]]:
     labels = set()
     for name, make in ALGORITHMS.items():
         if name != "custom":
-            kw = {"kl_coeff": 0.1} if "kl_coeff" in inspect.signature(make).parameters else {}
+            kw = {"kl_coeff": 0.1} if "kl_coeff" in preset_arguments(make) else {}
             if name == "dapo":  # its overlong shaping needs the run's generation budget
                 kw.update(max_new_tokens=64, overlong_tokens=16)
             labels |= set(make(**kw).loss.stat_keys)

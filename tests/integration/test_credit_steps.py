@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from libludic import transport as t
-from libludic.training.presets import AlgorithmSpec
+from libludic.training.algorithm_spec import AlgorithmSpec
 from libludic.types import Rollout, Step, TokenTrace
 from services.credit import main as credit_main
 

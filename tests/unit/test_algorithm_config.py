@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from libludic.training.presets import ALGORITHMS, AlgorithmSpec
+from libludic.training.algorithm_spec import AlgorithmSpec
+from libludic.training.presets import ALGORITHMS
 from services.common.settings import load_settings
 from services.credit.settings import CreditSettings
 from services.feeder.settings import FeederSettings

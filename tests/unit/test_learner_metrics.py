@@ -45,7 +45,7 @@ def test_the_exported_gauge_moves_in_both_directions() -> None:
 
 
 def test_the_losss_statistics_are_exported_as_training_signals() -> None:
-    from libludic.training.presets import AlgorithmSpec
+    from libludic.training.algorithm_spec import AlgorithmSpec
 
     loss = (
         AlgorithmSpec.from_mapping(

@@ -9,6 +9,7 @@ import pytest
 
 from libludic.saw import PendingBatchStage
 from libludic.training.algorithm import CreditStats, RLAlgorithm
+from libludic.training.algorithm_spec import AlgorithmSpec
 from libludic.training.credit_assignment import (
     ConstantCredit,
     GroupNormalizedReturn,
@@ -33,7 +34,6 @@ from libludic.training.loss import (
     TokenKLLoss,
 )
 from libludic.training.presets import (
-    AlgorithmSpec,
     make_cispo,
     make_dr_grpo,
     make_grpo,

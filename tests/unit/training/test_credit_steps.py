@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from libludic.saw import PendingBatchStage
+from libludic.training.algorithm_spec import AlgorithmSpec
 from libludic.training.credit_assignment import (
     GroupNormalizedReturn,
     HybridNormalizedReturn,
@@ -21,7 +22,7 @@ from libludic.training.credit_assignment import (
 )
 from libludic.training.filters import drop_incomplete_completions
 from libludic.training.normalization import NormConfig
-from libludic.training.presets import AlgorithmSpec, make_grpo, make_scalerl
+from libludic.training.presets import make_grpo, make_scalerl
 from tests.fakes import make_item, make_rollout
 
 EPS = 1e-5  # NormConfig's default

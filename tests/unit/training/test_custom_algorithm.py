@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from libludic.training.algorithm_spec import AlgorithmSpec
 from libludic.training.credit_assignment import GroupNormalizedReturn, NormalizedReturn
 from libludic.training.loss import CompositeLoss, TokenClippedSurrogateLoss, TokenKLLoss
-from libludic.training.presets import AlgorithmSpec
 
 
 def spec(**kwargs) -> AlgorithmSpec:

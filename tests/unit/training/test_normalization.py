@@ -8,6 +8,7 @@ import math
 import pytest
 
 from libludic.training.algorithm import RLAlgorithm
+from libludic.training.algorithm_spec import AlgorithmSpec
 from libludic.training.credit_assignment import (
     GroupNormalizedReturn,
     HybridNormalizedReturn,
@@ -15,7 +16,7 @@ from libludic.training.credit_assignment import (
 )
 from libludic.training.filters import drop_incomplete_completions
 from libludic.training.normalization import NormConfig
-from libludic.training.presets import AlgorithmSpec, make_scalerl
+from libludic.training.presets import make_scalerl
 from tests.fakes import make_rollout
 
 EPS = 1e-5  # AReaL's default

@@ -8,7 +8,8 @@ import math
 import pytest
 
 from libludic.training.algorithm import CreditStats, RLAlgorithm
-from libludic.training.presets import AlgorithmSpec, make_grpo, make_reinforce, make_scalerl
+from libludic.training.algorithm_spec import AlgorithmSpec
+from libludic.training.presets import make_grpo, make_reinforce, make_scalerl
 from libludic.training.rewards import RewardShaping
 from tests.fakes import make_rollout
 
