@@ -151,7 +151,8 @@ class PresetOptions:
 
     def reward(self) -> dict[str, Any]:
         """The ``RLAlgorithm`` fields of the reward options: the dynamic-sampling
-        preprocess, the reward shaping and the no-EOS mask."""
+        preprocess (drops the groups whose shaped total rewards are all equal, whose
+        group-centred advantage is 0 everywhere), the reward shaping and the no-EOS mask."""
         return {
             "preprocess": drop_zero_variance_groups if self.dynamic_sampling else None,
             "reward_shaping": self.shaping,
@@ -180,7 +181,13 @@ class PresetOptions:
     ) -> CreditAssigner:
         """The preset's own assigner, or NormalizedReturn when ``reward_norm`` /
         ``adv_norm`` is given (``reward_norm`` unset: the preset's own normalisation as a
-        NormConfig). ``reward_norm``: this preset's checked value (default: the option)."""
+        NormConfig). ``reward_norm``: this preset's checked value (default: the option).
+
+        The presets' own normalisations of the rewards: grpo, cispo, dr_grpo: group mean, no
+        std; gspo and grpo with ``normalize_adv``: group mean and population std, eps 1e-8;
+        scalerl: group mean, batch population std, eps 1e-8. ``reward_norm`` replaces it,
+        ``adv_norm`` runs after it; leave-one-out (RLOO) is ``reward_norm: {mean_level: group,
+        mean_leave1out: true, std_level: null}``."""
         reward_norm = self.reward_norm if reward_norm is None else reward_norm
         if reward_norm is None and self.adv_norm is None:
             return builtin
