@@ -80,8 +80,7 @@ OFF_POLICY_KEYS = tuple(f.name for f in dataclasses.fields(OffPolicyCorrection))
 
 def option_keys(group: type) -> frozenset[str]:
     """The keys of an options ``TypedDict`` (its bases' included)."""
-    keys: frozenset[str] = group.__required_keys__ | group.__optional_keys__  # type: ignore[attr-defined]
-    return keys
+    return frozenset(typing.get_type_hints(group))
 
 
 def preset_arguments(factory: Callable[..., Any]) -> frozenset[str]:
