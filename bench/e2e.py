@@ -51,6 +51,7 @@ ratio=<x>``, ``ratio`` the first workload's (demo by default); ttt and tools add
     python bench/e2e.py                     # demo + gen-heavy, 3 reps (~40 min on 2 cores)
     python bench/e2e.py --workload agentic  # ttt + tools
     python bench/e2e.py --quick --workload ttt
+    python bench/e2e.py --workload tools --up spare_core_training=false  # an up: key changed
 """
 
 from __future__ import annotations
@@ -555,6 +556,13 @@ def main() -> int:
     ap.add_argument(
         "--target", type=float, default=None, help="pass-rate target (default: before + 0.10)"
     )
+    ap.add_argument(
+        "--up",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set up.KEY (a YAML value) for every workload, e.g. spare_core_training=false",
+    )
     ap.add_argument("--_baseline", nargs=4, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a._baseline:
@@ -572,6 +580,12 @@ def main() -> int:
         cfg["learner"].update(num_steps=4, batch_size=16)
         reps = 1
     cfgs = {wl: workload(cfg, wl) for wl in workloads}
+    for kv in a.up:
+        key, sep, value = kv.partition("=")
+        if not sep or not key:
+            ap.error(f"--up {kv!r}: use KEY=VALUE")
+        for wcfg in cfgs.values():
+            wcfg["up"][key] = yaml.safe_load(value)
     models = start_models(cfgs, work, a.quick)
     for wl, wcfg in cfgs.items():
         wcfg["up"].update(model=str(models[wl]), sft_steps=0)
