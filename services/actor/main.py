@@ -49,6 +49,7 @@ async def run(
             settings.inference_urls,
             api_key=settings.api_key,
             timeout_s=settings.inference_timeout_s,
+            max_retries=settings.request_retries,
             on_replica_down=lambda url: ERRORS.labels(kind="replica_down").inc(),
         )
     try:

@@ -55,6 +55,14 @@ class ActorSettings(RedisService):
     heartbeat_ttl_s: float = field(default=10.0, metadata={"help": "liveness key TTL"})
     drain_grace_s: float = field(default=30.0, metadata={"help": "SIGTERM: time to finish work"})
     inference_timeout_s: float = field(default=120.0, metadata={"help": "per-call timeout"})
+    request_retries: int = field(
+        default=1,
+        metadata={
+            "help": "retries of a failed model call on one replica (connection errors, "
+            "timeouts, 429, 5xx) before the pool tries the next replica; AReaL's "
+            "request_retries (3 there, where a client has one server)"
+        },
+    )
     metrics_port: int = field(default=9101, metadata={"help": "/metrics and /health (0 off)"})
     consumer: str | None = field(default=None, metadata={"help": "consumer name (default auto)"})
 
@@ -63,6 +71,8 @@ class ActorSettings(RedisService):
         if self.concurrency < 1:
             raise ValueError(f"actor concurrency={self.concurrency} must be >= 1")
         staleness.check_bound("max_head_offpolicyness", self.max_head_offpolicyness)
+        if isinstance(self.request_retries, bool) or self.request_retries < 0:
+            raise ValueError(f"actor request_retries={self.request_retries!r} must be >= 0")
         if self.claim_idle_ms < 100:
             raise ValueError(f"claim_idle_ms={self.claim_idle_ms} must be >= 100")
         where = "feeder.tasks"  # the actor reads the feeder's list; its errors name that key
