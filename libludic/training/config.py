@@ -74,6 +74,9 @@ class TrainerConfig:
     # version served; at this many in a row the Trainer raises PublishFailed
     max_publish_failures: int = 5
     cpu_autocast: bool = False  # allow autocast on CPU (mixed_precision_dtype must be set)
+    # every dropout of the policy off while training (AReaL's name and default): dropout
+    # layers and transformers' attention dropout (policies.disable_dropout), LoRA's included
+    disable_dropout: bool = False
     lora_rank: int | None = None  # LoRA via peft when set
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0

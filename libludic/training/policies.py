@@ -53,3 +53,30 @@ def enable_gradient_checkpointing(model: nn.Module) -> None:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if isinstance(model, HasConfig) and hasattr(model.config, "use_cache"):
         model.config.use_cache = False
+
+
+DROPOUTS = (
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+    nn.AlphaDropout,
+    nn.FeatureAlphaDropout,
+)
+
+
+def disable_dropout(model: nn.Module) -> int:
+    """Every dropout of ``model`` off (AReaL's ``disable_dropout``): the dropout layers' ``p``
+    and transformers' attention dropout (a float ``attention_dropout`` on the attention
+    modules, read at each forward) set to 0, so a training forward computes what the served
+    policy computes. Returns how many were on."""
+    n = 0
+    for m in model.modules():
+        if isinstance(m, DROPOUTS):
+            n += m.p > 0
+            m.p = 0.0
+        p = m.__dict__.get("attention_dropout")  # a plain attribute, never a submodule
+        if isinstance(p, float):
+            n += p > 0
+            setattr(m, "attention_dropout", 0.0)  # noqa: B010 (nn.Module types attributes as modules)
+    return n

@@ -131,6 +131,8 @@ class OptimizerStep:
                 self.ref_model = parallel.shard_from_rank0(ref, self.device, amp)
                 self.ref_model.requires_grad_(False).eval()
             model = parallel.apply_lora(model, self.cfg)  # rank 0's adapters, on every rank
+            if self.cfg.disable_dropout:
+                policies.disable_dropout(model)
             if self.cfg.gradient_checkpointing:
                 policies.enable_gradient_checkpointing(model)
             model = parallel.shard_from_rank0(model, self.device, amp)
@@ -141,6 +143,8 @@ class OptimizerStep:
                 ref.requires_grad_(False)
                 self.ref_model = ref.to(self.device).eval()
             model = parallel.apply_lora(model, self.cfg)
+            if self.cfg.disable_dropout:
+                policies.disable_dropout(model)
             if self.cfg.gradient_checkpointing:
                 policies.enable_gradient_checkpointing(model)
             model.to(self.device)
