@@ -175,6 +175,10 @@ class HFChatClient:
             )
             past = out.past_key_values
             logits = out.logits[:, -1, :].float().cpu()  # [B, V]
+            for i, p in enumerate(batch):  # min_tokens: no ending token before it (vLLM's mask)
+                if finish[i] is None and len(out_ids[i]) < p.request.sampling.min_tokens:
+                    ending = [*self.eos_ids, *(p.request.sampling.stop_token_ids or ())]
+                    logits[i, ending] = float("-inf")
             # log_softmax(logits / T) per row (T = 1 for greedy rows: untempered logprobs)
             logp = torch.log_softmax(logits / torch.where(greedy, 1.0, temps)[:, None], dim=-1)
             # Gumbel-max with each row's own generator: a sample of softmax(logits / T),

@@ -24,12 +24,24 @@ class SamplingConfig:
     # False: the text keeps special tokens (chat-template markers, an EOS sampled under
     # ignore_eos) as their strings; a stop token ending the completion is never in the text
     skip_special_tokens: bool = True
+    # no end-of-sequence or stop token id before this many tokens (vLLM's min_tokens, AReaL's
+    # min_new_tokens): their logits are masked, so the logprobs are of that distribution
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
             raise ValueError(f"SamplingConfig.temperature={self.temperature} must be >= 0")
         if self.max_tokens < 1:
             raise ValueError(f"SamplingConfig.max_tokens={self.max_tokens} must be >= 1")
+        if (
+            isinstance(self.min_tokens, bool)
+            or not isinstance(self.min_tokens, int)
+            or not 0 <= self.min_tokens <= self.max_tokens
+        ):
+            raise ValueError(
+                f"SamplingConfig.min_tokens={self.min_tokens!r} must be an integer in "
+                f"[0, max_tokens={self.max_tokens}]"
+            )
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"SamplingConfig.top_p={self.top_p} must be in (0, 1]")
         if self.top_k is not None and (
@@ -65,6 +77,8 @@ class SamplingConfig:
             out["top_k"] = self.top_k  # vLLM's extension of the OpenAI body
         if self.stop_token_ids is not None:
             out["stop_token_ids"] = list(self.stop_token_ids)
+        if self.min_tokens:
+            out["min_tokens"] = self.min_tokens  # vLLM's extension of the OpenAI body
         return out
 
     def to_dict(self) -> dict[str, Any]:

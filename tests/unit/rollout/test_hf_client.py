@@ -166,3 +166,33 @@ async def test_special_tokens_in_the_text_only_when_asked_and_never_the_stop_tok
         assert r.text == tok.decode(r.completion_token_ids[:-1], skip_special_tokens=skip)
     assert SamplingConfig(skip_special_tokens=False).to_openai()["skip_special_tokens"] is False
     assert "skip_special_tokens" not in SamplingConfig().to_openai()
+
+
+async def test_min_tokens_masks_the_ending_tokens_before_it(client):
+    free, _ = await client.complete(req(seed=3, temperature=1.0, max_tokens=12))
+    stop = free.completion_token_ids[2]
+    first = free.completion_token_ids.index(stop)
+    n = first + 3
+    r, _ = await client.complete(
+        req(seed=3, temperature=1.0, max_tokens=12, stop_token_ids=[stop], min_tokens=n)
+    )
+    assert len(r.completion_token_ids) >= n  # neither the stop token nor EOS ended it sooner
+    assert stop not in r.completion_token_ids[:n]
+    assert not set(client.eos_ids) & set(r.completion_token_ids[:n])
+    # the logprob of a token sampled under the mask is of the masked distribution
+    ids = torch.tensor([r.prompt_token_ids + r.completion_token_ids])
+    with torch.no_grad():
+        logits = client.model(ids).logits.float()[0]
+    p = len(r.prompt_token_ids)
+    row = logits[p - 1 + first].clone()
+    row[[*client.eos_ids, stop]] = float("-inf")
+    want = float(torch.log_softmax(row, -1)[r.completion_token_ids[first]])
+    assert r.completion_logprobs[first] == pytest.approx(want, abs=1e-4)
+
+
+@pytest.mark.parametrize("bad", [-1, 13, True])
+def test_min_tokens_is_checked_and_goes_into_the_openai_body(bad):
+    with pytest.raises(ValueError, match="min_tokens="):
+        SamplingConfig(max_tokens=12, min_tokens=bad)
+    assert SamplingConfig(min_tokens=4).to_openai()["min_tokens"] == 4
+    assert "min_tokens" not in SamplingConfig().to_openai()
