@@ -26,6 +26,9 @@ MIXED_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 LORA_PUBLISH = ("merged", "adapter")
 
 
+OPTIMIZERS = ("adam", "sgd")  # TrainerConfig.optimizer_type
+
+
 @dataclass
 class TrainerConfig:
     model_device: str = "cuda"
@@ -74,6 +77,9 @@ class TrainerConfig:
     # version served; at this many in a row the Trainer raises PublishFailed
     max_publish_failures: int = 5
     cpu_autocast: bool = False  # allow autocast on CPU (mixed_precision_dtype must be set)
+    # the optimizer (AReaL's optimizer.type): "adam" (AdamW: lr, betas, eps, weight_decay)
+    # or "sgd" (plain SGD: lr, weight_decay). A checkpoint resumes only with the same type
+    optimizer_type: str = "adam"
     # every dropout of the policy off while training (AReaL's name and default): dropout
     # layers and transformers' attention dropout (policies.disable_dropout), LoRA's included
     disable_dropout: bool = False
@@ -148,6 +154,8 @@ class TrainerConfig:
             raise bad("eval_concurrency", "must be >= 1")
         if self.max_publish_failures < 1:
             raise bad("max_publish_failures", "must be >= 1")
+        if self.optimizer_type not in OPTIMIZERS:
+            raise bad("optimizer_type", f"must be one of {list(OPTIMIZERS)}")
         if self.lora_rank is not None and self.lora_rank < 1:
             raise bad("lora_rank", "must be >= 1 or None")
         if self.lora_publish not in LORA_PUBLISH:

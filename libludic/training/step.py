@@ -165,14 +165,20 @@ class OptimizerStep:
         # 2.4M-parameter demo model on a CPU core) for plain tensors; FSDP2's sharded
         # DTensors keep the default multi-tensor path
         fused = not self.distributed and all(type(p) is nn.Parameter for p in self.params)
-        self.optimizer = torch.optim.AdamW(
-            self.params,
-            lr=self.cfg.lr,
-            betas=self.cfg.betas,
-            eps=self.cfg.eps,
-            weight_decay=self.cfg.weight_decay,
-            fused=fused or None,
-        )
+        self.optimizer: torch.optim.Optimizer
+        if self.cfg.optimizer_type == "sgd":
+            self.optimizer = torch.optim.SGD(
+                self.params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay, fused=fused or None
+            )
+        else:
+            self.optimizer = torch.optim.AdamW(
+                self.params,
+                lr=self.cfg.lr,
+                betas=self.cfg.betas,
+                eps=self.cfg.eps,
+                weight_decay=self.cfg.weight_decay,
+                fused=fused or None,
+            )
         self.nonfinite_skipped_total = 0  # steps whose loss or gradient was not finite
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -428,7 +434,7 @@ class OptimizerStep:
         return out
 
     def optimizer_step(self, step: int) -> float:
-        """Clip (if configured), step AdamW at this step's scheduled learning rate
+        """Clip (if configured), step the optimizer at this step's scheduled learning rate
         (``TrainerConfig.lr_at``); returns the pre-clip global grad norm.
 
         A non-finite norm (a NaN or inf loss or gradient anywhere, on any rank: the norm is
