@@ -53,6 +53,9 @@ class TrainerConfig:
     gradient_checkpointing: bool = False
     max_seq_len: int = 1024
     micro_token_budget: int = 8192  # padded B * T_max tokens per micro-batch
+    # the least number of micro-batches a step's items are split into (AReaL's mb_spec.n_mbs
+    # beside max_tokens_per_mb): the largest is halved until there are this many
+    min_micro_batches: int = 1
     # CPU cores a second training thread may use at idle priority (SCHED_IDLE), taking
     # micro-batches when those cores have nothing else to run (libludic/training/spare_core.py);
     # empty: none. Used on CPU with one rank and no gradient checkpointing; `ludic up` gives it
@@ -133,6 +136,8 @@ class TrainerConfig:
         self.spare_cores = tuple(int(c) for c in self.spare_cores)
         if any(c < 0 for c in self.spare_cores):
             raise bad("spare_cores", "must be CPU core numbers (>= 0)")
+        if isinstance(self.min_micro_batches, bool) or self.min_micro_batches < 1:
+            raise bad("min_micro_batches", "must be >= 1")
         if self.spare_core_micro_batches < 1:
             raise bad("spare_core_micro_batches", "must be >= 1")
         if self.sync_every_steps < 1:

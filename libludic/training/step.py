@@ -253,9 +253,12 @@ class OptimizerStep:
                     f"{missing[:5]} have none; sample with ReturnSpec.for_rl()"
                 )
         micros = pack_micro_batches(items, cfg.micro_token_budget, cfg.max_seq_len)
-        if self.spare is not None:
-            # enough micro-batches for the helper to take a share
-            micros = split_largest(micros, cfg.spare_core_micro_batches, cfg.max_seq_len)
+        # at least min_micro_batches, and with a spare-core helper enough for it to take a share
+        least = max(
+            cfg.min_micro_batches, cfg.spare_core_micro_batches if self.spare is not None else 1
+        )
+        if least > 1:
+            micros = split_largest(micros, least, cfg.max_seq_len)
         if self.distributed:
             micros = ranks.as_many_as_every_rank(micros, self.device, cfg.max_seq_len)
         batches = [collate(mb, cfg.pad_token_id, cfg.max_seq_len) for mb in micros]

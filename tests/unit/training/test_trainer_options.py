@@ -1,5 +1,6 @@
-"""``TrainerConfig.optimizer_type`` (AReaL's ``optimizer.type``): AdamW by default, plain SGD
-when asked: one step moves each weight by -lr x its gradient."""
+"""TrainerConfig options under AReaL's names: ``optimizer_type`` (``optimizer.type``; AdamW by
+default, plain SGD when asked: one step moves each weight by -lr x its gradient) and
+``min_micro_batches`` (``mb_spec.n_mbs``)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,18 @@ def test_adam_is_the_default_and_unknown_types_are_refused(base_model) -> None:
     assert type(trainer(copy.deepcopy(base_model)).stepper.optimizer) is torch.optim.AdamW
     with pytest.raises(ValueError, match="optimizer_type"):
         TrainerConfig(optimizer_type="lion")
+
+
+def test_min_micro_batches_splits_a_step_and_keeps_its_gradient(base_model) -> None:
+    """AReaL's mb_spec.n_mbs: at least this many micro-batches, the same summed gradient."""
+    items = [make_item(5 + i, 3, seed=i) for i in range(6)]
+    one, four = (
+        trainer(copy.deepcopy(base_model)),
+        trainer(copy.deepcopy(base_model), min_micro_batches=4),
+    )
+    s1, s4 = one.accumulate_gradients(items), four.accumulate_gradients(items)
+    assert (s1["num_micro_batches"], s4["num_micro_batches"]) == (1, 4)
+    for p, q in zip(one.model.parameters(), four.model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="min_micro_batches"):
+        TrainerConfig(min_micro_batches=0)
