@@ -40,6 +40,7 @@ from services.common.settings import (
 )
 
 PLANES = ("http", "collective")
+ATTN_IMPLS = ("", "sdpa", "eager", "flash_attention_2")  # LearnerSettings.attn_impl
 
 #: TrainerConfig field -> the learner setting that is its one name
 FLAT_TRAINER = {
@@ -101,6 +102,13 @@ class LearnerSettings(RedisService):
     auth_token: str | None = secret("bearer token for /v1/weights", AUTH_TOKEN_WHERE)
     auth_token_file: str | None = field(default=None, metadata={"help": "file holding the token"})
     publish_plane: str = field(default="http", metadata={"help": "http | collective"})
+    attn_impl: str = field(
+        default="",
+        metadata={
+            "help": "attention implementation of the trained model (AReaL's attn_impl): sdpa, "
+            "eager or flash_attention_2 (a GPU with flash-attn); empty: transformers' default"
+        },
+    )
     publish_dtype: str = field(
         default="auto",
         metadata={
@@ -236,6 +244,11 @@ class LearnerSettings(RedisService):
         staleness.check_bound("learner max_lag", self.max_lag)
         if self.max_deliveries < 1:
             raise ValueError(f"learner max_deliveries={self.max_deliveries} must be >= 1")
+        if self.attn_impl not in ATTN_IMPLS:
+            raise ValueError(
+                f"learner attn_impl={self.attn_impl!r}; use one of {list(ATTN_IMPLS)} "
+                "('' for transformers' default)"
+            )
         if self.publish_plane not in PLANES:
             raise ValueError(
                 f"learner publish_plane={self.publish_plane!r}; use http or collective"

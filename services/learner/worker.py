@@ -59,6 +59,18 @@ TRAINED_LOG = "trained_items.jsonl"
 HEARTBEAT_TTL_S = 120.0
 
 
+def load_policy(s: LearnerSettings, weights: bool = True) -> Any:
+    """The model to train from ``s.model_dir``, in fp32, with the attention implementation
+    ``s.attn_impl`` (empty: transformers' default). ``weights`` False: the architecture
+    only, on the meta device (FSDP2 ranks but 0 receive their shards by broadcast)."""
+    attn = {"attn_implementation": s.attn_impl} if s.attn_impl else {}
+    if weights:
+        return AutoModelForCausalLM.from_pretrained(s.model_dir, dtype=torch.float32, **attn)
+    with torch.device("meta"):
+        config = AutoConfig.from_pretrained(s.model_dir)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32, **attn)
+
+
 class LearnerFatal(RuntimeError):
     """The learner cannot go on (e.g. too many consecutive failed publishes)."""
 
@@ -130,13 +142,7 @@ class Learner:
                 "(e.g. `ludic model init DIR --size tiny`)"
             )
         seed_everything(s.seed)
-        if self.rank == 0:
-            model = AutoModelForCausalLM.from_pretrained(s.model_dir, dtype=torch.float32)
-        else:  # the Trainer fills every rank's shards from rank 0's weights: the architecture only
-            with torch.device("meta"):
-                model = AutoModelForCausalLM.from_config(
-                    AutoConfig.from_pretrained(s.model_dir), dtype=torch.float32
-                )
+        model = load_policy(s, weights=self.rank == 0)
         cfg = s.trainer_config()
         pad: Any = cfg.pad_token_id
         if "pad_token_id" not in s.trainer:  # the model's pad (else EOS) token
