@@ -66,18 +66,15 @@ def spare_cores(
     enabled: bool | None,
     configured: tuple[int, ...],
     synchronous: bool,
-    tool_waits: bool = False,
 ) -> tuple[int, ...]:
     """The cores the learner's second training thread may use at idle priority
     (libludic/training/spare_core.py): the generation cores, when the learner is pinned apart
     from them and runs one rank, and ``up.spare_core_training`` is true, or unset and the
-    generation cores idle: the run is synchronous (``max_head_offpolicyness`` 0: generation
-    waits while the learner trains) or its episodes call tools (``tool_waits``: generation
-    waits on the tools). In an asynchronous run without tools generation keeps those cores
-    busy and the thread gains nothing (DEVELOPERS.md has the figures). None when the
-    learner's own settings give ``spare_cores`` (``configured``, from its run config section
-    or environment: used as it is)."""
-    on = (synchronous or tool_waits) if enabled is None else enabled
+    run is synchronous (``max_head_offpolicyness`` 0: generation idles while the learner
+    trains, so those cores are free; in an asynchronous run generation keeps them busy and
+    the thread gains nothing; DEVELOPERS.md has the figures). None when the learner's own settings give ``spare_cores``
+    (``configured``, from its run config section or environment: used as it is)."""
+    on = synchronous if enabled is None else enabled
     if not on or plan is None or learner_nproc != 1 or configured:
         return ()
     return plan.others

@@ -99,14 +99,6 @@ class Resolved:
         return self.feeder.max_head_offpolicyness == 0
 
     @property
-    def tool_waits(self) -> bool:
-        """Some task's agent calls tools: its episodes wait on them (generation idles)."""
-        return any(
-            t.protocol.agent is not None and bool(t.protocol.agent.kwargs.get("tools"))
-            for t in self.feeder.parsed_tasks
-        )
-
-    @property
     def learner_spare_cores(self) -> tuple[int, ...]:
         """The learner's own ``spare_cores`` (flat or in ``trainer:``), as it resolves them."""
         return tuple(self.learner.trainer_config().spare_cores)

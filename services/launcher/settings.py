@@ -87,8 +87,7 @@ class UpSettings:
             "help": "with the learner pinned (cpu_pinning auto, one rank, no GPU): a second "
             "training thread on the generation cores at idle priority, training in their "
             "idle time (libludic/training/spare_core.py). Default: on for synchronous RL "
-            "(max_head_offpolicyness 0: generation idles while the learner trains) and for "
-            "tasks whose agents call tools (generation idles on the tools' waits), off "
+            "(max_head_offpolicyness 0: generation idles while the learner trains), off "
             "otherwise; true or false to choose"
         },
     )

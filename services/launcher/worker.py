@@ -410,7 +410,6 @@ class Run:
             self.s.spare_core_training,
             self.services.learner_spare_cores,
             synchronous=self.services.synchronous,
-            tool_waits=self.services.tool_waits,
         )
         if spare:
             learner_env["LUDIC_SPARE_CORES"] = ",".join(str(c) for c in spare)

@@ -46,21 +46,18 @@ PLAN = CpuPlan(learner=(1,), others=(0,))
 
 
 @pytest.mark.parametrize(
-    "plan, nproc, enabled, configured, sync, tools, want",
+    "plan, nproc, enabled, configured, sync, want",
     [
-        (PLAN, 1, None, (), True, False, (0,)),  # default: on for synchronous RL
-        (PLAN, 1, None, (), False, False, ()),  # ... off for asynchronous
-        (PLAN, 1, None, (), False, True, (0,)),  # ... on when episodes wait on tools
-        (PLAN, 1, False, (), False, True, ()),  # ... unless turned off
-        (PLAN, 1, True, (), False, False, (0,)),
-        (None, 1, True, (), True, False, ()),  # not pinned: no cores are the generation's alone
-        (PLAN, 2, True, (), True, False, ()),  # FSDP2 ranks
-        (PLAN, 1, False, (), True, False, ()),  # up.spare_core_training: false
-        (PLAN, 1, True, (1,), True, False, ()),  # the learner's own spare_cores setting
+        (PLAN, 1, None, (), True, (0,)),  # default: on for synchronous RL
+        (PLAN, 1, None, (), False, ()),  # ... off for asynchronous
+        (PLAN, 1, True, (), False, (0,)),
+        (None, 1, True, (), True, ()),  # not pinned: no cores are the generation's alone
+        (PLAN, 2, True, (), True, ()),  # FSDP2 ranks
+        (PLAN, 1, False, (), True, ()),  # up.spare_core_training: false
+        (PLAN, 1, True, (1,), True, ()),  # the learner's own spare_cores setting
     ],
 )
 def test_the_learner_gets_the_generation_cores_as_spare_ones_only_when_pinned_alone(
-    plan, nproc, enabled, configured, sync, tools, want
+    plan, nproc, enabled, configured, sync, want
 ) -> None:
-    got = spare_cores(plan, nproc, enabled, configured, synchronous=sync, tool_waits=tools)
-    assert got == want
+    assert spare_cores(plan, nproc, enabled, configured, synchronous=sync) == want

@@ -26,16 +26,12 @@ from services.learner.settings import LearnerSettings
 PLAN = CpuPlan(learner=(1,), others=(0,))
 
 
-def config(
-    tmp_path: Path, *, head: int = 1, tasks: list[dict] | None = None, **learner: object
-) -> UpSettings:
-    cfg: dict[str, object] = {
+def config(tmp_path: Path, *, head: int = 1, **learner: object) -> UpSettings:
+    cfg = {
         "up": {"name": "r1", "runs_dir": str(tmp_path / "runs")},
         "max_head_offpolicyness": head,
         "learner": {"num_steps": 6, "checkpoint_every": 2, "batch_size": 8, **learner},
     }
-    if tasks is not None:
-        cfg["feeder"] = {"tasks": tasks}
     path = tmp_path / "grpo.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return load_settings(UpSettings, ["--config", str(path)], service="up", environ={})
@@ -109,16 +105,6 @@ def test_spare_cores_follow_the_resolved_admission_bound(
         monkeypatch.setenv("LUDIC_SPARE_CORES", env_spare)
     _, learner = learner_as_started(Run(config(tmp_path, head=yaml_head)))
     assert ",".join(str(c) for c in learner.spare_cores) == learner_spare
-
-
-def test_spare_cores_in_an_asynchronous_run_whose_agents_call_tools(tmp_path) -> None:
-    env = {"kind": "arithmetic", "kwargs": {}}
-    tool = {"kind": "single_agent", "agent": {"kind": "tool", "tools": ["calculator"]}}
-    tasks = [{"name": "plain", "env": env}, {"name": "calc", "env": env, "protocol": tool}]
-    _, learner = learner_as_started(Run(config(tmp_path, head=1, tasks=tasks)))
-    assert tuple(learner.spare_cores) == (0,)  # generation idles on the tool's waits
-    _, learner = learner_as_started(Run(config(tmp_path, head=1, tasks=tasks[:1])))
-    assert tuple(learner.spare_cores) == ()
 
 
 def test_a_config_a_service_would_refuse_stops_ludic_up_at_once(tmp_path, capsys) -> None:
