@@ -51,7 +51,7 @@ ratio=<x>``, ``ratio`` the first workload's (demo by default); ttt and tools add
     python bench/e2e.py                     # demo + gen-heavy, 3 reps (~40 min on 2 cores)
     python bench/e2e.py --workload agentic  # ttt + tools
     python bench/e2e.py --quick --workload ttt
-    python bench/e2e.py --workload tools --up spare_core_training=false  # an up: key changed
+    python bench/e2e.py --workload tools --up spare_core_training=true  # an up: key changed
 """
 
 from __future__ import annotations
