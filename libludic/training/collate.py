@@ -95,7 +95,7 @@ def untrainable(
 ) -> str | None:
     """Why no step could train ``item``, whatever the algorithm (None: one could): no
     action token, reference logprobs of the wrong length, a sequence that cannot be cut to
-    ``max_seq_len``, token ids outside the vocabulary. ``Trainer.item_problem`` adds the
+    ``max_seq_len``, token ids outside the vocabulary. ``OptimizerStep.item_problem`` adds the
     algorithm's checks."""
     if not item.num_action_tokens:  # also an empty item: nothing to train, 0/0 losses
         return "the item has no action token"

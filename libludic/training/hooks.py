@@ -46,6 +46,10 @@ class TrainerHooks:
                                       of ``step``), while training goes on; keep it short and
                                       thread-safe (e.g. tell admission control: the next
                                       batches may be generated on these weights)
+    on_idle()                         while the batch source waits without a batch
+                                      (SourceIdle), at the same point on every rank, so it
+                                      may be collective (the learner republishes when a
+                                      replica came back on older weights)
     on_log(stats, policy_version)     NOT a coroutine: on rank 0 every ``cfg.log_every``
                                       steps, after ``on_trained``; by default
                                       :func:`console_log` (one line per step); None: silent
@@ -56,4 +60,5 @@ class TrainerHooks:
     on_publish: Callable[[int, str | None, float], Awaitable[None]] | None = None
     on_checkpoint: Callable[[Path | None, int], Awaitable[None]] | None = None
     on_served: Callable[[int, int], None] | None = None
+    on_idle: Callable[[], Awaitable[None]] | None = None
     on_log: Callable[[dict[str, float], int], None] | None = console_log

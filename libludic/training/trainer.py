@@ -1,7 +1,8 @@
 """Trainer: the RL loop. One optimizer step (``train_step``):
 
-1. ``batch_source.next_batch()`` gives the step's items; stale ones are dropped
-   (``libludic.staleness``: kept iff ``v >= policy_version - max_lag``; no version: kept).
+1. ``batch_source.next_batch()`` gives the step's items (``hooks.on_idle`` while it waits);
+   ``self.admission`` (libludic/training/admission.py) judges them once: a source that forms
+   batches itself is handed it, any other source's stale items are dropped here.
 2. ``algo.apply_batch_stage`` finishes batch-level credit (ScaleRL's std) over exactly the
    step's items (every rank's shard).
 3. ``self.stepper`` (libludic/training/step.py) makes the update: micro-batches, exact
@@ -40,10 +41,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from libludic import staleness
 from libludic.distributed.interfaces import PolicyPublisher
 from libludic.saw import SAWItem
 from libludic.training import parallel, ranks
+from libludic.training.admission import Admission, AdmittingBatchSource
 from libludic.training.algorithm import RLAlgorithm
 from libludic.training.checkpoint import (
     CheckpointManager,
@@ -59,6 +60,7 @@ from libludic.training.throughput import Throughput
 from libludic.training.types import (
     BatchSource,
     CommittingBatchSource,
+    SourceIdle,
     SourceStopped,
     check_contract,
 )
@@ -118,6 +120,12 @@ class Trainer:
             device=self.device,
             hooks=self.hooks,
         )
+        # which items a step may train (staleness, trainability), judged once: by a source
+        # that forms batches itself, else by drop_stale at the start of the step
+        self.admission = Admission(self.cfg.max_lag, self.publishing, self.stepper)
+        self._source_admits = isinstance(batch_source, AdmittingBatchSource)
+        if isinstance(batch_source, AdmittingBatchSource):
+            batch_source.admission = self.admission
         self.stale_dropped_total = 0
         self.last_progress = time.monotonic()  # when a step last started or finished
         self.throughput = Throughput()  # samples_per_s: libludic/training/throughput.py
@@ -133,11 +141,9 @@ class Trainer:
         return self.publishing.version
 
     def drop_stale(self, items: Sequence[SAWItem]) -> tuple[list[SAWItem], int]:
-        """Items fresh at ``policy_version`` under ``max_lag`` (libludic.staleness), and how
-        many were dropped (a source that filters as it reads leaves none)."""
-        kept, stale = staleness.split_stale(
-            items, lambda it: it.policy_version, self.policy_version, self.cfg.max_lag
-        )
+        """Items fresh at ``policy_version`` under ``max_lag`` (``self.admission``), and how
+        many were dropped."""
+        kept, stale = self.admission.split_stale(items, lambda it: it, served=False)
         return kept, len(stale)
 
     @property
@@ -151,10 +157,6 @@ class Trainer:
         """Full parameters under HF names (collective under FSDP2; see OptimizerStep)."""
         return self.stepper.full_state_dict(to_cpu=to_cpu, rank0_only=rank0_only)
 
-    def item_problem(self, item: SAWItem) -> str | None:
-        """Why ``item`` cannot be trained (None: it can): OptimizerStep.item_problem."""
-        return self.stepper.item_problem(item)
-
     def accumulate_gradients(self, items: Sequence[SAWItem]) -> dict[str, float]:
         """Zero the grads, then forward/backward every micro-batch of ``items``."""
         return self.stepper.accumulate_gradients(items)
@@ -164,9 +166,15 @@ class Trainer:
     async def train_step(self) -> dict[str, float]:
         t0 = time.perf_counter()
         self.last_progress = time.monotonic()
-        batch = await self.batch_source.next_batch()
+        while True:
+            try:
+                batch = await self.batch_source.next_batch()
+                break
+            except SourceIdle:
+                if self.hooks.on_idle is not None:
+                    await self.hooks.on_idle()
         t_batch = time.perf_counter()
-        items, dropped = self.drop_stale(batch.items)
+        items, dropped = (batch.items, 0) if self._source_admits else self.drop_stale(batch.items)
         self.stale_dropped_total += dropped
         # a source that drops stale items before batching (PipelineBatchSource) counts them
         committing = self._committing

@@ -1,6 +1,6 @@
 """The Trainer's batch-source contracts: where its batches come from, how a source that
 owns durable items (Redis entries) learns what was trained and commits it, what it saves in
-a checkpoint, and how a source says that a stop was requested. The items themselves are
+a checkpoint, and how a source says that a stop was requested or that it is idle. The items themselves are
 plain data in ``libludic.saw``."""
 
 from __future__ import annotations
@@ -45,6 +45,12 @@ class CheckpointedBatchSource(BatchSource, Protocol):
 class SourceStopped(Exception):
     """Raised by a BatchSource's ``next_batch`` (on every rank) once a stop was requested:
     ``Trainer.train`` ends there, as on its own ``should_stop``."""
+
+
+class SourceIdle(Exception):
+    """Raised by a BatchSource's ``next_batch`` (on every rank, at the same point) when it
+    has waited a while without a batch: the caller may run idle work, collective included
+    (the Trainer awaits ``hooks.on_idle``), then asks again. Nothing is lost."""
 
 
 def check_contract(source: Any) -> None:

@@ -5,8 +5,7 @@ services/learner/README.md, "Guarantees"). ``main.py`` wires it into a process.
 The loop is the library's (``Trainer.train``: batch, stale filter, step, publish, checkpoint
 and commit, stop conditions; ``Trainer`` is the only writer of the policy version); this
 module wires settings, Redis and metrics into it: ``PipelineBatchSource`` (rank 0 reads
-Redis, shares the batch; it drops stale items before batching, at the Trainer's
-``max_lag`` and version), the publisher, the checkpoint manager and ``TrainerHooks``
+Redis, shares the batch; it judges items with the Trainer's Admission before batching), the publisher, the checkpoint manager and ``TrainerHooks``
 (metrics, the version in Redis, the status entry, the trained-items log). The full state
 dict is gathered only for a publish or a checkpoint.
 """
@@ -41,7 +40,7 @@ from libludic.distributed.publisher import (
     replica_versions,
 )
 from libludic.distributed.weight_sync import to_safetensors_bytes
-from libludic.training import parallel
+from libludic.training import parallel, ranks
 from libludic.training.batching.pipeline import PipelineBatchSource
 from libludic.training.checkpoint import CheckpointManager
 from libludic.training.loss import declared_stat_keys
@@ -156,20 +155,15 @@ class Learner:
             redis=self.r,
             keys=self.keys if self.rank == 0 else None,
             batch_size=s.batch_size,
-            # rank 0 decides staleness for every rank: the last acknowledged version, as soon
-            # as the publish thread has it
-            version_fn=lambda: self.trainer.publishing.served_version if self.trainer else 0,
-            max_lag=cfg.max_lag,  # the Trainer's: the source filters before batching
+            # (the Trainer hands it its Admission: staleness at rank 0's served version,
+            # decided for every rank, and the stepper's item problems)
             consumer=s.consumer,
             block_ms=s.block_ms,
             max_deliveries=s.max_deliveries,
             device=device,
             stop_fn=self.stop.is_set,
             on_stale=M.STALE_DROPPED.inc,
-            idle_check=self._replica_behind if s.inference_urls and s.replica_check_s > 0 else None,
-            idle_action=self._republish,
-            idle_check_s=s.replica_check_s or 10.0,
-            check_item=lambda it: self.trainer.item_problem(it) if self.trainer else None,
+            idle_every_s=s.replica_check_s if s.inference_urls and s.replica_check_s > 0 else None,
         )
         if s.inference_urls:
             retry = RetryPolicy(
@@ -221,6 +215,7 @@ class Learner:
                 on_publish=self._on_publish,
                 on_checkpoint=self._on_checkpoint,
                 on_served=self._on_served,
+                on_idle=self._on_idle,
             ),
         )
         self.trainer.checkpoint_extra = {"run_id": s.run_id}
@@ -368,10 +363,15 @@ class Learner:
             M.REPUBLISHES.inc()
         return bool(behind)
 
-    async def _republish(self) -> None:
-        """Every rank (the gather is collective): publish the current weights again."""
+    async def _on_idle(self) -> None:
+        """Every rank, while the source waits without a batch: when rank 0 finds a replica
+        behind, publish the current weights again (the gather is collective)."""
         assert self.trainer is not None
-        await self.trainer.publish()
+        behind = self.rank == 0 and await self._replica_behind()
+        if parallel.is_distributed():
+            behind = ranks.any_rank(behind, self.device)
+        if behind:
+            await self.trainer.publish()
 
     async def _on_checkpoint(self, path: Path | None, committed: int) -> None:
         M.CHECKPOINTS.inc()

@@ -5,10 +5,11 @@ Reading (rank 0 only): one consumer of group ``learner`` on ``ludic:{run}:saw`` 
 
 Batches. A macro-batch is the next ``batch_size`` *fresh* items in stream order; it never
 closes on a timeout, so the batch sequence depends only on the stream content (this is what
-makes a resumed run retrain exactly the batches it lost). Freshness is
-``libludic.staleness.is_stale`` at ``version_fn()`` (the learner's current policy version
-when the batch is formed, i.e. at the start of the step) and ``max_lag``; stale items are
-acked, counted and never trained (:meth:`next_batch`).
+makes a resumed run retrain exactly the batches it lost). Freshness and trainability are
+the Trainer's :class:`~libludic.training.admission.Admission` (handed over when the Trainer is
+built): staleness at the served version when the batch is formed, i.e. at the start of the
+step; stale items are acked, counted and never trained, untrainable ones dead-lettered.
+This source only reads, judges with that Admission, and acknowledges; it calls nothing back.
 
 Exactly-once effect (acks). An entry is acked (XACK + XDEL) only once the optimizer step
 that used it is *committed*: :meth:`mark_trained` after the step, :meth:`commit` once it is
@@ -18,8 +19,8 @@ provided the stream is only consumed by this learner.
 
 Ranks (torch.distributed initialised): rank 0 reads Redis and broadcasts every batch; with
 ``shard=True`` (default) each rank trains a contiguous shard of it. All ranks stop at the
-same point, and may run a collective idle action while they wait
-(:class:`PipelineBatchSource`).
+same point; after ``idle_every_s`` of waiting every rank gets :class:`SourceIdle` at the same
+point, so the loop's owner may run collective work (a republish) before asking again.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,10 +37,11 @@ import msgpack
 import torch
 import torch.distributed as dist
 
-from libludic import staleness, transport
+from libludic import transport
 from libludic.saw import SAWBatch, SAWItem
+from libludic.training.admission import Admission
 from libludic.training.ranks import any_rank
-from libludic.training.types import SourceStopped
+from libludic.training.types import SourceIdle, SourceStopped
 from libludic.transport import accounting
 
 log = logging.getLogger(__name__)
@@ -93,8 +95,7 @@ class PipelineBatchSource:
     """A BatchSource over the ``saw`` stream (see the module docstring for the contract).
 
     ``redis``/``keys`` are needed on rank 0 only (pass None elsewhere).
-    ``version_fn()`` returns the learner's current policy version; ``stop_fn()`` True asks
-    ``next_batch`` to give up waiting (raising :class:`SourceStopped`).
+    ``stop_fn()`` True asks ``next_batch`` to give up waiting (raising :class:`SourceStopped`).
 
     Ranks. Rank 0 reads Redis and broadcasts every batch as msgpack bytes in a uint8 tensor
     (no pickle: ``broadcast_object_list`` would pickle). With ``shard=True`` (default, FSDP2
@@ -108,30 +109,27 @@ class PipelineBatchSource:
     point (``next_batch`` raises :class:`SourceStopped` everywhere) and no collective waits
     long enough to hit the process-group timeout.
 
-    Idle work. While no batch is ready, rank 0 calls ``idle_check()`` at most every
-    ``idle_check_s`` seconds; when it returns True, every rank runs ``idle_action()`` at the
-    same point of the wait loop (so the action may be collective: the learner gathers and
-    republishes its weights when an inference replica came back on older ones, see
-    services/learner).
-    """
+    Idle work. While no batch is ready, ``next_batch`` raises :class:`SourceIdle` on every
+    rank at the same point once every ``idle_every_s`` seconds (rank 0's clock decides), so
+    the caller may run collective work and call again (the Trainer runs ``hooks.on_idle``: the
+    learner republishes its weights when an inference replica came back on older ones)."""
 
     redis: Any
     keys: transport.Keys | None
     batch_size: int
-    version_fn: Callable[[], int] = lambda: 0
-    max_lag: int | None = None
+    # rank 0: staleness and trainability, judged at batch formation (the Trainer hands over
+    # its own when it is built: AdmittingBatchSource); an item with a problem is
+    # dead-lettered ("unusable_item") and never reaches a step
+    admission: Admission = field(default_factory=Admission)
     consumer: str = DEFAULT_CONSUMER
     block_ms: int = 1000
     shard: bool = True
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     stop_fn: Callable[[], bool] = lambda: False
     on_stale: Callable[[int], None] | None = None
-    idle_check: Callable[[], Awaitable[bool]] | None = None  # rank 0, while waiting
-    idle_action: Callable[[], Awaitable[None]] | None = None  # every rank, when it said so
-    idle_check_s: float = 10.0
-    # rank 0: why an item cannot be trained (None: it can), e.g. Trainer.item_problem; such
-    # an item is dead-lettered ("unusable_item") and never reaches a step
-    check_item: Callable[[SAWItem], str | None] | None = None
+    # every rank: ``next_batch`` raises SourceIdle after waiting this long without a batch
+    # (None: never), so the loop's owner may run collective work meanwhile
+    idle_every_s: float | None = None
     # rank 0: a pending entry re-read after this many deliveries is dead-lettered
     # ("max_deliveries") instead of trained: the learner stopped that often while holding it
     # (a step that raises on it would otherwise crash every restart). Its batch-mates, held
@@ -158,8 +156,8 @@ class PipelineBatchSource:
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"PipelineBatchSource.batch_size={self.batch_size} must be >= 1")
-        if self.max_lag is not None and self.max_lag < 0:
-            raise ValueError(f"PipelineBatchSource.max_lag={self.max_lag} must be >= 0 or None")
+        if self.idle_every_s is not None and self.idle_every_s <= 0:
+            raise ValueError(f"PipelineBatchSource.idle_every_s={self.idle_every_s} must be > 0")
         if self.max_deliveries < 1:
             raise ValueError(
                 f"PipelineBatchSource.max_deliveries={self.max_deliveries} must be >= 1"
@@ -292,83 +290,74 @@ class PipelineBatchSource:
             self._replay_cursor = None
         return out
 
-    async def _fill(self) -> None:
-        """Read until the buffer holds ``batch_size`` fresh items or one read came back empty."""
+    async def _read_into_buffer(self) -> bool:
+        """One read of at most the missing items into the buffer (decoded; an undecodable or
+        untrainable entry is dead-lettered); False when it came back empty."""
         assert self._sc is not None
-        while len(self._buffer) < self.batch_size:
-            entries = await self._read(self.batch_size - len(self._buffer))
-            if not entries and (self._replay_cursor is None or self._read_errors):
-                return  # nothing new, or Redis is down: next_batch checks stop_fn meanwhile
-            stale: list[transport.Entry] = []
-            recovered = [e for e in entries if self._committed(e.id)]
-            fresh = [e for e in entries if not self._committed(e.id)]
-            if fresh and self._replay_cursor is not None:
-                # re-read pending entries (the read that found them set the cursor): every
-                # re-read is a delivery, and too many mean they were held through as many stops
-                fresh = await self._sc.under_delivery_limit(fresh)
-            version = self.version_fn()
-            for e in fresh:
-                try:
-                    item = transport.decode_saw_item(e.payload)
-                except transport.CodecError as err:
-                    await self._sc.dead_letter(e, err.reason, err.detail)
-                    continue
-                if not item.item_id:
-                    item.meta["item_id"] = e.item_id or e.id
-                problem = self.check_item(item) if self.check_item is not None else None
-                if problem is not None:
-                    log.warning("dead-lettering SAW item %s: %s", item.item_id, problem)
-                    await self._sc.dead_letter(e, "unusable_item", problem)
-                    continue
-                if staleness.is_stale(item.policy_version, version, self.max_lag):
-                    stale.append(e)
-                    continue
-                self._buffer.append((e, item))
-            if recovered:
-                # already inside the checkpoint: trained (libludic.transport.accounting counts them now)
-                await accounting.ack_items(self._sc, [e.id for e in recovered], "trained")
-                self.recovered_acked += len(recovered)
-                log.info("acked %d pending entries already in the checkpoint", len(recovered))
-            if stale:
-                await accounting.ack_items(self._sc, [e.id for e in stale], "stale")
-                self.stale_dropped += len(stale)
-                if self.on_stale is not None:
-                    self.on_stale(len(stale))
+        entries = await self._read(self.batch_size - len(self._buffer))
+        if not entries:
+            # replaying pending entries: an empty read moved on to new ones; read again
+            return self._replay_cursor is not None and not self._read_errors
+        recovered = [e for e in entries if self._committed(e.id)]
+        fresh = [e for e in entries if not self._committed(e.id)]
+        if fresh and self._replay_cursor is not None:
+            # re-read pending entries (the read that found them set the cursor): every
+            # re-read is a delivery, and too many mean they were held through as many stops
+            fresh = await self._sc.under_delivery_limit(fresh)
+        for e in fresh:
+            try:
+                item = transport.decode_saw_item(e.payload)
+            except transport.CodecError as err:
+                await self._sc.dead_letter(e, err.reason, err.detail)
+                continue
+            if not item.item_id:
+                item.meta["item_id"] = e.item_id or e.id
+            problem = self.admission.problem(item)
+            if problem is not None:
+                log.warning("dead-lettering SAW item %s: %s", item.item_id, problem)
+                await self._sc.dead_letter(e, "unusable_item", problem)
+                continue
+            self._buffer.append((e, item))
+        if recovered:
+            # already inside the checkpoint: trained (libludic.transport.accounting counts them now)
+            await accounting.ack_items(self._sc, [e.id for e in recovered], "trained")
+            self.recovered_acked += len(recovered)
+            log.info("acked %d pending entries already in the checkpoint", len(recovered))
+        return True
 
-    async def _drop_stale_buffered(self) -> None:
-        """Re-check buffered items against the version now: one read fresh when buffered can
-        be stale at batch formation if the version moved meanwhile (a republish while the
-        source waited), and the Trainer must never get an item it would drop as stale."""
-        if self.max_lag is None or not self._buffer:
+    async def _drop_stale(self) -> None:
+        """Ack and count the buffered items stale at the served version now (the one place
+        this source judges staleness: at batch formation, so the Trainer never gets an item
+        it would drop)."""
+        if not self._buffer:
             return
-        keep, stale = staleness.split_stale(
-            self._buffer, lambda b: b[1].policy_version, self.version_fn(), self.max_lag
-        )
+        self._buffer, stale = self.admission.split_stale(self._buffer, lambda b: b[1])
         if stale:
             assert self._sc is not None
-            self._buffer = keep
             await accounting.ack_items(self._sc, [e.id for e, _ in stale], "stale")
             self.stale_dropped += len(stale)
             if self.on_stale is not None:
                 self.on_stale(len(stale))
 
     async def _take_batch_rank0(self) -> list[tuple[transport.Entry, SAWItem]] | None:
-        """One fill attempt (blocks up to ``block_ms``); the batch if complete, else None."""
-        if len(self._buffer) < self.batch_size:
-            await self._fill()
-        await self._drop_stale_buffered()
-        if len(self._buffer) < self.batch_size:
-            return None
-        batch, self._buffer = self._buffer[: self.batch_size], self._buffer[self.batch_size :]
-        return batch
+        """Read until ``batch_size`` fresh items are buffered or a read came back empty (it
+        blocks up to ``block_ms``); the batch if complete, else None."""
+        while True:
+            await self._drop_stale()
+            if len(self._buffer) >= self.batch_size:
+                batch = self._buffer[: self.batch_size]
+                self._buffer = self._buffer[self.batch_size :]
+                return batch
+            if not await self._read_into_buffer():
+                return None
 
     # ------------------------------------------------------------------ BatchSource
 
     async def next_batch(self) -> SAWBatch:
         """The next macro-batch (this rank's shard of it when sharding across ranks).
 
-        Freshness (``max_lag``) is checked as items are read and again for buffered items at
-        batch formation; stale items are acked at once, counted in ``stale_dropped`` (the
+        Freshness (the Admission's ``max_lag``) is judged at batch formation, over the items
+        read so far; stale items are acked at once, counted in ``stale_dropped`` (the
         caller exports ``ludic_learner_stale_dropped_total``) and never trained.
         Undecodable entries go to the dead-letter stream."""
         if self._handed:
@@ -381,18 +370,17 @@ class PipelineBatchSource:
             idle = False
             if self.rank == 0:
                 batch = await self._take_batch_rank0()
-                idle = batch is None and await self._idle_due()
+                idle = batch is None and self._idle_due()
             if not _dist():
                 if batch is not None:
                     return self._hand_out(batch, [it for _, it in batch])
                 if self.stop_fn():
                     raise SourceStopped()
                 if idle:
-                    assert self.idle_action is not None
-                    await self.idle_action()
+                    raise SourceIdle()
                 continue
             # every rank: rank 0 tells whether a batch is ready (payloads), to keep waiting,
-            # or to run the idle action together
+            # or that the wait has been long enough for idle work (SourceIdle on every rank)
             msg: bytes | None = None
             if self.rank == 0:
                 if batch is None:
@@ -410,8 +398,8 @@ class PipelineBatchSource:
             if got["k"] in (_MSG_WAIT, _MSG_IDLE):
                 if any_rank(self.stop_fn(), self.device):
                     raise SourceStopped()
-                if got["k"] == _MSG_IDLE and self.idle_action is not None:
-                    await self.idle_action()
+                if got["k"] == _MSG_IDLE:
+                    raise SourceIdle()
                 await asyncio.sleep(0)
                 continue
             payloads: list[bytes] = got["items"]
@@ -433,23 +421,19 @@ class PipelineBatchSource:
             self._handed = [("", i) for i in got["ids"]]
             return SAWBatch(items=items, meta={"batch_item_ids": list(got["ids"])})
 
-    async def _idle_due(self) -> bool:
-        """Rank 0, no batch ready: has the wait lasted ``idle_check_s`` since the last check,
-        and does ``idle_check()`` ask for the idle action?"""
-        if self.idle_check is None or self.idle_action is None:
+    def _idle_due(self) -> bool:
+        """Rank 0, no batch ready: has the wait lasted ``idle_every_s`` since it began or
+        since the last SourceIdle?"""
+        if self.idle_every_s is None:
             return False
         now = time.monotonic()
         if self._idle_since is None:
             self._idle_since = now
             return False
-        if now - self._idle_since < self.idle_check_s:
+        if now - self._idle_since < self.idle_every_s:
             return False
         self._idle_since = now
-        try:
-            return bool(await self.idle_check())
-        except Exception as e:  # a failed check must not stop the wait for items
-            log.warning("idle check failed: %s", e)
-            return False
+        return True
 
     def _hand_out(
         self, batch: Sequence[tuple[transport.Entry, SAWItem]], mine: list[SAWItem]
