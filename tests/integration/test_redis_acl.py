@@ -1,6 +1,8 @@
 """Per-role Redis users (services/common/redis_acl.py) on a real redis-server: a role's user
 reaches its run's keys with the commands the services use, and gets NOPERM on the
-administrative and dangerous commands and on another run's keys; the default user is off."""
+administrative and dangerous commands and on another run's keys; the default user is off.
+The files ``python -m services.common.redis_acl`` writes for compose and the chart start a
+redis-server (``--aclfile``) with the same users."""
 
 from __future__ import annotations
 
@@ -13,7 +15,16 @@ import pytest
 import redis
 
 from libludic import transport as t
-from services.common.redis_acl import ADMIN, ROLES, RunUsers, key_pattern
+from services import status
+from services.common.redis_acl import (
+    ACL_FILE,
+    ADMIN,
+    ROLES,
+    RunUsers,
+    key_pattern,
+    main,
+    secret_name,
+)
 from services.launcher.stack import free_port, redis_server_binary
 
 pytestmark = pytest.mark.integration
@@ -167,3 +178,64 @@ def test_transactions_and_script_effects_survive_a_restart(server: AclRedis) -> 
     # still nobody can authenticate as the default user
     with pytest.raises(redis.exceptions.AuthenticationError):
         redis.Redis(port=server.port, username="default", password="").ping()
+
+
+def test_the_written_files_start_a_redis_with_the_runs_users(tmp_path: Path, capsys) -> None:
+    """What compose mounts (and a chart's existingSecret holds): redis-server with
+    ``--aclfile users.acl``, which holds hashes, never a password, admits each role's URL
+    file with its role's rights only and the admin's with every right; the default user is
+    off; writing again keeps the passwords; ``ludic status`` reads through the admin's file."""
+    port, d = free_port(), tmp_path / "secrets"
+    argv = [str(d), "--run-id", "run-a", "--host", "127.0.0.1", "--port", str(port)]
+    assert main(argv) == 0
+    urls = {role: (d / secret_name(role, "url")).read_text() for role in (ADMIN, *ROLES)}
+    acl = (d / ACL_FILE).read_text()
+    for role in (ADMIN, *ROLES):
+        assert (d / secret_name(role, "password")).read_text() not in acl
+    assert main(argv) == 0 and urls["actor"] == (d / secret_name("actor", "url")).read_text()
+    proc = subprocess.Popen(
+        [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        + ["--dir", str(tmp_path), "--aclfile", str(d / ACL_FILE)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        admin = redis.Redis.from_url(urls[ADMIN])
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                admin.ping()
+                break
+            except redis.ConnectionError:
+                assert proc.poll() is None and time.monotonic() < deadline, "redis died"
+                time.sleep(0.05)
+        assert admin.config_get("maxmemory")
+        mine, other = t.Keys("run-a"), t.Keys("run-b")
+        clients = []
+        for role in ROLES:
+            r = redis.Redis.from_url(urls[role], single_connection_client=True)
+            clients.append(r)
+            r.xadd(mine.requests, {"d": role.encode()})
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                r.get(other.policy_version)
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                r.execute_command("FLUSHALL")
+        # each file's URL is its role's own user
+        assert {c["user"] for c in admin.client_list()} >= {f"ludic-{r}" for r in ROLES}
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            redis.Redis(port=port).ping()
+        capsys.readouterr()
+        status_argv = ["--redis-url-file", str(d / secret_name(ADMIN, "url")), "--json"]
+        assert status.main([*status_argv, "--run-id", "run-a"]) == 0
+        assert '"length": 5' in capsys.readouterr().out  # the requests stream: one per role
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_an_empty_password_file_is_refused_naming_the_fix(tmp_path: Path, capsys) -> None:
+    d = tmp_path / "secrets"
+    assert main([str(d), "--run-id", "r", "--host", "redis"]) == 0
+    (d / secret_name("learner", "password")).write_text("\n")
+    assert main([str(d), "--run-id", "r", "--host", "redis"]) == 1
+    assert "learner-password is empty: delete it" in capsys.readouterr().err
