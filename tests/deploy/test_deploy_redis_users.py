@@ -14,6 +14,7 @@ redis-server on the written files); that the containers start is tests/container
 
 from __future__ import annotations
 
+import base64
 import re
 import subprocess
 from pathlib import Path
@@ -21,9 +22,30 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_support import ROOT
+from deploy_support import (
+    NAMESPACE,
+    RELEASE,
+    ROOT,
+    SCENARIOS,
+    WORKLOAD_KINDS,
+    Doc,
+    by_kind,
+    containers,
+    find,
+    parse_docs,
+    render,
+    rendered,
+    scenario_values,
+)
 
-from services.common.redis_acl import ACL_FILE, ADMIN, ROLES, secret_name, write_secrets
+from services.common.redis_acl import (
+    ACL_FILE,
+    ADMIN,
+    ROLES,
+    RunUsers,
+    secret_name,
+    write_secrets,
+)
 
 URL_FILE = "/run/secrets/ludic/redis-url"
 SECRETS_DIR = "./deploy/compose/secrets"
@@ -142,3 +164,184 @@ def test_compose_redis_refuses_users_of_another_run_naming_the_fix(compose, tmp_
     bad = compose_redis_guard(compose, "other", tmp_path / ACL_FILE)
     assert bad.returncode == 1 and not bad.stdout
     assert "--run-id 'other' --host redis" in bad.stderr
+
+
+# ---------------------------------------------------------------- the Helm chart
+
+ALL = ["default", *SCENARIOS]
+# chart component -> (its kind, the role whose user it connects as)
+CHART_ROLE = {
+    "actor": ("Deployment", "actor"),
+    "credit": ("Deployment", "credit"),
+    "learner": ("StatefulSet", "learner"),
+    "feeder": ("Deployment", "feeder"),
+    "eval": ("Deployment", "eval"),
+}
+REDIS_HOST = f"{RELEASE}-ludic-redis.{NAMESPACE}.svc.cluster.local"
+CHART_SECRET = f"{RELEASE}-ludic-redis"
+
+
+def pods(docs: list[Doc]) -> list[tuple[Doc, Doc]]:
+    """(workload, pod spec) of every workload."""
+    return [(d, d["spec"]["template"]["spec"]) for d in docs if d["kind"] in WORKLOAD_KINDS]
+
+
+def chart_env_leaks(docs: list[Doc]) -> list[str]:
+    leaks = []
+    for d, pod in pods(docs):
+        for c in pod["containers"] + pod.get("initContainers", []):
+            where = f"{d['metadata']['name']}/{c['name']}"
+            for env in c.get("env", []):
+                if env["name"] in SECRET_ENV or CREDENTIALS.search(str(env.get("value", ""))):
+                    leaks.append(f"{where}: {env['name']}")
+            if c.get("envFrom"):
+                leaks.append(f"{where}: envFrom")
+            argv = " ".join(c.get("command", []) + c.get("args", []))
+            if CREDENTIALS.search(argv) or "requirepass" in argv or "$(REDIS" in argv:
+                leaks.append(f"{where}: argv")
+    return leaks
+
+
+def decoded(secret: Doc) -> dict[str, str]:
+    return {k: base64.b64decode(v).decode() for k, v in secret.get("data", {}).items()}
+
+
+def redis_secret(docs: list[Doc]) -> dict[str, str]:
+    (secret,) = [d for d in by_kind(docs, "Secret") if d["metadata"]["name"] == CHART_SECRET]
+    return decoded(secret)
+
+
+def expected_secret_name(values: dict[str, Any]) -> str:
+    bundled = values.get("redis", {}).get("enabled", True)
+    given = (values.get("redis", {}).get("auth", {}) if bundled else values["externalRedis"]).get(
+        "existingSecret"
+    )
+    return given or CHART_SECRET
+
+
+@pytest.mark.parametrize("scenario", ALL)
+def test_no_chart_environment_or_argument_carries_a_redis_password(scenario):
+    assert not chart_env_leaks(rendered(scenario))
+
+
+def test_chart_env_leak_check_catches_a_password_variable():
+    docs = rendered("default")
+    containers(find(docs, "Deployment", "credit"))[0]["env"].append(
+        {"name": "REDISCLI_AUTH", "valueFrom": {"secretKeyRef": {"name": "x", "key": "y"}}}
+    )
+    assert chart_env_leaks(docs) == [f"{RELEASE}-ludic-credit/credit: REDISCLI_AUTH"]
+
+
+@pytest.mark.parametrize("scenario", ALL)
+def test_every_chart_redis_client_mounts_its_own_roles_url(scenario):
+    docs = rendered(scenario)
+    secret = expected_secret_name(scenario_values(scenario))
+    clients = set()
+    for d, pod in pods(docs):
+        for c in pod["containers"]:
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            if "LUDIC_REDIS_URL_FILE" not in env:
+                continue
+            component = d["metadata"]["labels"]["app.kubernetes.io/component"]
+            kind, role = CHART_ROLE[component]
+            clients.add(component)
+            assert (d["kind"], env["LUDIC_REDIS_URL_FILE"]) == (kind, URL_FILE), component
+            (mount,) = [m for m in c["volumeMounts"] if URL_FILE.startswith(m["mountPath"] + "/")]
+            (vol,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+            assert vol["secret"]["secretName"] == secret, component
+            # its own role's URL and nothing else of the Secret
+            assert vol["secret"]["items"] == [{"key": f"{role}-url", "path": "redis-url"}]
+    assert clients == set(CHART_ROLE)
+    # nothing else mounts the Redis Secret but Redis itself (its ACL file and admin password)
+    for d, pod in pods(docs):
+        component = d["metadata"]["labels"]["app.kubernetes.io/component"]
+        if component not in (*CHART_ROLE, "redis"):
+            assert all(v.get("secret", {}).get("secretName") != secret for v in pod["volumes"])
+
+
+@pytest.mark.parametrize("scenario", ["default", "keda", "cpu-minimal"])
+def test_the_charts_users_are_redis_acls(scenario, tmp_path):
+    """The chart's Secret holds what ``python -m services.common.redis_acl`` writes (the same
+    keys) and its ACL lines are ``RunUsers.acl_config`` of the run id: the template's rules
+    are role_rules, the default user is off, the admin has every right."""
+    data = redis_secret(rendered(scenario))
+    run_id = scenario_values(scenario).get("runId") or RELEASE
+    passwords = {role: data[secret_name(role, "password")] for role in (ADMIN, *ROLES)}
+    users = RunUsers(run_id, passwords)
+    assert data[ACL_FILE] == users.acl_config(hashed=True)
+    assert data[ACL_FILE].splitlines()[0] == "user default off resetpass ~* &* +@all"
+    for role in (ADMIN, *ROLES):
+        assert data[secret_name(role, "url")] == users.url(role, REDIS_HOST, 6379)
+        assert re.fullmatch(r"[A-Za-z0-9]{40}", passwords[role])  # generated, URL-safe
+    assert len(set(passwords.values())) == len(passwords)
+    write_secrets(tmp_path, run_id, REDIS_HOST)
+    assert set(data) == {p.name for p in tmp_path.iterdir()}
+
+
+def chart_redis(docs: list[Doc]) -> tuple[Doc, Doc]:
+    sts = find(docs, "StatefulSet", "redis")
+    (c,) = containers(sts)
+    return c, sts["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("scenario", [s for s in ALL if s != "external-redis"])
+def test_chart_redis_starts_from_the_secrets_users_with_the_default_user_off(scenario):
+    docs = rendered(scenario)
+    c, pod = chart_redis(docs)
+    assert c["command"] == ["sh", "-c"]
+    (script,) = c["args"]
+    assert script.rstrip().endswith("--aclfile /etc/redis-users/users.acl")
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == "/etc/redis-users"]
+    (vol,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert vol["secret"]["secretName"] == expected_secret_name(scenario_values(scenario))
+    keys = [i["key"] for i in vol["secret"]["items"]]
+    assert keys == [ACL_FILE, secret_name(ADMIN, "password")]
+    for probe in ("livenessProbe", "readinessProbe"):
+        cmd = " ".join(c[probe]["exec"]["command"])
+        assert "--user ludic-admin" in cmd and "/etc/redis-users/admin-password" in cmd
+
+
+def chart_redis_guard(script: str, acl: Path) -> subprocess.CompletedProcess:
+    script = script.split("exec redis-server")[0] + "echo started"
+    script = script.replace("/etc/redis-users/users.acl", str(acl))
+    return subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=10)
+
+
+def test_chart_redis_refuses_users_of_another_run_naming_the_fix(tmp_path):
+    """An existingSecret written for another run id: Redis does not start, and says how to
+    write the right one."""
+    (script,) = chart_redis(rendered("gpu"))[0]["args"]
+    write_secrets(tmp_path / "ok", RELEASE, REDIS_HOST)
+    ok = chart_redis_guard(script, tmp_path / "ok" / ACL_FILE)
+    assert ok.returncode == 0 and ok.stdout == "started\n", ok.stderr
+    write_secrets(tmp_path / "bad", "other", REDIS_HOST)
+    bad = chart_redis_guard(script, tmp_path / "bad" / ACL_FILE)
+    assert bad.returncode == 1 and not bad.stdout
+    assert f"--run-id {RELEASE} --host {REDIS_HOST}" in bad.stderr
+
+
+def test_external_redis_with_a_shared_password_gives_it_to_every_role():
+    values = {
+        "redis": {"enabled": False},
+        "externalRedis": {"url": "rediss://redis.example:6380/2", "password": "pw-1"},
+    }
+    docs = parse_docs(render(values))
+    want = {f"{role}-url": "rediss://:pw-1@redis.example:6380/2" for role in ROLES}
+    assert redis_secret(docs) == want
+    assert "redis" not in {d["metadata"]["labels"].get("app.kubernetes.io/component") for d in docs}
+
+
+def test_external_redis_per_role_urls_come_from_its_existing_secret():
+    docs = rendered("external-redis")
+    assert not [d for d in by_kind(docs, "Secret") if d["metadata"]["name"] == CHART_SECRET]
+    # (each component mounts its key of managed-redis: test_every_chart_redis_client_...)
+
+
+def test_external_redis_without_auth_renders_only_when_allowed():
+    helm_python = pytest.importorskip("helm_python", reason="helm-python-sdk not installed")
+    values = {"redis": {"enabled": False}, "externalRedis": {"url": "redis://redis:6379/0"}}
+    with pytest.raises(helm_python.HelmError, match="externalRedis has no password"):
+        render(values)
+    values["externalRedis"]["allowNoAuth"] = True
+    urls = redis_secret(parse_docs(render(values)))
+    assert urls == {f"{role}-url": "redis://redis:6379/0" for role in ROLES}
