@@ -6,13 +6,16 @@ redis-server (``--aclfile``) with the same users."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
+import yaml
 
 from libludic import transport as t
 from services import status
@@ -239,3 +242,63 @@ def test_an_empty_password_file_is_refused_naming_the_fix(tmp_path: Path, capsys
     (d / secret_name("learner", "password")).write_text("\n")
     assert main([str(d), "--run-id", "r", "--host", "redis"]) == 1
     assert "learner-password is empty: delete it" in capsys.readouterr().err
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def compose_redis(run_id: str) -> tuple[str, str, dict[str, str]]:
+    """compose.yaml's redis command and healthcheck as compose runs them, and the paths they
+    name -> the files' names in the written directory."""
+    svc = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["redis"]
+    (cmd,) = svc["command"]
+    cmd = cmd.replace("${LUDIC_RUN_ID:-compose}", run_id).replace("${REDIS_MAXMEMORY:-2gb}", "1gb")
+    cmd = cmd.replace("exec docker-entrypoint.sh redis-server", "exec redis-server --port 6379")
+    probe = " ".join(svc["healthcheck"]["test"][1:]).replace("redis-cli", "redis-cli -p 6379")
+    paths = {"/run/secrets/users.acl": ACL_FILE, "/run/secrets/admin-password": "admin-password"}
+    return cmd.replace("$$", "$"), probe.replace("$$", "$"), paths
+
+
+def chart_redis(run_id: str) -> tuple[str, str, dict[str, str]]:
+    """The chart's Redis container (rendered by Helm's engine) the same way."""
+    sys.path.insert(0, str(ROOT / "tests" / "deploy"))
+    from deploy_support import containers, find, parse_docs, render
+
+    docs = parse_docs(render({"runId": run_id}))
+    (c,) = containers(find(docs, "StatefulSet", "redis"))
+    (cmd,) = c["args"]
+    probe = c["readinessProbe"]["exec"]["command"][-1]
+    paths = {f"/etc/redis-users/{name}": name for name in (ACL_FILE, "admin-password")}
+    return cmd, probe, paths
+
+
+@pytest.mark.parametrize("deployment", [compose_redis, chart_redis])
+def test_the_deployed_redis_command_and_probe_run_on_the_written_users(tmp_path, deployment):
+    """compose's redis command and healthcheck, and the chart's container and probe, on a real
+    redis-server with the files redis_acl writes: the probe (ludic-admin) passes, a role's URL
+    reaches its run's keys only, nobody gets in without a user."""
+    if not shutil.which("redis-cli"):
+        pytest.skip("redis-cli not found (apt-get install redis-tools)")
+    port, d = free_port(), tmp_path / "secrets"
+    assert main([str(d), "--run-id", "run-a", "--host", "127.0.0.1", "--port", str(port)]) == 0
+    cmd, probe, paths = deployment("run-a")
+    for path, name in paths.items():
+        cmd, probe = cmd.replace(path, str(d / name)), probe.replace(path, str(d / name))
+    cmd = cmd.replace("--port 6379", f"--port {port} --save ''").replace("/data", str(tmp_path))
+    cmd = cmd.replace("redis-server", redis_server_binary(), 1)
+    proc = subprocess.Popen(["sh", "-c", cmd], stdout=subprocess.DEVNULL)
+    try:
+        probe = probe.replace("-p 6379", f"-p {port}")
+        deadline = time.monotonic() + 10
+        while subprocess.run(["sh", "-c", probe]).returncode != 0:
+            assert proc.poll() is None and time.monotonic() < deadline, "redis died or unhealthy"
+            time.sleep(0.1)
+        actor = redis.Redis.from_url((d / secret_name("actor", "url")).read_text())
+        actor.set(t.Keys("run-a").policy_version, 1)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            actor.set(t.Keys("run-b").policy_version, 1)
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            redis.Redis(port=port).ping()
+    finally:
+        proc.kill()
+        proc.wait(10)
