@@ -15,8 +15,9 @@ redis-server on stdin, never in argv). ``python -m services.common.redis_acl DIR
 --host HOST`` writes the same users for a Redis of compose or a cluster into DIR: one
 ``<role>-password`` and ``<role>-url`` file per role and the admin, and ``users.acl`` (the
 lines with SHA-256 hashes instead of passwords) for redis-server's ``--aclfile``; the
-passwords already in DIR are kept. compose.yaml mounts these files; the Helm chart renders the
-same lines itself (tests/deploy/test_deploy_redis_users.py holds it to ``acl_config``)."""
+passwords already in DIR are kept. A Helm template cannot call Python, so the chart renders the
+same lines itself (helm/ludic/templates/_helpers.tpl): tests/deploy/test_deploy_redis_users.py
+fails when they differ from ``acl_config``."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ ROLES = ("actor", "credit", "learner", "feeder", "eval")
 ADMIN = "ludic-admin"
 
 #: every role's commands, applied left to right: the categories the services use, then the
-#: dangerous and administrative commands taken back out of them
+#: dangerous and administrative commands taken back out of them (the chart's ludic.redisRoleRules
+#: repeats them: change both)
 BASE_RULES = (
     "-@all +@connection +@read +@write +@stream +@hash +@string +@list +@set +@sortedset "
     "+@keyspace +@scripting +@transaction +@blocking -@admin -@dangerous -script|flush "
