@@ -123,12 +123,15 @@ docker-host:
 # the host's CA bundle for pip inside the build, and the local torch wheel (when present).
 compose-env:
 	@test -f .env || { cp deploy/compose/env.example .env && \
-	  sed -i "s/^LUDIC_AUTH_TOKEN=$$/&$$(openssl rand -hex 32)/; s/^LUDIC_API_KEY=$$/&$$(openssl rand -hex 32)/; s/^REDIS_PASSWORD=$$/&$$(openssl rand -hex 24)/; s/^GRAFANA_ADMIN_PASSWORD=$$/&$$(openssl rand -hex 16)/" .env && \
+	  sed -i "s/^LUDIC_AUTH_TOKEN=$$/&$$(openssl rand -hex 32)/; s/^LUDIC_API_KEY=$$/&$$(openssl rand -hex 32)/; s/^GRAFANA_ADMIN_PASSWORD=$$/&$$(openssl rand -hex 16)/" .env && \
 	  sed -i "s|^PYTHON_IMAGE=.*|PYTHON_IMAGE=ludic-local/python:bookworm|; s|^REDIS_IMAGE=.*|REDIS_IMAGE=ludic-local/redis:bookworm|; s|^PROMETHEUS_IMAGE=.*|PROMETHEUS_IMAGE=ludic-local/prometheus:bookworm|; s|^BUILD_NETWORK=.*|BUILD_NETWORK=host|; s|^# BUILD_CA_BUNDLE=|BUILD_CA_BUNDLE=|" .env && \
 	  echo "wrote .env (local images, generated secrets)"; }
 	@# an .env from before the generation token: add one (compose refuses to start without it)
 	@grep -q '^LUDIC_API_KEY=.' .env || { sed -i '/^LUDIC_API_KEY=/d' .env && \
 	  echo "LUDIC_API_KEY=$$(openssl rand -hex 32)" >> .env && echo "added LUDIC_API_KEY to .env"; }
+	@# the Redis users of .env's LUDIC_RUN_ID (passwords kept; the URLs and users.acl rewritten)
+	@run=$$(sed -n 's/^LUDIC_RUN_ID=//p' .env); \
+	  python3 -m services.common.redis_acl deploy/compose/secrets --run-id "$${run:-compose}" --host redis
 	@for w in $(TORCH_WHEEL_DIR)/torch-2.13.0+cpu-*.whl; do \
 	  test -f "$$w" && { test -f deploy/docker/wheels/$${w##*/} || ln "$$w" deploy/docker/wheels/ 2>/dev/null || cp "$$w" deploy/docker/wheels/; }; done; true
 

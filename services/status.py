@@ -21,7 +21,7 @@ from typing import Any
 
 from libludic import transport
 from libludic.transport import accounting
-from services.common.settings import redact_url
+from services.common.settings import redact_url, secret_from_file
 
 LEARNER_FIELDS = (
     "step",
@@ -116,9 +116,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--redis-url", default=os.environ.get("LUDIC_REDIS_URL", "redis://127.0.0.1:6379/0")
     )
+    # a mounted Secret (compose's `status` service: the admin's URL), as the services read theirs
+    p.add_argument(
+        "--redis-url-file",
+        default=os.environ.get("LUDIC_REDIS_URL_FILE"),
+        help="file holding the Redis URL (instead of --redis-url)",
+    )
     p.add_argument("--run-id", default=os.environ.get("LUDIC_RUN_ID", "default"))
     p.add_argument("--json", action="store_true", help="machine-readable output")
     a = p.parse_args(argv)
+    try:
+        if a.redis_url_file:  # it wins over the default of --redis-url
+            a.redis_url = secret_from_file(None, a.redis_url_file, "--redis-url", "redis_url")
+    except ValueError as e:
+        print(f"ludic status: {e}", flush=True)
+        return 2
     try:
         st = asyncio.run(collect(a.redis_url, a.run_id))
     except transport.REDIS_DOWN_ERRORS as e:

@@ -33,6 +33,7 @@ pytestmark = pytest.mark.containers
 
 ROOT = Path(__file__).resolve().parents[2]
 PROM = "http://127.0.0.1:9090"
+SECRETS = ROOT / "deploy" / "compose" / "secrets"
 # Short run for CI: enough steps that every fault lands mid-run (each recovery is seconds to
 # ~2 min for inference on 2 cores). At the 2-4 steps/s the pipeline trains on 2 cores the
 # learner fault lands near step 120 and the credit fault near step 200, and a 300-step run
@@ -104,6 +105,11 @@ def stack():
         pytest.fail(
             ".env is missing: `make compose-env` (or cp deploy/compose/env.example .env and fill the secrets)"
         )
+    if not (SECRETS / "users.acl").exists():
+        pytest.fail(
+            f"{SECRETS} has no Redis users: `make compose-env` (or python3 -m "
+            "services.common.redis_acl deploy/compose/secrets --run-id compose --host redis)"
+        )
     os.environ["NUM_STEPS"] = str(NUM_STEPS)
     # a fresh run, but the models volume (the SFT warm start, reused when its arguments match)
     # is kept between runs on the same machine
@@ -146,6 +152,44 @@ def test_prometheus_scrapes_every_service(stack):
     REPORT["all_targets_up_s"] = round(
         wait(all_up, 90, "up==1 for inference, 2 actors, credit, learner, feeder, eval"), 1
     )
+
+
+# a role's user, from inside its container: its run's keys yes, FLUSHALL and other runs' keys no
+ROLE_CHECK = """
+import os, redis
+r = redis.Redis.from_url(open(os.environ["LUDIC_REDIS_URL_FILE"]).read().strip())
+r.get("ludic:{%s}:policy_version" % os.environ["LUDIC_RUN_ID"])
+for cmd in (("FLUSHALL",), ("GET", "ludic:{other}:policy_version"), ("CONFIG", "GET", "x")):
+    try:
+        r.execute_command(*cmd)
+        raise SystemExit("allowed: %s" % (cmd,))
+    except redis.exceptions.NoPermissionError:
+        pass
+print("ok")
+"""
+
+
+def test_redis_users_are_per_role_and_no_environment_holds_a_password(stack):
+    """`docker inspect` of every container shows no Redis password; each service's URL file
+    is its role's user (NOPERM on FLUSHALL, CONFIG, another run's keys); the default user is
+    off; `docker compose run --rm status` reads the run as ludic-admin."""
+    passwords = [p.read_text().strip() for p in SECRETS.glob("*-password")]
+    assert len(passwords) == 6
+    for cid in compose("ps", "-q").split():
+        env = "\n".join(json.loads(sh("docker", "inspect", "-f", "{{json .Config.Env}}", cid)))
+        assert not [p for p in passwords if p in env] and "LUDIC_REDIS_URL=" not in env, cid
+    for service in ("actor", "credit", "learner", "feeder", "eval"):
+        assert compose("exec", "-T", service, "python", "-c", ROLE_CHECK).strip() == "ok"
+    anon = subprocess.run(
+        ["docker", "compose", "exec", "-T", "redis", "redis-cli", "ping"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "NOAUTH" in anon.stdout + anon.stderr, anon
+    st = json.loads(compose("run", "--rm", "-T", "status", "status", "--json", timeout=600))
+    assert st["run_id"] == "compose" and "requests" in st["streams"], st
 
 
 def gauge(query: str) -> float:

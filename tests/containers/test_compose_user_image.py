@@ -66,8 +66,10 @@ def compose(*args: str, files: tuple[Path, ...] = (), check: bool = True, timeou
 def built() -> None:
     if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
         pytest.fail("no Docker engine answers `docker info`: run `sudo scripts/docker-host.sh`")
-    if not (ROOT / ".env").exists():
-        pytest.fail(".env is missing: `make compose-env`")
+    if not (ROOT / ".env").exists() or not (ROOT / "deploy/compose/secrets/users.acl").exists():
+        pytest.fail(
+            ".env or the Redis users (deploy/compose/secrets) are missing: `make compose-env`"
+        )
     t0 = time.monotonic()
     compose("build", "feeder")  # one image for every service of the override
     REPORT["user_image_build_s"] = round(time.monotonic() - t0, 1)

@@ -28,10 +28,8 @@ SERVICES: dict[str, tuple[str, str, str]] = {
     "feeder": ("Deployment", "feeder", "feeder"),
     "eval": ("Deployment", "eval", "eval"),
 }
-# Kubernetes-only helper: the chart mounts the Redis password as REDIS_PASSWORD so the kubelet
-# can expand $(REDIS_PASSWORD) inside LUDIC_REDIS_URL; compose expands ${REDIS_PASSWORD} from .env
-# at parse time. No service reads it (checked below).
-K8S_EXPANSION_ONLY = {"REDIS_PASSWORD"}
+# the Redis clients: the role whose user each connects as (its URL: a mounted file)
+REDIS_ROLE = {c: c for c in ("actor", "credit", "learner", "feeder", "eval")}
 
 
 def compose() -> dict[str, Any]:
@@ -106,24 +104,34 @@ def test_same_container_ports(component):
 def test_same_environment_variable_names(component):
     _, cpu_svc, gpu_svc = SERVICES[component]
     # chart defaults are the GPU variant (inference.gpus: 1, learner.gpus: 1): the GPU profile
-    chart = chart_env_names(chart_container(component)) - K8S_EXPANSION_ONLY
+    chart = chart_env_names(chart_container(component))
     assert set(compose()[gpu_svc].get("environment", {})) == chart, (component, gpu_svc)
     # the CPU variant (adds vLLM's CPU KV-cache size for inference): defaults + gpus 0
-    chart_cpu = chart_env_names(chart_container(component, cpu=True)) - K8S_EXPANSION_ONLY
+    chart_cpu = chart_env_names(chart_container(component, cpu=True))
     assert set(compose()[cpu_svc].get("environment", {})) == chart_cpu, (component, cpu_svc)
 
 
 @pytest.mark.parametrize("component", SERVICES)
-def test_redis_password_is_only_expanded_into_the_url(component):
+def test_same_redis_url_file_of_the_same_role(component):
+    """Both read the URL from the same path, a file of the component's own role (compose:
+    the secret `redis-url-<role>`; the chart: the Redis Secret's key `<role>-url`)."""
     c = chart_container(component)
-    env = {e["name"]: e for e in c.get("env", [])}
-    if "REDIS_PASSWORD" not in env:
+    env = {e["name"]: e.get("value") for e in c.get("env", [])}
+    path = env.get("LUDIC_REDIS_URL_FILE")
+    for svc in SERVICES[component][1:]:
+        assert compose()[svc].get("environment", {}).get("LUDIC_REDIS_URL_FILE") == path, svc
+    if component not in REDIS_ROLE:
+        assert path is None
         return
-    assert "valueFrom" in env["REDIS_PASSWORD"]
-    assert "$(REDIS_PASSWORD)" in env["LUDIC_REDIS_URL"]["value"]
-    # compose builds the same URL from .env
-    compose_url = compose()[SERVICES[component][1]]["environment"]["LUDIC_REDIS_URL"]
-    assert "${REDIS_PASSWORD" in compose_url
+    role = REDIS_ROLE[component]
+    for svc in SERVICES[component][1:]:
+        targets = {s["target"]: s["source"] for s in compose()[svc]["secrets"]}
+        assert targets[path] == f"redis-url-{role}", svc
+    docs = rendered("default")
+    pod = find(docs, SERVICES[component][0], component)["spec"]["template"]["spec"]
+    (mount,) = [m for m in c["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+    (vol,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert vol["secret"]["items"] == [{"key": f"{role}-url", "path": path.rsplit("/", 1)[1]}]
 
 
 @pytest.mark.parametrize("component", SERVICES)

@@ -149,18 +149,18 @@ def test_actor_is_scalable(compose):
     assert not any("container_name" in s for s in compose["services"].values())
 
 
-def test_redis_persists_and_takes_its_password_from_a_secret(compose):
+def test_redis_persists_and_takes_its_users_from_a_secret(compose):
+    """(Which users: tests/deploy/test_deploy_redis_users.py.)"""
     redis = compose["services"]["redis"]
     cmd = " ".join(redis["command"])
-    assert "--appendonly yes" in cmd and "/run/secrets/redis_password" in cmd
+    assert "--appendonly yes" in cmd and "--aclfile /run/secrets/users.acl" in cmd
     assert "--maxmemory ${REDIS_MAXMEMORY:-2gb} --maxmemory-policy noeviction" in cmd
     assert any(v.endswith(":/data") for v in redis["volumes"])
-    assert compose["secrets"]["redis_password"] == {"environment": "REDIS_PASSWORD"}
 
 
 def test_long_running_services_have_healthchecks_and_restart_policies(compose):
     for name, svc in compose["services"].items():
-        if name == "model-init":
+        if name in ("model-init", "status"):  # one-shots
             assert svc["restart"] == "no"
             continue
         assert svc.get("restart") in ("unless-stopped", "always", "on-failure"), name
@@ -215,7 +215,8 @@ def test_env_documentation_check_catches_an_unknown_variable(compose):
 
 def test_services_get_the_variables_developers_md_says_they_read(compose):
     env = ludic_env(compose)
-    optional = {"LUDIC_MAX_LAG", "LUDIC_MODEL_DIR"}  # defaulted by the service / given as --model
+    # defaulted by the service / given as --model / the URL is read from LUDIC_REDIS_URL_FILE
+    optional = {"LUDIC_MAX_LAG", "LUDIC_MODEL_DIR", "LUDIC_REDIS_URL"}
     for name, (_, reads) in developers_table().items():
         for var in set(reads) - optional:
             assert f"{name}:{var}" in env, f"{name} does not get {var}"
@@ -232,8 +233,10 @@ def test_no_service_gets_a_variable_the_settings_loader_refuses(compose):
 
 def test_no_secret_is_written_in_the_compose_file(compose):
     for key, value in ludic_env(compose).items():
-        if key.endswith(("AUTH_TOKEN", "API_KEY", "REDIS_URL")):
+        if key.endswith(("AUTH_TOKEN", "API_KEY")):
             assert "${" in value and ":?" in value, f"{key} must come from .env (${{VAR:?...}})"
+        # the Redis URL (its password) is a mounted file: tests/deploy/test_deploy_redis_users.py
+        assert not key.endswith(":LUDIC_REDIS_URL"), f"{key}: use LUDIC_REDIS_URL_FILE"
     for name, svc in compose["services"].items():
         for key, value in (svc.get("environment") or {}).items():
             if re.search(r"PASSWORD|TOKEN|SECRET|API_KEY", key) and not key.startswith(

@@ -301,7 +301,6 @@ def secret_literals(values: dict[str, Any]) -> list[str]:
     out = [
         values.get("auth", {}).get("token", ""),
         values.get("auth", {}).get("apiKey", ""),
-        values.get("redis", {}).get("auth", {}).get("password", ""),
         values.get("externalRedis", {}).get("password", ""),
     ]
     return [s for s in out if s]
@@ -328,10 +327,9 @@ def secret_leaks(docs: list[Doc], literals: list[str]) -> list[str]:
                 where = f"{d['metadata']['name']}/{c['name']} env {env['name']}"
                 if env["name"] in SECRET_ENV and "secretKeyRef" not in env.get("valueFrom", {}):
                     leaks.append(f"{where} is not a secretKeyRef")
-                if (
-                    env["name"] == "LUDIC_REDIS_URL"
-                    and "@" in env.get("value", "")
-                    and ":$(REDIS_PASSWORD)@" not in env["value"]
+                # the Redis URL is a mounted file (tests/deploy/test_deploy_redis_users.py)
+                if env["name"] == "LUDIC_REDIS_URL" or re.search(
+                    r"://[^/\s]*@", env.get("value", "")
                 ):
                     leaks.append(f"{where} carries credentials")
     return leaks
@@ -359,6 +357,12 @@ def test_secret_refs_point_at_rendered_or_existing_secrets(scenario):
                         assert ref["name"] in known, (
                             f"{c['name']}: {env['name']} -> unknown Secret {ref['name']}"
                         )
+            for vol in d["spec"]["template"]["spec"].get("volumes", []):
+                if "secret" in vol:
+                    name = vol["secret"]["secretName"]
+                    assert name in known, (
+                        f"{d['metadata']['name']}: volume -> unknown Secret {name}"
+                    )
 
 
 def test_inline_secret_values_land_only_in_secret_objects():
@@ -427,7 +431,8 @@ def test_ports_and_commands_follow_developers_md(scenario):
         argv = c.get("command", []) + c["args"]
         assert service in argv, f"{service}: container does not run `ludic {service}`: {argv}"
         env = {e["name"] for e in c.get("env", [])}
-        missing = set(reads) - env - {"LUDIC_MODEL_DIR", "LUDIC_MAX_LAG"}
+        # the Redis URL is read from the file LUDIC_REDIS_URL_FILE names
+        missing = set(reads) - env - {"LUDIC_MODEL_DIR", "LUDIC_MAX_LAG", "LUDIC_REDIS_URL"}
         assert not missing, f"{service} lacks {missing}"
     inference = containers(find(docs, "Deployment", "inference"))[0]
     assert inference["args"][:2] == ["inference", "--model"]
@@ -524,32 +529,15 @@ def test_learner_keeps_checkpoints_on_a_pvc():
 
 
 def test_bundled_redis_persists_with_aof():
+    """(Its users: tests/deploy/test_deploy_redis_users.py.)"""
     redis = find(rendered("default"), "StatefulSet", "redis")
-    args = containers(redis)[0]["args"]
+    (script,) = containers(redis)[0]["args"]
+    args = script.split("exec redis-server", 1)[1].split()
     assert args[args.index("--appendonly") + 1] == "yes"
     # full Redis refuses writes rather than evicting stream entries
     assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
     assert args[args.index("--maxmemory") + 1] == "3gb"
-    assert "$(REDIS_PASSWORD)" in args
     assert redis["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
-
-
-def test_external_redis_url_is_built_without_rendering_the_password():
-    actor = containers(find(rendered("external-redis"), "Deployment", "actor"))[0]
-    env = {e["name"]: e for e in actor["env"]}
-    assert (
-        env["LUDIC_REDIS_URL"]["value"]
-        == "rediss://:$(REDIS_PASSWORD)@redis.example.internal:6380/2"
-    )
-    assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
-        "name": "managed-redis",
-        "key": "password",
-    }
-    components = {
-        d["metadata"]["labels"].get("app.kubernetes.io/component")
-        for d in rendered("external-redis")
-    }
-    assert "redis" not in components  # no bundled Redis objects
 
 
 # ---------------------------------------------------------------- values.schema.json
@@ -563,6 +551,9 @@ BAD_VALUES = [
     ({"actor": {"env": {"LUDIC_AUTH_TOKEN": "plain"}}}, "LUDIC_AUTH_TOKEN"),
     ({"redis": {"appendfsync": "sometimes"}}, "appendfsync"),
     ({"redis": {"maxmemory": "lots"}}, "maxmemory"),
+    # one password for every service is gone: the Redis Secret has a user per role
+    ({"redis": {"auth": {"password": "pw"}}}, "password"),
+    ({"externalRedis": {"existingSecretPasswordKey": "pw"}}, "existingSecretPasswordKey"),
     ({"externalRedis": {"url": "redis://user:pw@redis:6379/0"}}, "does not match pattern"),
     ({"inference": {"image": {"digest": "latest"}}}, "does not match pattern"),
     ({"actor": {"replicaCoutn": 3}}, "replicaCoutn"),
@@ -650,16 +641,6 @@ def test_schema_accepts_defaults_and_ci_values(scenario):
 def test_template_guards_fail_with_a_fix(values, message):
     with pytest.raises(helm_python.HelmError, match=re.escape(message)):
         render(values)
-
-
-def test_external_redis_without_auth_renders_only_when_allowed():
-    values = {
-        "redis": {"enabled": False},
-        "externalRedis": {"url": "redis://redis:6379/0", "allowNoAuth": True},
-    }
-    actor = containers(find(parse_docs(render(values)), "Deployment", "actor"))[0]
-    names = {e["name"] for e in actor.get("env", [])}
-    assert "REDIS_PASSWORD" not in names and "LUDIC_REDIS_URL" in names
 
 
 def test_every_value_is_documented_with_a_param_comment():

@@ -1,19 +1,33 @@
 """Per-role Redis users (services/common/redis_acl.py) on a real redis-server: a role's user
 reaches its run's keys with the commands the services use, and gets NOPERM on the
-administrative and dangerous commands and on another run's keys; the default user is off."""
+administrative and dangerous commands and on another run's keys; the default user is off.
+The files ``python -m services.common.redis_acl`` writes for compose and the chart start a
+redis-server (``--aclfile``) with the same users."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
+import yaml
 
 from libludic import transport as t
-from services.common.redis_acl import ADMIN, ROLES, RunUsers, key_pattern
+from services import status
+from services.common.redis_acl import (
+    ACL_FILE,
+    ADMIN,
+    ROLES,
+    RunUsers,
+    key_pattern,
+    main,
+    secret_name,
+)
 from services.launcher.stack import free_port, redis_server_binary
 
 pytestmark = pytest.mark.integration
@@ -167,3 +181,124 @@ def test_transactions_and_script_effects_survive_a_restart(server: AclRedis) -> 
     # still nobody can authenticate as the default user
     with pytest.raises(redis.exceptions.AuthenticationError):
         redis.Redis(port=server.port, username="default", password="").ping()
+
+
+def test_the_written_files_start_a_redis_with_the_runs_users(tmp_path: Path, capsys) -> None:
+    """What compose mounts (and a chart's existingSecret holds): redis-server with
+    ``--aclfile users.acl``, which holds hashes, never a password, admits each role's URL
+    file with its role's rights only and the admin's with every right; the default user is
+    off; writing again keeps the passwords; ``ludic status`` reads through the admin's file."""
+    port, d = free_port(), tmp_path / "secrets"
+    argv = [str(d), "--run-id", "run-a", "--host", "127.0.0.1", "--port", str(port)]
+    assert main(argv) == 0
+    urls = {role: (d / secret_name(role, "url")).read_text() for role in (ADMIN, *ROLES)}
+    acl = (d / ACL_FILE).read_text()
+    for role in (ADMIN, *ROLES):
+        assert (d / secret_name(role, "password")).read_text() not in acl
+    assert main(argv) == 0 and urls["actor"] == (d / secret_name("actor", "url")).read_text()
+    proc = subprocess.Popen(
+        [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        + ["--dir", str(tmp_path), "--aclfile", str(d / ACL_FILE)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        admin = redis.Redis.from_url(urls[ADMIN])
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                admin.ping()
+                break
+            except redis.ConnectionError:
+                assert proc.poll() is None and time.monotonic() < deadline, "redis died"
+                time.sleep(0.05)
+        assert admin.config_get("maxmemory")
+        mine, other = t.Keys("run-a"), t.Keys("run-b")
+        clients = []
+        for role in ROLES:
+            r = redis.Redis.from_url(urls[role], single_connection_client=True)
+            clients.append(r)
+            r.xadd(mine.requests, {"d": role.encode()})
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                r.get(other.policy_version)
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                r.execute_command("FLUSHALL")
+        # each file's URL is its role's own user
+        assert {c["user"] for c in admin.client_list()} >= {f"ludic-{r}" for r in ROLES}
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            redis.Redis(port=port).ping()
+        capsys.readouterr()
+        status_argv = ["--redis-url-file", str(d / secret_name(ADMIN, "url")), "--json"]
+        assert status.main([*status_argv, "--run-id", "run-a"]) == 0
+        assert '"length": 5' in capsys.readouterr().out  # the requests stream: one per role
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_an_empty_password_file_is_refused_naming_the_fix(tmp_path: Path, capsys) -> None:
+    d = tmp_path / "secrets"
+    assert main([str(d), "--run-id", "r", "--host", "redis"]) == 0
+    (d / secret_name("learner", "password")).write_text("\n")
+    assert main([str(d), "--run-id", "r", "--host", "redis"]) == 1
+    assert "learner-password is empty: delete it" in capsys.readouterr().err
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def compose_redis(run_id: str) -> tuple[str, str, dict[str, str]]:
+    """compose.yaml's redis command and healthcheck as compose runs them, and the paths they
+    name -> the files' names in the written directory."""
+    svc = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["redis"]
+    (cmd,) = svc["command"]
+    cmd = cmd.replace("${LUDIC_RUN_ID:-compose}", run_id).replace("${REDIS_MAXMEMORY:-2gb}", "1gb")
+    cmd = cmd.replace("exec docker-entrypoint.sh redis-server", "exec redis-server --port 6379")
+    probe = " ".join(svc["healthcheck"]["test"][1:]).replace("redis-cli", "redis-cli -p 6379")
+    paths = {"/run/secrets/users.acl": ACL_FILE, "/run/secrets/admin-password": "admin-password"}
+    return cmd.replace("$$", "$"), probe.replace("$$", "$"), paths
+
+
+def chart_redis(run_id: str) -> tuple[str, str, dict[str, str]]:
+    """The chart's Redis container (rendered by Helm's engine) the same way."""
+    sys.path.insert(0, str(ROOT / "tests" / "deploy"))
+    from deploy_support import containers, find, parse_docs, render
+
+    docs = parse_docs(render({"runId": run_id}))
+    (c,) = containers(find(docs, "StatefulSet", "redis"))
+    (cmd,) = c["args"]
+    probe = c["readinessProbe"]["exec"]["command"][-1]
+    paths = {f"/etc/redis-users/{name}": name for name in (ACL_FILE, "admin-password")}
+    return cmd, probe, paths
+
+
+@pytest.mark.parametrize("deployment", [compose_redis, chart_redis])
+def test_the_deployed_redis_command_and_probe_run_on_the_written_users(tmp_path, deployment):
+    """compose's redis command and healthcheck, and the chart's container and probe, on a real
+    redis-server with the files redis_acl writes: the probe (ludic-admin) passes, a role's URL
+    reaches its run's keys only, nobody gets in without a user."""
+    if not shutil.which("redis-cli"):
+        pytest.skip("redis-cli not found (apt-get install redis-tools)")
+    port, d = free_port(), tmp_path / "secrets"
+    assert main([str(d), "--run-id", "run-a", "--host", "127.0.0.1", "--port", str(port)]) == 0
+    cmd, probe, paths = deployment("run-a")
+    for path, name in paths.items():
+        cmd, probe = cmd.replace(path, str(d / name)), probe.replace(path, str(d / name))
+    cmd = cmd.replace("--port 6379", f"--port {port} --save ''").replace("/data", str(tmp_path))
+    cmd = cmd.replace("redis-server", redis_server_binary(), 1)
+    proc = subprocess.Popen(["sh", "-c", cmd], stdout=subprocess.DEVNULL)
+    try:
+        probe = probe.replace("-p 6379", f"-p {port}")
+        deadline = time.monotonic() + 10
+        while subprocess.run(["sh", "-c", probe]).returncode != 0:
+            assert proc.poll() is None and time.monotonic() < deadline, "redis died or unhealthy"
+            time.sleep(0.1)
+        actor = redis.Redis.from_url((d / secret_name("actor", "url")).read_text())
+        actor.set(t.Keys("run-a").policy_version, 1)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            actor.set(t.Keys("run-b").policy_version, 1)
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            redis.Redis(port=port).ping()
+    finally:
+        proc.kill()
+        proc.wait(10)

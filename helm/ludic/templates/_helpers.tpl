@@ -101,30 +101,15 @@ imagePullSecrets:
 {{- if .Values.auth.existingSecret -}}{{ .Values.auth.existingSecretApiKeyKey }}{{- else -}}api-key{{- end -}}
 {{- end -}}
 
-{{/* Redis password Secret name, or "" when external Redis runs without AUTH */}}
+{{/* The Redis Secret given (redis.auth.existingSecret, or externalRedis.existingSecret), or "" */}}
+{{- define "ludic.redisExistingSecret" -}}
+{{- ternary .Values.redis.auth.existingSecret .Values.externalRedis.existingSecret .Values.redis.enabled -}}
+{{- end -}}
+
+{{/* The Redis Secret: per role `<role>-url` (what its pods mount), and for the bundled Redis
+     `<role>-password`, `admin-*` and `users.acl`; the chart's own unless one is given */}}
 {{- define "ludic.redisSecretName" -}}
-{{- if .Values.redis.enabled -}}
-{{- default (printf "%s-redis" (include "ludic.fullname" .)) .Values.redis.auth.existingSecret -}}
-{{- else if .Values.externalRedis.existingSecret -}}
-{{- .Values.externalRedis.existingSecret -}}
-{{- else if .Values.externalRedis.password -}}
-{{- printf "%s-redis" (include "ludic.fullname" .) -}}
-{{- end -}}
-{{- end -}}
-
-{{- define "ludic.redisSecretKey" -}}
-{{- if .Values.redis.enabled -}}
-{{- if .Values.redis.auth.existingSecret -}}{{ .Values.redis.auth.existingSecretPasswordKey }}{{- else -}}redis-password{{- end -}}
-{{- else if .Values.externalRedis.existingSecret -}}
-{{- .Values.externalRedis.existingSecretPasswordKey -}}
-{{- else -}}redis-password{{- end -}}
-{{- end -}}
-
-{{/* The chart creates the Redis Secret itself (bundled without existingSecret, or external with an inline password) */}}
-{{- define "ludic.createRedisSecret" -}}
-{{- if .Values.redis.enabled -}}
-{{- if not .Values.redis.auth.existingSecret -}}true{{- end -}}
-{{- else if and .Values.externalRedis.password (not .Values.externalRedis.existingSecret) -}}true{{- end -}}
+{{- default (printf "%s-redis" (include "ludic.fullname" .)) (include "ludic.redisExistingSecret" .) -}}
 {{- end -}}
 
 {{/* A value kept across upgrades: the given one, else the one already in the cluster, else random.
@@ -160,14 +145,43 @@ imagePullSecrets:
 {{- toJson $u -}}
 {{- end -}}
 
-{{/* LUDIC_REDIS_URL; the password is expanded by the kubelet from $(REDIS_PASSWORD), never rendered */}}
-{{- define "ludic.redisUrl" -}}
-{{- $secret := include "ludic.redisSecretName" . -}}
-{{- $auth := ternary ":$(REDIS_PASSWORD)@" "" (ne $secret "") -}}
-{{- if .Values.redis.enabled -}}
-{{- printf "redis://%s%s:%d/0" $auth (include "ludic.redisHost" .) (int .Values.redis.containerPorts.redis) -}}
+{{/* ---------- Redis users (services/common/redis_acl.py: the one definition; the test
+     tests/deploy/test_deploy_redis_users.py holds these templates to it) ---------- */}}
+
+{{/* the roles, each a user `ludic-<role>` (ROLES) */}}
+{{- define "ludic.redisRoles" -}}actor credit learner feeder eval{{- end -}}
+
+{{/* the run's keys (key_pattern; runId's schema admits no glob character to escape) */}}
+{{- define "ludic.redisKeyPattern" -}}
+{{- printf "ludic:{%s}:*" (include "ludic.runId" .) -}}
+{{- end -}}
+
+{{/* a role's rules (role_rules). Call with (dict "root" $ "role" "actor") */}}
+{{- define "ludic.redisRoleRules" -}}
+{{- $base := "-@all +@connection +@read +@write +@stream +@hash +@string +@list +@set +@sortedset +@keyspace +@scripting +@transaction +@blocking -@admin -@dangerous -script|flush -script|kill" -}}
+{{- $extra := get (dict "feeder" "+info") .role -}}
+{{- trim (printf "resetkeys ~%s resetchannels %s %s" (include "ludic.redisKeyPattern" .root) $base $extra) -}}
+{{- end -}}
+
+{{/* redis-server's ACL file (RunUsers.acl_config(hashed=True)): the default user off but with
+     every permission (redis-server replays its append-only file as that user), the admin,
+     one user per role; SHA-256 hashes, no password. Call with (dict "root" $ "passwords" map) */}}
+{{- define "ludic.redisAclFile" -}}
+user default off resetpass ~* &* +@all
+user ludic-admin on #{{ sha256sum .passwords.admin }} ~* &* +@all
+{{ range $role := splitList " " (include "ludic.redisRoles" .root) -}}
+user ludic-{{ $role }} on #{{ sha256sum (get $.passwords $role) }} {{ include "ludic.redisRoleRules" (dict "root" $.root "role" $role) }}
+{{ end -}}
+{{- end -}}
+
+{{/* A role's Redis URL (a Secret's `<role>-url`). Bundled: its own user; external: the shared
+     externalRedis.password, or none (allowNoAuth). Call with (dict "root" $ "role" r "password" p) */}}
+{{- define "ludic.redisRoleUrl" -}}
+{{- if .root.Values.redis.enabled -}}
+{{- printf "redis://ludic-%s:%s@%s:%d/0" .role .password (include "ludic.redisHost" .root) (int .root.Values.redis.containerPorts.redis) -}}
 {{- else -}}
-{{- $u := include "ludic.externalRedisParts" . | fromJson -}}
+{{- $u := include "ludic.externalRedisParts" .root | fromJson -}}
+{{- $auth := ternary (printf ":%s@" .password) "" (ne .password "") -}}
 {{- printf "%s://%s%s%s" $u.scheme $auth $u.host (default "/0" $u.path) -}}
 {{- end -}}
 {{- end -}}
@@ -192,19 +206,29 @@ imagePullSecrets:
 
 {{/* ---------- env blocks (secrets only by reference) ---------- */}}
 
+{{/* the URL (its password) is a file from the Redis Secret: ludic.redisUrlVolume */}}
 {{- define "ludic.env.redis" -}}
-{{- $secret := include "ludic.redisSecretName" . -}}
-{{- if $secret }}
-- name: REDIS_PASSWORD
-  valueFrom:
-    secretKeyRef:
-      name: {{ $secret }}
-      key: {{ include "ludic.redisSecretKey" . }}
-{{- end }}
-- name: LUDIC_REDIS_URL
-  value: {{ include "ludic.redisUrl" . | quote }}
+- name: LUDIC_REDIS_URL_FILE
+  value: /run/secrets/ludic/redis-url
 - name: LUDIC_RUN_ID
   value: {{ include "ludic.runId" . | quote }}
+{{- end -}}
+
+{{- define "ludic.redisUrlMount" -}}
+- name: redis-url
+  mountPath: /run/secrets/ludic
+  readOnly: true
+{{- end -}}
+
+{{/* the role's own URL only, readable by the pod's fsGroup. Call with (dict "root" $ "role" r) */}}
+{{- define "ludic.redisUrlVolume" -}}
+- name: redis-url
+  secret:
+    secretName: {{ include "ludic.redisSecretName" .root }}
+    defaultMode: 0440
+    items:
+      - key: {{ printf "%s-url" .role }}
+        path: redis-url
 {{- end -}}
 
 {{- define "ludic.env.authToken" -}}

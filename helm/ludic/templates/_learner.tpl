@@ -127,8 +127,10 @@ spec:
           readOnly: true
         - name: shm
           mountPath: /dev/shm
+        {{- include "ludic.redisUrlMount" . | nindent 8 }}
         {{- include "ludic.scratchMounts" . | nindent 8 }}
   volumes:
+    {{- include "ludic.redisUrlVolume" (dict "root" $root "role" "learner") | nindent 4 }}
     - name: config
       configMap:
         name: {{ include "ludic.configMapName" $root }}

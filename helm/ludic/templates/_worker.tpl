@@ -1,7 +1,7 @@
 {{/*
 Deployment of a stateless ludic worker (actor, credit, feeder, eval): `ludic <component>` with
-its metrics port, Redis env, OMP_NUM_THREADS (when the component sets ompNumThreads), and
-optionally the config file and the inference URLs.
+its metrics port, its role's Redis URL (a file from the Redis Secret), OMP_NUM_THREADS (when
+the component sets ompNumThreads), and optionally the config file and the inference URLs.
 Call with (dict "root" $ "component" "actor" "values" .Values.actor "replicas" true
            "withConfig" false "withInference" true "withAuth" false)
 */}}
@@ -78,8 +78,10 @@ spec:
               mountPath: /etc/ludic
               readOnly: true
             {{- end }}
+            {{- include "ludic.redisUrlMount" . | nindent 12 }}
             {{- include "ludic.scratchMounts" . | nindent 12 }}
       volumes:
+        {{- include "ludic.redisUrlVolume" (dict "root" $root "role" .component) | nindent 8 }}
         {{- if .withConfig }}
         - name: config
           configMap:
