@@ -91,7 +91,7 @@ def load_chat_tokens(model_dir: str | None) -> ChatTokens:
     tok: Any
     try:
         if model_dir is None:
-            tok = PreTrainedTokenizerFast(
+            tok = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
                 tokenizer_object=build_tokenizer(),
                 chat_template=CHAT_TEMPLATE,
                 eos_token=IM_END,
