@@ -124,10 +124,9 @@ class DeadLetterTally:
     def update(self, r: Any, batch: int = 1000) -> None:
         """Count the entries written since the last look (sync Redis client ``r``)."""
         while True:
-            got = r.xread({self.keys.deadletter: self.last_id}, count=batch)
-            entries = got[0][1] if got else []
+            entries = transport.deadletters_after_sync(r, self.keys, self.last_id, batch)
             for entry_id, fields in entries:
                 self.add(fields)
-                self.last_id = transport.as_str(entry_id)
+                self.last_id = entry_id
             if len(entries) < batch:
                 return
