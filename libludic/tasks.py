@@ -25,7 +25,9 @@ from typing import Any
 
 from libludic import plugins
 from libludic.envs.env import LudicEnv
+from libludic.inference.client import ChatClient
 from libludic.inference.request import ChatCompletionRequest, InferenceSpec, ReturnSpec
+from libludic.interaction.base import InteractionProtocol
 from libludic.parsers import ParseResult, make_parser
 from libludic.plugins import PluginError
 from libludic.registry import protocol_factory
@@ -201,6 +203,33 @@ class NoModel:
         return 0
 
 
+def make_env(task: TaskSpec, where: str = "task") -> LudicEnv[Any, Any, Any]:
+    """The env ``task`` names, built with its kwargs; errors name ``where``'s key."""
+    target = plugins.resolve("envs", task.env.kind, where=f"{where}.env.kind")
+    plugins.check_kwargs(target, task.env.kwargs, where=f"{where}.env ({task.env.kind})")
+    env = plugins.call(target, f"{where}.env ({task.env.kind})", **task.env.kwargs)
+    if not isinstance(env, LudicEnv):
+        raise PluginError(
+            f"{where}.env.kind={task.env.kind!r} built a {type(env).__name__}, not a LudicEnv "
+            "(libludic/envs/env.py)"
+        )
+    return env
+
+
+def make_protocol(task: TaskSpec, client: ChatClient, where: str = "task") -> InteractionProtocol:
+    """The protocol ``task`` names, its agents (of the task's agent kind) on ``client``;
+    errors name ``where``'s key."""
+    target = plugins.resolve("protocols", task.protocol.kind, where=f"{where}.protocol.kind")
+    factory = protocol_factory(client, task.protocol.kind, target)
+    extra: dict[str, Any] = {} if task.protocol.agent is None else {"agent": task.protocol.agent}
+    try:
+        return factory(inference=task.inference, **task.protocol.kwargs, **extra)
+    except PluginError as e:
+        raise PluginError(f"{where}.protocol: {e}") from e
+    except (TypeError, ValueError) as e:
+        raise PluginError(f"{where}.protocol ({task.protocol.kind}): {e}") from e
+
+
 def check_task(
     task: TaskSpec, where: str = "task", seed: int = 0, build_rewards: bool = True
 ) -> float:
@@ -212,14 +241,7 @@ def check_task(
     function reads at construction (an API key only the actors are given)."""
     t0 = time.monotonic()
     where = f"{where} ({task.name})"
-    env_target = plugins.resolve("envs", task.env.kind, where=f"{where}.env.kind")
-    plugins.check_kwargs(env_target, task.env.kwargs, where=f"{where}.env ({task.env.kind})")
-    env = plugins.call(env_target, f"{where}.env ({task.env.kind})", **task.env.kwargs)
-    if not isinstance(env, LudicEnv):
-        raise PluginError(
-            f"{where}.env.kind={task.env.kind!r} built a {type(env).__name__}, not a LudicEnv "
-            "(libludic/envs/env.py)"
-        )
+    env = make_env(task, where)
     try:
         try:
             env.reset(seed=seed)
@@ -236,15 +258,7 @@ def check_task(
                 sample = SAMPLE_REPLY
     finally:
         env.close()
-    proto_target = plugins.resolve("protocols", task.protocol.kind, where=f"{where}.protocol.kind")
-    factory = protocol_factory(NoModel(), task.protocol.kind, proto_target)
-    extra: dict[str, Any] = {} if task.protocol.agent is None else {"agent": task.protocol.agent}
-    try:
-        factory(inference=task.inference, **task.protocol.kwargs, **extra)
-    except PluginError as e:
-        raise PluginError(f"{where}.protocol: {e}") from e
-    except (TypeError, ValueError) as e:
-        raise PluginError(f"{where}.protocol ({task.protocol.kind}): {e}") from e
+    make_protocol(task, NoModel(), where)
     parser = make_parser(
         task.protocol.kwargs.get("parser"), where=f"{where}.protocol.kwargs.parser"
     )

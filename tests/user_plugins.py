@@ -120,3 +120,21 @@ class FailsAfterTheCheck(CountDownEnv):
         if seed:
             raise ValueError(f"cannot load problem {seed}")
         return super().env_reset(seed=seed)
+
+
+class PaddedEnv(CountDownEnv):
+    """CountDownEnv whose first prompt carries ``pad + seed % 4`` dashes before "Say N.": a
+    prompt of known length that differs between seeds (the item-length estimate takes the
+    longest)."""
+
+    def __init__(self, start: int = 3, pad: int = 0) -> None:
+        super().__init__(start)
+        self.pad = pad
+        self.seed = 0
+
+    def env_reset(self, *, seed: int | None = None) -> tuple[str, Info]:
+        self.seed = seed or 0
+        return super().env_reset(seed=seed)
+
+    def env_current_obs(self) -> str:
+        return "-" * (self.pad + self.seed % 4) + super().env_current_obs()

@@ -53,6 +53,7 @@ from libludic.transport.consumer import (  # noqa: F401
     Entry,
     StreamConsumer,
     backlog,
+    deadletters_after_sync,
     deadletters_sync,
     ensure_group,
     recent_fields,
@@ -84,6 +85,7 @@ from libludic.transport.state import (  # noqa: F401
 __all__ = [
     "stream_lengths_sync",
     "deadletters_sync",
+    "deadletters_after_sync",
     "recent_fields",
     "stream_info",
     "stream_lengths",

@@ -457,6 +457,16 @@ def deadletters_sync(r: Any, keys: Keys, count: int) -> list[dict[bytes, Any]]:
     return [fields for _, fields in r.xrange(keys.deadletter, count=count)]
 
 
+def deadletters_after_sync(
+    r: Any, keys: Keys, after: str, count: int
+) -> list[tuple[str, dict[bytes, Any]]]:
+    """(id, fields) of up to ``count`` dead-letter entries written after the entry ``after``
+    (``"0-0"``: from the first), oldest first, with a synchronous ``redis.Redis`` (the
+    launcher's count of the learner's dead letters)."""
+    got = r.xread({keys.deadletter: after}, count=count)
+    return [(as_str(entry_id), fields) for entry_id, fields in got[0][1]] if got else []
+
+
 async def stream_info(r: aioredis.Redis, key: str) -> dict[str, Any]:
     """Length, consumer groups (pending, lag, last delivered id) and their consumers."""
     info: dict[str, Any] = {"key": key, "length": int(await r.xlen(key)), "groups": []}

@@ -4,9 +4,11 @@ Loads every service's settings from the file as that service would (feeder, acto
 learner, the launcher's ``up:``, and ``eval:`` when present), so each builds what it names:
 every task of ``feeder.tasks`` (env reset with a seed, protocol, agent, tools, parser run on
 a sample reply, context, reward functions: libludic/tasks.py ``check_task``), the held-out
-evaluation's env and protocol, and the algorithm with its credit assigner and loss. No
-model is loaded and nothing is started. Exit 0 with one line per task, or 2 with the first
-error, which names the config key, the value and the choices. ``ludic up`` and the feeder,
+evaluation's env and protocol, the algorithm with its credit assigner and loss, and every
+task's item lengths against ``learner.max_seq_len`` (services/launcher/seqlen.py: a
+``warn`` line for an episode that may not fit). No model is loaded (the run's tokenizer is,
+to count prompts) and nothing is started. Exit 0 with one line per task, or 2 with the
+first error, which names the config key, the value and the choices. ``ludic up`` and the feeder,
 actor and eval services run the same checks when they start.
 """
 
@@ -18,6 +20,7 @@ import time
 
 from libludic.tasks import check_task, parse_tasks
 from services.common.settings import load_settings, read_yaml
+from services.launcher import seqlen
 from services.launcher.resolved import Resolved, service_environ
 from services.launcher.settings import UpSettings
 
@@ -54,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         if "eval" in others:
             lines.append("ok  eval service settings")
+        for line in seqlen.check_run(up, resolved, Resolved.actor(up).max_steps):
+            lines.append(f"{'warn' if line.warn else 'ok '} length {line}")
         algo = cfg.get("algorithm") or {}
         lines.append(
             f"ok  algorithm {algo.get('name', 'grpo')} (group_size "

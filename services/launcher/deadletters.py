@@ -1,4 +1,5 @@
-"""A task whose requests are all being dead-lettered stops the run, with the reason.
+"""Dead letters as ``ludic up`` follows them: a failing task stops the run, the learner's
+dropped items are counted.
 
 Every actor counts its resolved requests per task and outcome
 (``ludic_actor_task_requests_total{task, outcome}``: ``committed`` or ``deadlettered``).
@@ -9,6 +10,10 @@ function, a verifier that is down, requests that name no task of the run), and `
 stops instead of dead-lettering until its timeout. ``first_reason`` reads the dead-letter
 stream for the reason of that task's first dead letter, which goes to the log, the live view
 and summary.json.
+
+``DeadLetterTally`` counts the learner's dead letters (the entries moved from the saw
+stream) by reason as they arrive, and among the ``unusable_item`` ones the items that cannot
+fit ``learner.max_seq_len``: the live view and summary.json show both.
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ from libludic import transport
 
 _SERIES = re.compile(r"ludic_actor_task_requests_total\{outcome=(\w+),task=(.*)\}")
 NO_TASK = "(none)"  # what an actor counts a request under that is no task of its run
+UNUSABLE = "unusable_item"  # the learner's reason for an item no step could train
+# how the learner's detail of an item too long for max_seq_len reads (libludic/training/
+# collate.py truncation_offset; tests/unit/test_launcher_deadletters.py reads one it wrote)
+TOO_LONG = "cannot fit max_seq_len"
 
 
 class TaskFailureWatch:
@@ -85,3 +94,39 @@ def first_reason(r: Any, keys: transport.Keys, task: str, scan: int = 5000) -> s
             continue
         return f"{reason}: {transport.as_str(f.get(b'detail', b''))}"
     return "(no dead-letter entry of it found)"
+
+
+class DeadLetterTally:
+    """The learner's dead letters by reason (``by_reason``), read from the dead-letter stream
+    of ``keys`` since the last look; ``too_long``: the ``unusable_item`` ones whose detail
+    says the item cannot fit ``learner.max_seq_len``. The stream is capped (about 10,000
+    entries): entries trimmed before a look are not counted."""
+
+    def __init__(self, keys: transport.Keys) -> None:
+        self.keys = keys
+        self.last_id = "0-0"  # the newest entry read
+        self.by_reason: dict[str, int] = {}
+        self.too_long = 0
+
+    @property
+    def unusable(self) -> int:
+        return self.by_reason.get(UNUSABLE, 0)
+
+    def add(self, fields: Mapping[bytes, Any]) -> None:
+        """Count one dead-letter entry (its fields) if the learner wrote it."""
+        if transport.as_str(fields.get(b"source_stream", b"")) != self.keys.saw:
+            return
+        reason = transport.as_str(fields.get(b"reason", b"?"))
+        self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
+        if reason == UNUSABLE and TOO_LONG in transport.as_str(fields.get(b"detail", b"")):
+            self.too_long += 1
+
+    def update(self, r: Any, batch: int = 1000) -> None:
+        """Count the entries written since the last look (sync Redis client ``r``)."""
+        while True:
+            entries = transport.deadletters_after_sync(r, self.keys, self.last_id, batch)
+            for entry_id, fields in entries:
+                self.add(fields)
+                self.last_id = entry_id
+            if len(entries) < batch:
+                return

@@ -5,7 +5,9 @@ line with step N of M and the ETA, one line of service health, a two-column tabl
 figures); otherwise (CI, `make demo` in a pipe) one plain progress line every
 ``plain_every_s`` seconds. The training signals shown are the two that say most about a
 policy-gradient run's health, when the loss reports them: the clip fraction and the
-approximate KL to the policy the batch was sampled from, beside the gradient norm.
+approximate KL to the policy the batch was sampled from, beside the gradient norm. Items
+that never trained are counted beside them: the stale ones, and the ones the learner
+dead-lettered as unusable (of them, those too long for ``learner.max_seq_len``).
 """
 
 from __future__ import annotations
@@ -62,6 +64,14 @@ def set_line(name: str, figures: dict[str, float]) -> str:
         line + f"  illegal {fmt(figures.get('illegal_rate'), '.3f')}"
         f"  parse err {fmt(figures.get('parse_error_rate'), '.3f')}"
     )
+
+
+def unusable(tally: Any) -> dict[str, int | None]:
+    """The learner's unusable items and, of them, the ones longer than ``max_seq_len``
+    (services/launcher/deadletters.py ``DeadLetterTally``; None: not counted)."""
+    if tally is None:
+        return {"unusable": None, "too_long": None}
+    return {"unusable": tally.unusable, "too_long": tally.too_long}
 
 
 def duration(s: float | None) -> str:
@@ -137,6 +147,7 @@ class LiveView:
             "samples_per_s": m.get("ludic_learner_samples_per_second"),
             "tokens_per_s": m.get("ludic_learner_tokens_per_second"),
             "stale_dropped": int(m.get("ludic_learner_stale_dropped_total", 0)),
+            **unusable(getattr(self.run, "deadletters", None)),
             "publish_failures": int(m.get("ludic_learner_publishes_total{outcome=failed}", 0)),
             "learner_version": learner_v,
             "inference_version": inf_v,
@@ -189,7 +200,12 @@ class LiveView:
                 "approx KL",
                 fmt(snap["approx_kl"], ".4f"),
             ),
-            ("entropy", fmt(snap["entropy"], ".3f"), "", ""),
+            (
+                "entropy",
+                fmt(snap["entropy"], ".3f"),
+                "unusable",
+                f"{fmt(snap['unusable'], 'd')} ({fmt(snap['too_long'], 'd')} too long)",
+            ),
             (
                 "version",
                 f"{snap['learner_version']} (inference {fmt(snap['inference_version'], 'd')})",
@@ -230,6 +246,7 @@ class LiveView:
             f"[{s['elapsed_s']:6.0f}s] step {s['steps']} eta {duration(s['eta_s'])} "
             f"reward {fmt(s['reward_mean'], '.3f')} "
             f"samples/s {fmt(s['samples_per_s'], '.1f')} stale {s['stale_dropped']} "
+            f"unusable {fmt(s['unusable'], 'd')} too_long {fmt(s['too_long'], 'd')} "
             f"grad_norm {fmt(s['grad_norm'], '.3f')} clip_frac {fmt(s['clip_frac'], '.3f')} "
             f"approx_kl {fmt(s['approx_kl'], '.4f')} entropy {fmt(s['entropy'], '.3f')} "
             f"version learner {s['learner_version']} inference {s['inference_version']} "

@@ -1,6 +1,8 @@
 """``ludic up --config FILE``: the whole stack as local processes, one command.
 
-Order: model (built and/or SFT warm-started if asked) -> embedded redis-server (unless
+Order: the run config checked (every service's settings, every task's item lengths against
+``learner.max_seq_len``: services/launcher/seqlen.py) -> model (built and/or SFT
+warm-started if asked) -> embedded redis-server (unless
 LUDIC_REDIS_URL is set) -> inference -> held-out eval "before" -> feeder, credit,
 N actors, learner -> live view until the learner finishes its ``num_steps`` -> eval
 "after" -> stop everything -> ``<run>/summary.json``, ``<run>/curves.png`` and the final
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from services.common.secrets import keep_secrets_in
 from services.common.settings import load_settings, log_settings, setup_logging
+from services.launcher import seqlen
 from services.launcher.resolved import Resolved
 from services.launcher.settings import UpSettings
 from services.launcher.worker import (  # noqa: F401 (re-exported for callers of main)
@@ -62,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg_path = Path(s.config_path)
     try:  # fail before starting anything: a service would refuse the config minutes later
         resolved = Resolved.of(s)
+        # and before a warm start: items that cannot fit the learner would be cut or dropped
+        for line in seqlen.check_run(s, resolved, Resolved.actor(s).max_steps):
+            if line.warn:
+                log.warning("item length: %s", line)
+            else:
+                log.info("item length: %s", line)
     except (ValueError, FileNotFoundError) as e:
         print(f"ludic up: {s.config_path}: {e}", file=sys.stderr)
         return 2

@@ -1,5 +1,10 @@
 """End of a run: ``summary.json`` and a reward / pass-rate curve PNG.
 
+Items that never trained: ``stale_dropped`` (older than ``learner.max_lag``),
+``unusable_items`` (dead-lettered by the learner as no step could train them) and, of those,
+``too_long_items`` (longer than ``learner.max_seq_len`` even with the prompt cut), with every
+reason of the learner's dead letters in ``learner_deadletters``.
+
 Evaluation in the summary (each evaluation of ``Run.evals`` holds every eval set's figures
 as ``eval/<set>/<figure>``, services/common/heldout.py): ``pass_rate_before/after/delta``
 are the first set's greedy pass rate; ``evals`` has one entry per evaluation and set
@@ -93,6 +98,7 @@ def build_summary(
     sps = learner_rl.get("samples_per_second")
     if sps is None:
         sps = round(trained / rl_wall, 2) if rl_wall > 0 else None
+    dead = getattr(run, "deadletters", None)  # services/launcher/deadletters.py
     pb = None if before is None else before["eval/pass_rate"]
     pa = None if after is None else after["eval/pass_rate"]
     return {
@@ -108,6 +114,11 @@ def build_summary(
         "steps": int(m.get("ludic_learner_step", 0)),
         "samples_trained": trained,
         "stale_dropped": int(m.get("ludic_learner_stale_dropped_total", 0)),
+        # items the learner dead-lettered as no step could train them (unusable_item), and of
+        # them the ones longer than learner.max_seq_len; every reason of its dead letters
+        "unusable_items": 0 if dead is None else dead.unusable,
+        "too_long_items": 0 if dead is None else dead.too_long,
+        "learner_deadletters": {} if dead is None else dict(sorted(dead.by_reason.items())),
         # the version inference acknowledged last (the learner's version only moves on an ack)
         "policy_version": int(m.get("ludic_learner_policy_version", 0)),
         "publish_failures": getattr(run, "publish", {}).get(
@@ -213,6 +224,8 @@ def write_report(
         "steps",
         "samples_trained",
         "stale_dropped",
+        "unusable_items",
+        "too_long_items",
         "policy_version",
         "publish_failures",
         "final_policy_served",

@@ -69,14 +69,20 @@ class Resolved:
         )
 
     @staticmethod
+    def actor(s: UpSettings, environ: Mapping[str, str] | None = None) -> ActorSettings:
+        """The actors' settings (their tasks built with their reward functions): the start-up
+        check of item lengths reads their ``max_steps``."""
+        env = service_environ(s.config_path, environ)
+        return load_settings(ActorSettings, [], service="actor", environ=env)
+
+    @staticmethod
     def others(s: UpSettings, environ: Mapping[str, str] | None = None) -> dict[str, object]:
         """The settings of the services ``of`` does not read, each loaded as it loads its
-        own (``ludic check``): the actor's (its tasks built with their reward functions),
-        credit's (the algorithm built) and, when the config has an ``eval:`` section, the
-        eval service's (compose and Helm run it; ``ludic up`` evaluates by itself)."""
+        own (``ludic check``, beside :meth:`actor`): credit's (the algorithm built) and, when
+        the config has an ``eval:`` section, the eval service's (compose and Helm run it;
+        ``ludic up`` evaluates by itself)."""
         env = service_environ(s.config_path, environ)
         out: dict[str, object] = {
-            "actor": load_settings(ActorSettings, [], service="actor", environ=env),
             "credit": load_settings(CreditSettings, [], service="credit", environ=env),
         }
         if s.config_path and "eval" in read_yaml(s.config_path):

@@ -27,7 +27,12 @@ from services.common.heldout import evaluate_served, evaluate_snapshot, split
 from services.common.redis_acl import ADMIN, RunUsers
 from services.common.settings import read_yaml
 from services.launcher import cpus, stack
-from services.launcher.deadletters import NO_TASK, TaskFailureWatch, first_reason
+from services.launcher.deadletters import (
+    NO_TASK,
+    DeadLetterTally,
+    TaskFailureWatch,
+    first_reason,
+)
 from services.launcher.live import LiveView
 from services.launcher.report import write_report
 from services.launcher.resolved import Resolved
@@ -190,6 +195,8 @@ class Run:
         self.resuming = bool(s.resume)
         self.total_steps = self.services.num_steps  # for the live view's ETA
         self.task_watch = TaskFailureWatch(s.deadletter_stop_after)
+        # the learner's dead letters by reason: the live view's and summary.json's counts
+        self.deadletters = DeadLetterTally(Keys(self.run_id))
 
     def save_config(self) -> None:
         """``<run>/run.yaml``: the run config with its run id and every ``up:`` setting this
@@ -493,6 +500,18 @@ class Run:
             f"(up.deadletter_stop_after={self.s.deadletter_stop_after}); first reason: {reason}"
         )
 
+    def count_deadletters(self) -> None:
+        """Count the learner's dead letters written since the last look. A Redis that does
+        not answer leaves the counts as they were (logged): the next look reads on from
+        where this one stopped."""
+        r = redis.Redis.from_url(self.redis_url, socket_timeout=5)
+        try:
+            self.deadletters.update(r)
+        except redis.RedisError as e:
+            log.warning("the dead-letter stream could not be read (counts kept): %s", e)
+        finally:
+            r.close()
+
     def monitor(self) -> int:
         live = LiveView(
             self, enabled=self.s.live if self.s.live is not None else sys.stdout.isatty()
@@ -533,6 +552,7 @@ class Run:
                         )
                 if time.monotonic() - tasks_checked_at >= TASK_CHECK_EVERY_S:
                     tasks_checked_at = time.monotonic()
+                    self.count_deadletters()
                     failing = self.failing_task()
                     if failing is not None:
                         self.error = failing
@@ -659,6 +679,7 @@ class Run:
             self.rl_t1 = time.monotonic()
             self.read_learner_final()
             self.accounting = accounting.snapshot_sync(self.redis_url, self.run_id)
+            self.count_deadletters()
             if code == 0 and self.s.eval_mode == "deferred":
                 self.eval_snapshots(model_dir)
             after = (

@@ -98,6 +98,11 @@ RUN_ZERO_VARIANCE = Gauge(
     "ludic_run_groups_zero_variance_total",
     "Groups dynamic sampling dropped (all rewards equal; part of groups_dropped_empty), whole run",
 )
+RUN_ITEMS_DEADLETTERED = Gauge(
+    "ludic_run_items_deadlettered_total",
+    "Items the learner dead-lettered, whole run: unusable (no step could train them, e.g. "
+    "longer than max_seq_len), past max_deliveries or undecodable",
+)
 RUN_IN_FLIGHT = Gauge(
     "ludic_run_groups_in_flight", "Groups requested and not finished (requested - the rest)"
 )
@@ -119,6 +124,7 @@ def export_accounting(a: dict[str, Any]) -> None:
     for name, g in RUN_GROUPS.items():
         g.set(a[name])
     RUN_ZERO_VARIANCE.set(a.get("groups_zero_variance", 0))
+    RUN_ITEMS_DEADLETTERED.set(a.get("items_deadlettered", 0))
     RUN_IN_FLIGHT.set(a["groups_in_flight"])
     RUN_IN_FLIGHT_OBSERVED.set(a["groups_in_flight_observed"])
     RUN_CONSISTENT.set(1 if a["consistent"] else 0)

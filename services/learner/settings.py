@@ -149,7 +149,14 @@ class LearnerSettings(RedisService):
     micro_token_budget: int = field(
         default=8192, metadata={"help": "padded tokens per micro-batch"}
     )
-    max_seq_len: int = field(default=1024, metadata={"help": "longer items are left-truncated"})
+    max_seq_len: int = field(
+        default=1024,
+        metadata={
+            "help": "tokens of an item (prompt + reply): a longer prompt is cut from the left, "
+            "an item whose reply does not fit is dead-lettered (unusable_item); ludic up "
+            "checks every task against it at start-up"
+        },
+    )
     spare_cores: list[int] = field(
         default_factory=list,
         metadata={

@@ -330,3 +330,38 @@ async def test_a_full_redis_refuses_writes_and_the_writer_waits_instead_of_crash
         await r.config_set("maxmemory-policy", old["maxmemory-policy"])
         await r.delete("ludic:{oom}:s")
         await r.aclose()
+
+
+async def test_the_launchers_tally_counts_the_learners_dead_letters(redis_url: str) -> None:
+    """What a consumer of the saw stream dead-letters (the learner's pipeline does it with
+    reason unusable_item and the item's problem), counted by services/launcher/deadletters.py
+    through XREAD after the last id read, an actor's dead letter left out."""
+    # the sync client, torch (collate) and the launcher for this test only
+    import redis
+
+    from libludic.training.collate import untrainable
+    from services.launcher.deadletters import DeadLetterTally
+    from tests.fakes import make_item
+
+    keys = t.Keys("tally")
+    r = t.connect(redis_url)
+    too_long = untrainable(make_item(1, 40), max_seq_len=32, vocab_size=None)
+    assert too_long is not None
+    for name, stream, reason, detail in [
+        ("a", keys.saw, "unusable_item", too_long),
+        ("b", keys.saw, "unusable_item", "the item has no action token"),
+        ("c", keys.requests, "episode_error", "ValueError: no problem 3"),
+    ]:
+        await t.ensure_group(r, stream, "g")
+        await t.xadd(r, stream, name, b"payload")
+        c = t.StreamConsumer(r, stream, "g", "w", keys.deadletter)
+        (e,) = await c.read(1, block_ms=1000)
+        await c.dead_letter(e, reason, detail)
+    sync = redis.Redis.from_url(redis_url)
+    tally = DeadLetterTally(keys)
+    tally.update(sync, batch=1)  # one entry a read: the reads go on from the last id
+    assert (tally.by_reason, tally.too_long) == ({"unusable_item": 2}, 1)
+    tally.update(sync)  # nothing new
+    assert tally.unusable == 2
+    sync.close()
+    await r.aclose()

@@ -53,6 +53,7 @@ def test_export_sets_the_gauges() -> None:
     assert g("ludic_run_groups_in_flight") == 6
     assert g("ludic_run_accounting_consistent") == 1
     assert g("ludic_learner_items_trained_twice_total") == 1
+    assert g("ludic_run_items_deadlettered_total") == 2  # the counters' items_deadlettered
 
 
 def test_items_per_group_is_measured_with_a_floor_and_a_prior():

@@ -72,7 +72,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rollout",),
     ("transport", "registry"),
     ("tasks",),
-    ("training",),
+    # seqlen: whether a task's items fit the learner's max_seq_len (it builds tasks)
+    ("training", "seqlen"),
     ("sft",),  # warm starts: the training step checked by greedy episodes of an env
 )
 

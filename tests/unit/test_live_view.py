@@ -106,3 +106,18 @@ def test_a_wave_of_unhealthy_services_stays_on_the_screen() -> None:
     assert len(text.rstrip("\n").split("\n")) <= 24
     words = " ".join(text.split())  # the services line may wrap at 80 columns
     assert "services: 0 healthy" in words and "42 more not healthy" in words  # 45 - 3 named
+
+
+def test_the_learners_unusable_items_are_shown_beside_the_signals() -> None:
+    run = fake_run(actors=2)
+    # DeadLetterTally's counts: 3 items dead-lettered as unusable, 2 of them too long
+    run.deadletters = SimpleNamespace(unusable=3, too_long=2)
+    view = LiveView(run, enabled=False)
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(view.render())
+    lines = out.getvalue().rstrip("\n").split("\n")
+    assert max(len(x) for x in lines) <= 80
+    assert any("entropy" in x and "unusable 3 (2 too long)" in " ".join(x.split()) for x in lines)
+    assert "unusable 3 too_long 2" in view.plain_line()
+    del run.deadletters  # not counted (yet): unknown, not 0
+    assert "unusable - too_long -" in LiveView(run, enabled=False).plain_line()
