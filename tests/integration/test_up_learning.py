@@ -94,6 +94,7 @@ def run_up(config: Path, tmp_path: Path, steps: int, seed: int, timeout_s: int) 
     return time.monotonic() - t0
 
 
+@pytest.mark.learning  # make test-learning: ~9 min, not in CI's hour (the tool-use run is)
 @pytest.mark.timeout(1500)
 def test_tic_tac_toe_learns_to_win_through_the_services(tmp_path: Path) -> None:
     # the held-out sets as shipped but greedy only (the asserted figures; the shipped k: 4
