@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from libludic.training.compat import AGGREGATION_ALIASES, canonical_aggregation
+from libludic.training.kl import KL_ESTIMATORS, KLRewardPenalty, kl_estimate
 from libludic.training.typecheck import checked_loss
 
 NUM_ACTION_TOKENS_KEY = "num_action_tokens_total"
@@ -295,6 +296,18 @@ def _old_logprobs(batch: Mapping[str, Any], who: str) -> Tensor:
     return old
 
 
+def _ref_logprobs(batch: Mapping[str, Any], who: str) -> Tensor:
+    """The reference policy's logprobs on the shifted grid [B, T-1]."""
+    if batch.get("ref_logprobs") is None:
+        raise KeyError(
+            f"{who} needs batch['ref_logprobs']; fill SampleAttachments.ref_logprobs "
+            "(reference-model logprobs aligned to input_ids) on every item, or train with "
+            "the Trainer, which computes them when the loss requires ref_logprobs"
+        )
+    ref: Tensor = batch["ref_logprobs"][:, 1:]
+    return ref
+
+
 MISMATCH_CORRECTIONS = ("tis", "mis")
 MISMATCH_LEVELS = ("token", "sequence")
 PROX_LOGPROBS_KEY = "prox_logprobs"
@@ -545,19 +558,36 @@ class RatioLoss:
     ``L = -agg(w * obj)``, with pi_old and the detached weight w (1 unless corrected) from
     ``off_policy``, A_b = weight_b, and the stats of :data:`RATIO_STAT_KEYS`. A subclass
     gives ``objective(logp, old, adv, m) -> (obj [B, T-1], its ratio stats)``: the ratio
-    (a token's, or a sequence's) and how it is clipped."""
+    (a token's, or a sequence's) and how it is clipped.
+
+    ``kl_in_reward`` (a :class:`~libludic.training.kl.KLRewardPenalty`; None: no penalty):
+    the KL to the reference as a reward penalty (AReaL's ``kl_ctl``). The advantage becomes
+    per token, A_bt = A_b - coeff * sum_{s >= t} m_bs k(pi_old_bs, ref_bs), detached, with
+    pi_old the one ``off_policy`` chose (the behaviour's by default, as AReaL's; the
+    recomputed one under ``recompute_logprob``, the decoupled loss and TIS/MIS); it needs
+    ``batch["ref_logprobs"]`` and adds the stat ``kl`` (the mean k over action tokens)."""
 
     aggregation: str = "token-mean"
     max_new_tokens: int | None = None  # C of aggregation "seq-mean-token-sum-norm"
     off_policy: OffPolicyCorrection = field(default_factory=OffPolicyCorrection)
+    kl_in_reward: KLRewardPenalty | None = None
     stat_keys: ClassVar[tuple[str, ...]] = RATIO_STAT_KEYS
 
     @property
     def requires(self) -> LossInputs:
-        return self.off_policy.requires
+        return self.off_policy.requires | LossInputs(ref_logprobs=self.kl_in_reward is not None)
 
     def __post_init__(self) -> None:
         _check_agg(self)
+        if self.kl_in_reward is not None:
+            if not isinstance(self.kl_in_reward, KLRewardPenalty):
+                raise ValueError(
+                    f"{type(self).__name__}.kl_in_reward={self.kl_in_reward!r}: a "
+                    "KLRewardPenalty(coeff, estimator) or None"
+                )
+            # the class's keys are those of a loss without the penalty; this one adds its own
+            keys = (*type(self).stat_keys, *KLRewardPenalty.stat_keys)
+            object.__setattr__(self, "stat_keys", keys)
 
     def objective(self, logp: Tensor, old: Tensor, adv: Tensor, m: Tensor) -> tuple[Tensor, Stats]:
         raise NotImplementedError
@@ -567,7 +597,12 @@ class RatioLoss:
         logp = token_logprobs(logits, batch["input_ids"])
         m = token_mask(batch, logp.dtype)
         old, w, mismatch = self.off_policy.terms(logp, m, batch, type(self).__name__)
-        adv = batch["weight"].to(logp.dtype).unsqueeze(-1)
+        adv = batch["weight"].to(logp.dtype).unsqueeze(-1)  # [B, 1]
+        kl: Stats = {}
+        if self.kl_in_reward is not None:
+            ref = _ref_logprobs(batch, type(self).__name__)
+            adv, k = self.kl_in_reward.advantages(adv, old, ref, m)  # [B, T-1]
+            kl["kl"] = masked_mean(k, m)
         obj, stats = self.objective(logp, old, adv, m)
         loss = aggregate(-w * obj, m, batch, self.aggregation, self.max_new_tokens)
         return loss, {
@@ -576,6 +611,7 @@ class RatioLoss:
             "entropy": token_entropy(logits, m),
             **stats,
             **mismatch,
+            **kl,
         }
 
 
@@ -743,14 +779,11 @@ class SAPOLoss(RatioLoss):
         }
 
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
-
-
 @dataclass
 class TokenKLLoss:
     """coeff * agg(KL estimate) of pi against a reference policy, per action token.
 
-    With lr = logp_ref - logp (Schulman's estimators of KL(pi || ref)):
+    With lr = logp_ref - logp (Schulman's estimators of KL(pi || ref), libludic.training.kl):
     k1 = -lr,   k2 = lr^2 / 2,   k3 = exp(lr) - 1 - lr  (unbiased, always >= 0).
     Needs ``batch["ref_logprobs"]`` [B, T] (SampleAttachments.ref_logprobs, or computed by
     the Trainer's frozen reference policy: ``requires.ref_logprobs``).
@@ -769,21 +802,10 @@ class TokenKLLoss:
 
     @checked_loss
     def compute(self, logits: Tensor, batch: Mapping[str, Any]) -> tuple[Tensor, Stats]:
-        if batch.get("ref_logprobs") is None:
-            raise KeyError(
-                "TokenKLLoss needs batch['ref_logprobs']; fill SampleAttachments.ref_logprobs "
-                "(reference-model logprobs aligned to input_ids) on every item"
-            )
+        ref = _ref_logprobs(batch, "TokenKLLoss")
         logp = token_logprobs(logits, batch["input_ids"])
-        ref = batch["ref_logprobs"][:, 1:].to(logp.dtype)
         m = token_mask(batch, logp.dtype)
-        lr = ref - logp
-        if self.estimator == "k1":
-            kl = -lr
-        elif self.estimator == "k2":
-            kl = 0.5 * lr * lr
-        else:
-            kl = torch.exp(lr) - 1.0 - lr
+        kl = kl_estimate(logp, ref.to(logp.dtype), self.estimator)
         loss = self.coeff * aggregate(kl, m, batch, self.aggregation)
         return loss, {"loss": loss.detach(), "kl": masked_mean(kl, m)}
 
