@@ -13,6 +13,7 @@ from libludic.plugins import PluginError
 from libludic.registry import PluginRegistry
 from libludic.training.algorithm import RLAlgorithm
 from libludic.training.credit_assignment import CreditAssigner, NormalizedReturn
+from libludic.training.kl import KLRewardPenalty
 from libludic.training.loss import CompositeLoss, LossTerm, OffPolicyCorrection
 from libludic.training.normalization import NormConfig
 from libludic.training.preset_options import PresetOptions, RewardOptions
@@ -25,20 +26,21 @@ CREDIT_ASSIGNERS = PluginRegistry("credit")
 LOSSES = PluginRegistry("losses")
 
 
-def _off_policy(what: str, spec: Any) -> OffPolicyCorrection:
-    """A loss's ``off_policy`` mapping of OffPolicyCorrection fields."""
-    if isinstance(spec, OffPolicyCorrection):
+def _options(what: str, key: str, cls: Any, spec: Any) -> Any:
+    """A loss's ``key`` argument given as a mapping of the dataclass ``cls``'s fields (or as
+    a ``cls``): ``off_policy`` (OffPolicyCorrection), ``kl_in_reward`` (KLRewardPenalty)."""
+    if isinstance(spec, cls):
         return spec
-    known = [f.name for f in dataclasses.fields(OffPolicyCorrection)]
+    known = [f.name for f in dataclasses.fields(cls)]
     if not isinstance(spec, Mapping):
-        raise ValueError(f"{what}: off_policy must be a mapping of {known}, got {spec!r}")
+        raise ValueError(f"{what}: {key} must be a mapping of {known}, got {spec!r}")
     unknown = sorted(set(spec) - set(known))
     if unknown:
-        raise ValueError(f"{what}: unknown off_policy key(s) {unknown}; known: {known}")
+        raise ValueError(f"{what}: unknown {key} key(s) {unknown}; known: {known}")
     try:
-        return OffPolicyCorrection(**spec)
-    except ValueError as e:
-        raise ValueError(f"{what}: off_policy: {e}") from e
+        return cls(**spec)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what}: {key}: {e}") from e
 
 
 def build_component(what: str, spec: Any, registry: PluginRegistry, **defaults: Any) -> Any:
@@ -61,7 +63,13 @@ def build_component(what: str, spec: Any, registry: PluginRegistry, **defaults: 
     # a missing one is the constructor's to name (CompositeLoss's terms: with their shape)
     plugins.check_kwargs(cls, kwargs, where=f"{what} {kind}", require=False)
     if "off_policy" in kwargs:
-        kwargs["off_policy"] = _off_policy(f"{what} {kind}", kwargs["off_policy"])
+        kwargs["off_policy"] = _options(
+            f"{what} {kind}", "off_policy", OffPolicyCorrection, kwargs["off_policy"]
+        )
+    if kwargs.get("kl_in_reward") is not None:  # a ratio loss's KL penalty on the reward
+        kwargs["kl_in_reward"] = _options(
+            f"{what} {kind}", "kl_in_reward", KLRewardPenalty, kwargs["kl_in_reward"]
+        )
     for k in ("reward_norm", "adv_norm"):  # NormalizedReturn's NormConfig mappings
         if cls is NormalizedReturn and kwargs.get(k) is not None:
             kwargs[k] = NormConfig.parse(kwargs[k], k)
@@ -102,7 +110,8 @@ def make_custom(
     ``credit: {kind, kwargs}`` (a :data:`CREDIT_ASSIGNERS` name) and ``loss: {kind,
     kwargs}`` (a :data:`LOSSES` name; a ``CompositeLoss`` sums named terms, each ``{name,
     coeff, loss: {kind, kwargs}}``; a loss's ``off_policy`` is a mapping of
-    ``OffPolicyCorrection`` fields). A credit assigner with a ``group_size`` gets the run's
+    ``OffPolicyCorrection`` fields, a ratio loss's ``kl_in_reward`` one of
+    ``KLRewardPenalty``'s, ``{coeff, estimator}``). A credit assigner with a ``group_size`` gets the run's
     unless its kwargs set one; ``gamma`` (default None: the assigner's own default) is
     passed to the credit assigner, which must take it, and must agree with its kwargs. The
     reward options are the presets'. For example::

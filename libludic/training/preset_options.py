@@ -20,12 +20,13 @@ from libludic.training.credit_assignment import (
     NormalizedReturn,
 )
 from libludic.training.filters import drop_zero_variance_groups
+from libludic.training.kl import KL_ESTIMATORS, KLRewardPenalty
 from libludic.training.loss import (
-    KL_ESTIMATORS,
     CompositeLoss,
     Loss,
     LossTerm,
     OffPolicyCorrection,
+    RatioLoss,
     TokenKLLoss,
 )
 from libludic.training.normalization import NormConfig
@@ -68,10 +69,12 @@ class GroupOptions(LossOptions, total=False):
 
 
 class PolicyGradientOptions(GroupOptions, total=False):
-    """The KL term to the reference policy, for the presets that take one."""
+    """The KL to the reference policy, for the presets that take one: a loss term, or with
+    ``kl_in_reward`` a penalty on the reward (:meth:`PresetOptions.with_kl`)."""
 
     kl_coeff: float
     kl_estimator: str
+    kl_in_reward: bool
 
 
 SHAPING_KEYS = tuple(f.name for f in dataclasses.fields(RewardShaping))
@@ -108,6 +111,7 @@ class PresetOptions:
     aggregation: str = "token-mean"
     kl_coeff: float = 0.0
     kl_estimator: str = "k3"
+    kl_in_reward: bool = False
     reward_norm: NormArg = None
     adv_norm: NormArg = None
 
@@ -129,7 +133,7 @@ class PresetOptions:
         return cls(shaping, off_policy, **kw)
 
     def __post_init__(self) -> None:
-        for name in ("dynamic_sampling", "mask_no_eos_with_zero"):
+        for name in ("dynamic_sampling", "mask_no_eos_with_zero", "kl_in_reward"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be true or false")
         if self.kl_coeff < 0:
@@ -137,6 +141,11 @@ class PresetOptions:
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(
                 f"kl_estimator={self.kl_estimator!r}; use one of {list(KL_ESTIMATORS)}"
+            )
+        if self.kl_in_reward and self.kl_coeff == 0.0:
+            raise ValueError(
+                "kl_in_reward=true with kl_coeff=0.0 penalises nothing: set kl_coeff > 0 (the "
+                "penalty's weight, AReaL's kl_ctl) or drop kl_in_reward"
             )
 
     @property
@@ -158,13 +167,20 @@ class PresetOptions:
             "mask_no_eos_with_zero": self.mask_no_eos_with_zero,
         }
 
-    def with_kl(self, loss: Loss, name: str) -> Loss:
+    def with_kl(self, loss: RatioLoss, name: str) -> Loss:
         """``loss`` plus ``kl_coeff`` x the KL estimate to the reference policy (TokenKLLoss:
         k1, k2 or k3, AReaL's ``kl_estimator``). The default is k3, not AReaL's k1: the
         estimate is a loss term on tokens sampled from pi, where k1's gradient, grad log pi,
-        is zero in expectation, while k3's expected gradient is that of KL(ref || pi)."""
+        is zero in expectation, while k3's expected gradient is that of KL(ref || pi).
+
+        ``kl_in_reward``: no loss term; ``loss`` itself takes the KL off the reward (AReaL's
+        ``kl_ctl``; RatioLoss.kl_in_reward): A_bt = A_b - kl_coeff * sum_{s >= t} k_bs, k the
+        estimate at pi_old, detached (there k1 is as good as any: it is not differentiated)."""
         if self.kl_coeff == 0.0:
             return loss
+        if self.kl_in_reward:
+            penalty = KLRewardPenalty(self.kl_coeff, self.kl_estimator)
+            return dataclasses.replace(loss, kl_in_reward=penalty)
         return CompositeLoss(
             terms=[
                 LossTerm(name, loss, 1.0),

@@ -84,7 +84,7 @@ def make_grpo(
     **options: Unpack[PolicyGradientOptions],
 ) -> RLAlgorithm:
     """GroupNormalizedReturn + TokenClippedSurrogateLoss (+ the KL term when ``kl_coeff`` >
-    0, estimator ``kl_estimator``).
+    0, estimator ``kl_estimator``; with ``kl_in_reward`` a penalty on the reward instead).
 
     ``normalize_adv`` (unset: False) as in GroupNormalizedReturn: mean-centred only; True
     for the original GRPO's division by the group std. ``reward_norm`` / ``adv_norm``
@@ -99,8 +99,12 @@ def make_grpo(
     ``recompute_logprob``, ``use_decoupled_loss`` and ``behav_imp_weight_cap`` (AReaL's
     decoupled PPO: the loss's ``OffPolicyCorrection``), ``aggregation`` (and its constant
     ``max_new_tokens`` for "seq-mean-token-sum-norm": libludic.training.loss), ``kl_coeff``
-    and ``kl_estimator``. The cispo, gspo, dr_grpo, sapo and dapo presets take the same;
-    scalerl all but the KL term.
+    (0.0: no KL), ``kl_estimator`` (k1, k2 or k3; default k3) and ``kl_in_reward`` (default
+    False: the KL is a loss term, kl_coeff x TokenKLLoss; True: AReaL's ``kl_ctl``, no loss
+    term, each action token's reward loses kl_coeff x its KL estimate at pi_old, so the
+    advantage of token t becomes A - kl_coeff * sum_{s >= t} k_s, detached:
+    PresetOptions.with_kl, libludic.training.kl). The cispo, gspo, dr_grpo, sapo and dapo
+    presets take the same; scalerl all but the KL.
     """
     o = PresetOptions.parse("grpo", options, PolicyGradientOptions)
     loss = TokenClippedSurrogateLoss(
@@ -130,7 +134,7 @@ def make_sapo(
 ) -> RLAlgorithm:
     """SAPO: make_grpo's credit (and its options) with SAPOLoss, the soft gate of
     temperatures ``tau_pos`` / ``tau_neg`` in place of the clipped surrogate (+ the KL term
-    when kl_coeff > 0)."""
+    when kl_coeff > 0, or the reward penalty with kl_in_reward)."""
     o = PresetOptions.parse("sapo", options, PolicyGradientOptions)
     loss = SAPOLoss(tau_pos=tau_pos, tau_neg=tau_neg, off_policy=o.off_policy, **o.shape())
     return RLAlgorithm(
@@ -238,7 +242,7 @@ def make_cispo(
     **options: Unpack[PolicyGradientOptions],
 ) -> RLAlgorithm:
     """GroupNormalizedReturn + CISPOLoss (+ the KL term when kl_coeff > 0, estimator
-    kl_estimator); make_grpo's options."""
+    kl_estimator, or the reward penalty with kl_in_reward); make_grpo's options."""
     o = PresetOptions.parse("cispo", options, PolicyGradientOptions)
     loss = CISPOLoss(
         eps_clip_low=eps_clip_low, eps_clip_high=eps_clip_high, off_policy=o.off_policy, **o.shape()
@@ -262,7 +266,7 @@ def make_gspo(
     **options: Unpack[PolicyGradientOptions],
 ) -> RLAlgorithm:
     """GSPO: GroupNormalizedReturn + GSPOLoss (+ the KL term when kl_coeff > 0, estimator
-    kl_estimator); make_grpo's options.
+    kl_estimator, or the reward penalty with kl_in_reward); make_grpo's options.
 
     As in the GSPO paper: A_i = (R_i - mean(R)) / std(R) (``normalize_adv`` unset: True,
     unlike make_grpo's default), clipping ranges 3e-4 / 4e-4 on the sequence ratio, and one

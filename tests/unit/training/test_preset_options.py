@@ -26,16 +26,18 @@ def test_option_groups_nest() -> None:
     assert option_keys(PolicyGradientOptions) - option_keys(GroupOptions) == {
         "kl_coeff",
         "kl_estimator",
+        "kl_in_reward",
     }
 
 
 def test_defaults_are_the_library_dataclasses() -> None:
     o = PresetOptions.parse("grpo", {}, PolicyGradientOptions)
     assert o.shaping == RewardShaping() and o.off_policy == OffPolicyCorrection()
-    assert (o.aggregation, o.kl_coeff, o.kl_estimator, o.dynamic_sampling) == (
+    assert (o.aggregation, o.kl_coeff, o.kl_estimator, o.kl_in_reward, o.dynamic_sampling) == (
         "token-mean",
         0.0,
         "k3",
+        False,
         False,
     )
 
