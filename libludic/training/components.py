@@ -111,10 +111,10 @@ def make_custom(
     kwargs}`` (a :data:`LOSSES` name; a ``CompositeLoss`` sums named terms, each ``{name,
     coeff, loss: {kind, kwargs}}``; a loss's ``off_policy`` is a mapping of
     ``OffPolicyCorrection`` fields, a ratio loss's ``kl_in_reward`` one of
-    ``KLRewardPenalty``'s, ``{coeff, estimator}``). A credit assigner with a ``group_size`` gets the run's
-    unless its kwargs set one; ``gamma`` (default None: the assigner's own default) is
-    passed to the credit assigner, which must take it, and must agree with its kwargs. The
-    reward options are the presets'. For example::
+    ``KLRewardPenalty``'s, ``{coeff, estimator}``). A credit assigner with a ``group_size``
+    gets the run's unless its kwargs set one; ``gamma`` (default None: the assigner's own
+    default) is passed to the credit assigner, which must take it, and must agree with its
+    kwargs. The reward options are the presets'. For example::
 
         algorithm:
           name: custom

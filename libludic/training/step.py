@@ -64,15 +64,16 @@ class OptimizerStep:
     """The policy, its reference and the optimizer of one Trainer, and the step that
     updates them (module docstring).
 
-    Reference policy. When the loss needs ``ref_logprobs`` (a KL term, ``kl_coeff > 0``) and an
-    item does not carry them, a frozen reference model computes them per micro-batch (no
-    grad). By default it is a copy of the model as passed in (the initial policy, before LoRA
-    and before any checkpoint is loaded): one more forward per micro-batch and one more copy
-    of the weights in memory, a whole one in one process and a shard per rank under FSDP2
-    (sharded like the policy; its forward, a collective there, runs on every rank for every
-    micro-batch). With LoRA (``lora_rank``) and no reference given, there is no copy: the
-    reference is the policy's own forward with its adapters off (``ref_is_base``), the frozen
-    base. ``ref_time_s`` in the step stats is the time spent in it.
+    Reference policy. When the loss needs ``ref_logprobs`` (``kl_coeff > 0``: a KL term, or
+    the reward penalty of ``kl_in_reward``) and an item does not carry them, a frozen
+    reference model computes them per micro-batch (no grad). By default it is a copy of the
+    model as passed in (the initial policy, before LoRA and before any checkpoint is
+    loaded): one more forward per micro-batch and one more copy of the weights in memory,
+    a whole one in one process and a shard per rank under FSDP2 (sharded like the policy;
+    its forward, a collective there, runs on every rank for every micro-batch). With LoRA
+    (``lora_rank``) and no reference given, there is no copy: the reference is the policy's
+    own forward with its adapters off (``ref_is_base``), the frozen base. ``ref_time_s`` in
+    the step stats is the time spent in it.
 
     Model placement under FSDP2. Policy and reference are built by
     ``parallel.shard_from_rank0``: each rank's shards are filled from rank 0's weights, so only
@@ -387,7 +388,8 @@ class OptimizerStep:
         return policies.every_token_logprobs(model, batch, self._autocast())
 
     def reference_logprobs(self, batch: dict[str, Any]) -> torch.Tensor:
-        """The frozen reference policy's logprobs (``_logprobs``): what ``TokenKLLoss`` reads."""
+        """The frozen reference policy's logprobs (``_logprobs``): what ``TokenKLLoss`` and a
+        ratio loss's ``kl_in_reward`` read."""
         if self.ref_is_base:  # peft: the base weights alone (adapters off, no dropout)
             assert is_peft(self.model)
             with policies.evaluating(self.model), self.model.disable_adapter():
