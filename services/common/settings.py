@@ -419,6 +419,23 @@ def check_staleness_keys(data: Mapping[str, Any], path: str | Path) -> None:
         )
 
 
+def check_tracker_section(data: Mapping[str, Any], path: str | Path) -> None:
+    """The experiment trackers are the top-level ``tracker:`` section, in one place (read by
+    the learner, services/learner/tracker.py): a service's copy, or AReaL's ``stats_logger``,
+    is an error saying where to move it."""
+    if "stats_logger" in data:
+        raise ValueError(
+            f"config file {path}: AReaL's stats_logger is the top-level tracker: section here "
+            "(tracker: {wandb: {...}, swanlab: {...}, tensorboard: {path}}); rename it"
+        )
+    for section, body in data.items():
+        if isinstance(body, dict) and "tracker" in body:
+            raise ValueError(
+                f"config file {path}: {section}.tracker: move it to the top-level tracker: "
+                "section (read by the learner)"
+            )
+
+
 def check_ack_window(checkpoint_every: int, batch_size: int, saw_high_water: int) -> None:
     """The learner's checkpoint window against credit's backpressure. With checkpoints on,
     the learner acks items only at a checkpoint: up to ``checkpoint_every * batch_size``
@@ -462,6 +479,7 @@ def read_yaml_section(
     ``path``): top-level keys, then the service's own section over them."""
     check_algorithm_section(data, path)
     check_staleness_keys(data, path)
+    check_tracker_section(data, path)
     out = {k: v for k, v in data.items() if k in names}
     section = data.get(service)
     if section is not None:
@@ -485,13 +503,14 @@ def redact_url(text: str) -> str:
     return _URL_CREDENTIALS.sub(lambda m: f"{m.group('head')}***@", text)
 
 
-def _redact_values(v: Any) -> Any:
+def redact_values(v: Any) -> Any:
+    """``v`` with the password of every URL in its strings masked, at any depth."""
     if isinstance(v, str):
         return redact_url(v)
     if isinstance(v, dict):
-        return {k: _redact_values(x) for k, x in v.items()}
+        return {k: redact_values(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_redact_values(x) for x in v]
+        return [redact_values(x) for x in v]
     return v
 
 
@@ -503,7 +522,7 @@ def redacted(settings: Any) -> dict[str, Any]:
         if d[k] and _is_secret(k):
             d[k] = "***"
         else:
-            d[k] = _redact_values(d[k])
+            d[k] = redact_values(d[k])
     return d
 
 
