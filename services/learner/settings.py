@@ -15,7 +15,9 @@ from the higher source wins, and both in one source is an error.
 
 The algorithm is the run's top-level ``algorithm:`` section ({name, group_size, kwargs} and
 the optimisation options), the same one the credit worker reads; a ``learner.algorithm``
-copy is an error.
+copy is an error. The experiment trackers (W&B, TensorBoard, SwanLab) are the run's top-level
+``tracker:`` section (services/learner/tracker.py, parsed into ``trackers``);
+``tensorboard_dir`` is the alias of its ``tensorboard.path``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from services.common.settings import (
     load_settings,
     secret,
 )
+from services.learner.tracker import parse_tracker
 
 PLANES = ("http", "collective")
 ATTN_IMPLS = ("", "sdpa", "eager", "flash_attention_2")  # LearnerSettings.attn_impl
@@ -235,7 +238,27 @@ class LearnerSettings(RedisService):
         default=9103, metadata={"help": "/metrics and /health, rank 0 (0 off)"}
     )
     log_every: int = field(default=1, metadata={"help": "console line every N steps"})
-    tensorboard_dir: str = field(default="", metadata={"help": "TensorBoard event dir ('' off)"})
+    tensorboard_dir: str = field(
+        default="",
+        metadata={"help": "TensorBoard event dir, alias of tracker.tensorboard.path ('' off)"},
+    )
+    tracker: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": "experiment trackers, the top-level tracker: section: wandb {mode "
+            "disabled|online|offline, project, entity, name, job_type, group, notes, tags, "
+            "id_suffix, wandb_base_url}, tensorboard {path}, swanlab {mode "
+            "disabled|cloud|local|offline, project, name, logdir} (services/learner/tracker.py; "
+            "JSON here)"
+        },
+    )
+    config_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "the run config file, set from --config / LUDIC_CONFIG (the trackers "
+            "record its sections as their run's config)"
+        },
+    )
     device: str = field(default="cuda", metadata={"help": "cuda | cpu (cuda falls back to cpu)"})
     seed: int = field(default=0, metadata={"help": "torch/python/numpy seed"})
     saw_high_water: int = field(
@@ -248,6 +271,7 @@ class LearnerSettings(RedisService):
 
     def __post_init__(self) -> None:
         self.spec = AlgorithmSpec.from_mapping(self.algorithm)
+        self.trackers = parse_tracker(self.tracker, tensorboard_dir=self.tensorboard_dir)
         staleness.check_bound("learner max_lag", self.max_lag)
         if self.max_deliveries < 1:
             raise ValueError(f"learner max_deliveries={self.max_deliveries} must be >= 1")
