@@ -1,13 +1,16 @@
-"""Prometheus metrics of ``ludic learner`` (served by rank 0 on port 9103) and the console /
-wandb / TensorBoard step loggers."""
+"""Prometheus metrics of ``ludic learner`` (served by rank 0 on port 9103) and the step logger
+that writes each step's stats to the run's trackers (W&B, TensorBoard, SwanLab)."""
 
 from __future__ import annotations
 
 import logging
-import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
+
+from services.learner.tracker import TrackerConfig
 
 log = logging.getLogger("ludic.learner")
 
@@ -200,34 +203,64 @@ def logged_stats(stats: dict[str, float], accounting: dict[str, Any] | None) -> 
 
 
 class StepLogger:
-    """Every step's stats (:func:`logged_stats`) to wandb when ``WANDB_PROJECT`` is set and
-    wandb is installed, and to TensorBoard when ``tensorboard_dir`` is set (one scalar per
-    key and step; ``pip install tensorboard``, in the dev extras). (The console line is the
-    Trainer's, every ``log_every`` steps.)"""
+    """Every step's stats (:func:`logged_stats`) to each tracker the run's ``tracker:``
+    section turns on (tracker.py): ``wandb.log`` and ``swanlab.log`` at the step, and one
+    TensorBoard scalar per key and step. A tracker's package is imported only when it is on
+    (the settings refused a start without it). ``config``: what the trackers record as their
+    run's config (tracker.run_config); ``output_dir``: the learner's, under which W&B and
+    SwanLab keep their local files. (The console line is the Trainer's, every ``log_every``
+    steps.)"""
 
-    def __init__(self, tensorboard_dir: str = "", config: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        trackers: TrackerConfig,
+        *,
+        run_id: str = "default",
+        config: Mapping[str, Any] | None = None,
+        output_dir: str = "",
+    ) -> None:
+        config = dict(config or {})
         self.wandb: Any = None
-        if os.environ.get("WANDB_PROJECT"):
-            try:
-                import wandb  # optional: only with WANDB_PROJECT set
+        if trackers.wandb.on:
+            import wandb  # optional dependency: only with tracker.wandb on
 
-                self.wandb = wandb
-                wandb.init(project=os.environ["WANDB_PROJECT"], config=config or {})
-            except ImportError:
-                log.warning("WANDB_PROJECT is set but wandb is not installed; not logging to wandb")
+            dir_ = None
+            if output_dir:
+                Path(output_dir).mkdir(parents=True, exist_ok=True)
+                dir_ = output_dir
+            kw = trackers.wandb.init_kwargs(run_id, config, dir_)
+            if trackers.wandb.wandb_base_url:
+                kw["settings"] = wandb.Settings(base_url=trackers.wandb.wandb_base_url)
+            wandb.init(**kw)
+            self.wandb = wandb
+            log.info(
+                "wandb: mode %s, project %s, run %s (id %s)",
+                kw["mode"],
+                kw["project"],
+                kw["name"],
+                kw["id"],
+            )
+        self.swanlab: Any = None
+        if trackers.swanlab.on:
+            import swanlab  # optional dependency: only with tracker.swanlab on
+
+            kw = trackers.swanlab.init_kwargs(run_id, config, output_dir)
+            swanlab.init(**kw)
+            self.swanlab = swanlab
+            log.info("swanlab: mode %s, project %s", kw["mode"], kw["project"])
         self.tb: Any = None
-        if tensorboard_dir:
-            try:
-                from torch.utils.tensorboard import SummaryWriter  # optional (tensorboard)
+        if trackers.tensorboard.path:
+            from torch.utils.tensorboard import SummaryWriter  # optional (tensorboard)
 
-                self.tb = SummaryWriter(tensorboard_dir)
-            except ImportError:
-                log.warning("tensorboard_dir is set but tensorboard is not installed; skipping")
+            self.tb = SummaryWriter(trackers.tensorboard.path)
+            log.info("tensorboard: events in %s", trackers.tensorboard.path)
 
     def step(self, stats: dict[str, float]) -> None:
         step = int(stats["step"])
         if self.wandb is not None:
             self.wandb.log(stats, step=step)
+        if self.swanlab is not None:
+            self.swanlab.log(stats, step=step)
         if self.tb is not None:
             for k, v in stats.items():
                 self.tb.add_scalar(k, v, step)
@@ -237,3 +270,5 @@ class StepLogger:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
+        if self.swanlab is not None:
+            self.swanlab.finish()

@@ -51,6 +51,7 @@ from libludic.transport import accounting
 from services.common.settings import redacted
 from services.learner import metrics as M
 from services.learner.settings import LearnerSettings
+from services.learner.tracker import run_config
 
 log = logging.getLogger("ludic.learner")
 
@@ -490,7 +491,12 @@ class Learner:
         tr = self.trainer
         assert tr is not None
         if self.rank == 0:
-            self.logger = M.StepLogger(s.tensorboard_dir, config=redacted(s))
+            self.logger = M.StepLogger(
+                s.trackers,
+                run_id=s.run_id,
+                config=run_config(s.config_path, redacted(s)),
+                output_dir=s.output_dir,
+            )
         keep = asyncio.create_task(self._keepalive()) if self.rank == 0 else None
         reason = "done"
         try:

@@ -6,6 +6,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from services.learner import metrics as M
+from services.learner.tracker import TensorBoardConfig, TrackerConfig
 
 
 def test_wait_share_rises_while_the_learner_starves_and_falls_when_items_pile_up() -> None:
@@ -102,7 +103,7 @@ def test_the_step_stats_and_dynamic_sampling_drops_reach_tensorboard(tmp_path) -
     pytest.importorskip("tensorboard", reason="pip install tensorboard (the dev extras)")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    logger = M.StepLogger(str(tmp_path))
+    logger = M.StepLogger(TrackerConfig(tensorboard=TensorBoardConfig(path=str(tmp_path))))
     steps = [
         ({"step": 1.0, "lr": 1e-4, "loss/entropy": 2.5, "num_minibatches": 2.0}, 3),
         ({"step": 2.0, "lr": 5e-5, "loss/entropy": 2.0, "num_minibatches": 2.0}, 7),
