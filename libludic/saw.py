@@ -38,22 +38,18 @@ class PendingBatchStage:
     """Credit that has had its group stage only: the learner finishes it over the step's
     items (``RLAlgorithm.apply_batch_stage``; ScaleRL's batch std).
 
-    algorithm       the algorithm that credited the item (the learner must run the same)
     rollout_items   items of the same rollout that credit wrote (each weighs 1 / this in
                     the batch statistic, so a rollout counts once)
     episode_weight  the rollout's first-step group-stage weight, when the item's differs
                     (per-step credit): the batch statistic is over episode values
     """
 
-    algorithm: str
     rollout_items: int
     episode_weight: float | None = None
 
     def problem(self) -> str | None:
         """Why these fields are unusable (None: they are fine)."""
         n, e = self.rollout_items, self.episode_weight
-        if not isinstance(self.algorithm, str) or not self.algorithm:
-            return f"pending_batch_stage.algorithm={self.algorithm!r} is not a name"
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             return f"pending_batch_stage.rollout_items={n!r} is not a positive integer"
         if e is not None and (
@@ -64,14 +60,14 @@ class PendingBatchStage:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "algorithm": self.algorithm,
             "rollout_items": self.rollout_items,
             "episode_weight": self.episode_weight,
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PendingBatchStage:
-        return cls(d.get("algorithm"), d.get("rollout_items"), d.get("episode_weight"))  # type: ignore[arg-type]
+        # an item written before the fingerprint also names its algorithm here: not read
+        return cls(d.get("rollout_items"), d.get("episode_weight"))  # type: ignore[arg-type]
 
 
 @dataclass
@@ -134,6 +130,9 @@ class SAWItem:
     attachments: SampleAttachments = field(default_factory=SampleAttachments)
     # credit's group stage only: the learner applies the batch stage (None: fully credited)
     pending: PendingBatchStage | None = None
+    # the fingerprint of the algorithm whose credit the weight is (libludic.fingerprint;
+    # None: not stamped, e.g. an item a user wrote by hand)
+    credited_by: str | None = None
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -176,6 +175,7 @@ class SAWItem:
             "meta": dict(self.meta),
             "attachments": self.attachments.to_dict(),
             "pending_batch_stage": None if self.pending is None else self.pending.to_dict(),
+            "credited_by": self.credited_by,
         }
 
     @classmethod
@@ -190,6 +190,7 @@ class SAWItem:
             pending=None
             if not d.get("pending_batch_stage")
             else PendingBatchStage.from_dict(d["pending_batch_stage"]),
+            credited_by=d.get("credited_by"),
         )
 
 

@@ -12,8 +12,7 @@ Batch-level stage. A credit assigner whose statistics span the whole training ba
 (``HybridNormalizedReturn``: the std of ScaleRL; ``NormalizedReturn`` with a batch-level
 ``reward_norm`` / ``adv_norm``) has ``group_stage``/``batch_stage``. ``to_saw_items`` runs
 the group stage, makes and filters the items, stamps each with ``item.pending``
-(libludic.saw.PendingBatchStage: the algorithm, its rollout's items that survived the
-filters) and runs ``apply_batch_stage`` over the items of the call. The services' credit
+(libludic.saw.PendingBatchStage: its rollout's items that survived the filters) and runs ``apply_batch_stage`` over the items of the call. The services' credit
 worker sees one group at a time, so it calls ``to_saw_items(..., defer_batch_stage=True)``:
 items carry the group-stage weight and the stamp, and the Trainer calls
 ``apply_batch_stage`` on exactly the items of each optimizer step. Both paths take the
@@ -33,6 +32,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from libludic.fingerprint import fingerprint
 from libludic.saw import PendingBatchStage, SAWItem
 from libludic.training.collate import rollouts_to_saw_items
 from libludic.training.credit_assignment import CreditAssigner, StagedCreditAssigner, staged
@@ -107,6 +107,20 @@ class RLAlgorithm:
         return inputs.prox_logprobs or (n_minibatches > 1 and inputs.pi_old_is_trained)
 
     @property
+    def fingerprint(self) -> str:
+        """What decides an item's weight, as ``"<name>:<hash>"`` (libludic.fingerprint): the
+        credit assigner, the reward shaping, the group preprocess and the no-EOS mask. Every
+        item ``to_saw_items`` makes carries it (``SAWItem.credited_by``); ``item_problem``
+        refuses an item stamped with another."""
+        parts = {
+            "credit_assigner": self.credit_assigner,
+            "reward_shaping": self.reward_shaping,
+            "preprocess": self.preprocess,
+            "mask_no_eos_with_zero": self.mask_no_eos_with_zero,
+        }
+        return fingerprint(self.name, parts)
+
+    @property
     def staged_credit(self) -> StagedCreditAssigner | None:
         """The credit assigner when it has statistics over the whole training batch."""
         return staged(self.credit_assigner)
@@ -157,7 +171,7 @@ class RLAlgorithm:
                 rid = str(it.meta["rollout_id"])
                 # per-step credit (the weight differs): the batch stage needs both
                 ep = episode[rid] if it.weight != episode[rid] else None
-                it.pending = PendingBatchStage(self.name, per_rollout[rid], ep)
+                it.pending = PendingBatchStage(per_rollout[rid], ep)
         else:
             items = rollouts_to_saw_items(rs, self.credit_assigner.compute(rs))
             items = apply_filter(items, sample_filter)
@@ -165,6 +179,9 @@ class RLAlgorithm:
             _keep_task_rewards(items, raw)
         if self.mask_no_eos_with_zero and stats is not None:
             stats.items_masked_no_eos += sum(1 for it in items if ended_without_eos(it))
+        stamp = self.fingerprint
+        for it in items:
+            it.credited_by = stamp
         if self.has_batch_stage:
             return items if defer_batch_stage else self.apply_batch_stage(items)
         if self.mask_no_eos_with_zero:
@@ -183,13 +200,20 @@ class RLAlgorithm:
             isinstance(reward, bool) or not isinstance(reward, (int, float))
         ):
             return f"meta.reward={reward!r} is not a number"
-        p = item.pending
+        stamp, p = item.credited_by, item.pending
+        if stamp is not None and stamp != self.fingerprint:
+            return (
+                f"credited_by={stamp!r}: credited by another algorithm than this learner's "
+                f"{self.fingerprint!r} (name, credit assigner, reward shaping, preprocess, "
+                "no-EOS mask); configure the algorithm once, in the top-level algorithm: "
+                "section read by credit and learner, and restart both when it changes"
+            )
         if p is None:
             return None
-        if p.algorithm != self.name or not self.has_batch_stage:
+        if not self.has_batch_stage:
             return (
-                f"pending_batch_stage.algorithm={p.algorithm!r}: credited for another algorithm "
-                f"than {self.name!r} (batch stage {'pending' if self.has_batch_stage else 'none'})"
+                f"pending_batch_stage: credit left the batch-level stage to the learner, and "
+                f"this learner's {self.name!r} has none"
             )
         return p.problem()
 
@@ -210,12 +234,12 @@ class RLAlgorithm:
                 "credit stage (item.pending) and the others do not; feed the "
                 "Trainer either the credit worker's items or fully credited ones, not both"
             )
-        names = sorted({it.pending.algorithm for it in items if it.pending is not None})
+        stamps = sorted({str(it.credited_by) for it in items if it.credited_by is not None})
         two_stage = self.staged_credit
-        if names != [self.name] or two_stage is None:
+        if two_stage is None or stamps not in ([], [self.fingerprint]):
             raise ValueError(
-                f"items were credited by algorithm {names} (batch-level stage pending) but the "
-                f"trainer runs {self.name!r}; configure the algorithm once, in the top-level "
+                f"items were credited by {stamps} (batch-level stage pending) but the trainer "
+                f"runs {self.fingerprint!r}; configure the algorithm once, in the top-level "
                 "algorithm: section read by credit and learner"
             )
         stage = two_stage.batch_stage

@@ -23,6 +23,7 @@ from typing import Any, TypeVar, cast
 import msgpack
 import numpy as np
 
+from libludic.fingerprint import fingerprint_problem
 from libludic.requests import RolloutRequest
 from libludic.saw import PendingBatchStage, SampleAttachments, SAWItem
 from libludic.types import Rollout
@@ -283,7 +284,7 @@ def encode_saw_item(item: SAWItem) -> bytes:
         bad = bad or _nonfinite_array(name, None if raw is None else np.frombuffer(raw, _F32))
     if bad is not None:
         raise ValueError(f"SAWItem {item.item_id!r}: non-finite {bad}")
-    body = {
+    body: dict[str, Any] = {
         "input_ids": pack_array(item.input_ids, _I32),
         "attention_mask": pack_array(item.attention_mask, _U8),
         "action_mask": pack_array(item.action_mask, _U8),
@@ -297,6 +298,8 @@ def encode_saw_item(item: SAWItem) -> bytes:
     }
     if item.pending is not None:
         body["pending_batch_stage"] = item.pending.to_dict()
+    if item.credited_by is not None:
+        body["credited_by"] = item.credited_by
     return envelope(KIND_SAW, body)
 
 
@@ -315,8 +318,7 @@ def _pending_stage(raw: Any, meta: dict[str, Any]) -> PendingBatchStage | None:
     """The typed batch-stage stamp (or the meta keys of an item written before it), checked:
     a malformed one is a TypeError (the item is dead-lettered, never trained)."""
     if raw is None and "pending_batch_stage" in meta:
-        raw = {k: meta.get(k) for k in _LEGACY_PENDING}
-        raw["algorithm"] = raw.pop("pending_batch_stage")
+        raw = {k: meta.get(k) for k in _LEGACY_PENDING[1:]}
     for k in _LEGACY_PENDING:
         meta.pop(k, None)
     if raw is None:
@@ -345,6 +347,9 @@ def decode_saw_item(data: Any) -> SAWItem:
         if pv is not None and (not isinstance(pv, int) or isinstance(pv, bool)):
             raise TypeError(f"policy_version must be an int or nil, got {pv!r}")
         pending = _pending_stage(body.get("pending_batch_stage"), meta)
+        credited_by = body.get("credited_by")
+        if credited_by is not None and (why := fingerprint_problem(credited_by)) is not None:
+            raise TypeError(why)
         # the token arrays stay packed: read-only numpy views of the received bytes, which
         # collate copies straight into the batch tensors (no Python number per token)
         return SAWItem(
@@ -360,6 +365,7 @@ def decode_saw_item(data: Any) -> SAWItem:
                 temperature=_opt_number(att.get("temperature"), "temperature"),
             ),
             pending=pending,
+            credited_by=credited_by,
         )
 
     item = _build("SAWItem", build)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from libludic import transport as t
+from libludic.training.presets import make_scalerl
 from libludic.training.step import OptimizerStep
 from libludic.types import Rollout, Step, TokenTrace
 from services.common.settings import load_settings
@@ -125,7 +126,9 @@ async def test_scalerl_batch_std_is_over_the_learners_batch(
     ids = [f"{g}-r{i}:0" for g in "ab" for i in range(4)]
     # credit wrote the group stage only, marked pending
     assert [by_id[i].weight for i in ids] == pytest.approx(CENTRED)
-    assert all(by_id[i].pending.algorithm == "scalerl" for i in ids)
+    fingerprint = make_scalerl(group_size=4, filter_zvp=False).fingerprint
+    assert all(by_id[i].pending is not None for i in ids)
+    assert {by_id[i].credited_by for i in ids} == {fingerprint}
     # the learner trained on the batch-level values
     assert learner.trainer.step == 1 and len(trained) == 8
     got = {it.meta["item_id"]: it.weight for it in trained}

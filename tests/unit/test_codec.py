@@ -384,7 +384,7 @@ def test_a_pending_batch_stage_travels_typed_and_is_checked_once() -> None:
     from libludic.saw import PendingBatchStage
 
     item = make_item(8)
-    item.pending = PendingBatchStage("scalerl", 3, -0.25)
+    item.pending = PendingBatchStage(3, -0.25)
     back = t.decode_saw_item(t.encode_saw_item(item))
     assert back.pending == item.pending and "rollout_items" not in back.meta
     legacy = make_item(8)
@@ -393,6 +393,20 @@ def test_a_pending_batch_stage_travels_typed_and_is_checked_once() -> None:
     assert back.pending == item.pending and "pending_batch_stage" not in back.meta
     assert t.decode_saw_item(t.encode_saw_item(make_item(8))).pending is None
     bad = make_item(8)
-    bad.pending = PendingBatchStage("scalerl", 0)
+    bad.pending = PendingBatchStage(0)
     with pytest.raises(t.CodecError, match="rollout_items=0 is not a positive integer"):
         t.decode_saw_item(t.encode_saw_item(bad))
+
+
+def test_the_credit_fingerprint_travels_in_the_body_and_is_checked_at_read() -> None:
+    """SAWItem.credited_by (libludic.fingerprint) round-trips; an unstamped item stays
+    unstamped; a value that is not a fingerprint is a codec error (dead-lettered)."""
+    item = make_item(8)
+    item.credited_by = "scalerl:0123456789ab"
+    assert t.decode_saw_item(t.encode_saw_item(item)).credited_by == "scalerl:0123456789ab"
+    assert t.decode_saw_item(t.encode_saw_item(make_item(8))).credited_by is None
+    for bad_stamp in ("scalerl", "scalerl:XYZ", 7):
+        bad = make_item(8)
+        bad.credited_by = bad_stamp  # type: ignore[assignment]
+        with pytest.raises(t.CodecError, match="credited_by="):
+            t.decode_saw_item(t.encode_saw_item(bad))

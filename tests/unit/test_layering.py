@@ -65,7 +65,15 @@ def test_the_check_sees_each_kind_of_reference(tmp_path: Path) -> None:
 # bottom-up: a part imports parts of lower layers only (never its own layer's other parts)
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("retry", "plugins"),  # the one backoff formula, the one kind resolver (import nothing)
-    ("types", "saw", "staleness", "parsers", "models", "distributed"),  # data, pure helpers
+    (
+        "types",
+        "saw",
+        "staleness",
+        "fingerprint",
+        "parsers",
+        "models",
+        "distributed",
+    ),  # data, pure helpers
     ("inference", "context", "envs"),
     ("requests", "agents"),
     ("interaction", "eval", "scoring"),

@@ -334,33 +334,68 @@ def test_dynamic_sampling_defaults_and_scalerls_filter_zvp() -> None:
 
 
 @pytest.mark.parametrize(
-    "make, meta, pending, match",
+    "make, meta, pending, stamp, match",
     [
-        (make_grpo, {"reward": "abc"}, None, r"meta.reward='abc' is not a number"),
-        (make_grpo, {"reward": [1.0]}, None, "is not a number"),
-        (make_grpo, {}, PendingBatchStage("grpo", 1), "batch stage none"),
-        (make_scalerl, {}, PendingBatchStage("grpo", 1), "another algorithm than 'scalerl'"),
-        (make_scalerl, {}, PendingBatchStage("scalerl", "abc"), "positive"),  # type: ignore[arg-type]
-        (make_scalerl, {}, PendingBatchStage("scalerl", 0), "positive"),
+        (make_grpo, {"reward": "abc"}, None, None, r"meta.reward='abc' is not a number"),
+        (make_grpo, {"reward": [1.0]}, None, None, "is not a number"),
+        (make_grpo, {}, PendingBatchStage(1), None, "'grpo' has none"),
+        (
+            make_scalerl,
+            {},
+            PendingBatchStage(1),
+            make_grpo,
+            "another algorithm than this learner's 'scalerl:",
+        ),
+        (
+            make_grpo,
+            {},
+            None,
+            make_cispo,
+            "another algorithm than this learner's 'grpo:",
+        ),  # same credit
+        (make_scalerl, {}, PendingBatchStage("abc"), make_scalerl, "positive"),  # type: ignore[arg-type]
+        (make_scalerl, {}, PendingBatchStage(0), make_scalerl, "positive"),
     ],
 )
 def test_item_problem_names_what_a_step_would_fail_on(
-    make: Any, meta: dict[str, Any], pending: Any, match: str
+    make: Any, meta: dict[str, Any], pending: Any, stamp: Any, match: str
 ) -> None:
-    # each of these would raise inside Trainer.train_step (float(reward), apply_batch_stage),
-    # taking the learner down with every batch-mate: the source dead-letters the item first
+    # each of these would raise inside Trainer.train_step (float(reward), apply_batch_stage)
+    # or train on credit this learner's algorithm would not give: the source dead-letters
+    # the item first
     it = make_item(3, 2)
     it.meta.update(meta)
     it.pending = pending
+    it.credited_by = None if stamp is None else stamp().fingerprint
     assert re.search(match, make().item_problem(it) or "")
 
 
 def test_item_problem_passes_items_credit_writes() -> None:
     it = make_item(3, 2)
+    assert make_grpo().item_problem(it) is None  # unstamped (hand-written): not checked
+    it.credited_by = make_grpo(group_size=4).fingerprint  # a group's size is its request's
     assert make_grpo().item_problem(it) is None
     it.meta.update(reward=1)
-    it.pending = PendingBatchStage("scalerl", 2)
+    it.pending = PendingBatchStage(2)
+    it.credited_by = make_scalerl().fingerprint
     assert make_scalerl().item_problem(it) is None
+
+
+def test_fingerprint_is_what_decides_the_weight() -> None:
+    from libludic.fingerprint import fingerprint_problem
+
+    fp = make_grpo().fingerprint
+    assert fingerprint_problem(fp) is None and fp.startswith("grpo:")
+    assert make_grpo().fingerprint == fp  # the same config, built again
+    # the credit's options change it; the loss's do not (the learner's alone)
+    assert make_grpo(normalize_adv=True).fingerprint != fp
+    assert make_grpo(eps_clip=0.3).fingerprint == fp
+    assert make_grpo(dynamic_sampling=True).fingerprint != fp
+    assert make_grpo(mask_no_eos_with_zero=True).fingerprint != fp
+    # every item to_saw_items makes carries it
+    rs = [make_rollout(f"r{i}", [float(i % 2)], "g") for i in range(8)]
+    items = make_grpo().to_saw_items(rs)
+    assert items and {it.credited_by for it in items} == {fp}
 
 
 def test_sapo_and_dapo_presets() -> None:

@@ -3,6 +3,7 @@ with the Trainer's frozen reference policy, worked by hand."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -68,14 +69,17 @@ def test_credit_worker_items_one_group_at_a_time_get_the_batch_std_from_apply_ba
         b, defer_batch_stage=True
     )
     assert [it.weight for it in items] == pytest.approx([-0.25] * 3 + [0.75] + [-1.25] * 3 + [3.75])
-    assert all(it.pending is not None and it.pending.algorithm == "scalerl" for it in items)
+    assert all(it.pending is not None and it.credited_by == algo.fingerprint for it in items)
     done = algo.apply_batch_stage(items)
     assert [it.weight for it in done] == pytest.approx(WANT_A + WANT_B, rel=1e-6)
     assert all(it.pending is None for it in done)
     assert [it.meta["group_weight"] for it in done] == pytest.approx([it.weight for it in items])
     # positive_only clips after scaling by the std of the *unclipped* c
+    # (its group stage is the same, its fingerprint not: the items are restamped)
     pos = make_scalerl(group_size=4, filter_zvp=False, positive_only=True)
-    got = pos.apply_batch_stage(items)
+    got = pos.apply_batch_stage(
+        [dataclasses.replace(it, credited_by=pos.fingerprint) for it in items]
+    )
     assert [it.weight for it in got] == pytest.approx(
         [max(x, 0.0) for x in WANT_A + WANT_B], rel=1e-6
     )

@@ -314,13 +314,13 @@ def test_reinforce_and_custom_gamma() -> None:
 
 def test_item_problem_names_a_bad_episode_weight() -> None:
     it = make_item(3, 2)
-    it.pending = PendingBatchStage("scalerl", 2, "x")  # type: ignore[arg-type]
+    it.pending = PendingBatchStage(2, "x")  # type: ignore[arg-type]
     assert "pending_batch_stage.episode_weight='x' is not a finite number" in (
         make_scalerl().item_problem(it) or ""
     )
-    it.pending = PendingBatchStage("scalerl", 2, float("nan"))
+    it.pending = PendingBatchStage(2, float("nan"))
     assert "not a finite number" in (make_scalerl().item_problem(it) or "")
-    it.pending = PendingBatchStage("scalerl", 2, -0.25)
+    it.pending = PendingBatchStage(2, -0.25)
     assert make_scalerl().item_problem(it) is None
 
 
