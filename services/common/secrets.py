@@ -1,5 +1,6 @@
-"""Keep a service's secrets out of reach of other processes of its uid (no dependencies:
-importable by any Python)."""
+"""Keep a service's secrets out of reach of other processes of its uid (no dependencies
+beyond the standard library and ``libludic.secret_env``: importable by any Python with the
+repository on its path)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import ctypes
 import os
 import sys
 from collections.abc import MutableMapping
+
+from libludic.secret_env import SECRET_ENV, secret_names
 
 PR_SET_DUMPABLE = 4
 
@@ -25,16 +28,17 @@ def keep_secrets_in() -> bool:
         return False
 
 
-#: the environment variables that carry a secret of the run (the URL: its password)
-SECRET_ENV = ("LUDIC_AUTH_TOKEN", "LUDIC_API_KEY", "LUDIC_REDIS_URL", "REDISCLI_AUTH")
-
-
-def drop_secret_env(environ: MutableMapping[str, str] | None = None) -> list[str]:
-    """Remove the run's secrets from this process's environment once its settings hold
-    them: a child started afterwards (vLLM's engine processes, a sandboxed tool) inherits
-    none of them. Returns the names removed."""
+def drop_secret_env(
+    environ: MutableMapping[str, str] | None = None, *, every: bool = False
+) -> list[str]:
+    """Remove the run's secrets (``libludic.secret_env.SECRET_ENV``) from this process's
+    environment once its settings hold them: a child started afterwards (vLLM's engine
+    processes, a sandboxed tool) inherits none of them. ``every``: also every other
+    secret-bearing variable (``is_secret_name``: ``HF_TOKEN``, ``WANDB_API_KEY``), for a
+    service that needs none itself and whose children cannot be given an ``env=``
+    (inference: vLLM spawns its engine). Returns the names removed."""
     env = os.environ if environ is None else environ
-    gone = [name for name in SECRET_ENV if name in env]
+    gone = secret_names(env) if every else [name for name in SECRET_ENV if name in env]
     for name in gone:
         del env[name]
     return gone
