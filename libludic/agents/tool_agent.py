@@ -49,6 +49,12 @@ class ToolArgumentError(ValueError):
     pass
 
 
+class ToolUnavailable(RuntimeError):
+    """A tool that cannot run on this host at all (the ``python`` tool's sandbox refuses to
+    run without its confinement): raised out of the episode, never shown to the model as
+    one call's failure, so the run fails loudly instead of training on the refusal."""
+
+
 @dataclass
 class Tool:
     name: str
@@ -216,6 +222,8 @@ class ToolAgent(Agent):
             return str(self.tools[name].fn(**valid))
         except ToolArgumentError as e:
             return f"error: {e}"
+        except ToolUnavailable:
+            raise
         except Exception as e:  # the tool's own failure is reported to the model, not raised
             return f"error: {name} raised {type(e).__name__}: {e}"
 

@@ -8,7 +8,9 @@ signature becomes the tool's JSON schema (see ``Tool.from_function``).
 * ``python(code, stdin="")``: runs ``code`` as a script in the code_exec sandbox (the
   same one that grades code_exec answers: namespaces + rlimits, 2 s, 256 MB) and returns
   its exit status, stdout and stderr, each cut to 400 characters (the tool message goes
-  back into the model's context, which is short on small models).
+  back into the model's context, which is short on small models). Where the sandbox
+  refuses to run (a guarantee it cannot keep on this host, not allowed by
+  ``LUDIC_SANDBOX_ALLOW``) it raises ``ToolUnavailable`` with the sandbox's reason.
 * ``calculator(expression)``: evaluates ``+ - * / // % **`` and parentheses over
   numbers (an AST walk, never ``eval``).
 """
@@ -20,6 +22,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+from libludic.agents.tool_agent import ToolUnavailable
 from libludic.envs.code_exec.env import default_sandbox
 
 _OUT = 400
@@ -38,7 +41,12 @@ _OPS: dict[type, Callable[..., Any]] = {
 
 def python(code: str, stdin: str = "") -> str:
     """Run a Python 3 script in a sandbox (2 s, 256 MB) and return its exit status, stdout and stderr."""
-    r = default_sandbox().run(code, stdin=stdin, timeout_s=2.0, memory_limit_mb=256)
+    sandbox = default_sandbox()
+    try:
+        sandbox.describe()  # probed once per process: a guarantee it cannot keep raises
+    except RuntimeError as e:
+        raise ToolUnavailable(f"the python tool cannot run: {e}") from e
+    r = sandbox.run(code, stdin=stdin, timeout_s=2.0, memory_limit_mb=256)
     return f"status: {r.reason}\nstdout:\n{r.stdout[:_OUT]}\nstderr:\n{r.stderr[-_OUT:]}"
 
 

@@ -20,6 +20,9 @@ reads its settings, so no other process of the same uid (the code_exec sandbox's
 mode runs agent code as the actor's uid) can read its ``/proc/<pid>/environ`` (the auth
 token, the Redis password) or ptrace it. ``LUDIC_DUMPABLE=1`` keeps a service dumpable for
 a profiler or debugger run as the same user (``bench/step_profile.py --py-spy`` sets it).
+Once its settings are read it drops ludic's secrets from its environment and marks the
+descriptors `ludic up` handed its secret files over in close-on-exec, so a child it starts
+inherits neither (services/common/secrets.py).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import redis.asyncio as aioredis
 from libludic import transport
 from services.common.http import HealthFn, start_http
 from services.common.lifecycle import StartupAborted, install_stop_signals
-from services.common.secrets import drop_secret_env, keep_secrets_in
+from services.common.secrets import drop_secret_env, keep_secret_fds_in, keep_secrets_in
 from services.common.settings import load_settings, log_settings, setup_logging
 
 S = TypeVar("S")
@@ -100,6 +103,7 @@ def service_main(
         print(f"ludic {service}: {e}", file=sys.stderr)
         return 2
     drop_secret_env()  # the settings hold them; no child inherits them
+    keep_secret_fds_in()  # nor the descriptors `ludic up` handed them over in
     setup_logging(settings.log_level)  # type: ignore[attr-defined]
     if log_config:
         log_settings(log, service, settings)

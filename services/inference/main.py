@@ -23,6 +23,7 @@ import socket
 
 from services.common.http import start_http
 from services.common.lifecycle import abort_on_stop_signals
+from services.common.secrets import drop_secret_env
 from services.common.skeleton import service_main
 from services.inference.settings import InferenceSettings
 
@@ -158,6 +159,9 @@ async def run(settings: InferenceSettings, *, stop: asyncio.Event | None = None)
 def _process_env(_: InferenceSettings) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # vLLM's engine processes inherit this environment, and neither they nor this process
+    # (its settings hold its tokens; the model is a local directory) need any secret in it
+    drop_secret_env(every=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,8 +4,9 @@ The run config is one YAML file shared by every service: top-level ``run_id`` (a
 key naming a field of every service), then one section per service (``inference:``,
 ``actor:``, ``credit:``, ``feeder:``, ``learner:``) read by that service's own loader,
 and ``up:`` for the launcher itself. The launcher passes the file to each service as
-``LUDIC_CONFIG`` and overrides what it owns (Redis URL, ports, auth token, model
-directory) through ``LUDIC_*`` environment variables.
+``LUDIC_CONFIG`` and overrides what it owns (ports, model directory) through ``LUDIC_*``
+environment variables; the secrets it hands over (Redis URL, tokens) reach a service as
+files whose paths ``LUDIC_*_FILE`` variables name (services/launcher/supervisor.py).
 """
 
 from __future__ import annotations
@@ -193,6 +194,17 @@ class UpSettings:
             "help": "continue the stopped run of this name (in runs_dir): its saved config "
             "(<run>/run.yaml), its Redis state and the learner's newest checkpoint; needs "
             "learner.checkpoint_every > 0"
+        },
+    )
+    keep_env: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "secret-bearing variables of this environment every service inherits "
+            "(e.g. HF_TOKEN for a gated dataset); a service gets no other "
+            "(libludic/secret_env.py); a string from the environment or YAML splits on "
+            "whitespace",
+            "repeat": True,
+            "words": True,
         },
     )
     config_path: str | None = field(default=None, metadata={"help": "set from --config"})

@@ -10,6 +10,11 @@ SIGTERM from the kernel when the supervising process dies (``PR_SET_PDEATHSIG``)
 SIGKILL of ``ludic up`` leaves nothing behind (each service stops its own children on
 SIGTERM).
 
+Secrets: a service inherits none of `ludic up`'s secret-bearing variables
+(libludic/secret_env.py) unless its spec keeps them; the secrets it needs (its Redis URL,
+a token) reach it as sealed in-memory files whose ``/dev/fd/<n>`` path a ``*_FILE``
+variable names, made anew at every start (``ServiceSpec.secrets``).
+
 Restarts: a service whose spec says ``restart`` is started again when it exits, after a
 back-off that doubles from ``restart_backoff_s`` (reset once it has run
 ``stable_after_s``), at most ``max_restarts`` times in a row; ``restarts`` counts them.
@@ -37,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from libludic.retry import Backoff
+from libludic.secret_env import SECRET_ENV, child_env, is_secret_name
+from services.common.secrets import FD_PATH, secret_fd
 from services.common.settings import redact_url
 from services.launcher import probes
 from services.launcher.watchdog import HealthWatch
@@ -67,10 +74,39 @@ class ServiceSpec:
     # written to its stdin at every start, then closed (a secret it reads there stays out of
     # its argv, which every local user can read in /proc/<pid>/cmdline)
     stdin: bytes | None = field(default=None, repr=False)
+    # ``{"LUDIC_REDIS_URL_FILE": url}``: at every start each value is handed over in a sealed
+    # memfd and the variable names its path, /dev/fd/<n> (services/common/secrets.py,
+    # ``secret_fd``); never a value in the environment
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)
+    # secret-bearing variables of `ludic up`'s own environment it inherits (every other one
+    # is dropped: libludic/secret_env.py), e.g. the learner's WANDB_API_KEY
+    keep_env: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        held = sorted(k for k in self.env if is_secret_name(k))
+        if held:
+            raise ValueError(
+                f"ServiceSpec {self.name!r}: env carries secret(s) {held} as values; hand "
+                "them over in secrets={'<NAME>_FILE': value} (read from a file descriptor)"
+            )
 
 
 class ServiceError(RuntimeError):
     pass
+
+
+def service_env(spec: ServiceSpec, restarted: bool = False) -> dict[str, str]:
+    """The environment a service starts with, its secrets' paths aside: `ludic up`'s own
+    without a secret-bearing variable (``child_env``; ``spec.keep_env`` names those it
+    keeps) nor a ``*_FILE`` naming one of ludic's secrets (`ludic up` hands over its own),
+    then ``spec.env`` (and ``spec.restart_env`` on a restart)."""
+    env = child_env(os.environ, keep=spec.keep_env)
+    for name in SECRET_ENV:
+        env.pop(f"{name}_FILE", None)
+    env.update(spec.env)
+    if restarted:
+        env.update(spec.restart_env)
+    return env
 
 
 def _in_child(parent: int, cpus: tuple[int, ...] | None) -> None:
@@ -134,19 +170,26 @@ class Supervisor:
         return self._spawn(spec)
 
     def _spawn(self, spec: ServiceSpec, restarted: bool = False) -> subprocess.Popen[bytes]:
-        log_file = open(self.log_dir / f"{spec.name}.log", "ab")
-        env = {**os.environ, **spec.env, **(spec.restart_env if restarted else {})}
+        env = service_env(spec, restarted)
+        fds = {var: secret_fd(var.lower(), value) for var, value in spec.secrets.items()}
+        env.update({var: f"{FD_PATH}{fd}" for var, fd in fds.items()})
         parent = os.getpid()
-        proc = subprocess.Popen(
-            spec.argv,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL if spec.stdin is None else subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=lambda: _in_child(parent, spec.cpus),
-        )
-        log_file.close()
+        log_file = open(self.log_dir / f"{spec.name}.log", "ab")
+        try:
+            proc = subprocess.Popen(
+                spec.argv,
+                env=env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL if spec.stdin is None else subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=tuple(fds.values()),
+                preexec_fn=lambda: _in_child(parent, spec.cpus),
+            )
+        finally:  # the child holds its own copies of the descriptors
+            log_file.close()
+            for fd in fds.values():
+                os.close(fd)
         if spec.stdin is not None and proc.stdin is not None:
             try:
                 proc.stdin.write(spec.stdin)

@@ -25,7 +25,8 @@ from libludic.transport import Keys, accounting
 from services.common.eval_tensorboard import UP_EVENTS_DIR, write_scalars
 from services.common.heldout import evaluate_served, evaluate_snapshot, split
 from services.common.redis_acl import ADMIN, RunUsers
-from services.common.settings import read_yaml
+from services.common.secrets import SecretFiles
+from services.common.settings import read_yaml, secret_from_file
 from services.launcher import cpus, stack
 from services.launcher.deadletters import (
     NO_TASK,
@@ -161,6 +162,10 @@ def running_launcher(run_dir: Path) -> int | None:
     return pid if pid != os.getpid() and b"up" in cmd and entry else None
 
 
+def torchrun(argv: list[str]) -> bool:
+    return "torch.distributed.run" in argv
+
+
 class Run:
     def __init__(self, s: UpSettings, resolved: Resolved | None = None) -> None:
         """``resolved``: the learner's and feeder's settings (``Resolved.of(s)`` when not
@@ -182,6 +187,8 @@ class Run:
         self.token = secrets.token_hex(24)  # the weight routes' (inference, learner)
         # the generation routes' (inference, actors, this process's evaluations and probes)
         self.api_key = secrets.token_hex(24)
+        # the secrets of a service that cannot take a descriptor (a torchrun learner)
+        self.secret_files: SecretFiles | None = None
         self.metrics: dict[str, str] = {}  # service -> /metrics URL
         self.curve: list[dict[str, float]] = []
         self.last_learner: dict[str, float] = {}
@@ -237,7 +244,12 @@ class Run:
         return base
 
     def start_redis(self) -> None:
-        url = os.environ.get("LUDIC_REDIS_URL")
+        url = secret_from_file(
+            os.environ.get("LUDIC_REDIS_URL"),
+            os.environ.get("LUDIC_REDIS_URL_FILE"),
+            "LUDIC_REDIS_URL",
+            "redis_url",
+        )
         if url:
             self.redis_url = url
             return
@@ -277,7 +289,9 @@ class Run:
         return ServiceSpec(
             "inference",
             LUDIC + ["inference", "--model-dir", str(model_dir), *host],
-            env=self.env(LUDIC_AUTH_TOKEN=self.token, LUDIC_API_KEY=self.api_key),
+            env=self.env(),
+            secrets={"LUDIC_AUTH_TOKEN_FILE": self.token, "LUDIC_API_KEY_FILE": self.api_key},
+            keep_env=tuple(self.s.keep_env),
             health_url=f"http://127.0.0.1:{port}/health",
             # a restarted server serves the starting weights as version 0: actors' admission
             # holds generation until the learner, idle for items, republishes its version
@@ -353,6 +367,8 @@ class Run:
             finished: Callable[[], bool] | None = None,
             restart: bool = False,
             restart_env: dict[str, str] | None = None,
+            secrets: dict[str, str] | None = None,
+            keep_env: tuple[str, ...] = (),
             **env: Any,
         ) -> None:
             mp = stack.free_port()
@@ -360,16 +376,17 @@ class Run:
             # one torch thread per worker: with vLLM on the same cores, spinning OpenMP threads
             # make small models ~50x slower (DEVELOPERS.md)
             threads = self.s.learner_threads if name == "learner" else 1
+            handed = {"LUDIC_REDIS_URL_FILE": self.redis_url_for(name), **(secrets or {})}
+            if torchrun(argv):  # its agent closes every descriptor it inherits: files
+                env.update(self.write_secret_files(name, handed))
+                handed = {}
             self.start(
                 ServiceSpec(
                     name,
                     argv,
-                    env=self.env(
-                        LUDIC_REDIS_URL=self.redis_url_for(name),
-                        LUDIC_METRICS_PORT=mp,
-                        OMP_NUM_THREADS=threads,
-                        **env,
-                    ),
+                    env=self.env(LUDIC_METRICS_PORT=mp, OMP_NUM_THREADS=threads, **env),
+                    secrets=handed,
+                    keep_env=(*self.s.keep_env, *keep_env),
                     health_url=f"http://127.0.0.1:{mp}/health",  # the service's own check
                     critical=critical,
                     may_finish=may_finish,
@@ -388,8 +405,8 @@ class Run:
                 LUDIC + ["actor"],
                 critical=False,
                 restart=True,
+                secrets={"LUDIC_API_KEY_FILE": self.api_key},
                 LUDIC_INFERENCE_URLS=self.inference_url,
-                LUDIC_API_KEY=self.api_key,
                 LUDIC_CONSUMER=f"actor-{i}",
             )
         learner = LUDIC + ["learner"]
@@ -429,8 +446,9 @@ class Run:
             finished=self.learner_done,
             restart=self.services.checkpoints,
             restart_env={"LUDIC_RESUME": "true"},
+            secrets={"LUDIC_AUTH_TOKEN_FILE": self.token},
+            keep_env=("WANDB_API_KEY",),  # its metrics' W&B run (services/learner/metrics.py)
             LUDIC_INFERENCE_URLS=self.inference_url,
-            LUDIC_AUTH_TOKEN=self.token,
             LUDIC_MODEL_DIR=str(model_dir),
             LUDIC_OUTPUT_DIR=str(self.run_dir / "learner"),
             **learner_env,
@@ -440,6 +458,17 @@ class Run:
                 self.sup.wait_healthy(name, self.s.startup_timeout_s)
         if self.s.prometheus:
             self.write_prometheus()
+
+    def write_secret_files(self, service: str, handed: dict[str, str]) -> dict[str, str]:
+        """``handed`` (``{"LUDIC_REDIS_URL_FILE": url}``) as files of this run's private
+        directory (services/common/secrets.py, ``SecretFiles``, removed when the run ends):
+        ``{variable: path}``."""
+        if self.secret_files is None:
+            self.secret_files = SecretFiles(prefix=f"ludic-{self.run_id}-")
+        return {
+            var: self.secret_files.write(f"{service}-{var.lower()}", value)
+            for var, value in handed.items()
+        }
 
     def write_prometheus(self) -> Path:
         targets: dict[str, list[str]] = {}
@@ -703,6 +732,8 @@ class Run:
             self.report_failure(before, f"{type(e).__name__}: {e}")
         finally:
             self.sup.shutdown()
+            if self.secret_files is not None:
+                self.secret_files.close()
             (self.run_dir / PID_FILE).unlink(missing_ok=True)
             for s, h in old.items():
                 signal.signal(s, h)

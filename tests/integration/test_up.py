@@ -103,10 +103,33 @@ def finished(
     return text
 
 
+SECRET_VARS = (b"LUDIC_AUTH_TOKEN", b"LUDIC_API_KEY", b"LUDIC_REDIS_URL")
+
+
+def handed_secret(pid: int, path: bytes) -> bytes | None:
+    """What the secret file a service's ``*_FILE`` variable names holds: its sealed memfd
+    (``/dev/fd/<n>``, read as root through ``/proc/<pid>/fd/<n>``) or a file; None where it
+    is not one (a process that inherited the variable but not the descriptor)."""
+    p = path.decode()
+    if p.startswith("/dev/fd/"):
+        p = f"/proc/{pid}/fd/{p[len('/dev/fd/') :]}"
+        try:
+            if not os.readlink(p).startswith("/memfd:"):
+                return None
+        except OSError:
+            return None
+    try:
+        return Path(p).read_bytes().strip()
+    except OSError:
+        return None
+
+
 def run_secrets(run_id: str, proc: subprocess.Popen[bytes], timeout_s: float = 300) -> set[bytes]:
-    """The secrets ``ludic up`` generated for this run, read from its services' environments
-    (root may read them; the services are non-dumpable): the weight token, the generation
-    token and the embedded Redis's passwords (one per role)."""
+    """The secrets ``ludic up`` generated for this run, read where its services read them,
+    the files their ``*_FILE`` variables name (root may read them; the services are
+    non-dumpable): the weight token, the generation token and the embedded Redis's passwords
+    (one per role). No process of the run may hold one of them as a value in its
+    environment."""
     deadline = time.monotonic() + timeout_s
     found: set[bytes] = set()
     while len(found) < 4:
@@ -114,10 +137,14 @@ def run_secrets(run_id: str, proc: subprocess.Popen[bytes], timeout_s: float = 3
         for p in procs.of_run(run_id):
             for kv in p.environ.split(b"\0"):
                 key, _, value = kv.partition(b"=")
-                if key in (b"LUDIC_AUTH_TOKEN", b"LUDIC_API_KEY") and value:
-                    found.add(value)
-                elif key == b"LUDIC_REDIS_URL" and b"@" in value:  # redis://<user>:<pw>@host
-                    found.add(value.split(b"@")[0].rsplit(b":", 1)[1])
+                assert not (key in SECRET_VARS and value), f"{p.name} ({p.pid}) holds {key!r}"
+                if key not in tuple(v + b"_FILE" for v in SECRET_VARS) or not value:
+                    continue
+                data = handed_secret(p.pid, value)
+                if data and key == b"LUDIC_REDIS_URL_FILE" and b"@" in data:
+                    found.add(data.split(b"@")[0].rsplit(b":", 1)[1])  # redis://<user>:<pw>@
+                elif data and key != b"LUDIC_REDIS_URL_FILE":
+                    found.add(data)
         time.sleep(0.5)
     assert all(len(x) >= 32 for x in found), "generated secrets are 48 hex characters"
     return found

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 
 import torch
 import yaml
 from safetensors.torch import load_file
 
+from services.common.secrets import FD_PATH, secret_fd
 from services.common.settings import load_settings
 from services.inference.settings import InferenceSettings
 from services.launcher.main import Run, prepare_model
@@ -41,6 +43,13 @@ def test_inference_gets_the_inference_section_of_the_run_config(tiny_model_dir, 
     spec = run.inference_spec(tiny_model_dir, 8123)
     assert "LUDIC_INFERENCE_CONFIG" not in spec.env
     argv = spec.argv[spec.argv.index("inference") + 1 :]
-    got = load_settings(InferenceSettings, argv, service="inference", environ=spec.env)
+    # its tokens as the supervisor hands them over: sealed memfds at /dev/fd/<n>
+    fds = {var: secret_fd(var.lower(), value) for var, value in spec.secrets.items()}
+    try:
+        environ = {**spec.env, **{var: f"{FD_PATH}{fd}" for var, fd in fds.items()}}
+        got = load_settings(InferenceSettings, argv, service="inference", environ=environ)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
     assert (got.model_dir, got.port, got.max_model_len) == (str(tiny_model_dir), 8123, 96)
-    assert got.auth_token == run.token
+    assert got.auth_token == run.token and got.api_key == run.api_key

@@ -1,20 +1,24 @@
 """What a service exposes and to whom: the /metrics and /health server binds the address its
 settings name (every address by default: containers and pods are probed from outside;
-loopback under ``ludic up``), and ``ludic up`` hands each service only the tokens it uses."""
+loopback under ``ludic up``), and ``ludic up`` hands each service only the tokens it uses, in
+files, never in its environment."""
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import pytest
 import yaml
 
+from libludic.secret_env import is_secret_name
 from services.actor.settings import ActorSettings
 from services.common.http import start_http
 from services.common.redis_acl import ADMIN, RunUsers
 from services.common.settings import load_settings
 from services.launcher.settings import UpSettings
 from services.launcher.stack import free_port
+from services.launcher.supervisor import ServiceSpec
 from services.launcher.worker import Run
 
 
@@ -53,6 +57,67 @@ def test_ludic_up_binds_every_service_to_loopback_and_gives_tokens_by_need(
         url = r.redis_url_for(service)
         assert url.startswith(f"redis://{user}:") and r.redis_users.passwords[ADMIN] not in url
     inf = r.inference_spec(tmp_path, free_port())
-    assert inf.env["LUDIC_API_KEY"] == r.api_key and inf.env["LUDIC_AUTH_TOKEN"] == r.token
+    # as sealed in-memory files (ServiceSpec.secrets), never values in an environment
+    assert inf.secrets == {"LUDIC_API_KEY_FILE": r.api_key, "LUDIC_AUTH_TOKEN_FILE": r.token}
+    assert not [k for k in inf.env if is_secret_name(k)]
     assert r.api_key != r.token and len(r.api_key) >= 32
     assert "127.0.0.1" in inf.argv
+
+
+class RecordingSupervisor:
+    def __init__(self) -> None:
+        self.specs: dict[str, ServiceSpec] = {}
+
+    def start(self, spec: ServiceSpec) -> None:
+        self.specs[spec.name] = spec
+
+    def wait_healthy(self, name: str, timeout_s: float) -> None:
+        pass
+
+
+@pytest.mark.parametrize("learner_nproc", [1, 2])
+def test_ludic_up_hands_each_worker_its_secrets_as_files_and_nothing_else(
+    tmp_path: Path, learner_nproc: int
+) -> None:
+    """Each worker gets its role's Redis URL and the tokens it uses, each in a file: a
+    sealed memfd (``secrets``), or, for a torchrun learner whose agent passes its ranks no
+    descriptor, a 0600 file of the run's private directory, removed when the run ends."""
+    path = tmp_path / "run.yaml"
+    up = {"name": "x", "runs_dir": str(tmp_path / "runs"), "actors": 1, "keep_env": "HF_TOKEN"}
+    up["learner_nproc"] = learner_nproc
+    path.write_text(yaml.safe_dump({"up": up}))
+    r = Run(load_settings(UpSettings, ["--config", str(path)], service="up", environ={}))
+    r.redis_users, r.redis_port = RunUsers(r.run_id), 6399
+    r.redis_url = r.redis_users.url(ADMIN, "127.0.0.1", 6399)
+    r.inference_url = "http://127.0.0.1:1"
+    sup = RecordingSupervisor()
+    r.sup = sup  # type: ignore[assignment]
+    try:
+        r.start_workers(tmp_path)
+        specs = sup.specs
+        assert sorted(specs) == ["actor-0", "credit", "feeder", "learner"]
+        for name, spec in specs.items():
+            assert not [k for k in spec.env if is_secret_name(k)], name
+            assert "HF_TOKEN" in spec.keep_env, name  # up.keep_env: every service
+        assert specs["actor-0"].secrets == {
+            "LUDIC_REDIS_URL_FILE": r.redis_url_for("actor-0"),
+            "LUDIC_API_KEY_FILE": r.api_key,
+        }
+        assert specs["feeder"].secrets == {"LUDIC_REDIS_URL_FILE": r.redis_url_for("feeder")}
+        learner = specs["learner"]
+        assert "WANDB_API_KEY" in learner.keep_env
+        handed = {
+            "LUDIC_REDIS_URL_FILE": r.redis_url_for("learner"),
+            "LUDIC_AUTH_TOKEN_FILE": r.token,
+        }
+        if learner_nproc == 1:
+            assert learner.secrets == handed
+        else:
+            assert learner.secrets == {} and r.secret_files is not None
+            for var, value in handed.items():
+                f = Path(learner.env[var])
+                assert f.parent == Path(r.secret_files.dir) and f.read_text() == value
+                assert stat.S_IMODE(f.stat().st_mode) == 0o600
+    finally:
+        if r.secret_files is not None:
+            r.secret_files.close()

@@ -45,6 +45,7 @@ from libludic.envs.code_exec.sandbox import (
     classify,
     pump,
 )
+from libludic.secret_env import child_env
 
 _AVAILABLE: bool | None = None
 _AVAILABLE_LOCK = threading.Lock()
@@ -83,7 +84,9 @@ def build_image(
     tag = sandbox_image(cfg)
     base = base or DEFAULT_BASE.format(version=cfg.python_version)
     argv = build_command_for_image(tag, base, cfg.python_version, docker_bin)
-    r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1800)
+    r = subprocess.run(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1800, env=child_env()
+    )
     if r.returncode != 0:
         raise RuntimeError(
             f"`{' '.join(argv)}` failed (exit {r.returncode}):\n"
@@ -103,6 +106,7 @@ def ensure_image(image: str, python_version: str, docker_bin: str = "docker") ->
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         timeout=30,
+        env=child_env(),
     )
     if r.returncode != 0:
         raise RuntimeError(
@@ -130,6 +134,7 @@ def docker_available(docker_bin: str = "docker", *, refresh: bool = False) -> bo
                         stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL,
                         timeout=15,
+                        env=child_env(),
                     )
                     _AVAILABLE = r.returncode == 0
                 except (OSError, subprocess.TimeoutExpired):
@@ -212,8 +217,14 @@ class DockerSandbox:
             with tempfile.TemporaryFile() as fin:
                 fin.write(stdin.encode("utf-8"))
                 fin.seek(0)
+                # the docker CLI needs none of the host's secrets (and the container
+                # inherits none of its variables: the one --env gives HOME a value)
                 proc = subprocess.Popen(
-                    argv, stdin=fin, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+                    argv,
+                    stdin=fin,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=child_env(),
                 )
             # Container start-up is not the code's time: allow a fixed 10 s on top.
             out, err, stop = pump(
@@ -258,6 +269,7 @@ class DockerSandbox:
                 stderr=subprocess.DEVNULL,
                 timeout=30,
                 check=False,
+                env=child_env(),
             )
         except subprocess.TimeoutExpired as e:
             raise RuntimeError(

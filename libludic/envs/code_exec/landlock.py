@@ -8,7 +8,11 @@ What it handles: every right that creates, removes, writes or truncates a file o
 (``LANDLOCK_ACCESS_FS_*``: WRITE_FILE, REMOVE_DIR, REMOVE_FILE, MAKE_* ; REFER from ABI 2,
 TRUNCATE from ABI 3); reads stay allowed (the interpreter reads its standard library). From
 ABI 6 it also scopes signals and abstract unix sockets to the sandbox's own processes, so the
-code cannot kill the service that runs it even when both run as the same uid.
+code cannot kill the service that runs it even when both run as the same uid. Every ABI
+denies the domain ptrace access to processes outside it: as an unprivileged uid the code
+cannot read ``/proc/<pid>/environ`` (or ``maps``, ``mem``) of the run's other processes of
+that uid (a root process keeps that access; the sandbox never runs code as root). Where the
+kernel has no Landlock the sandbox refuses to run (``sandbox.py``, Guarantees).
 """
 
 from __future__ import annotations

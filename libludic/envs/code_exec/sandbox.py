@@ -12,15 +12,17 @@ scrubbed environment, rlimits, its own session, capped output and a watchdog, in
 isolation modes (``isolation="auto"`` picks the strongest that works, probed once per
 sandbox by running a real program through it): ``namespace`` (a root host with util-linux:
 fresh namespaces, read-only mounts, a fresh uid per run; :func:`namespace_command`) or
-``plain`` (rlimits, a fresh uid when the host is root, Landlock where the kernel has it).
+``plain`` (rlimits, a fresh uid when the host is root, and Landlock).
 In both modes a seccomp filter stops the code opening any socket (``seccomp.py``).
 
-Guarantees: two properties must hold in every mode, else the sandbox refuses to run
+Guarantees: three properties must hold in every mode, else the sandbox refuses to run
 (``RuntimeError`` naming the missing one) unless ``allow`` lists it (``default_sandbox``
 reads ``LUDIC_SANDBOX_ALLOW``, comma-separated): ``network_isolated`` (the code opens no
-socket: the seccomp filter holds) and ``environment_private`` (the code cannot read the host
-process's environment, where a service keeps its tokens: it runs as another uid, or the host
-is non-dumpable). ``describe()`` reports both.
+socket: the seccomp filter holds), ``environment_private`` (the code cannot read the
+environment of any process of the run, where services keep their tokens: it runs as another
+uid, or inside a Landlock domain beside a non-dumpable host) and
+``filesystem_read_only_outside_cwd`` (namespace mode: read-only remounts; plain mode: a
+Landlock domain, checked by a probe run). ``describe()`` reports all three.
 
 Thread-safety: ``run`` is re-entrant; concurrent runs get different dirs and uids. Callers
 in asyncio run it in a worker thread (``asyncio.to_thread``), see ``CodeExecEnv``.
@@ -489,9 +491,12 @@ def classify(
 # what every run must ensure, and how (a missing one refuses to run unless allowed)
 GUARANTEES = {
     "network_isolated": "the code cannot open a socket (the seccomp socket filter holds)",
-    "environment_private": "the code cannot read the host process's environment "
-    "(/proc/<pid>/environ): it runs as another uid, or the host process is non-dumpable "
-    "(every ludic service makes itself so)",
+    "environment_private": "the code cannot read the environment (/proc/<pid>/environ) of "
+    "the host process or of any other process of the run: it runs as another uid, or, as "
+    "the host's uid, inside a Landlock domain (which scopes such access to its own "
+    "processes) beside a non-dumpable host (every ludic service makes itself so)",
+    "filesystem_read_only_outside_cwd": "the code cannot write outside its run dir "
+    "(namespace mode: read-only remounts; plain mode: Landlock, checked by a probe run)",
 }
 PR_GET_DUMPABLE = 3
 
@@ -512,7 +517,8 @@ class _Plan:
     drop_uid: bool
     note: str = ""
     block_network: bool = False  # plain mode: the seccomp socket filter (namespace: netns)
-    environment_private: bool = True  # runs as another uid, or the host is non-dumpable
+    # runs as another uid, or in a Landlock domain beside a non-dumpable host
+    environment_private: bool = True
     confine_writes: bool = False  # plain mode: Landlock (namespace: read-only remounts)
 
 
@@ -540,19 +546,24 @@ class SubprocessSandbox:
       lets a burst overshoot briefly).
 
     Plain mode (any other host; the namespace mode: :func:`namespace_command`):
-    ``python -I`` with rlimits set in ``preexec_fn``; when the host is root the child also drops to a
-    fresh random uid (``Popen(user=, group=, extra_groups=[])``) and the run dir is chowned
-    to it. As a non-root host the code runs as the host's uid: it cannot read the host's
-    environment only if the host is non-dumpable (every ludic service makes itself so,
-    ``services/common/secrets.py``). Writes: where the kernel has Landlock, the code can
-    write only beneath its run dir (``landlock.py``; from Landlock ABI 6 it also cannot
-    signal processes outside its own tree); a probe run checks it holds, and ``describe()``
-    says whether it does. Gaps, documented not hidden: without Landlock the code can write
-    to world-writable dirs (/tmp, /dev/shm); as a non-root host RLIMIT_NPROC counts all of
-    the host user's processes (we set it to current + ``max_processes``) and a child that
-    ``setsid``s into a new session escapes the sweep; if the host process dies mid-run only
-    the main child gets the parent-death SIGKILL, not its own children; ``preexec_fn`` is
-    not safe with threads that hold locks at fork time (the namespace mode does not use it).
+    ``python -I`` with rlimits set in ``preexec_fn``; when the host is root the child also
+    drops to a fresh random uid (``Popen(user=, group=, extra_groups=[])``) and the run dir is
+    chowned to it. The code runs inside a Landlock domain (``landlock.py``; a probe run
+    checks it holds): it can write only beneath its run dir, cannot read the environment of
+    (ptrace) any process outside the domain and, from Landlock ABI 6, cannot signal one. As
+    a non-root host the code runs as the host's uid: the host must also be non-dumpable
+    (every ludic service makes itself so, ``services/common/secrets.py``). Without Landlock
+    (an older kernel, the LSM off, a container runtime's seccomp profile refusing its
+    syscalls) the code could write to world-writable dirs (/tmp, /dev/shm) and, as the
+    host's uid, read the environment of the run's other processes (vLLM's engine, torchrun's
+    agent): the sandbox refuses, naming Landlock, unless ``allow`` names
+    ``filesystem_read_only_outside_cwd`` (and, without root, ``environment_private``).
+
+    Gaps, documented not hidden: as a non-root host RLIMIT_NPROC counts all of the host
+    user's processes (we set it to current + ``max_processes``) and a child that ``setsid``s
+    into a new session escapes the sweep; if the host process dies mid-run only the main
+    child gets the parent-death SIGKILL, not its own children; ``preexec_fn`` is not safe
+    with threads that hold locks at fork time (the namespace mode does not use it).
     """
 
     isolation: str = "auto"  # "auto" | "namespace" | "plain"
@@ -639,6 +650,8 @@ class SubprocessSandbox:
                 held = {
                     "network_isolated": plan.block_network,
                     "environment_private": plan.environment_private,
+                    "filesystem_read_only_outside_cwd": plan.mode == "namespace"
+                    or plan.confine_writes,
                 }
                 missing = [g for g, ok in held.items() if not ok and g not in self.allow]
                 if missing:
@@ -677,14 +690,13 @@ class SubprocessSandbox:
             note = f"namespace mode unavailable ({why})"
         else:
             note = "plain mode requested"
-        plain = _Plan(
-            "plain",
-            self._pick_python(root),
-            root,
-            note,
-            environment_private=root or not host_dumpable(),
-        )
-        return self._with_socket_filter(self._with_write_confinement(plain))
+        plain = self._with_write_confinement(_Plan("plain", self._pick_python(root), root, note))
+        # A fresh uid keeps every process of the run private. As the host's uid, a
+        # non-dumpable host keeps only itself private; its siblings of that uid (vLLM's
+        # engine, torchrun's agent) stay readable unless the code runs in a Landlock domain,
+        # which denies ptrace access (/proc/<pid>/environ) to any process outside it.
+        private = root or (plain.confine_writes and not host_dumpable())
+        return self._with_socket_filter(replace(plain, environment_private=private))
 
     def _with_write_confinement(self, plan: _Plan) -> _Plan:
         """``plan`` confining the code's writes to its directory when Landlock is there and a

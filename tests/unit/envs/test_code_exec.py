@@ -711,7 +711,7 @@ def test_without_a_filter_for_the_machine_it_refuses_unless_allowed(monkeypatch,
 def test_plain_mode_as_a_dumpable_non_root_host_refuses_unless_allowed(monkeypatch, work_root):
     """A non-root host runs the code as its own uid: the code could read the host's
     /proc/<pid>/environ unless the host is non-dumpable (ludic's services make themselves
-    so). The check runs before any code does."""
+    so). The check runs before any of the task's code does."""
     monkeypatch.setattr(sandbox_mod.os, "geteuid", lambda: 1000)
     monkeypatch.setattr(sandbox_mod, "host_dumpable", lambda: True)
     with pytest.raises(RuntimeError, match=r"cannot guarantee environment_private"):
