@@ -86,8 +86,8 @@ def test_algorithm_section_values_are_checked_with_the_key_named(tmp_path) -> No
 
     bad("algorithm: grpo\n", "algorithm: must be a mapping")
     bad(
-        "algorithm: {name: ppo}\n",
-        r"algorithm.name='ppo'; use one of \['cispo', 'custom', 'dapo', 'dr_grpo', 'grpo', 'gspo'",
+        "algorithm: {name: trpo}\n",
+        r"algorithm.name='trpo'; use one of \['cispo', 'custom', 'dapo', 'dr_grpo', 'grpo', 'gspo'",
     )
     bad("algorithm: {name: grpo, kwargs: {group_size: 4}}\n", "move it to algorithm.group_size")
     bad(
