@@ -255,3 +255,51 @@ def test_a_given_critic_model_is_the_one_trained(base_model) -> None:
         critic_model=mine,
     )
     assert tr.critic is not None and tr.critic.model is mine
+
+
+def ppo_trainer(base_model, ck_dir=None, every: int = 0, algo=None) -> Trainer:
+    from libludic.training.checkpoint import CheckpointConfig, CheckpointManager
+
+    batches = [
+        [step("a", 0, 5, 3, 1.0, 0), step("a", 1, 4, 2, 0.5, 1), step("b", 0, 3, 4, 0.0, 2)],
+        [step("c", 0, 6, 2, -1.0, 3), step("d", 0, 4, 3, 1.0, 4)],
+    ]
+    mgr = None if ck_dir is None else CheckpointManager(CheckpointConfig(str(ck_dir), every))
+    return Trainer(
+        model=copy.deepcopy(base_model),
+        algo=algo if algo is not None else ppo_algo(gamma=0.9, lam=0.8, spy=False),
+        batch_source=ListBatchSource(batches),
+        cfg=cpu_cfg(lr=1e-2, critic_lr=1e-2),
+        checkpointer=mgr,
+    )
+
+
+async def test_a_ppo_resume_restores_the_critic_bit_for_bit(base_model, tmp_path) -> None:
+    straight = ppo_trainer(base_model)
+    await straight.train(num_steps=4)
+    first = ppo_trainer(base_model, tmp_path / "ck", every=2)
+    await first.train(num_steps=2)
+    step_dir = tmp_path / "ck" / "step_000000002"
+    assert (step_dir / "critic.safetensors").exists()
+    assert (step_dir / "critic_optimizer.safetensors").exists()
+    resumed = ppo_trainer(base_model, tmp_path / "ck")
+    ck = resumed.load_checkpoint()
+    assert ck is not None and ck.step == 2 and set(ck.parts) == {"critic"}
+    await resumed.train(num_steps=2)
+    assert straight.critic is not None and resumed.critic is not None
+    for a, b in ((straight.model, resumed.model), (straight.critic.model, resumed.critic.model)):
+        for (n, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
+            assert torch.equal(p, q), n
+    sa, sb = straight.critic.optimizer.state_dict(), resumed.critic.optimizer.state_dict()
+    for pid in sa["state"]:
+        for k, v in sa["state"][pid].items():
+            assert torch.equal(v, sb["state"][pid][k]), (pid, k)
+
+
+async def test_a_checkpoint_without_a_critic_is_refused_by_ppo(base_model, tmp_path) -> None:
+    from libludic.training.presets import make_sft
+
+    sft = ppo_trainer(base_model, tmp_path / "ck", every=1, algo=make_sft())
+    await sft.train(num_steps=1)
+    with pytest.raises(ValueError, match=r"holds no critic: it was saved by a Trainer that"):
+        ppo_trainer(base_model, tmp_path / "ck").load_checkpoint()
