@@ -303,3 +303,49 @@ async def test_a_checkpoint_without_a_critic_is_refused_by_ppo(base_model, tmp_p
     await sft.train(num_steps=1)
     with pytest.raises(ValueError, match=r"holds no critic: it was saved by a Trainer that"):
         ppo_trainer(base_model, tmp_path / "ck").load_checkpoint()
+
+
+def test_minibatches_share_the_advantages_taken_before_the_first_update(base_model) -> None:
+    # ppo_n_minibatches 2 (items 0-1 and 2-3): GAE runs once, over the whole step, with the
+    # critic's values before either update. Rollout "a" straddles the two minibatches.
+    algo = ppo_algo(gamma=0.9, lam=0.9)
+    items = [
+        step("b", 0, 3, 4, 0.0, 2),
+        step("a", 1, 4, 2, 0.5, 1),
+        step("a", 0, 5, 3, 1.0, 0),
+        step("c", 0, 6, 2, -1.0, 3),
+    ]
+    tr = Trainer(
+        model=copy.deepcopy(base_model),
+        algo=algo,
+        batch_source=ListBatchSource([items]),
+        cfg=cpu_cfg(lr=1e-2, critic_lr=1e-2, ppo_n_minibatches=2),
+    )
+    assert tr.critic is not None
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(1)
+        tr.critic.model.value_head.weight.normal_(0.0, 0.1, generator=g)
+    before = copy.deepcopy(tr.critic.model).eval()
+    st = tr.stepper.update(items, 0)
+    assert st["num_minibatches"] == 2 and len(algo.loss.batches) == 2
+    assert st["critic_grad_norm"] > 0
+    # what GAE gives the whole step with `before`'s values
+    values = []
+    for it in items:
+        ids = torch.tensor([it.input_ids])
+        with torch.no_grad():
+            v = before(ids, torch.ones_like(ids))[0, :-1]
+        values.append(v[torch.tensor(it.action_mask[1:]) > 0])
+    want = sorted(
+        tuple(round(float(x), 5) for x in adv) for adv, _ in algo.gae.per_item(items, values)
+    )
+    got = sorted(
+        tuple(round(float(x), 5) for x in b[L.ADVANTAGES_KEY][j][on])
+        for b in algo.loss.batches
+        for j, on in enumerate(action_rows(b))
+    )
+    assert got == want
+    # the second minibatch trains a critic the first one moved: its values are not V_old
+    last = algo.loss.batches[-1]
+    on = L.token_mask(last, torch.float32) > 0
+    assert not torch.allclose(last[VALUES_KEY][on], last[OLD_VALUES_KEY][on])
