@@ -19,10 +19,10 @@
    is committed iff it is inside a saved checkpoint); without a checkpointer at once.
 
 Throughput (``self.throughput``, libludic/training/throughput.py): ``samples_per_s``, the
-one definition everywhere, items trained per second of RL wall. Step stats: ``reward_mean`` (this rank's
-items), ``adv_mean``/``adv_std`` (every rank's weights), ``loss/<key>`` (token-weighted
-means, maxima for ``_max`` keys), the times ``batch_wait_s``, ``train_s``,
-``publish_wait_s``, ``step_wall_s``.
+one definition everywhere, items trained per second of RL wall. Step stats: ``reward_mean``
+(this rank's items), ``adv_mean``/``adv_std`` (every rank's weights; with a critic, GAE's
+per-token advantages), ``loss/<key>`` (token-weighted means, maxima for ``_max`` keys), the
+times ``batch_wait_s``, ``train_s``, ``publish_wait_s``, ``step_wall_s``.
 
 ``train(num_steps, should_stop)`` repeats ``train_step`` until ``num_steps`` more steps,
 ``should_stop()`` on any rank, or ``SourceStopped`` (``stop_reason``: "done" or "stopped").
