@@ -23,6 +23,7 @@ _EXPORTS = {
     "make_cispo": "libludic.training.presets",
     "make_gspo": "libludic.training.presets",
     "make_dr_grpo": "libludic.training.presets",
+    "make_ppo": "libludic.training.presets",
     "RolloutEngine": "libludic.rollout.engine",  # where the spec's example imports it from
     "RolloutBatchSource": "libludic.training.batching.rollout_batch_source",
     "OfflineBatchSource": "libludic.training.batching.offline",

@@ -23,6 +23,13 @@ episode value, the group-stage weight of its first step: an item whose weight di
 it carries it as ``pending.episode_weight`` (its first step may be filtered out, or in
 another batch), and ``apply_batch_stage`` passes those values as the assigner's
 ``batch_stage(..., episodes=...)``.
+
+Learner-side advantages (PPO, ``gae``). Values come from a critic trained at train time, so
+credit cannot finish them: the credit assigner writes each step's reward as the item's
+weight (``StepReward``), and the Trainer's critic turns the step's items into per-token
+advantages and value targets (``GAE``, libludic/training/gae.py) before the update; the
+loss reads the critic's values (``LossInputs.values``). Both paths, in one process and
+across the credit worker and the learner, meet in the learner the same way.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from libludic.training.filters import (
     apply_filter,
     drop_zero_variance_groups,
 )
+from libludic.training.gae import GAE
 from libludic.training.loss import Loss, LossInputs, loss_inputs
 from libludic.training.normalization import SumFn
 from libludic.training.rewards import RewardShaping
@@ -66,7 +74,12 @@ class RLAlgorithm:
     """``reward_shaping`` (None: rewards as they are) runs first, on every step reward;
     ``mask_no_eos_with_zero`` gives weight 0 to the items whose completion ended without
     EOS, after the whole credit (their rollouts still count in the group and batch
-    statistics; the loss's token counts keep them, as AReaL's mask does)."""
+    statistics; the loss's token counts keep them, as AReaL's mask does).
+
+    ``gae`` (None: the weights are the advantages): the Trainer trains a critic beside the
+    policy and computes per-token advantages with it (module docstring); the items' weights
+    are then step rewards, and the loss must read the critic's values (a
+    ``ClippedValueLoss`` term: make_ppo), as a loss that reads them needs ``gae``."""
 
     name: str
     credit_assigner: CreditAssigner
@@ -74,6 +87,35 @@ class RLAlgorithm:
     preprocess: PreprocessFn | None = None
     reward_shaping: RewardShaping | None = None
     mask_no_eos_with_zero: bool = False
+    gae: GAE | None = None
+
+    def __post_init__(self) -> None:
+        if self.gae is None and not _reads_values(self.loss):
+            return
+        if self.gae is None:
+            raise ValueError(
+                f"algorithm {self.name!r}: its loss reads a critic's values "
+                "(ClippedValueLoss) but the algorithm has no gae; use make_ppo, or give "
+                "RLAlgorithm(gae=GAE(gamma, gae_lambda)) so the Trainer trains a critic"
+            )
+        if not isinstance(self.gae, GAE):
+            raise ValueError(f"algorithm {self.name!r}: gae={self.gae!r} is not a GAE")
+        if not _reads_values(self.loss):
+            raise ValueError(
+                f"algorithm {self.name!r} has gae but its loss reads no critic values: the "
+                "critic would never be trained; add a ClippedValueLoss term (make_ppo)"
+            )
+        if staged(self.credit_assigner) is not None or self.mask_no_eos_with_zero:
+            raise ValueError(
+                f"algorithm {self.name!r}: with gae the items' weights are step rewards, so "
+                "a batch-level credit stage or mask_no_eos_with_zero (which zeroes a weight) "
+                "would change rewards, not advantages; use StepReward credit without them"
+            )
+
+    @property
+    def needs_critic(self) -> bool:
+        """The Trainer trains a critic and computes the advantages with it (``gae``)."""
+        return self.gae is not None
 
     @property
     def inputs(self) -> LossInputs:
@@ -257,6 +299,15 @@ class RLAlgorithm:
                 w = 0.0
             out.append(dataclasses.replace(it, weight=float(w), meta=meta, pending=None))
         return out
+
+
+def _reads_values(loss: Loss) -> bool:
+    """``loss`` declares that it reads a critic's values. A loss whose inputs cannot be read
+    (the former flags) is left to the Trainer, which refuses it with the new spelling."""
+    try:
+        return loss_inputs(loss).values
+    except TypeError:
+        return False
 
 
 def _rollout_shares(items: Sequence[SAWItem]) -> list[float]:

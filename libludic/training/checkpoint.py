@@ -4,9 +4,12 @@ Layout of ``{output_dir}/step_{step:09d}/``::
 
     model.safetensors       full model state dict (HF names; tied weights stored twice)
     optimizer.safetensors   optimizer tensors, keys ``state::{param_fqn}::{name}``
+    {part}.safetensors      the same two for each further trained module, ``parts`` (a
+    {part}_optimizer...     Trainer's critic: ``critic``), beside the policy's
     rng.safetensors         torch CPU (and CUDA) generator states
-    manifest.json           step, file sizes, optimizer scalars/param_groups, python and
-                            numpy RNG states, the caller's ``extra`` dict
+    manifest.json           step, file sizes, optimizer scalars/param_groups (the parts'
+                            under ``parts``), python and numpy RNG states, the caller's
+                            ``extra`` dict
     COMPLETE                written last
 
 A checkpoint is written into a hidden temp directory and renamed into place, so a crash
@@ -34,6 +37,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from libludic.training import parallel
+from libludic.training.critic import Critic
 from libludic.training.publishing import VersionedPublisher
 from libludic.training.throughput import Throughput
 from libludic.training.types import BatchSource, CheckpointedBatchSource
@@ -72,6 +76,8 @@ class LoadedCheckpoint:
     optimizer_state: dict[str, Any] | None
     rng_state: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
+    # further trained modules (a critic) by name: (model state, optimizer state or None)
+    parts: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- RNG state
@@ -100,11 +106,12 @@ def restore_training_state(
     optimizer: torch.optim.Optimizer,
     ck: LoadedCheckpoint,
     from_rank0: bool = False,
+    part: str | None = None,
 ) -> None:
-    """Load ``ck``'s model and optimizer state into ``model`` and ``optimizer`` (sharded or
-    not; collective under FSDP2). ``from_rank0``: only rank 0's ``ck`` holds the tensors
-    (the others' come from ``share_checkpoint``), broadcast one at a time into every rank's
-    shards."""
+    """Load ``ck``'s model and optimizer state (or those of its part ``part``) into
+    ``model`` and ``optimizer`` (sharded or not; collective under FSDP2). ``from_rank0``:
+    only rank 0's ``ck`` holds the tensors (the others' come from ``share_checkpoint``),
+    broadcast one at a time into every rank's shards."""
     # see full_training_state: a heavy import, for a resume only
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -112,10 +119,11 @@ def restore_training_state(
         set_optimizer_state_dict,
     )
 
+    msd, osd = (ck.model_state, ck.optimizer_state) if part is None else ck.parts[part]
     opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=from_rank0)
-    set_model_state_dict(model, ck.model_state, options=opts)
-    if ck.optimizer_state is not None:
-        set_optimizer_state_dict(model, optimizer, ck.optimizer_state, options=opts)
+    set_model_state_dict(model, msd, options=opts)
+    if osd is not None:
+        set_optimizer_state_dict(model, optimizer, osd, options=opts)
 
 
 def capture_rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -157,6 +165,7 @@ def share_checkpoint(ck: LoadedCheckpoint | None, device: torch.device) -> Loade
             "path": str(ck.path),
             "extra": ck.extra,
             "optimizer": ck.optimizer_state is not None,
+            "parts": {name: osd is not None for name, (_, osd) in ck.parts.items()},
             "rng_json": ck.rng_state["json"],
             "rng": {k: t.numpy().tobytes().hex() for k, t in ck.rng_state["tensors"].items()},
         }
@@ -174,6 +183,7 @@ def share_checkpoint(ck: LoadedCheckpoint | None, device: torch.device) -> Loade
         optimizer_state={} if head["optimizer"] else None,
         rng_state={"tensors": rng, "json": head["rng_json"]},
         extra=dict(head["extra"]),
+        parts={name: ({}, {} if opt else None) for name, opt in head["parts"].items()},
     )
 
 
@@ -269,8 +279,12 @@ class CheckpointManager:
         model_state: Mapping[str, torch.Tensor],
         optimizer_state: Mapping[str, Any] | None = None,
         extra: Mapping[str, Any] | None = None,
+        parts: Mapping[str, tuple[Mapping[str, torch.Tensor], Mapping[str, Any] | None]]
+        | None = None,
     ) -> Path:
-        """Write checkpoint ``step`` atomically (RNG states captured here) and prune old ones."""
+        """Write checkpoint ``step`` atomically (RNG states captured here) and prune old ones.
+        ``parts``: further trained modules by name (module docstring), each (model state,
+        optimizer state or None)."""
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".tmp-step_{step:09d}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
@@ -283,6 +297,17 @@ class CheckpointManager:
                 ot, opt_js = _flatten_optimizer(optimizer_state)
                 save_file(ot, str(tmp / "optimizer.safetensors"))
                 files["optimizer.safetensors"] = 0
+            parts_js: dict[str, dict[str, Any] | None] = {}
+            for name, (p_model, p_opt) in (parts or {}).items():
+                if name in ("model", "optimizer", "rng") or not name.isidentifier():
+                    raise ValueError(f"checkpoint part {name!r}: use a plain name of its own")
+                save_file(_dedup_storage(p_model), str(tmp / f"{name}.safetensors"))
+                files[f"{name}.safetensors"] = 0
+                parts_js[name] = None
+                if p_opt is not None and self.cfg.save_optimizer:
+                    pt, parts_js[name] = _flatten_optimizer(p_opt)
+                    save_file(pt, str(tmp / f"{name}_optimizer.safetensors"))
+                    files[f"{name}_optimizer.safetensors"] = 0
             rng_t, rng_js = capture_rng_state()
             save_file(rng_t, str(tmp / "rng.safetensors"))
             files["rng.safetensors"] = 0
@@ -293,6 +318,7 @@ class CheckpointManager:
                 "step": int(step),
                 "files": files,
                 "optimizer": opt_js,
+                "parts": parts_js,
                 "rng": rng_js,
                 "extra": dict(extra or {}),
             }
@@ -371,6 +397,14 @@ class CheckpointManager:
             opt = _unflatten_optimizer(
                 load_file(str(path / "optimizer.safetensors")), m["optimizer"]
             )
+        parts: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = {}
+        for name, p_js in (m.get("parts") or {}).items():
+            p_opt = None
+            if p_js is not None:
+                p_opt = _unflatten_optimizer(
+                    load_file(str(path / f"{name}_optimizer.safetensors")), p_js
+                )
+            parts[name] = (load_file(str(path / f"{name}.safetensors")), p_opt)
         rng_t = load_file(str(path / "rng.safetensors"))
         if restore_rng:
             restore_rng_state(rng_t, m["rng"])
@@ -381,6 +415,7 @@ class CheckpointManager:
             optimizer_state=opt,
             rng_state={"tensors": rng_t, "json": m["rng"]},
             extra=dict(m.get("extra") or {}),
+            parts=parts,
         )
 
     def _prune(self) -> None:
@@ -413,16 +448,21 @@ class Resumable(Protocol):
     def device(self) -> torch.device: ...
     @property
     def policy_version(self) -> int: ...
+    @property
+    def critic(self) -> Critic | None: ...
 
 
 def save_trainer(
     tr: Resumable, checkpointer: CheckpointManager, extra: dict[str, Any] | None = None
 ) -> Path | None:
-    """Save ``tr``'s model + optimizer + RNG + step + policy_version + its throughput totals
-    (a resumed Trainer's ``samples_per_s`` covers the steps before the resume) + its batch
-    source's position + ``extra``. Collective under FSDP2; rank 0 writes and returns the
-    path."""
+    """Save ``tr``'s model + optimizer (+ its critic's, part ``critic``: PPO) + RNG + step +
+    policy_version + its throughput totals (a resumed Trainer's ``samples_per_s`` covers the
+    steps before the resume) + its batch source's position + ``extra``. Collective under
+    FSDP2; rank 0 writes and returns the path."""
     msd, osd = full_training_state(tr.model, tr.optimizer)  # collective under FSDP2
+    parts = {}
+    if tr.critic is not None:  # PPO's value model, beside the policy
+        parts["critic"] = full_training_state(tr.critic.model, tr.critic.optimizer)
     if parallel.rank() != 0:
         return None
     ex: dict[str, Any] = {
@@ -433,7 +473,7 @@ def save_trainer(
     if isinstance(tr.batch_source, CheckpointedBatchSource):
         ex["batch_source"] = tr.batch_source.state_dict()
     ex.update(extra or {})
-    return checkpointer.save(tr.step, msd, osd, extra=ex)
+    return checkpointer.save(tr.step, msd, osd, extra=ex, parts=parts)
 
 
 def load_trainer(
@@ -450,7 +490,17 @@ def load_trainer(
         ck = checkpointer.load(path)
     if ck is None:
         return None
+    if tr.critic is not None and "critic" not in ck.parts:
+        raise ValueError(
+            f"checkpoint {ck.path} holds no critic: it was saved by a Trainer that trained "
+            "none (not ppo); resume ppo from a ppo checkpoint, or start its policy from this "
+            "one's model.safetensors (a model path) with a fresh critic"
+        )
     restore_training_state(tr.model, tr.optimizer, ck, from_rank0=tr.distributed)
+    if tr.critic is not None:
+        restore_training_state(
+            tr.critic.model, tr.critic.optimizer, ck, from_rank0=tr.distributed, part="critic"
+        )
     tr.step = int(ck.extra.get("trainer_step", ck.step))
     tr.last_checkpoint_step = tr.step
     tr.publishing.restore(int(ck.extra.get("policy_version", 0)))

@@ -83,6 +83,9 @@ class TrainerConfig:
     # the optimizer (AReaL's optimizer.type): "adam" (AdamW: lr, betas, eps, weight_decay)
     # or "sgd" (plain SGD: lr, weight_decay). A checkpoint resumes only with the same type
     optimizer_type: str = "adam"
+    # the critic's learning rate (AReaL's critic.optimizer.lr), when the algorithm trains one
+    # (make_ppo); None: the policy's lr. Its optimizer is optimizer_type with the settings above
+    critic_lr: float | None = None
     # every dropout of the policy off while training (AReaL's name and default): dropout
     # layers and transformers' attention dropout (policies.disable_dropout), LoRA's included
     disable_dropout: bool = False
@@ -159,6 +162,8 @@ class TrainerConfig:
             raise bad("eval_concurrency", "must be >= 1")
         if self.max_publish_failures < 1:
             raise bad("max_publish_failures", "must be >= 1")
+        if self.critic_lr is not None and not self.critic_lr > 0:
+            raise bad("critic_lr", "must be > 0 or None (the policy's lr)")
         if self.optimizer_type not in OPTIMIZERS:
             raise bad("optimizer_type", f"must be one of {list(OPTIMIZERS)}")
         if self.lora_rank is not None and self.lora_rank < 1:

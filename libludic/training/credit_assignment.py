@@ -22,7 +22,8 @@ from the e_j) to every step's return:
 
 With gamma = 1 and a reward on the last step only, G_{i,t} = R_i at every t: the weights of
 gamma None. A penalty r_{i,s} moves G_{i,t} for t <= s only, so it weighs the steps that led
-to it. ConstantCredit reads no reward.
+to it. ConstantCredit reads no reward; StepReward writes each step's own reward (PPO: the
+learner turns it into advantages with the critic).
 """
 
 from __future__ import annotations
@@ -408,6 +409,21 @@ class NormalizedReturn:
         out: dict[RolloutStepKey, float] = {}
         for r, vs in zip(rs, ys, strict=True):
             _write(r, self._clip(vs), out)
+        return out
+
+
+@dataclass
+class StepReward:
+    """weight = r_{i,t}, the step's own (shaped) reward, nothing summed or normalised.
+
+    PPO's credit (make_ppo): the advantages are the learner's, GAE over the critic's values
+    at train time (libludic/training/gae.py), which reads each item's weight as the reward
+    of its last action token. No ``gamma`` here: the discount is GAE's."""
+
+    def compute(self, rollouts: list[Rollout]) -> dict[RolloutStepKey, float]:
+        out: dict[RolloutStepKey, float] = {}
+        for r in rollouts:
+            _write(r, [float(s.reward) for s in r.steps], out)
         return out
 
 

@@ -69,7 +69,8 @@ class LossInputs:
     kept on the items), ``ref_logprobs`` (a frozen reference policy's: a KL term),
     ``prox_logprobs`` (the current weights' before the update, a no-grad forward), and
     ``pi_old_is_trained`` (pi_old is the trainer's own logprob, so with several optimizer
-    steps a step the Trainer supplies ``prox_logprobs`` taken before the first). A loss
+    steps a step the Trainer supplies ``prox_logprobs`` taken before the first), ``values``
+    (a critic's, with grad, and GAE's advantages: libludic/training/value_loss.py). A loss
     declares them as ``requires``; one without it (the spec's Protocol asks only
     ``compute``) reads nothing more. ``a | b``: what either reads (a sum of losses)."""
 
@@ -77,6 +78,7 @@ class LossInputs:
     ref_logprobs: bool = False
     prox_logprobs: bool = False
     pi_old_is_trained: bool = False
+    values: bool = False
 
     def __or__(self, other: LossInputs) -> LossInputs:
         return LossInputs(*(a or b for a, b in zip(astuple(self), astuple(other))))
@@ -311,6 +313,7 @@ def _ref_logprobs(batch: Mapping[str, Any], who: str) -> Tensor:
 MISMATCH_CORRECTIONS = ("tis", "mis")
 MISMATCH_LEVELS = ("token", "sequence")
 PROX_LOGPROBS_KEY = "prox_logprobs"
+ADVANTAGES_KEY = "advantages"  # [B, T-1] per token (GAE); absent: the weight of each sequence
 
 
 @dataclass(frozen=True)
@@ -558,7 +561,8 @@ class RatioLoss:
     ``L = -agg(w * obj)``, with pi_old and the detached weight w (1 unless corrected) from
     ``off_policy``, A_b = weight_b, and the stats of :data:`RATIO_STAT_KEYS`. A subclass
     gives ``objective(logp, old, adv, m) -> (obj [B, T-1], its ratio stats)``: the ratio
-    (a token's, or a sequence's) and how it is clipped.
+    (a token's, or a sequence's) and how it is clipped. With ``batch["advantages"]``
+    (``ADVANTAGES_KEY``, [B, T-1]: PPO's GAE) A is per token, A_bt, instead.
 
     ``kl_in_reward`` (a :class:`~libludic.training.kl.KLRewardPenalty`; None: no penalty):
     the KL to the reference as a reward penalty (AReaL's ``kl_ctl``). The advantage becomes
@@ -597,7 +601,7 @@ class RatioLoss:
         logp = token_logprobs(logits, batch["input_ids"])
         m = token_mask(batch, logp.dtype)
         old, w, mismatch = self.off_policy.terms(logp, m, batch, type(self).__name__)
-        adv = batch["weight"].to(logp.dtype).unsqueeze(-1)  # [B, 1]
+        adv = batch.get(ADVANTAGES_KEY, batch["weight"].unsqueeze(-1)).to(logp.dtype)
         kl: Stats = {}
         if self.kl_in_reward is not None:
             ref = _ref_logprobs(batch, type(self).__name__)

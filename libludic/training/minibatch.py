@@ -43,7 +43,8 @@ def split_largest(
 
 def combine_minibatch_stats(parts: list[dict[str, float]]) -> dict[str, float]:
     """One step's stats from its minibatches' (see ``Trainer._update``): ``loss``,
-    ``grad_norm`` and ``spare_core_share`` are means over the minibatches; a loss stat
+    ``grad_norm``, ``critic_grad_norm`` and ``spare_core_share`` are means over the
+    minibatches; a loss stat
     (``loss/<key>``) is the token-weighted mean, or the max for a ``_max`` key (the rule of
     ``loss.is_max_stat``, as over micro-batches); every other key (counts, times) a sum."""
     toks = [max(p.get("num_action_tokens", 0.0), 0.0) for p in parts]
@@ -51,7 +52,7 @@ def combine_minibatch_stats(parts: list[dict[str, float]]) -> dict[str, float]:
     out: dict[str, float] = {"num_minibatches": float(len(parts))}
     for key in parts[0]:
         vals = [p.get(key, 0.0) for p in parts]
-        if key in ("loss", "grad_norm", "spare_core_share"):
+        if key in ("loss", "grad_norm", "critic_grad_norm", "spare_core_share"):
             out[key] = sum(vals) / len(vals)
         elif key.startswith("loss/") and is_max_stat(key):
             out[key] = max(vals)

@@ -39,6 +39,15 @@ class HasConfig(Protocol):
 
 
 @runtime_checkable
+class HasBaseModel(Protocol):
+    """transformers' ``base_model`` (the decoder under a causal LM's head) and ``config``
+    (``hidden_size``): what a critic is built from (libludic/training/critic.py)."""
+
+    base_model: nn.Module
+    config: Any
+
+
+@runtime_checkable
 class PeftWrapped(Protocol):
     """A peft model: the base under the adapters, and a context with the adapters off."""
 

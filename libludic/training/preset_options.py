@@ -55,17 +55,22 @@ class LossOptions(RewardOptions, total=False):
     aggregation: str
 
 
-class GroupOptions(LossOptions, total=False):
-    """The grouped presets' normalisation and the ratio losses' off-policy correction."""
+class OffPolicyOptions(LossOptions, total=False):
+    """The ratio losses' off-policy correction (``OffPolicyCorrection``); make_ppo's options."""
 
-    reward_norm: NormArg
-    adv_norm: NormArg
     mismatch_correction: str | None
     mismatch_level: str
     mismatch_cap: float
     recompute_logprob: bool
     use_decoupled_loss: bool
     behav_imp_weight_cap: float | None
+
+
+class GroupOptions(OffPolicyOptions, total=False):
+    """The grouped presets' normalisation, beside the ratio losses' off-policy correction."""
+
+    reward_norm: NormArg
+    adv_norm: NormArg
 
 
 class PolicyGradientOptions(GroupOptions, total=False):

@@ -24,9 +24,12 @@ names and defaults:
   reinforce 1.0, the others None (every step weighed by the episode's total reward).
 
 The grouped presets (grpo, cispo, gspo, dr_grpo, scalerl) also take ``reward_norm`` and
-``adv_norm`` (AReaL's ``NormConfig``, libludic.training.normalization). What each option
+``adv_norm`` (AReaL's NormConfig, libludic.training.normalization). What each option
 does and how it meets the services: DEVELOPERS.md, "Training" (Reward options, Dynamic
-sampling, Normalisation, Per-step credit).
+sampling, Normalisation, Per-step credit, PPO with a critic).
+
+``ppo`` is PPO with a critic: its advantages are not credit's but the Trainer's, GAE over a
+value model it trains beside the policy; its ``gamma`` is GAE's per-token discount (1.0).
 """
 
 from __future__ import annotations
@@ -41,10 +44,14 @@ from libludic.training.credit_assignment import (
     ConstantCredit,
     HybridNormalizedReturn,
     MonteCarloReturn,
+    StepReward,
 )
+from libludic.training.gae import GAE
 from libludic.training.loss import (
     CISPOLoss,
+    CompositeLoss,
     GSPOLoss,
+    LossTerm,
     MaskedCausalLMCrossEntropyLoss,
     ReinforceLoss,
     SAPOLoss,
@@ -53,9 +60,11 @@ from libludic.training.loss import (
 from libludic.training.preset_options import (
     GroupOptions,
     LossOptions,
+    OffPolicyOptions,
     PolicyGradientOptions,
     PresetOptions,
 )
+from libludic.training.value_loss import ClippedValueLoss
 
 
 def make_reinforce(*, gamma: float | None = 1.0, **options: Unpack[LossOptions]) -> RLAlgorithm:
@@ -331,6 +340,59 @@ def make_dr_grpo(
     )
 
 
+def make_ppo(
+    *,
+    gamma: float = 1.0,
+    gae_lambda: float = 1.0,
+    eps_clip: float = 0.2,
+    eps_clip_higher: float | None = None,
+    c_clip: float | None = None,
+    value_eps_clip: float | None = 0.5,
+    **options: Unpack[OffPolicyOptions],
+) -> RLAlgorithm:
+    """PPO with a critic (AReaL's PPO with ``critic``): StepReward credit (each item's weight
+    is its step's shaped reward), per-token advantages by GAE over a value model the Trainer
+    trains beside the policy (libludic/training/gae.py, critic.py), and the loss
+
+        L = L_pg + L_value
+        L_pg    = TokenClippedSurrogateLoss on A_t (``eps_clip``, ``eps_clip_higher``,
+                  ``c_clip`` as in make_grpo, the off-policy options too)
+        L_value = ClippedValueLoss(``value_eps_clip``; AReaL's critic ``eps_clip``, 0.5;
+                  None: unclipped) against the returns R_t = A_t + V_old(s_t)
+
+    ``gamma`` (AReaL's ``discount``) and ``gae_lambda``: GAE's, per action token, in [0, 1],
+    AReaL's defaults 1.0 and 1.0. The critic's gradient reaches only the critic, which has
+    its own optimizer: what weighs its updates is its learning rate
+    (``TrainerConfig.critic_lr``, default the policy's), not a loss coefficient. No
+    ``group_size`` (nothing is normalised over a group: the critic is the baseline), no
+    ``reward_norm`` / ``adv_norm``, no KL yet; ``mask_no_eos_with_zero`` is refused (it
+    would zero a reward, not mask a loss). The reward options, ``dynamic_sampling`` and
+    ``aggregation`` (both losses) are every preset's.
+    """
+    if options.get("mask_no_eos_with_zero"):
+        raise ValueError(
+            "ppo does not take mask_no_eos_with_zero: its weights are step rewards, and the "
+            "mask would make a truncated completion's reward 0 rather than leave it out of "
+            "the loss; leave it false"
+        )
+    o = PresetOptions.parse("ppo", options, OffPolicyOptions)
+    policy = TokenClippedSurrogateLoss(
+        eps_clip=eps_clip,
+        eps_clip_higher=eps_clip_higher,
+        c_clip=c_clip,
+        off_policy=o.off_policy,
+        **o.shape(),
+    )
+    value = ClippedValueLoss(value_eps_clip=value_eps_clip, **o.shape())
+    return RLAlgorithm(
+        name="ppo",
+        credit_assigner=StepReward(),
+        loss=CompositeLoss(terms=[LossTerm("pg", policy), LossTerm("value", value)]),
+        gae=GAE(gamma=gamma, gae_lambda=gae_lambda),
+        **o.reward(),
+    )
+
+
 #: every preset by name (``algorithm.name``); the run's algorithm is libludic/training/algorithm_spec.py's ``AlgorithmSpec``
 ALGORITHMS: dict[str, Callable[..., RLAlgorithm]] = {
     "reinforce": make_reinforce,
@@ -342,5 +404,6 @@ ALGORITHMS: dict[str, Callable[..., RLAlgorithm]] = {
     "dr_grpo": make_dr_grpo,
     "sapo": make_sapo,
     "dapo": make_dapo,
+    "ppo": make_ppo,
     "custom": make_custom,
 }

@@ -19,6 +19,11 @@ frozen reference's (``ref_time_s``) when the loss needs ``ref_logprobs`` and an 
 them, and the current weights' no-grad one (``prox_time_s``) when it needs
 ``prox_logprobs``. Each item's logits are divided by its sampling temperature before the
 loss (``loss.apply_temperature``), so an on-policy ratio is exactly 1.
+
+With a critic (``algo.needs_critic``: PPO), the step first takes the critic's no-grad values
+of all its micro-batches and GAE's advantages and returns (``value_time_s``;
+libludic/training/critic.py), then every micro-batch's loss reads the critic's values with
+grad, and each optimizer step steps the critic's optimizer beside the policy's.
 """
 
 from __future__ import annotations
@@ -44,9 +49,11 @@ from libludic.training import parallel, policies, ranks
 from libludic.training.algorithm import RLAlgorithm
 from libludic.training.collate import collate, pack_micro_batches, untrainable
 from libludic.training.config import TrainerConfig
+from libludic.training.critic import Critic, ValueModel
 from libludic.training.minibatch import combine_minibatch_stats, split_largest, split_minibatches
 from libludic.training.model_api import HasInputEmbeddings, is_peft
 from libludic.training.spare_core import spare_core_grads, spare_core_helper
+from libludic.training.value_loss import VALUES_KEY
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +63,7 @@ class _Prepared:
     """The collated micro-batches of one optimizer step's items and their loss normalisers."""
 
     batches: list[dict[str, Any]]
+    micros: list[list[SAWItem]]  # the items of each micro-batch
     n_tok: list[float]  # action tokens per micro-batch (this rank's)
     macro: dict[str, float]  # over every rank: NUM_ACTION_TOKENS, NUM_SEQUENCES, WEIGHT_MEAN
 
@@ -88,6 +96,14 @@ class OptimizerStep:
     update: the logprobs of the policy this step starts from) under ``batch["prox_logprobs"]``;
     ``prox_time_s`` in the step stats is its time. Off by default: no extra forward.
 
+    Critic. When ``algo.needs_critic`` (PPO), ``self.critic`` (libludic/training/critic.py)
+    holds a value model: ``critic_model`` if given, else ``ValueModel.from_policy`` of the
+    model as passed in (before LoRA, like the reference), placed and sharded as the policy
+    is, with an optimizer of the policy's type and settings at ``cfg.critic_lr`` (None: the
+    policy's lr), gradient checkpointing as the policy's. Every optimizer step clips and
+    steps it beside the policy (``critic_grad_norm`` in the step stats); a non-finite norm
+    of either skips both.
+
     Autocast: ``mixed_precision_dtype`` on CUDA; on CPU only with ``cfg.cpu_autocast``.
     """
 
@@ -98,6 +114,7 @@ class OptimizerStep:
         algo: RLAlgorithm,
         cfg: TrainerConfig,
         reference_model: nn.Module | None = None,
+        critic_model: nn.Module | None = None,
     ) -> None:
         self.cfg = cfg
         self.algo = algo
@@ -124,6 +141,18 @@ class OptimizerStep:
         )
         want_ref = algo.needs_ref_logprobs and not self.ref_is_base
         amp = dt if want_amp else None
+        critic: nn.Module | None = None
+        if algo.needs_critic:  # from the model as passed in: before LoRA, before sharding
+            critic = critic_model if critic_model is not None else ValueModel.from_policy(model)
+            if self.cfg.gradient_checkpointing:
+                policies.enable_gradient_checkpointing(
+                    critic.backbone if isinstance(critic, ValueModel) else critic
+                )
+        elif critic_model is not None:
+            raise ValueError(
+                f"critic_model given but algorithm {algo.name!r} trains no critic (no gae); "
+                "use make_ppo, or leave critic_model out"
+            )
         if self.distributed:
             # every rank's shards filled from rank 0's weights (parallel.shard_from_rank0):
             # the reference first, from the model as passed in (before LoRA), then the policy
@@ -137,6 +166,8 @@ class OptimizerStep:
             if self.cfg.gradient_checkpointing:
                 policies.enable_gradient_checkpointing(model)
             model = parallel.shard_from_rank0(model, self.device, amp)
+            if critic is not None:
+                critic = parallel.shard_from_rank0(critic, self.device, amp)
             self._amp_dtype = None  # FSDP2's MixedPrecisionPolicy casts instead
         else:
             if want_ref:
@@ -149,6 +180,8 @@ class OptimizerStep:
             if self.cfg.gradient_checkpointing:
                 policies.enable_gradient_checkpointing(model)
             model.to(self.device)
+            if critic is not None:
+                critic.to(self.device)
             self._amp_dtype = amp
         self.model = model
         self.spare = spare_core_helper(
@@ -162,24 +195,16 @@ class OptimizerStep:
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no trainable parameters")
-        # the fused kernel (one pass over all parameters; 8.2 -> 1.1 ms per step for the
-        # 2.4M-parameter demo model on a CPU core) for plain tensors; FSDP2's sharded
-        # DTensors keep the default multi-tensor path
-        fused = not self.distributed and all(type(p) is nn.Parameter for p in self.params)
-        self.optimizer: torch.optim.Optimizer
-        if self.cfg.optimizer_type == "sgd":
-            self.optimizer = torch.optim.SGD(
-                self.params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay, fused=fused or None
-            )
-        else:
-            self.optimizer = torch.optim.AdamW(
-                self.params,
-                lr=self.cfg.lr,
-                betas=self.cfg.betas,
-                eps=self.cfg.eps,
-                weight_decay=self.cfg.weight_decay,
-                fused=fused or None,
-            )
+        self.optimizer = make_optimizer(self.params, self.cfg, self.cfg.lr, self.distributed)
+        self.critic: Critic | None = None
+        if critic is not None:
+            assert algo.gae is not None
+            c_params = [p for p in critic.parameters() if p.requires_grad]
+            c_lr = self.cfg.lr if self.cfg.critic_lr is None else self.cfg.critic_lr
+            c_opt = make_optimizer(c_params, self.cfg, c_lr, self.distributed)
+            self.critic = Critic(critic, c_opt, c_lr, algo.gae, self.device, self.distributed)
+        # what a backward fills: the policy's parameters, then the critic's
+        self.grad_params = self.params + (self.critic.params if self.critic is not None else [])
         self.nonfinite_skipped_total = 0  # steps whose loss or gradient was not finite
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -237,9 +262,11 @@ class OptimizerStep:
         """
         prepared = self._prepare(items)
         prox_time = self._add_proximal(prepared)
+        gae_stats = self._add_advantages([prepared])
         out = self._forward_backward(prepared)
         if self.needs_prox:
             out["prox_time_s"] = prox_time
+        out.update(gae_stats)
         return out
 
     def _prepare(self, items: Sequence[SAWItem]) -> _Prepared:
@@ -280,7 +307,7 @@ class OptimizerStep:
             L.NUM_SEQUENCES_KEY: max(tot_seq, 1.0),
             L.WEIGHT_MEAN_KEY: w_sum / max(n_items, 1.0),
         }
-        return _Prepared(batches, n_tok, macro)
+        return _Prepared(batches, micros, n_tok, macro)
 
     def _add_proximal(self, prepared: _Prepared) -> float:
         """Put the current weights' logprobs in every micro-batch of ``prepared`` (if the
@@ -293,6 +320,16 @@ class OptimizerStep:
                 dev_b = {k: v.to(self.device, non_blocking=True) for k, v in b.items()}
                 b[L.PROX_LOGPROBS_KEY] = self.proximal_logprobs(dev_b)
         return time.perf_counter() - t
+
+    def _add_advantages(self, prepared: Sequence[_Prepared]) -> dict[str, float]:
+        """With a critic, its values before the update and GAE's advantages and returns in
+        every micro-batch of ``prepared`` (all of the step's minibatches together:
+        ``Critic.add_advantages``); its stats (``adv_mean``, ``adv_std``, ``value_time_s``)."""
+        if self.critic is None:
+            return {}
+        batches = [b for p in prepared for b in p.batches]
+        micros = [m for p in prepared for m in p.micros]
+        return self.critic.add_advantages(batches, micros, self._autocast())
 
     def _micro_loss(
         self, prepared: _Prepared, i: int
@@ -315,6 +352,8 @@ class OptimizerStep:
             ref_time = time.perf_counter() - t_ref
         with self._autocast():
             out = self.model(input_ids=dev_b["input_ids"], attention_mask=dev_b["attention_mask"])
+            if self.critic is not None:
+                dev_b[VALUES_KEY] = self.critic.values(dev_b)
         logits = out.logits if hasattr(out, "logits") else out
         if cfg.cast_logits_to_fp32:
             logits = logits.float()
@@ -325,16 +364,17 @@ class OptimizerStep:
     def _forward_backward(self, prepared: _Prepared) -> dict[str, float]:
         batches, n_tok = prepared.batches, prepared.n_tok
         scale = float(dist.get_world_size()) if self.distributed else 1.0
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grad()
         MicroOut = tuple[float, dict[str, Any], float]
 
         def summary(loss: torch.Tensor, stats: dict[str, Any], ref_time: float) -> MicroOut:
             return float(loss.detach()), {k: float(v) for k, v in stats.items()}, ref_time
 
         def main_fn(i: int) -> MicroOut:
-            if isinstance(self.model, FSDPModule):
-                # FSDP2: reduce-scatter only after the last micro-batch
-                self.model.set_requires_gradient_sync(i == len(batches) - 1)
+            for m in (self.model, self.critic.model if self.critic is not None else None):
+                if isinstance(m, FSDPModule):
+                    # FSDP2: reduce-scatter only after the last micro-batch
+                    m.set_requires_gradient_sync(i == len(batches) - 1)
             loss, stats, ref_time = self._micro_loss(prepared, i)
             torch.autograd.backward(loss * scale)
             return summary(loss, stats, ref_time)
@@ -344,13 +384,13 @@ class OptimizerStep:
 
             def helper_fn(i: int) -> tuple[MicroOut, list[torch.Tensor | None]]:
                 loss, stats, ref_time = self._micro_loss(prepared, i)
-                grads = spare_core_grads(loss * scale, self.params)
+                grads = spare_core_grads(loss * scale, self.grad_params)
                 return summary(loss, stats, ref_time), grads
 
             before = self.spare.micro_batches_total
             results, helper_grads = self.spare.run(len(batches), main_fn, helper_fn)
             spare_share = (self.spare.micro_batches_total - before) / len(batches)
-            for p, g in zip(self.params, helper_grads or []):
+            for p, g in zip(self.grad_params, helper_grads or []):
                 if g is not None:
                     p.grad = g if p.grad is None else p.grad.add_(g)
         else:
@@ -416,6 +456,8 @@ class OptimizerStep:
         (maxima for a ``_max`` key), counts and times sums; ``num_minibatches`` says how
         many ran. Runs in ``off_loop``'s thread, which sets the device."""
         self.model.train()
+        if self.critic is not None:
+            self.critic.model.train()
         n = min(self.cfg.ppo_n_minibatches, len(items))
         if self.distributed and self.cfg.ppo_n_minibatches > 1:
             t = torch.tensor([n], dtype=torch.int64, device=self.device)
@@ -425,17 +467,23 @@ class OptimizerStep:
             out = self.accumulate_gradients(items)
             out["grad_norm"] = self.optimizer_step(step)
             out["num_minibatches"] = 1.0
+            if self.critic is not None:
+                out["critic_grad_norm"] = self.critic.grad_norm
             return out
         prepared = [self._prepare(part) for part in split_minibatches(items, n)]
         prox_time = sum(self._add_proximal(p) for p in prepared)
+        gae_stats = self._add_advantages(prepared)  # over every minibatch, before the first
         parts: list[dict[str, float]] = []
         for p in prepared:
             st = self._forward_backward(p)
             st["grad_norm"] = self.optimizer_step(step)
+            if self.critic is not None:
+                st["critic_grad_norm"] = self.critic.grad_norm
             parts.append(st)
         out = combine_minibatch_stats(parts)
         if self.needs_prox:
             out["prox_time_s"] = prox_time
+        out.update(gae_stats)
         return out
 
     def optimizer_step(self, step: int) -> float:
@@ -444,20 +492,50 @@ class OptimizerStep:
 
         A non-finite norm (a NaN or inf loss or gradient anywhere, on any rank: the norm is
         global) skips the update: the gradients are dropped, the weights and the optimizer
-        state stay as they were, ``nonfinite_skipped_total`` counts it."""
+        state stay as they were, ``nonfinite_skipped_total`` counts it. A critic is clipped
+        on its own (its norm: ``critic.grad_norm``) and stepped with the policy, at its lr x
+        the schedule's factor; either norm non-finite skips both."""
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else float("inf")
         value = float(parallel.full_tensor(torch.nn.utils.clip_grad_norm_(self.params, max_norm)))
-        if math.isfinite(value):
+        critic_norm = self.critic.clip_grad_norm(max_norm) if self.critic is not None else 0.0
+        if math.isfinite(value) and math.isfinite(critic_norm):
             for group in self.optimizer.param_groups:
                 group["lr"] = self.cfg.lr_at(step)
             self.optimizer.step()
+            if self.critic is not None:
+                self.critic.step(self.cfg.lr_at(step) / self.cfg.lr)
         else:
             self.nonfinite_skipped_total += 1
             log.warning(
                 "step %d: gradient norm is %s; update skipped (%d so far), weights unchanged",
                 step + 1,
-                value,
+                value if not math.isfinite(value) else f"{critic_norm} (the critic's)",
                 self.nonfinite_skipped_total,
             )
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grad()
         return value
+
+    def _zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.critic is not None:
+            self.critic.optimizer.zero_grad(set_to_none=True)
+
+
+def make_optimizer(
+    params: list[nn.Parameter], cfg: TrainerConfig, lr: float, distributed: bool
+) -> torch.optim.Optimizer:
+    """The optimizer ``cfg.optimizer_type`` names over ``params`` at ``lr``: AdamW (betas,
+    eps, weight_decay) or SGD (weight_decay). The fused kernel (one pass over all
+    parameters; 8.2 -> 1.1 ms per step for the 2.4M-parameter demo model on a CPU core) for
+    plain tensors; FSDP2's sharded DTensors keep the default multi-tensor path."""
+    fused = not distributed and all(type(p) is nn.Parameter for p in params)
+    if cfg.optimizer_type == "sgd":
+        return torch.optim.SGD(params, lr=lr, weight_decay=cfg.weight_decay, fused=fused or None)
+    return torch.optim.AdamW(
+        params,
+        lr=lr,
+        betas=cfg.betas,
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        fused=fused or None,
+    )

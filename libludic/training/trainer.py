@@ -4,7 +4,9 @@
    ``self.admission`` (libludic/training/admission.py) judges them once: a source that forms
    batches itself is handed it, any other source's stale items are dropped here.
 2. ``algo.apply_batch_stage`` finishes batch-level credit (ScaleRL's std) over exactly the
-   step's items (every rank's shard).
+   step's items (every rank's shard); with a critic (PPO) the stepper computes the
+   advantages itself, by GAE over the critic's values (``critic_model``: the value model,
+   default one built from the policy; libludic/training/critic.py).
 3. ``self.stepper`` (libludic/training/step.py) makes the update: micro-batches, exact
    gradient accumulation, the clipped AdamW step; a non-finite norm skips it.
 4. The source's items are marked trained (``mark_trained()``), ``hooks.on_trained``.
@@ -17,10 +19,10 @@
    is committed iff it is inside a saved checkpoint); without a checkpointer at once.
 
 Throughput (``self.throughput``, libludic/training/throughput.py): ``samples_per_s``, the
-one definition everywhere, items trained per second of RL wall. Step stats: ``reward_mean`` (this rank's
-items), ``adv_mean``/``adv_std`` (every rank's weights), ``loss/<key>`` (token-weighted
-means, maxima for ``_max`` keys), the times ``batch_wait_s``, ``train_s``,
-``publish_wait_s``, ``step_wall_s``.
+one definition everywhere, items trained per second of RL wall. Step stats: ``reward_mean``
+(this rank's items), ``adv_mean``/``adv_std`` (every rank's weights; with a critic, GAE's
+per-token advantages), ``loss/<key>`` (token-weighted means, maxima for ``_max`` keys), the
+times ``batch_wait_s``, ``train_s``, ``publish_wait_s``, ``step_wall_s``.
 
 ``train(num_steps, should_stop)`` repeats ``train_step`` until ``num_steps`` more steps,
 ``should_stop()`` on any rank, or ``SourceStopped`` (``stop_reason``: "done" or "stopped").
@@ -92,6 +94,7 @@ class Trainer:
         checkpointer: CheckpointManager | None = None,
         reference_model: nn.Module | None = None,
         hooks: TrainerHooks | None = None,
+        critic_model: nn.Module | None = None,
     ) -> None:
         self.cfg = cfg if cfg is not None else TrainerConfig()
         self.hooks = hooks if hooks is not None else TrainerHooks()
@@ -104,12 +107,17 @@ class Trainer:
         if isinstance(evaluator, UnsetConcurrency) and evaluator.concurrency is None:
             evaluator.concurrency = self.cfg.eval_concurrency
         self.checkpointer = checkpointer
-        # the policy, its reference, the optimizer: one step's update
+        # the policy, its reference, its critic (PPO), the optimizer: one step's update
         self.stepper = OptimizerStep(
-            model=model, algo=algo, cfg=self.cfg, reference_model=reference_model
+            model=model,
+            algo=algo,
+            cfg=self.cfg,
+            reference_model=reference_model,
+            critic_model=critic_model,
         )
         st = self.stepper
         self.model, self.ref_model, self.ref_is_base = st.model, st.ref_model, st.ref_is_base
+        self.critic = st.critic
         self.optimizer, self.spare = st.optimizer, st.spare
         self.device, self.distributed = st.device, st.distributed
         self.step = 0

@@ -40,11 +40,14 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
 from libludic.staleness import DEFAULT_MAX_HEAD_OFFPOLICYNESS
+
+if TYPE_CHECKING:
+    from libludic.training.algorithm_spec import AlgorithmSpec
 
 T = TypeVar("T")
 ENV_PREFIX = "LUDIC_"
@@ -450,6 +453,21 @@ def check_ack_window(checkpoint_every: int, batch_size: int, saw_high_water: int
             f"stay un-acked between checkpoints, more than credit.saw_high_water={saw_high_water} "
             "(credit stops writing at that backlog, so the run would stall); lower "
             "checkpoint_every or raise credit.saw_high_water"
+        )
+
+
+def check_service_algorithm(spec: AlgorithmSpec, service: str) -> None:
+    """Refuse, where credit and learner read the ``algorithm:`` section, an algorithm the
+    services do not carry yet: PPO with a critic (``ppo``: the advantages are the learner's,
+    GAE over a value model it trains) is the library's alone for now."""
+    if spec.build().needs_critic:
+        raise ValueError(
+            f"{service}: algorithm.name={spec.name!r} trains a critic (PPO with GAE), which the "
+            "services do not carry yet (the learner has no critic_lr setting, and its batches "
+            "and ranks may split a multi-step rollout that GAE must see whole); train it in "
+            "one process with libludic's Trainer (RolloutBatchSource), or choose a "
+            "critic-free algorithm for ludic up (grpo, dr_grpo, cispo, gspo, sapo, dapo, "
+            "scalerl, reinforce)"
         )
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from libludic.training.algorithm_spec import AlgorithmSpec
-from services.common.settings import SAW_HIGH_WATER, RedisService
+from services.common.settings import SAW_HIGH_WATER, RedisService, check_service_algorithm
 
 
 @dataclass
@@ -40,5 +40,6 @@ class CreditSettings(RedisService):
 
     def __post_init__(self) -> None:
         self.spec = AlgorithmSpec.from_mapping(self.algorithm)
+        check_service_algorithm(self.spec, "credit")
         if self.min_partial_group < 1:
             raise ValueError(f"min_partial_group={self.min_partial_group} must be >= 1")

@@ -37,6 +37,7 @@ from services.common.settings import (
     SAW_HIGH_WATER,
     RedisService,
     check_ack_window,
+    check_service_algorithm,
     load_settings,
     secret,
 )
@@ -271,6 +272,7 @@ class LearnerSettings(RedisService):
 
     def __post_init__(self) -> None:
         self.spec = AlgorithmSpec.from_mapping(self.algorithm)
+        check_service_algorithm(self.spec, "learner")
         self.trackers = parse_tracker(self.tracker, tensorboard_dir=self.tensorboard_dir)
         staleness.check_bound("learner max_lag", self.max_lag)
         if self.max_deliveries < 1:

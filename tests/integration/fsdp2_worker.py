@@ -5,7 +5,9 @@
 Rank r trains on its share of a fixed batch (the union over ranks is the whole batch):
 SPLIT "even" (the default) gives it items[r::world]; "uneven" gives rank 0 the first item
 and rank 1 the rest, so the ranks pack different numbers of micro-batches. ALGO "sft" (the
-default) or "kl" (GRPO's surrogate plus a KL term: the Trainer builds the frozen reference).
+default) or "kl" (GRPO's surrogate plus a KL term: the Trainer builds the frozen reference)
+or "ppo" (make_ppo: the Trainer builds a critic, sharded like the policy, and writes its
+gathered state to OUT_DIR/rank{r}_critic.safetensors).
 As the learner does, only rank 0 loads the weights; the other ranks pass the architecture on
 the meta device, and the Trainer fills their shards from rank 0. It publishes once through a
 recording publisher, and writes the gathered full state dict to OUT_DIR/rank{r}.safetensors
@@ -26,9 +28,10 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from libludic.models.tiny import PAD_ID
 from libludic.saw import SampleAttachments, SAWBatch, SAWItem
+from libludic.training import parallel
 from libludic.training.algorithm import RLAlgorithm
 from libludic.training.config import TrainerConfig
-from libludic.training.presets import make_grpo, make_sft
+from libludic.training.presets import make_grpo, make_ppo, make_sft
 from libludic.training.trainer import Trainer
 
 KL_COEFF = 0.5
@@ -45,7 +48,8 @@ def fixed_items(n: int = 8) -> list[SAWItem]:
                 attention_mask=[1] * len(ids),
                 action_mask=[0] * ns + [1] * na,
                 weight=1.0 if i % 2 else -0.5,
-                meta={"item_id": str(i)},
+                # two items per rollout: ppo's GAE joins them (each rank holds both: even split)
+                meta={"item_id": str(i), "rollout_id": f"r{i % 4}", "step_index": i // 4},
                 attachments=SampleAttachments(
                     actor_logprobs=[0.0] * ns + [-5.5] * na, policy_version=0
                 ),
@@ -65,6 +69,8 @@ def config() -> TrainerConfig:
 
 
 def algorithm(name: str) -> RLAlgorithm:
+    if name == "ppo":
+        return make_ppo(gamma=0.9, gae_lambda=0.8)
     return make_sft() if name == "sft" else make_grpo(kl_coeff=KL_COEFF)
 
 
@@ -118,6 +124,9 @@ def main() -> int:
     ref_sharded = sum(
         1 for p in getattr(tr.ref_model, "parameters", list)() if type(p).__name__ == "DTensor"
     )
+    critic_sharded = 0
+    if tr.critic is not None:
+        critic_sharded = sum(1 for p in tr.critic.params if type(p).__name__ == "DTensor")
 
     async def step_and_publish() -> dict[str, float]:
         stats = await tr.train_step()
@@ -142,6 +151,12 @@ def main() -> int:
         flat[k] = v
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(flat, str(out_dir / f"rank{rank}.safetensors"))
+    if tr.critic is not None:  # gathered whole on every rank (a collective)
+        critic_sd = parallel.full_state_dict(tr.critic.model)
+        save_file(
+            {k: v.contiguous() for k, v in critic_sd.items()},
+            str(out_dir / f"rank{rank}_critic.safetensors"),
+        )
     (out_dir / f"rank{rank}.json").write_text(
         json.dumps(
             {
@@ -153,6 +168,8 @@ def main() -> int:
                 "publish_calls": pub.calls,
                 "dtensor_params": sharded,
                 "ref_dtensor_params": ref_sharded,
+                "critic_dtensor_params": critic_sharded,
+                "adv": [stats.get("adv_mean"), stats.get("adv_std")],
                 "kl": {k: v for k, v in stats.items() if "kl" in k},
                 "world": world,
                 "rank0_only_ok": rank0_only_ok,

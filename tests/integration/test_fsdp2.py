@@ -18,13 +18,16 @@ pytestmark = pytest.mark.integration
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.mark.parametrize("split,algo", [("even", "sft"), ("uneven", "sft"), ("even", "kl")])
+@pytest.mark.parametrize(
+    "split,algo", [("even", "sft"), ("uneven", "sft"), ("even", "kl"), ("even", "ppo")]
+)
 def test_fsdp2_two_ranks_match_single_process(tiny_model_dir, tmp_path, split, algo) -> None:
     """``uneven``: rank 0 holds one item (one micro-batch) and rank 1 seven (several); each
     micro-batch's forward and backward are collectives, so both must run as many. Rank 1
     passes the model on the meta device (fsdp2_worker.py): its shards hold rank 0's weights
     or the step would differ from one process's. ``kl``: the frozen reference is sharded
-    and filled the same way."""
+    and filled the same way. ``ppo``: so is the critic (built from rank 1's meta model), and
+    its step, GAE over each rank's rollouts included, equals one process's."""
     out = tmp_path / "out"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parents[1]))
     proc = subprocess.run(
@@ -101,6 +104,21 @@ def test_fsdp2_two_ranks_match_single_process(tiny_model_dir, tmp_path, split, a
         assert stats["loss/kl/kl"] == pytest.approx(0.0, abs=1e-6)
         assert s0["kl"]["loss/kl/kl"] == pytest.approx(0.0, abs=1e-6)
         assert s1["kl"]["loss/kl/kl"] == pytest.approx(0.0, abs=1e-6)
+    if algo == "ppo":
+        assert s0["critic_dtensor_params"] > 0 and s1["critic_dtensor_params"] > 0
+        # each rank holds whole rollouts (even split: items i and i + 4 share rollout i % 4,
+        # and rank r holds items r::2), so GAE per rank is GAE over the batch
+        assert s0["adv"] == pytest.approx([stats["adv_mean"], stats["adv_std"]], rel=1e-5)
+        assert s1["adv"] == pytest.approx(s0["adv"], rel=1e-6)
+        c0 = load_file(str(out / "rank0_critic.safetensors"))
+        c1 = load_file(str(out / "rank1_critic.safetensors"))
+        one = dict(ref.critic.model.state_dict())
+        assert sorted(c0) == sorted(c1) == sorted(one)
+        for k in c0:
+            assert torch.equal(c0[k], c1[k]), k
+            torch.testing.assert_close(c0[k], one[k], rtol=1e-3, atol=1e-4, msg=k)
+        # the critic moved: its head starts at 0
+        assert c0["value_head.bias"].abs().item() > 0
     # the global normaliser (all-reduced) makes each rank's loss its share of the full-batch
     # loss; the Trainer sums the shares over ranks, so every rank reports the full-batch loss
     assert s0["loss"] == pytest.approx(stats["loss"], rel=1e-5)

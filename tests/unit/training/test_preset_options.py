@@ -46,7 +46,7 @@ def test_every_preset_argument_is_accepted_by_the_run_config() -> None:
     budget = {"max_new_tokens": 64, "overlong_tokens": 16}  # dapo's overlong shaping
     for name, factory in ALGORITHMS.items():
         args = preset_arguments(factory)
-        assert ("group_size" in args) == (name not in ("reinforce", "sft"))
+        assert ("group_size" in args) == (name not in ("reinforce", "sft", "ppo"))
         if name != "custom":  # custom needs a credit and a loss (test_custom_algorithm.py)
             kw = budget if name == "dapo" else {}
             assert AlgorithmSpec(name=name, kwargs=dict(kw)).build().name == name

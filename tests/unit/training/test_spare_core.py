@@ -124,11 +124,11 @@ def base_model(tiny_model_dir):
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
 
 
-def trainer(model, **kw) -> Trainer:
+def trainer(model, algo: RLAlgorithm | None = None, **kw) -> Trainer:
     cfg = TrainerConfig(
         model_device="cpu", mixed_precision_dtype=None, pad_token_id=PAD_ID, lr=1e-2, **kw
     )
-    algo = RLAlgorithm("t", ConstantCredit(), ReinforceLoss())
+    algo = algo if algo is not None else RLAlgorithm("t", ConstantCredit(), ReinforceLoss())
     return Trainer(model=copy.deepcopy(model), algo=algo, cfg=cfg, batch_source=ListBatchSource([]))
 
 
@@ -146,6 +146,27 @@ def test_the_gradient_with_the_helper_is_the_gradient_without_it(base_model) -> 
     assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
     for (n, p), q in zip(plain.model.named_parameters(), spare.model.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_with_a_critic_the_helper_brings_back_its_gradients_too(base_model) -> None:
+    from libludic.training.presets import make_ppo
+
+    shapes = [(5, 3, 1.0), (9, 6, -0.5), (3, 2, 2.0), (12, 4, 0.3), (4, 7, -1.2), (6, 1, 0.7)]
+    items = [make_item(s, a, weight=w, seed=i) for i, (s, a, w) in enumerate(shapes * 2)]
+    plain = trainer(base_model, make_ppo())
+    spare = trainer(base_model, make_ppo(), spare_cores=CORES, spare_core_micro_batches=6)
+    assert spare.spare is not None and plain.critic is not None and spare.critic is not None
+    for t in (plain, spare):  # a critic whose head passes gradient to its backbone
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(0)
+            t.critic.model.value_head.weight.normal_(0.0, 0.1, generator=g)
+    a = plain.accumulate_gradients(items)
+    b = spare.accumulate_gradients(items)
+    assert b["num_micro_batches"] >= 6 and b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+    for x, y in ((plain.model, spare.model), (plain.critic.model, spare.critic.model)):
+        for (n, p), q in zip(x.named_parameters(), y.parameters(), strict=True):
+            assert p.grad is not None, n
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=n)
 
 
 def test_the_helper_is_not_used_with_gradient_checkpointing(base_model, caplog) -> None:
