@@ -22,8 +22,10 @@ the first tenth of the hash range. ``split="train"`` keeps the dataset's other p
 whatever the two envs' ``size`` or ``dataset_seed``: many datasets draw entry ``i`` from
 ``Random(seed + i)``, so two dataset seeds a few apart share almost every problem, and a
 small problem space (one-digit sums) repeats the same question at many indices, which a
-split by seed or by index would put on both sides. The dataset and its entries are cached
-per process (:func:`dataset_source`).
+split by seed or by index would put on both sides. ``distinct=True`` keeps each question
+once (its first entry): an evaluation over distinct problems rather than over entries as
+the dataset samples them (where a repeated easy question weighs as often as it repeats).
+The dataset and its entries are cached per process (:func:`dataset_source`).
 """
 
 from __future__ import annotations
@@ -59,17 +61,23 @@ class DatasetSource:
             self.entries[index] = self.dataset[index]
         return self.entries[index]
 
-    def split(self, name: str) -> list[int]:
-        """The indices of ``name``'s problems, in dataset order. The first call of a split
-        generates all ``size`` entries (most datasets take well under 1 ms an entry; a few
-        take tens of milliseconds, like ``countdown``, or more, like ``futoshiki`` at
-        ~0.4 s)."""
-        if name not in self.splits:
-            held = name == "eval"
-            self.splits[name] = [
-                i for i in range(self.size) if in_eval_split(str(self.entry(i)["question"])) == held
-            ]
-        return self.splits[name]
+    def split(self, name: str | None, distinct: bool = False) -> list[int]:
+        """The indices of ``name``'s problems (None: every entry), in dataset order;
+        ``distinct``: each question once, at its first entry (a small problem space
+        repeats questions among ``size`` entries: one-digit products are 100 problems, a
+        quarter of the entries). The first call of a split generates all ``size`` entries
+        (most datasets take well under 1 ms an entry; a few take tens of milliseconds, like
+        ``countdown``, or more, like ``futoshiki`` at ~0.4 s)."""
+        key = f"{name}{'/distinct' if distinct else ''}"
+        if key not in self.splits:
+            held, seen, out = name == "eval", set(), []
+            for i in range(self.size):
+                q = str(self.entry(i)["question"])
+                if (name is None or in_eval_split(q) == held) and not (distinct and q in seen):
+                    out.append(i)
+                    seen.add(q)
+            self.splits[key] = out
+        return self.splits[key]
 
 
 _SOURCES: dict[str, DatasetSource] = {}  # (dataset, config, size, seed) -> its source
@@ -133,6 +141,7 @@ class ReasoningGymEnv(SingleAgentEnv):
         split: str | None = None,
         prompt_template: str = "{question}",
         system_prompt: str | None = None,
+        distinct: bool = False,
     ) -> None:
         if split not in SPLITS:
             raise ValueError(f"reasoning_gym split={split!r} must be null, 'train' or 'eval'")
@@ -144,10 +153,12 @@ class ReasoningGymEnv(SingleAgentEnv):
             )
         if config is not None and not isinstance(config, Mapping):
             raise ValueError(f"reasoning_gym config={config!r} must be a mapping of its fields")
+        if not isinstance(distinct, bool):
+            raise ValueError(f"reasoning_gym distinct={distinct!r} must be true or false")
         self.source = dataset_source(dataset, config or {}, size, dataset_seed)
         self.indices: list[int] | None = None
-        if split is not None:
-            self.indices = self.source.split(split)
+        if split is not None or distinct:
+            self.indices = self.source.split(split, distinct=distinct)
             if not self.indices:
                 raise ValueError(
                     f"reasoning_gym dataset {dataset!r} holds no {split} problems among its "

@@ -187,3 +187,25 @@ def test_an_empty_split_is_refused():
     )
     with pytest.raises(ValueError, match="holds no eval problems among its 3 entries"):
         ReasoningGymEnv(**{**ENV, "size": 3}, dataset_seed=seed, split="eval")
+
+
+def test_distinct_keeps_each_question_once_in_dataset_order():
+    # one-digit products: 100 problems among 400 entries, so questions repeat
+    kw = {
+        "dataset": "products",
+        "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+        "size": 400,
+    }
+    every = ReasoningGymEnv(**kw, split="eval")
+    once = ReasoningGymEnv(**kw, split="eval", distinct=True)
+    questions = [every.source.entry(i)["question"] for i in every.indices or []]
+    assert len(set(questions)) < len(questions)  # repeats among the eval entries
+    kept = [once.source.entry(i)["question"] for i in once.indices or []]
+    assert kept == list(dict.fromkeys(questions))  # each once, at its first entry
+    assert len(once) == len(kept)
+    # over the whole dataset too (split null), and the flag is checked
+    assert len(ReasoningGymEnv(**kw, distinct=True)) == len(
+        {e["question"] for e in every.source.dataset}
+    )
+    with pytest.raises(ValueError, match="distinct='yes' must be true or false"):
+        ReasoningGymEnv(**kw, distinct="yes")  # type: ignore[arg-type]
