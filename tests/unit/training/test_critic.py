@@ -66,6 +66,16 @@ def step(rollout: str, index: int, n_state: int, n_action: int, reward: float, s
     return it
 
 
+def bare_trainer(base_model, algo: RLAlgorithm, **cfg) -> Trainer:
+    """A Trainer over a copy of the tiny model and no batches: the test drives its steps."""
+    return Trainer(
+        model=copy.deepcopy(base_model),
+        algo=algo,
+        batch_source=ListBatchSource([]),
+        cfg=cpu_cfg(**cfg),
+    )
+
+
 def action_rows(b: dict) -> list[torch.Tensor]:
     """Each row's action positions on the shifted grid."""
     on = L.token_mask(b, torch.float32) > 0
@@ -79,12 +89,7 @@ def test_first_step_advantages_are_the_discounted_rewards_on_the_action_tokens(
     # A_t = sum_l (gamma lambda)^l r_{t+l}. gamma 0.5, lambda 1, one item of 4 action tokens
     # rewarded 2.0: A = [0.25, 0.5, 1, 2] (0.5^3 * 2, ...), R = A + 0 = A.
     algo = ppo_algo(gamma=0.5, lam=1.0)
-    tr = Trainer(
-        model=copy.deepcopy(base_model),
-        algo=algo,
-        batch_source=ListBatchSource([]),
-        cfg=cpu_cfg(),
-    )
+    tr = bare_trainer(base_model, algo)
     st = tr.accumulate_gradients([step("a", 0, 5, 4, 2.0, 1)])
     (b,) = algo.loss.batches
     (on,) = action_rows(b)
@@ -108,12 +113,7 @@ def test_a_rollouts_steps_are_one_episode_across_micro_batches(base_model) -> No
     #   r:0 -> [1.5, 1.5, 1.5] (0.5 + 1.0),  r:1 -> [1.0, 1.0],  s:0 -> [-1, -1, -1, -1]
     algo = ppo_algo()
     items = [step("r", 1, 4, 2, 1.0, 2), step("s", 0, 4, 4, -1.0, 3), step("r", 0, 6, 3, 0.5, 4)]
-    tr = Trainer(
-        model=copy.deepcopy(base_model),
-        algo=algo,
-        batch_source=ListBatchSource([]),
-        cfg=cpu_cfg(micro_token_budget=12),
-    )
+    tr = bare_trainer(base_model, algo, micro_token_budget=12)
     st = tr.accumulate_gradients(items)
     assert st["num_micro_batches"] == 3
     got = sorted(
@@ -127,12 +127,7 @@ def test_a_rollouts_steps_are_one_episode_across_micro_batches(base_model) -> No
 def test_old_values_are_the_critics_no_grad_forward_before_the_update(base_model) -> None:
     # a critic that already learned something: head weight and bias not 0
     algo = ppo_algo(gamma=1.0, lam=0.0)
-    tr = Trainer(
-        model=copy.deepcopy(base_model),
-        algo=algo,
-        batch_source=ListBatchSource([]),
-        cfg=cpu_cfg(),
-    )
+    tr = bare_trainer(base_model, algo)
     assert tr.critic is not None
     head = tr.critic.model.value_head
     with torch.no_grad():
@@ -164,12 +159,7 @@ def test_micro_batched_gradients_of_policy_and_critic_equal_the_full_batch(base_
     ]
     trainers = []
     for budget in (10_000, 20):
-        tr = Trainer(
-            model=copy.deepcopy(base_model),
-            algo=ppo_algo(spy=False),
-            batch_source=ListBatchSource([]),
-            cfg=cpu_cfg(micro_token_budget=budget),
-        )
+        tr = bare_trainer(base_model, ppo_algo(spy=False), micro_token_budget=budget)
         with torch.no_grad():  # a critic whose values are not all 0
             tr.critic.model.value_head.weight.normal_(
                 0.0, 0.1, generator=torch.Generator().manual_seed(0)
